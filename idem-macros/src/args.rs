@@ -1,0 +1,210 @@
+//! The options of `#[idempotent(...)]`, parsed and checked on their own.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Expr, Ident, LitStr, Token};
+
+mod kw {
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(action);
+    syn::custom_keyword!(gate);
+    syn::custom_keyword!(account);
+    syn::custom_keyword!(namespace);
+}
+
+/// Every option, in the order the docs list them.
+pub(crate) const OPTIONS: &[&str] = &["key", "action", "gate", "account", "namespace"];
+
+/// The parsed options. Mistakes that do not stop parsing are collected in
+/// `errors`, so one attribute reports all of its mistakes at once.
+pub(crate) struct Args {
+    pub key: Option<Key>,
+    pub action: Option<LitStr>,
+    pub gate: Option<Expr>,
+    pub account: Option<Expr>,
+    pub namespace: Option<Expr>,
+    pub errors: Errors,
+}
+
+/// `key = "a.b, c"`: the literal, and the expressions written in it.
+pub(crate) struct Key {
+    pub literal: LitStr,
+    pub parts: Vec<Expr>,
+}
+
+/// Collected compile errors.
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(existing) => existing.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub fn into_error(self) -> Option<syn::Error> {
+        self.0
+    }
+}
+
+/// The option name closest to a misspelt one, if any is close.
+pub(crate) fn closest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|candidate| (strsim::jaro_winkler(wrong, candidate), candidate))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, candidate)| candidate)
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = Args {
+            key: None,
+            action: None,
+            gate: None,
+            account: None,
+            namespace: None,
+            errors: Errors::default(),
+        };
+        while !input.is_empty() {
+            let lookahead = input.lookahead1();
+            if lookahead.peek(kw::key) {
+                let name: kw::key = input.parse()?;
+                let value = parse_value(input, "key", "key = \"order.id, amount_cents\"")?;
+                let key = value.and_then(|value| args.check_string(value, "key", KEY_EXAMPLE));
+                let key = key.and_then(|literal| args.check_key(literal));
+                args.set(name.span, "key", key, |a| &mut a.key);
+            } else if lookahead.peek(kw::action) {
+                let name: kw::action = input.parse()?;
+                let value = parse_value(input, "action", "action = \"charge\"")?;
+                let action = value.and_then(|value| args.check_string(value, "action", "action = \"charge\""));
+                let action = action.and_then(|literal| args.check_action(literal));
+                args.set(name.span, "action", action, |a| &mut a.action);
+            } else if lookahead.peek(kw::gate) {
+                let name: kw::gate = input.parse()?;
+                let value = parse_value(input, "gate", "gate = self.gate")?;
+                args.set(name.span, "gate", value, |a| &mut a.gate);
+            } else if lookahead.peek(kw::account) {
+                let name: kw::account = input.parse()?;
+                let value = parse_value(input, "account", "account = tenant.id")?;
+                args.set(name.span, "account", value, |a| &mut a.account);
+            } else if lookahead.peek(kw::namespace) {
+                let name: kw::namespace = input.parse()?;
+                let value = parse_value(input, "namespace", "namespace = \"live\"")?;
+                args.set(name.span, "namespace", value, |a| &mut a.namespace);
+            } else if input.peek(Ident) {
+                let name: Ident = input.parse()?;
+                let hint = match closest(&name.to_string(), OPTIONS.iter().copied()) {
+                    Some(option) => format!("did you mean `{option}`? "),
+                    None => String::new(),
+                };
+                args.errors.push(syn::Error::new_spanned(
+                    &name,
+                    format!(
+                        "unknown option `{name}` for #[idempotent]: {hint}the options are {}",
+                        OPTIONS.iter().map(|o| format!("`{o}`")).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+                if input.peek(Token![=]) {
+                    input.parse::<Token![=]>()?;
+                    input.parse::<Expr>()?;
+                }
+            } else {
+                return Err(lookahead.error());
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+const KEY_EXAMPLE: &str = "key = \"order.id, amount_cents\"";
+
+/// `= value` after an option's name. A missing `=` is a mistake of its own.
+fn parse_value(input: ParseStream<'_>, option: &str, example: &str) -> syn::Result<Option<Expr>> {
+    if !input.peek(Token![=]) {
+        return Err(input.error(format!("`{option}` needs a value: write {example}")));
+    }
+    input.parse::<Token![=]>()?;
+    input.parse().map(Some)
+}
+
+impl Args {
+    /// Stores an option's value, refusing a second one.
+    fn set<T>(&mut self, name: Span, option: &str, value: Option<T>, slot: impl Fn(&mut Args) -> &mut Option<T>) {
+        if slot(self).is_some() {
+            self.errors.push(syn::Error::new(
+                name,
+                format!("duplicate option `{option}`: give it once"),
+            ));
+        } else if let Some(value) = value {
+            *slot(self) = Some(value);
+        }
+    }
+
+    fn check_string(&mut self, value: Expr, option: &str, example: &str) -> Option<LitStr> {
+        match value {
+            Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(literal), .. }) => Some(literal),
+            other => {
+                self.errors.push(syn::Error::new_spanned(
+                    other,
+                    format!("`{option}` takes a string literal: write {example}"),
+                ));
+                None
+            }
+        }
+    }
+
+    fn check_key(&mut self, literal: LitStr) -> Option<Key> {
+        let parsed = literal.parse_with(Punctuated::<Expr, Token![,]>::parse_terminated);
+        match parsed {
+            Ok(parts) if parts.is_empty() => {
+                self.errors.push(syn::Error::new_spanned(
+                    &literal,
+                    format!(
+                        "`key` is empty: name what makes one invocation different from \
+                         another, e.g. {KEY_EXAMPLE}"
+                    ),
+                ));
+                None
+            }
+            Ok(parts) => Some(Key {
+                literal,
+                parts: parts.into_iter().collect(),
+            }),
+            Err(error) => {
+                self.errors.push(syn::Error::new_spanned(
+                    &literal,
+                    format!(
+                        "`key` must be a comma-separated list of Rust expressions on the \
+                         function's parameters ({error}): write e.g. {KEY_EXAMPLE}"
+                    ),
+                ));
+                None
+            }
+        }
+    }
+
+    fn check_action(&mut self, literal: LitStr) -> Option<LitStr> {
+        if literal.value().trim().is_empty() {
+            self.errors.push(syn::Error::new_spanned(
+                &literal,
+                "`action` is empty: name the action, e.g. action = \"charge\"; \
+                 leave it out to use the function's name",
+            ));
+            return None;
+        }
+        Some(literal)
+    }
+}

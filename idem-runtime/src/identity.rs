@@ -1,0 +1,574 @@
+//! Identities and their canonical encoding.
+//!
+//! An identity is an action name plus ordered key parts. Its canonical
+//! encoding is what gets hashed into an address and stored beside the claim,
+//! so it is **stable forever**: a changed encoding would silently re-run every
+//! action ever settled. The golden vectors in `tests/identity_golden.rs` pin it.
+//!
+//! # Encoding, version 1
+//!
+//! ```text
+//! identity = MAGIC field(b'a', action) field(tag, part)*
+//! MAGIC    = b"idem\x01"
+//! field    = tag: u8, length: u64 big-endian, payload: [u8; length]
+//! ```
+//!
+//! | tag | kind | payload |
+//! |---|---|---|
+//! | `a` | the action name | UTF-8 |
+//! | `s` | text (`str`, `String`, `char`) | UTF-8 |
+//! | `b` | bytes (`[u8]`, `Vec<u8>`) | the bytes |
+//! | `i` | integer (every integer type) | ASCII decimal: `0`, `42`, `-7`; no `+`, no leading zeros |
+//! | `t` | boolean | one byte, `0` or `1` |
+//! | `u` | UUID | the 16 bytes |
+//!
+//! Every field says how long it is, so the encoding parses one way only:
+//! `("ab", "c")` and `("a", "bc")` differ, and so do parts that contain any
+//! separator one might have picked. The encoding follows values, not Rust
+//! types: `7u8` and `7i64` are the same part (widening a column keeps its
+//! slots), `'x'` and `"x"` are the same part, while `7` and `"7"` differ.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sha1::{Digest, Sha1};
+
+/// The first bytes of every canonical identity: the format and its version.
+const MAGIC: &[u8] = b"idem\x01";
+const TAG_ACTION: u8 = b'a';
+const TAG_TEXT: u8 = b's';
+const TAG_BYTES: u8 = b'b';
+const TAG_INTEGER: u8 = b'i';
+const TAG_BOOLEAN: u8 = b't';
+const TAG_UUID: u8 = b'u';
+/// Bytes before a field's payload: its tag and its length.
+const FIELD_HEADER: usize = 1 + 8;
+
+/// The prefix of every claim address.
+pub const ADDRESS_PREFIX: &str = "claim_";
+/// How many hex digits of the sha1 digest an address keeps.
+pub const ADDRESS_DIGEST_HEX: usize = 24;
+
+/// What makes an action unique: its name plus ordered key parts.
+///
+/// ```
+/// use idem_runtime::Identity;
+///
+/// let id = Identity::new("charge").part("ord_1001").part(4_999_i64);
+/// assert_eq!(id.address().len(), "claim_".len() + 24);
+/// assert!(id.address().starts_with("claim_"));
+///
+/// // Parts are delimited by their lengths, never by a separator.
+/// assert_ne!(
+///     Identity::new("a").part("ab").part("c").address(),
+///     Identity::new("a").part("a").part("bc").address(),
+/// );
+/// ```
+///
+/// A part that is `None` makes the identity *absent*: there is then nothing
+/// to claim, and the gate runs that invocation ungated (and says so in a
+/// tracing event).
+///
+/// Cloning is cheap: the encoded bytes are shared until one of the clones
+/// gains another part.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    action: Arc<str>,
+    canonical: Arc<Vec<u8>>,
+    parts: usize,
+    /// Index of the first part that was `None`, if any.
+    first_absent: Option<usize>,
+}
+
+impl Identity {
+    /// Starts an identity for `action`, with no key parts yet.
+    pub fn new(action: impl AsRef<str>) -> Self {
+        let action = action.as_ref();
+        let mut canonical = Vec::with_capacity(MAGIC.len() + FIELD_HEADER + action.len() + 64);
+        canonical.extend_from_slice(MAGIC);
+        write_field(&mut canonical, TAG_ACTION, action.as_bytes());
+        Identity {
+            action: Arc::from(action),
+            canonical: Arc::new(canonical),
+            parts: 0,
+            first_absent: None,
+        }
+    }
+
+    /// Appends a key part: anything that implements [`KeyPart`].
+    #[must_use = "`part` returns the extended identity"]
+    pub fn part(mut self, part: impl KeyPart) -> Self {
+        let writer = PartWriter {
+            canonical: Arc::make_mut(&mut self.canonical),
+            absent: false,
+        };
+        let PartWritten { absent } = part.write_key_part(writer);
+        if absent && self.first_absent.is_none() {
+            self.first_absent = Some(self.parts);
+        }
+        self.parts += 1;
+        self
+    }
+
+    /// The action name.
+    pub fn action(&self) -> &str {
+        &self.action
+    }
+
+    /// How many key parts were appended, absent ones included.
+    pub fn part_count(&self) -> usize {
+        self.parts
+    }
+
+    /// `true` when a key part was `None`: there is no slot to claim.
+    pub fn is_absent(&self) -> bool {
+        self.first_absent.is_some()
+    }
+
+    /// The position (from 0) of the first key part that was `None`.
+    pub fn first_absent_part(&self) -> Option<usize> {
+        self.first_absent
+    }
+
+    /// The canonical encoding (see the module docs). It is what the address
+    /// hashes, and what the store keeps to re-check a hit.
+    pub fn canonical(&self) -> &[u8] {
+        &self.canonical
+    }
+
+    /// `"claim_"` followed by the first 24 lowercase hex digits of the sha1
+    /// of the canonical encoding.
+    ///
+    /// The hash turns a key of any content and length into a legal, fixed
+    /// size address; it is not there for secrecy. An absent identity still
+    /// has an address, but the gate never claims it.
+    pub fn address(&self) -> String {
+        address_of(&self.canonical)
+    }
+}
+
+/// The claim address of a canonical encoding.
+pub(crate) fn address_of(canonical: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha1::digest(canonical);
+    let mut address = String::with_capacity(ADDRESS_PREFIX.len() + ADDRESS_DIGEST_HEX);
+    address.push_str(ADDRESS_PREFIX);
+    for byte in &digest[..ADDRESS_DIGEST_HEX / 2] {
+        address.push(char::from(HEX[usize::from(byte >> 4)]));
+        address.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    address
+}
+
+fn write_field(out: &mut Vec<u8>, tag: u8, payload: &[u8]) {
+    out.reserve(FIELD_HEADER + payload.len());
+    out.push(tag);
+    // usize is at most 64 bits on every target Rust supports.
+    out.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Writes decimal digits of `magnitude` (with a leading `-` if `negative`)
+/// into a field, without allocating.
+fn write_integer_field(out: &mut Vec<u8>, negative: bool, mut magnitude: u128) {
+    // u128::MAX has 39 digits; one more for the sign.
+    let mut buf = [0u8; 40];
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (magnitude % 10) as u8;
+        magnitude /= 10;
+        if magnitude == 0 {
+            break;
+        }
+    }
+    if negative {
+        start -= 1;
+        buf[start] = b'-';
+    }
+    write_field(out, TAG_INTEGER, &buf[start..]);
+}
+
+impl fmt::Debug for Identity {
+    /// Shows the action and the decoded parts; long parts are abbreviated.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("action", &self.action)
+            .field("parts", &DebugList(&self.canonical[MAGIC.len()..]))
+            .field("absent", &self.is_absent())
+            .finish()
+    }
+}
+
+/// Renders the parts of a canonical encoding as a list.
+struct DebugList<'a>(&'a [u8]);
+
+impl fmt::Debug for DebugList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(Fields(self.0).skip(1)).finish()
+    }
+}
+
+/// One decoded field, for `Debug`.
+struct Field<'a> {
+    tag: u8,
+    payload: &'a [u8],
+}
+
+impl fmt::Debug for Field<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 64;
+        let shown = &self.payload[..self.payload.len().min(SHOWN)];
+        let more = self.payload.len() - shown.len();
+        match (self.tag, std::str::from_utf8(shown)) {
+            (TAG_INTEGER, Ok(digits)) => f.write_str(digits)?,
+            (TAG_BOOLEAN, _) => write!(f, "{}", self.payload == [1])?,
+            (TAG_TEXT, Ok(text)) => write!(f, "{text:?}")?,
+            (TAG_UUID, _) => {
+                f.write_str("uuid:")?;
+                self.payload.iter().try_for_each(|b| write!(f, "{b:02x}"))?;
+            }
+            _ => write!(f, "bytes:{shown:02x?}")?,
+        }
+        if more > 0 {
+            write!(f, "…(+{more} bytes)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Iterates over the fields of a canonical encoding (after `MAGIC`).
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Field<'a>;
+
+    fn next(&mut self) -> Option<Field<'a>> {
+        let (&tag, rest) = self.0.split_first()?;
+        let (len, rest) = rest.split_first_chunk::<8>()?;
+        let len = usize::try_from(u64::from_be_bytes(*len)).ok()?;
+        let payload = rest.get(..len)?;
+        self.0 = &rest[len..];
+        Some(Field { tag, payload })
+    }
+}
+
+/// Proof that a [`KeyPart`] wrote exactly one value. Only the methods of
+/// [`PartWriter`] make one.
+#[must_use = "return the value that the PartWriter method gave you"]
+#[derive(Debug)]
+pub struct PartWritten {
+    absent: bool,
+}
+
+/// Where a [`KeyPart`] writes its single value. Each method consumes the
+/// writer, so a part writes exactly one value, in one of idem's canonical
+/// forms; an implementation cannot produce an ambiguous encoding.
+#[derive(Debug)]
+pub struct PartWriter<'a> {
+    canonical: &'a mut Vec<u8>,
+    absent: bool,
+}
+
+impl PartWriter<'_> {
+    /// Text. `str`, `String` and `char` write this.
+    pub fn text(self, value: &str) -> PartWritten {
+        self.field(TAG_TEXT, value.as_bytes())
+    }
+
+    /// Raw bytes: any content, NUL included.
+    pub fn bytes(self, value: &[u8]) -> PartWritten {
+        self.field(TAG_BYTES, value)
+    }
+
+    /// A signed integer. Equal values write equal parts whatever their type.
+    pub fn signed(self, value: i128) -> PartWritten {
+        write_integer_field(self.canonical, value < 0, value.unsigned_abs());
+        self.done()
+    }
+
+    /// An unsigned integer. Equal values write equal parts whatever their type.
+    pub fn unsigned(self, value: u128) -> PartWritten {
+        write_integer_field(self.canonical, false, value);
+        self.done()
+    }
+
+    /// A boolean.
+    pub fn boolean(self, value: bool) -> PartWritten {
+        self.field(TAG_BOOLEAN, &[u8::from(value)])
+    }
+
+    /// A UUID, as its 16 bytes (big-endian, as RFC 9562 lays them out).
+    pub fn uuid(self, bytes: [u8; 16]) -> PartWritten {
+        self.field(TAG_UUID, &bytes)
+    }
+
+    /// No value: the identity becomes absent and its invocation runs ungated.
+    pub fn absent(mut self) -> PartWritten {
+        self.absent = true;
+        self.done()
+    }
+
+    fn field(self, tag: u8, payload: &[u8]) -> PartWritten {
+        write_field(self.canonical, tag, payload);
+        self.done()
+    }
+
+    fn done(self) -> PartWritten {
+        PartWritten {
+            absent: self.absent,
+        }
+    }
+}
+
+/// A value that can be part of an idempotency key.
+///
+/// Implemented for strings, every integer type, `bool`, `char`, byte slices,
+/// references, `Option<T>` (where `None` makes the identity absent) and, with
+/// the `uuid` feature, `uuid::Uuid`. Your own types implement it by
+/// delegating to one of [`PartWriter`]'s methods:
+///
+/// ```
+/// use idem_runtime::{KeyPart, PartWriter, PartWritten};
+///
+/// struct OrderId(u64);
+///
+/// impl KeyPart for OrderId {
+///     fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+///         out.unsigned(u128::from(self.0))
+///     }
+/// }
+/// ```
+///
+/// Floats are deliberately not key parts: they have no canonical form
+/// (`0.1 + 0.2 != 0.3`, `-0.0 == 0.0`, `NaN != NaN`), so two retries of the
+/// same request could address different slots.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key",
+    label = "`{Self}` is not a key part",
+    note = "key parts are strings, integers, bool, char, byte slices, Uuid (feature `uuid`), references and Option of those",
+    note = "floats have no canonical form (0.1 + 0.2 != 0.3, -0.0 == 0.0, NaN != NaN), so a retry could miss its slot: key on integer minor units (cents) or on a string",
+    note = "for your own type, implement `idem::KeyPart` by delegating to one of `PartWriter`'s methods"
+)]
+pub trait KeyPart {
+    /// Writes this part's single value.
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten;
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        (**self).write_key_part(out)
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &mut T {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        (**self).write_key_part(out)
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        (**self).write_key_part(out)
+    }
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for Arc<T> {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        (**self).write_key_part(out)
+    }
+}
+
+impl<T: KeyPart> KeyPart for Option<T> {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        match self {
+            Some(value) => value.write_key_part(out),
+            None => out.absent(),
+        }
+    }
+}
+
+impl KeyPart for str {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.text(self)
+    }
+}
+
+impl KeyPart for String {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.text(self)
+    }
+}
+
+impl KeyPart for std::borrow::Cow<'_, str> {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.text(self)
+    }
+}
+
+impl KeyPart for char {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.text(self.encode_utf8(&mut [0; 4]))
+    }
+}
+
+impl KeyPart for bool {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.boolean(*self)
+    }
+}
+
+impl KeyPart for [u8] {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.bytes(self)
+    }
+}
+
+impl<const N: usize> KeyPart for [u8; N] {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.bytes(self)
+    }
+}
+
+impl KeyPart for Vec<u8> {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.bytes(self)
+    }
+}
+
+macro_rules! integer_key_parts {
+    ($method:ident as $wide:ty: $($ty:ty),*) => {$(
+        impl KeyPart for $ty {
+            fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+                out.$method(<$wide>::from(*self))
+            }
+        }
+    )*};
+}
+
+integer_key_parts!(signed as i128: i8, i16, i32, i64, i128);
+integer_key_parts!(unsigned as u128: u8, u16, u32, u64, u128);
+
+impl KeyPart for isize {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        // isize is at most 64 bits on every target Rust supports.
+        out.signed(*self as i128)
+    }
+}
+
+impl KeyPart for usize {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.unsigned(*self as u128)
+    }
+}
+
+macro_rules! nonzero_key_parts {
+    ($($ty:ty),*) => {$(
+        impl KeyPart for $ty {
+            fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+                self.get().write_key_part(out)
+            }
+        }
+    )*};
+}
+
+nonzero_key_parts!(
+    std::num::NonZeroI8,
+    std::num::NonZeroI16,
+    std::num::NonZeroI32,
+    std::num::NonZeroI64,
+    std::num::NonZeroI128,
+    std::num::NonZeroIsize,
+    std::num::NonZeroU8,
+    std::num::NonZeroU16,
+    std::num::NonZeroU32,
+    std::num::NonZeroU64,
+    std::num::NonZeroU128,
+    std::num::NonZeroUsize
+);
+
+#[cfg(feature = "uuid")]
+impl KeyPart for uuid::Uuid {
+    fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+        out.uuid(*self.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn integers_encode_by_value_not_by_type() {
+        let a = Identity::new("x").part(7u8);
+        let b = Identity::new("x").part(7i64);
+        let c = Identity::new("x").part(std::num::NonZeroU32::new(7));
+        assert_eq!(a.canonical(), b.canonical());
+        assert_eq!(a.canonical(), c.canonical());
+    }
+
+    #[test]
+    fn extreme_integers_are_exact_decimals() {
+        let min = Identity::new("x").part(i128::MIN);
+        let max = Identity::new("x").part(u128::MAX);
+        let tail = |id: &Identity| id.canonical()[id.canonical().len() - 40..].to_vec();
+        assert!(tail(&min).ends_with(b"-170141183460469231731687303715884105728"));
+        assert!(tail(&max).ends_with(b"340282366920938463463374607431768211455"));
+    }
+
+    #[test]
+    fn text_and_integer_of_the_same_digits_differ() {
+        assert_ne!(
+            Identity::new("x").part(7).address(),
+            Identity::new("x").part("7").address()
+        );
+    }
+
+    #[test]
+    fn char_and_one_char_string_are_the_same_part() {
+        assert_eq!(
+            Identity::new("x").part('é').canonical(),
+            Identity::new("x").part("é").canonical()
+        );
+    }
+
+    #[test]
+    fn none_makes_the_identity_absent_and_remembers_where() {
+        let id = Identity::new("x").part(1).part(None::<&str>).part(Some(3));
+        assert!(id.is_absent());
+        assert_eq!(id.first_absent_part(), Some(1));
+        assert_eq!(id.part_count(), 3);
+        assert!(!Identity::new("x").part(Some(1)).is_absent());
+    }
+
+    #[test]
+    fn clones_share_bytes_until_one_grows() {
+        let base = Identity::new("x").part("shared");
+        let grown = base.clone().part(1);
+        assert_ne!(base.canonical(), grown.canonical());
+        assert!(grown.canonical().starts_with(base.canonical()));
+    }
+
+    #[test]
+    fn layout_is_tag_length_payload() {
+        let id = Identity::new("ab").part(true);
+        assert_eq!(
+            hex(id.canonical()),
+            "6964656d01\
+             61000000000000000261 62\
+             74000000000000000101"
+                .replace(' ', "")
+        );
+    }
+
+    #[test]
+    fn debug_decodes_the_parts() {
+        let id = Identity::new("charge").part("ord_1").part(-5).part(false);
+        let shown = format!("{id:?}");
+        assert!(shown.contains(r#"["ord_1", -5, false]"#), "{shown}");
+    }
+}

@@ -1,0 +1,24 @@
+//! The runtime of [idem](https://docs.rs/idem): identities, the PostgreSQL
+//! record store and the [`Gate`]. Use it through the `idem` crate, which adds
+//! the `#[idempotent]` attribute; this crate is its engine room.
+//!
+//! **The insert is the lock.** Each guarded invocation inserts a claim row
+//! whose address is derived from its [`Identity`]; a unique index that
+//! PostgreSQL enforces lets exactly one concurrent insert win.
+
+mod error;
+pub mod expansion;
+mod gate;
+mod identity;
+mod observe;
+pub mod schema;
+mod store;
+pub mod testing;
+
+pub use error::{Error, Rejected, SchemaProblem, SchemaProblems};
+pub use gate::{Claim, Gate};
+pub use identity::{ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, PartWriter, PartWritten};
+pub use observe::GateEvent;
+
+/// The sqlx this crate was built with, so users need not match versions.
+pub use sqlx;

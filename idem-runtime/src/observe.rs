@@ -1,0 +1,43 @@
+//! What the gate did, told to a race harness running in the same task.
+//!
+//! [`testing::race`](crate::testing::race) needs to know, for each invocation
+//! it fired, whether the gate let it run or refused it, whatever the guarded
+//! function turned the refusal into. The gate reports to a task-local list
+//! when one is in scope; outside a race, reporting is one failed lookup.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::error::Rejected;
+
+/// One decision of the gate.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum GateEvent {
+    /// The claim was won: the body runs.
+    Won,
+    /// The claim was refused: the body does not run.
+    Refused(Rejected),
+    /// The identity was absent: the body runs without a claim.
+    Ungated,
+}
+
+pub(crate) type Events = Arc<Mutex<Vec<GateEvent>>>;
+
+tokio::task_local! {
+    static EVENTS: Events;
+}
+
+/// Reports `event` to the race harness in scope, if any.
+pub(crate) fn record(event: GateEvent) {
+    let _outside_a_race = EVENTS.try_with(|events| {
+        events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event);
+    });
+}
+
+/// Runs `future` with `events` collecting what the gate decides inside it.
+pub(crate) async fn collecting<F: Future>(events: Events, future: F) -> F::Output {
+    EVENTS.scope(events, future).await
+}

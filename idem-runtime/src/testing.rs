@@ -1,0 +1,344 @@
+//! Test helpers: a real database, an isolated gate, and race reports.
+//!
+//! A guarded function is only proven by firing duplicate invocations at the
+//! same instant against a real PostgreSQL. [`race`] does that and returns a
+//! [`RaceReport`] whose [`assert_exactly_once`](RaceReport::assert_exactly_once)
+//! names the likely cause when the guard does not hold; the facade's
+//! `idem::race_test!` wraps it into a whole `#[tokio::test]`.
+//!
+//! These helpers panic on failure, with instructions: they are for tests.
+
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::FutureExt as _;
+use futures_util::future::join_all;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+use crate::error::Rejected;
+use crate::gate::Gate;
+use crate::observe::{self, GateEvent};
+
+/// Where tests look for PostgreSQL when `DATABASE_URL` is not set.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Connections per test pool: enough for real contention, few enough that
+/// many tests in parallel stay under PostgreSQL's default 100 connections.
+pub const TEST_POOL_CONNECTIONS: u32 = 12;
+
+/// `DATABASE_URL`, or [`DEFAULT_DATABASE_URL`].
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+}
+
+/// A small pool on [`database_url`], connected and checked.
+///
+/// # Panics
+/// When no PostgreSQL answers, with a message that says how to start one.
+pub async fn pool() -> PgPool {
+    pool_with(TEST_POOL_CONNECTIONS).await
+}
+
+/// Like [`pool`], with at most `max_connections` connections.
+///
+/// # Panics
+/// When no PostgreSQL answers, with a message that says how to start one.
+pub async fn pool_with(max_connections: u32) -> PgPool {
+    let url = database_url();
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(20))
+        .connect(&url)
+        .await;
+    match pool {
+        Ok(pool) => pool,
+        Err(error) => panic!(
+            "idem's tests need a PostgreSQL and none answered at {url}: {error}\n\
+             Start one (on Debian: pg_ctlcluster 15 main start; or run `bash .ci/run`, which \
+             starts one when none answers), or point DATABASE_URL at one, e.g. \
+             DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres"
+        ),
+    }
+}
+
+/// A name no other test, process or earlier run has used: tests isolate
+/// themselves by account, so they can share one `idem_records` table.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}_{}_{n}_{nanos}", std::process::id())
+}
+
+/// A gate on a fresh [`pool`], its schema set up and verified, scoped to an
+/// account of its own (see [`unique_name`]).
+///
+/// # Panics
+/// When no PostgreSQL answers, or the schema cannot be set up.
+pub async fn gate() -> Gate {
+    gate_on(pool().await).await
+}
+
+/// Like [`gate`], on a pool of your own.
+///
+/// # Panics
+/// When the schema cannot be set up or verified.
+pub async fn gate_on(pool: PgPool) -> Gate {
+    match Gate::connect(pool).await {
+        Ok(gate) => gate.account(unique_name("test")),
+        Err(error) => panic!("idem could not start its gate for this test: {error}"),
+    }
+}
+
+/// Fires `n` invocations made by `invoke` at the same instant and reports
+/// what the gate decided for each.
+///
+/// All `n` futures are created first and wait at a barrier; the last to
+/// arrive releases them together. They run concurrently in this task, each
+/// on its own pooled connection, so PostgreSQL sees simultaneous inserts. A
+/// panicking invocation is caught and reported, not propagated.
+///
+/// ```no_run
+/// # async fn demo() {
+/// use idem_runtime::{Identity, Rejected, testing};
+///
+/// let gate = testing::gate().await;
+/// let id = Identity::new("charge").part("ord_7");
+/// let report = testing::race(16, || gate.run(&id, async { Ok::<_, Rejected>(()) })).await;
+/// report.assert_exactly_once();
+/// # }
+/// ```
+pub async fn race<F, Fut, T, E>(n: usize, invoke: F) -> RaceReport<T, E>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let barrier = tokio::sync::Barrier::new(n);
+    let invocations = (0..n).map(|_| {
+        let invocation = invoke();
+        let barrier = &barrier;
+        async move {
+            let events = Arc::new(Mutex::new(Vec::new()));
+            barrier.wait().await;
+            let outcome = observe::collecting(
+                events.clone(),
+                AssertUnwindSafe(invocation).catch_unwind(),
+            )
+            .await
+            .map_err(|panic| panic_message(panic.as_ref()));
+            let events = std::mem::take(&mut *events.lock().unwrap_or_else(PoisonError::into_inner));
+            Invocation { outcome, events }
+        }
+    });
+    RaceReport {
+        invocations: join_all(invocations).await,
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
+}
+
+/// One invocation of a [`race`]: what it returned and what the gate decided.
+#[derive(Debug)]
+pub struct Invocation<T, E> {
+    /// What the invocation returned, or its panic message.
+    pub outcome: Result<Result<T, E>, String>,
+    /// The gate's decisions inside it, in order (usually exactly one).
+    pub events: Vec<GateEvent>,
+}
+
+impl<T, E> Invocation<T, E> {
+    /// The gate let it run, and it returned `Ok`.
+    pub fn won(&self) -> bool {
+        self.claimed() && matches!(self.outcome, Ok(Ok(_)))
+    }
+
+    /// The gate let its body run (whatever the body then returned).
+    pub fn claimed(&self) -> bool {
+        self.events.iter().any(|e| matches!(e, GateEvent::Won))
+    }
+
+    /// Why the gate refused it, if it did and it returned an error.
+    pub fn refusal(&self) -> Option<&Rejected> {
+        if !matches!(self.outcome, Ok(Err(_))) {
+            return None;
+        }
+        self.events.iter().find_map(|e| match e {
+            GateEvent::Refused(rejected) => Some(rejected),
+            _ => None,
+        })
+    }
+
+    /// It ran without a claim, because its identity was absent.
+    pub fn ungated(&self) -> bool {
+        self.events.iter().any(|e| matches!(e, GateEvent::Ungated))
+    }
+}
+
+/// What a [`race`] saw: one [`Invocation`] per invocation fired.
+#[derive(Debug)]
+pub struct RaceReport<T, E> {
+    /// Every invocation, in the order they were made.
+    pub invocations: Vec<Invocation<T, E>>,
+}
+
+impl<T, E: fmt::Debug> RaceReport<T, E> {
+    /// How many invocations were fired.
+    pub fn len(&self) -> usize {
+        self.invocations.len()
+    }
+
+    /// `true` when none were.
+    pub fn is_empty(&self) -> bool {
+        self.invocations.is_empty()
+    }
+
+    /// Invocations that won the claim and returned `Ok`.
+    pub fn wins(&self) -> usize {
+        self.invocations.iter().filter(|i| i.won()).count()
+    }
+
+    /// Invocations whose body ran under a claim, whatever it returned.
+    pub fn claimed(&self) -> usize {
+        self.invocations.iter().filter(|i| i.claimed()).count()
+    }
+
+    /// Invocations the gate refused.
+    pub fn refused(&self) -> usize {
+        self.refusals().count()
+    }
+
+    /// Why each refused invocation was refused.
+    pub fn refusals(&self) -> impl Iterator<Item = &Rejected> {
+        self.invocations.iter().filter_map(Invocation::refusal)
+    }
+
+    /// Invocations that ran ungated (an absent identity).
+    pub fn ungated(&self) -> usize {
+        self.invocations.iter().filter(|i| i.ungated()).count()
+    }
+
+    /// Everything that went wrong other than a refusal: the body's own
+    /// errors and panics, described.
+    pub fn errors(&self) -> Vec<String> {
+        self.invocations
+            .iter()
+            .filter_map(|i| match &i.outcome {
+                Err(panic) => Some(format!("panicked: {panic}")),
+                Ok(Err(error)) if i.refusal().is_none() => Some(format!("returned Err: {error:?}")),
+                Ok(_) => None,
+            })
+            .collect()
+    }
+
+    /// Asserts that exactly one invocation ran and succeeded, and every other
+    /// one was refused. On failure the message names the likely cause.
+    ///
+    /// # Panics
+    /// When the race did not end with one winner and refusals only.
+    #[track_caller]
+    pub fn assert_exactly_once(&self) -> &Self {
+        let n = self.len();
+        let wins = self.wins();
+        let claimed = self.claimed();
+        let errors = self.errors();
+        let consulted = self.invocations.iter().any(|i| !i.events.is_empty());
+        if claimed > 1 {
+            panic!(
+                "{claimed} of {n} invocations won the claim on one identity: the unique \
+                 constraint is missing or contains a nullable column. idem_records needs both \
+                 partial unique indexes, {} and {}; Gate::connect verifies them at start-up.\n{self}",
+                crate::schema::INDEX_WITHOUT_NAMESPACE,
+                crate::schema::INDEX_WITHIN_NAMESPACE,
+            );
+        }
+        if !consulted && n > 0 {
+            panic!(
+                "none of the {n} invocations consulted a gate: is the function guarded by \
+                 #[idempotent] (or Gate::run), and does the closure given to race call it?\n{self}"
+            );
+        }
+        if claimed == 0 {
+            panic!(
+                "no invocation won the claim: the schema was never set up or the gate points \
+                 elsewhere (another database, search_path or account already holding this \
+                 identity), or the store was down.\n{self}"
+            );
+        }
+        if wins != 1 {
+            panic!("the one invocation that won the claim did not succeed.\n{self}");
+        }
+        if !errors.is_empty() || wins + self.refused() != n {
+            panic!(
+                "one invocation won, but the others were not all refused: {} failed or \
+                 ran otherwise.\n{self}",
+                n - wins - self.refused()
+            );
+        }
+        self
+    }
+
+    /// Asserts that every invocation ran its body and succeeded: for
+    /// invocations that must not block each other (different identities,
+    /// absent identities).
+    ///
+    /// # Panics
+    /// When any invocation was refused, failed or panicked.
+    #[track_caller]
+    pub fn assert_all_succeeded(&self) -> &Self {
+        let ok = self
+            .invocations
+            .iter()
+            .filter(|i| matches!(i.outcome, Ok(Ok(_))))
+            .count();
+        if ok != self.len() {
+            panic!(
+                "expected all {} invocations to run and succeed; {} did not.\n{self}",
+                self.len(),
+                self.len() - ok
+            );
+        }
+        self
+    }
+}
+
+impl<T, E: fmt::Debug> fmt::Display for RaceReport<T, E> {
+    /// A summary line, then each refusal reason and error.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "race of {}: {} won, {} ran under a claim, {} refused, {} ungated, {} failed",
+            self.len(),
+            self.wins(),
+            self.claimed(),
+            self.refused(),
+            self.ungated(),
+            self.errors().len()
+        )?;
+        let mut reasons: Vec<(&str, usize)> = Vec::new();
+        for reason in self.refusals().map(Rejected::reason) {
+            match reasons.iter_mut().find(|(r, _)| *r == reason) {
+                Some((_, count)) => *count += 1,
+                None => reasons.push((reason, 1)),
+            }
+        }
+        for (reason, count) in reasons {
+            write!(f, "\n  refused {count}x: {reason}")?;
+        }
+        for error in self.errors() {
+            write!(f, "\n  {error}")?;
+        }
+        Ok(())
+    }
+}
