@@ -109,6 +109,9 @@
 //! }
 //! ```
 
+// Library code never unwraps: bad input gets an error that says what to do.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Gate, GateEvent, Identity, KeyPart,

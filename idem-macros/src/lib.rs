@@ -5,6 +5,9 @@
 //! logic. The expansion calls plain functions of `idem_runtime::expansion`
 //! through the absolute path `::idem::__private`.
 
+// Library code never unwraps: bad input gets an error that says what to do.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
 mod args;
 mod expand;
 mod signature;

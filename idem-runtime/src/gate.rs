@@ -427,7 +427,8 @@ where
 /// Errors that a fresh connection may not meet again.
 fn is_transient(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Protocol(_) => true,
+        // Not PoolTimedOut: the pool has already waited its whole acquire timeout.
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 57P01-57P03: shutdown, crash, starting up;
             // 40001/40P01: serialization failure, deadlock.

@@ -6,6 +6,9 @@
 //! whose address is derived from its [`Identity`]; a unique index that
 //! PostgreSQL enforces lets exactly one concurrent insert win.
 
+// Library code never unwraps: bad input gets an error that says what to do.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
 mod error;
 pub mod expansion;
 mod gate;

@@ -1,0 +1,168 @@
+//! Quickstart: a payment that runs once, however often it is retried.
+//!
+//! ```text
+//! cargo run --example quickstart
+//! ```
+//!
+//! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
+//! one started from the local PostgreSQL binaries (see `support/postgres.rs`).
+//! `RUST_LOG=idem=debug` shows every claim, settle and release.
+
+#[path = "support/postgres.rs"]
+mod postgres;
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::sqlx::postgres::PgPoolOptions;
+use idem::{Gate, Rejected, idempotent};
+
+/// What a charge can fail with. A refusal from the gate is one variant, so
+/// `charge` can say "a duplicate was refused" through its own error type.
+#[derive(Debug, thiserror::Error)]
+enum ChargeError {
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    #[error("card declined")]
+    Declined,
+}
+
+struct Order {
+    id: String,
+}
+
+#[derive(Debug)]
+struct Receipt {
+    order_id: String,
+    amount_cents: i64,
+}
+
+/// Stands in for a payment provider: counts the charges that really happen.
+#[derive(Default)]
+struct Provider {
+    charges: AtomicUsize,
+    decline_next: AtomicBool,
+}
+
+/// Charges an order once per (order, amount), however often it is retried.
+///
+/// The gate claims the slot before the body runs. `Ok` settles the claim, so
+/// every later retry is refused; `Err` releases it, so a retry can run.
+#[idempotent(key = "order.id, amount_cents")]
+async fn charge(
+    gate: &Gate,
+    order: &Order,
+    amount_cents: i64,
+    provider: &Provider,
+) -> Result<Receipt, ChargeError> {
+    // A real provider takes a while: long enough for retries to pile up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if provider.decline_next.swap(false, Ordering::SeqCst) {
+        return Err(ChargeError::Declined);
+    }
+    provider.charges.fetch_add(1, Ordering::SeqCst);
+    Ok(Receipt {
+        order_id: order.id.clone(),
+        amount_cents,
+    })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    // Errors are returned, not `exit`ed on, so a throwaway server is removed.
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn Error>> {
+    // Held to the end: dropping it stops a throwaway server, if one was started.
+    let database = postgres::find().await?;
+    // One connection per racer, so all 16 claims reach PostgreSQL at once.
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&database.url)
+        .await?;
+    // `Gate::connect` creates idem's table if needed and verifies its unique
+    // indexes. A fresh account per run starts with no claims, so the output
+    // is the same every time.
+    let gate = Gate::connect(pool).await?;
+    let gate = gate.account(idem::testing::unique_name("quickstart"));
+    let provider = Provider::default();
+
+    println!("\n1. A client retries one charge 16 times at the same instant");
+    let order = Order {
+        id: "ord_1001".into(),
+    };
+    let report = idem::testing::race(16, || charge(&gate, &order, 4_999, &provider)).await;
+    // Group the refusals by reason, keeping one message for each.
+    let mut reasons: Vec<(&str, usize, String)> = Vec::new();
+    for refusal in report.refusals() {
+        match reasons
+            .iter_mut()
+            .find(|(reason, ..)| *reason == refusal.reason())
+        {
+            Some((_, count, _)) => *count += 1,
+            None => reasons.push((refusal.reason(), 1, refusal.to_string())),
+        }
+    }
+    let counts: Vec<String> = reasons
+        .iter()
+        .map(|(reason, count, _)| format!("{}: {count}", reason.replace('_', " ")))
+        .collect();
+    println!(
+        "   16 concurrent retries -> {} ran, {} refused ({})",
+        report.claimed(),
+        report.refused(),
+        counts.join(", ")
+    );
+    for (_, _, message) in &reasons {
+        println!("   e.g. \"{message}\"");
+    }
+    let charged = provider.charges.load(Ordering::SeqCst);
+    if report.claimed() != 1 || report.wins() != 1 || charged != 1 {
+        return Err(
+            format!("expected exactly one charge, the provider saw {charged}\n{report}").into(),
+        );
+    }
+
+    println!("\n2. The client retries once more, after the charge succeeded");
+    match charge(&gate, &order, 4_999, &provider).await {
+        Err(ChargeError::Rejected(refusal @ Rejected::AlreadyDone)) => println!("   {refusal}"),
+        other => return Err(format!("expected AlreadyDone, got {other:?}").into()),
+    }
+
+    println!("\n3. A charge that fails is released, so its retry runs");
+    let order = Order {
+        id: "ord_1002".into(),
+    };
+    provider.decline_next.store(true, Ordering::SeqCst);
+    match charge(&gate, &order, 1_250, &provider).await {
+        Err(ChargeError::Declined) => println!("   first attempt: card declined -> slot released"),
+        other => return Err(format!("expected Declined, got {other:?}").into()),
+    }
+    let receipt = charge(&gate, &order, 1_250, &provider).await?;
+    println!(
+        "   retry: ran -> charged {} cents for {}",
+        receipt.amount_cents, receipt.order_id
+    );
+
+    let charged = provider.charges.load(Ordering::SeqCst);
+    if charged != 2 {
+        return Err(format!("expected 2 charges in all, the provider saw {charged}").into());
+    }
+    println!("\nThe provider charged 2 orders once each, out of 19 attempts.");
+    gate.pool().close().await;
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! Shared by the integration tests: fresh PostgreSQL schemas, a TCP proxy
+//! that can cut the database off, and a tracing capture.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use idem::sqlx::{self, PgPool};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+/// Options for the test database, with `search_path` set to `schema`.
+pub fn options_in(schema: &str) -> PgConnectOptions {
+    let url = idem::testing::database_url();
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"));
+    options.options([("search_path", schema)])
+}
+
+/// A schema of its own, empty, and a pool whose `search_path` is it: for
+/// tests that set up, break or inspect idem's schema.
+pub async fn fresh_schema(max_connections: u32) -> (String, PgPool) {
+    let admin = idem::testing::pool_with(1).await;
+    let schema = idem::testing::unique_name("idem_t");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create schema {schema}: {e}"));
+    admin.close().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(20))
+        .connect_with(options_in(&schema))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect into schema {schema}: {e}"));
+    (schema, pool)
+}
+
+/// A TCP proxy in front of the test database. [`Proxy::cut`] closes every
+/// connection and refuses new ones: to the gate, the server is gone.
+pub struct Proxy {
+    pub port: u16,
+    tasks: Arc<Mutex<JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start() -> Proxy {
+        let url = idem::testing::database_url();
+        let options = PgConnectOptions::from_str(&url)
+            .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"));
+        let upstream = format!("{}:{}", options.get_host(), options.get_port());
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a local port");
+        let port = listener.local_addr().expect("local address").port();
+        let tasks = Arc::new(Mutex::new(JoinSet::new()));
+        let accept = tokio::spawn({
+            let tasks = tasks.clone();
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let upstream = upstream.clone();
+                    tasks.lock().expect("proxy tasks").spawn(async move {
+                        if let Ok(mut server) = TcpStream::connect(&upstream).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                }
+            }
+        });
+        Proxy { port, tasks, accept }
+    }
+
+    /// Connection options for the test database, through this proxy.
+    pub fn options(&self) -> PgConnectOptions {
+        let url = idem::testing::database_url();
+        PgConnectOptions::from_str(&url)
+            .expect("a PostgreSQL URL")
+            .host("127.0.0.1")
+            .port(self.port)
+    }
+
+    /// A pool through the proxy that gives up quickly once it is cut.
+    pub async fn pool(&self, max_connections: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_with(self.options())
+            .await
+            .expect("connect through the proxy")
+    }
+
+    /// Closes every proxied connection and stops accepting new ones; returns
+    /// once no byte can pass any more.
+    pub async fn cut(&self) {
+        self.accept.abort();
+        let mut tasks = std::mem::take(&mut *self.tasks.lock().expect("proxy tasks"));
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.tasks.lock().expect("proxy tasks").abort_all();
+    }
+}
+
+/// A pool whose connections carry `application_name`, so a test can find
+/// (and kill) exactly its own backends.
+pub async fn named_pool(application_name: &str, max_connections: u32) -> PgPool {
+    let url = idem::testing::database_url();
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"))
+        .application_name(application_name);
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// Everything `tracing` printed in this test binary, from the first call of
+/// [`Captured::global`] on. Global rather than scoped to one test: scoped
+/// subscribers miss events whose callsites other tests' threads registered
+/// first. Tests tell their lines apart by their gate's unique account.
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    pub fn global() -> &'static Captured {
+        static CAPTURED: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+        CAPTURED.get_or_init(|| {
+            let captured = Captured::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter("idem=trace")
+                .with_ansi(false)
+                .with_writer(captured.clone())
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other global subscriber in this test binary");
+            captured
+        })
+    }
+
+    /// The captured lines that mention `needle`.
+    pub fn lines_with(&self, needle: &str) -> String {
+        let all = String::from_utf8_lossy(&self.0.lock().expect("captured")).into_owned();
+        all.lines()
+            .filter(|line| line.contains(needle))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("captured").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+/// The state of a claim row, straight from the table: `None` when absent.
+pub async fn row_state(gate: &idem::Gate, address: &str) -> Option<String> {
+    sqlx::query_scalar(
+        "SELECT state FROM idem_records WHERE account = $1 AND kind = 'claim' AND address = $2 \
+         AND namespace IS NOT DISTINCT FROM $3",
+    )
+    .bind(gate.account_name())
+    .bind(address)
+    .bind(gate.namespace_name())
+    .fetch_optional(gate.pool())
+    .await
+    .expect("read idem_records")
+}
+
+/// How many claim rows an account holds, by state.
+pub async fn count_rows(gate: &idem::Gate, state: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM idem_records WHERE account = $1 AND kind = 'claim' AND state = $2",
+    )
+    .bind(gate.account_name())
+    .bind(state)
+    .fetch_one(gate.pool())
+    .await
+    .expect("count idem_records")
+}
