@@ -106,20 +106,10 @@ async fn run() -> Result<(), Box<dyn Error>> {
         id: "ord_1001".into(),
     };
     let report = idem::testing::race(16, || charge(&gate, &order, 4_999, &provider)).await;
-    // Group the refusals by reason, keeping one message for each.
-    let mut reasons: Vec<(&str, usize, String)> = Vec::new();
-    for refusal in report.refusals() {
-        match reasons
-            .iter_mut()
-            .find(|(reason, ..)| *reason == refusal.reason())
-        {
-            Some((_, count, _)) => *count += 1,
-            None => reasons.push((refusal.reason(), 1, refusal.to_string())),
-        }
-    }
+    let reasons = report.refusal_counts();
     let counts: Vec<String> = reasons
         .iter()
-        .map(|(reason, count, _)| format!("{}: {count}", reason.replace('_', " ")))
+        .map(|(refusal, count)| format!("{}: {count}", refusal.reason().replace('_', " ")))
         .collect();
     println!(
         "   16 concurrent retries -> {} ran, {} refused ({})",
@@ -127,8 +117,8 @@ async fn run() -> Result<(), Box<dyn Error>> {
         report.refused(),
         counts.join(", ")
     );
-    for (_, _, message) in &reasons {
-        println!("   e.g. \"{message}\"");
+    for (refusal, _) in &reasons {
+        println!("   e.g. \"{refusal}\"");
     }
     let charged = provider.charges.load(Ordering::SeqCst);
     if report.claimed() != 1 || report.wins() != 1 || charged != 1 {

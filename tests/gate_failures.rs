@@ -24,7 +24,10 @@ async fn apply(gate: &Gate, target: &str, runs: &AtomicUsize) -> Result<(), JobE
 }
 
 fn unavailable(result: &Result<(), JobError>) -> bool {
-    matches!(result, Err(JobError::Rejected(Rejected::Unavailable { .. })))
+    matches!(
+        result,
+        Err(JobError::Rejected(Rejected::Unavailable { .. }))
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,13 +38,24 @@ async fn a_closed_pool_fails_closed_and_the_body_never_runs() {
 
     let report = race(8, || apply(&gate, "t", &runs)).await;
     assert_eq!(report.refused(), 8, "{report}");
-    assert!(report.refusals().all(|r| matches!(r, Rejected::Unavailable { .. })), "{report}");
+    assert!(
+        report
+            .refusals()
+            .all(|r| matches!(r, Rejected::Unavailable { .. })),
+        "{report}"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 
     let id = Identity::new("any").part(1);
     let via_run = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
-    assert!(matches!(via_run, Err(Rejected::Unavailable { .. })), "{via_run:?}");
-    assert!(matches!(gate.claim(&id).await, Err(Rejected::Unavailable { .. })));
+    assert!(
+        matches!(via_run, Err(Rejected::Unavailable { .. })),
+        "{via_run:?}"
+    );
+    assert!(matches!(
+        gate.claim(&id).await,
+        Err(Rejected::Unavailable { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,14 +63,23 @@ async fn an_unreachable_server_fails_closed_and_the_message_says_what_to_do() {
     let proxy = common::Proxy::start().await;
     let gate = testing::gate_on(proxy.pool(4).await).await;
     let runs = AtomicUsize::new(0);
-    apply(&gate, "before", &runs).await.expect("runs while the server answers");
+    apply(&gate, "before", &runs)
+        .await
+        .expect("runs while the server answers");
 
     proxy.cut().await;
     let result = apply(&gate, "after", &runs).await;
     assert!(unavailable(&result), "{result:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body must not run while the store is down");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the body must not run while the store is down"
+    );
     let message = result.expect_err("refused").to_string();
-    assert!(message.contains("did not run") && message.contains("retry"), "{message}");
+    assert!(
+        message.contains("did not run") && message.contains("retry"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +96,10 @@ async fn a_dropped_future_keeps_the_slot_held() {
         _ = call => unreachable!("the body never finishes"),
         _ = started_rx => {} // the body runs: the claim is won. Drop the call.
     }
-    assert_eq!(common::row_state(&gate, &id.address()).await.as_deref(), Some("pending"));
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await.as_deref(),
+        Some("pending")
+    );
     let retry = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
     assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
 }
@@ -95,7 +121,10 @@ async fn a_panicking_body_keeps_the_slot_held() {
         }
     });
     assert!(task.await.expect_err("the task panicked").is_panic());
-    assert_eq!(common::row_state(&gate, &id.address()).await.as_deref(), Some("pending"));
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await.as_deref(),
+        Some("pending")
+    );
     let retry = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
     assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
 }
@@ -118,7 +147,10 @@ async fn a_failed_settle_keeps_the_slot_held_and_returns_the_value() {
 
     // Seen from a healthy connection: still pending, and retries are refused.
     let healthy = gate.clone_with_pool(testing::pool_with(2).await);
-    assert_eq!(common::row_state(&healthy, &id.address()).await.as_deref(), Some("pending"));
+    assert_eq!(
+        common::row_state(&healthy, &id.address()).await.as_deref(),
+        Some("pending")
+    );
     let retry = healthy.run(&id, async { Ok::<_, Rejected>("again") }).await;
     assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
 }
@@ -138,17 +170,26 @@ async fn a_failed_release_keeps_the_slot_held() {
     assert!(matches!(result, Err(JobError::Failed)), "{result:?}");
 
     let healthy = gate.clone_with_pool(testing::pool_with(2).await);
-    assert_eq!(common::row_state(&healthy, &id.address()).await.as_deref(), Some("pending"));
+    assert_eq!(
+        common::row_state(&healthy, &id.address()).await.as_deref(),
+        Some("pending")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settle_by_hand_reports_an_unreachable_store() {
     let proxy = common::Proxy::start().await;
     let gate = testing::gate_on(proxy.pool(2).await).await;
-    let claim = gate.claim(&Identity::new("by_hand").part(1)).await.expect("claim");
+    let claim = gate
+        .claim(&Identity::new("by_hand").part(1))
+        .await
+        .expect("claim");
     proxy.cut().await;
     let settled = claim.settle().await;
-    assert!(matches!(settled, Err(Rejected::Unavailable { .. })), "{settled:?}");
+    assert!(
+        matches!(settled, Err(Rejected::Unavailable { .. })),
+        "{settled:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,7 +204,10 @@ async fn a_claim_removed_under_the_holder_is_reported_lost() {
         .await
         .expect("operator deletes the claim");
     let settled = claim.settle().await;
-    assert!(matches!(settled, Err(Rejected::ClaimLost { .. })), "{settled:?}");
+    assert!(
+        matches!(settled, Err(Rejected::ClaimLost { .. })),
+        "{settled:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,13 +227,18 @@ async fn a_digest_collision_is_refused_never_merged() {
     .await
     .expect("plant a colliding row");
     let result = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
-    assert!(matches!(result, Err(Rejected::Collision { .. })), "{result:?}");
+    assert!(
+        matches!(result, Err(Rejected::Collision { .. })),
+        "{result:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_in_the_account_name_is_refused_with_a_reason() {
     let gate = testing::gate().await.account("bad\0name");
-    let result = gate.run(&Identity::new("x").part(1), async { Ok::<_, Rejected>(()) }).await;
+    let result = gate
+        .run(&Identity::new("x").part(1), async { Ok::<_, Rejected>(()) })
+        .await;
     let Err(rejected @ Rejected::InvalidScope { .. }) = result else {
         panic!("expected InvalidScope, got {result:?}");
     };
@@ -211,11 +260,16 @@ async fn keys_of_any_content_work_end_to_end() {
     for key in hostile {
         apply(&gate, key, &runs).await.expect("any key runs once");
         let retry = apply(&gate, key, &runs).await;
-        assert!(matches!(retry, Err(JobError::Rejected(Rejected::AlreadyDone))), "{retry:?}");
+        assert!(
+            matches!(retry, Err(JobError::Rejected(Rejected::AlreadyDone))),
+            "{retry:?}"
+        );
     }
     assert_eq!(runs.load(Ordering::SeqCst), hostile.len());
     let raw = Identity::new("bytes").part(&[0u8, 0xff, 0, 0x80][..]);
-    gate.run(&raw, async { Ok::<_, Rejected>(()) }).await.expect("raw bytes");
+    gate.run(&raw, async { Ok::<_, Rejected>(()) })
+        .await
+        .expect("raw bytes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,14 +278,22 @@ async fn every_decision_is_a_tracing_event() {
     let proxy = common::Proxy::start().await;
     let gate = testing::gate_on(proxy.pool(2).await).await;
     let id = Identity::new("traced").part(1);
-    gate.run(&id, async { Ok::<_, Rejected>(()) }).await.expect("won and settled");
+    gate.run(&id, async { Ok::<_, Rejected>(()) })
+        .await
+        .expect("won and settled");
     let _ = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
     let failing = Identity::new("traced").part(2);
-    let _ = gate.run(&failing, async { Err::<(), _>(JobError::Failed) }).await;
+    let _ = gate
+        .run(&failing, async { Err::<(), _>(JobError::Failed) })
+        .await;
     let absent = Identity::new("traced").part(None::<i32>);
     let _ = gate.run(&absent, async { Ok::<_, Rejected>(()) }).await;
     proxy.cut().await;
-    let _ = gate.run(&Identity::new("traced").part(3), async { Ok::<_, Rejected>(()) }).await;
+    let _ = gate
+        .run(&Identity::new("traced").part(3), async {
+            Ok::<_, Rejected>(())
+        })
+        .await;
 
     let log = captured.lines_with(gate.account_name());
     for expected in [
@@ -270,7 +332,9 @@ async fn the_pool_recovers_after_its_connections_are_killed() {
     let name = testing::unique_name("killed");
     let gate = testing::gate_on(common::named_pool(&name, 4).await).await;
     let runs = AtomicUsize::new(0);
-    race(4, || apply(&gate, "warm", &runs)).await.assert_exactly_once();
+    race(4, || apply(&gate, "warm", &runs))
+        .await
+        .assert_exactly_once();
     let killed: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
     )
@@ -280,7 +344,9 @@ async fn the_pool_recovers_after_its_connections_are_killed() {
     .expect("terminate the gate's backends");
     assert!(!killed.is_empty(), "the gate's connections were not found");
     // Dead pooled connections are noticed and replaced; nothing runs twice.
-    apply(&gate, "after-kill", &runs).await.expect("the pool recovers");
+    apply(&gate, "after-kill", &runs)
+        .await
+        .expect("the pool recovers");
     assert!(matches!(
         apply(&gate, "warm", &runs).await,
         Err(JobError::Rejected(Rejected::AlreadyDone))

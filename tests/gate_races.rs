@@ -108,7 +108,9 @@ async fn c_an_absent_identity_runs_ungated_every_time() {
     assert_eq!(common::count_rows(&gate, "pending").await, 0);
     assert_eq!(common::count_rows(&gate, "success").await, 0);
     // Some(..) is gated as usual.
-    race(8, || notify(&gate, Some("cus_1"), &ledger)).await.assert_exactly_once();
+    race(8, || notify(&gate, Some("cus_1"), &ledger))
+        .await
+        .assert_exactly_once();
 }
 
 /// (d) The key narrows the slot: same action with different keys both run,
@@ -126,7 +128,10 @@ async fn d_an_explicit_key_scopes_a_narrower_slot_than_the_action() {
         apply(&gate, "order-3", &ledger),
         apply_elsewhere(&gate, "order-3", &ledger)
     );
-    assert!(apply_it.is_ok() && elsewhere.is_ok(), "{apply_it:?} {elsewhere:?}");
+    assert!(
+        apply_it.is_ok() && elsewhere.is_ok(),
+        "{apply_it:?} {elsewhere:?}"
+    );
     assert_eq!(ledger.runs(), 4);
     assert_ne!(
         Identity::new("apply").part("order-3").address(),
@@ -139,7 +144,10 @@ async fn d_an_explicit_key_scopes_a_narrower_slot_than_the_action() {
 async fn e_a_sequential_retry_after_success_is_refused() {
     let gate = testing::gate().await;
     let ledger = Ledger::default();
-    assert_eq!(apply(&gate, "payout-9", &ledger).await.expect("first run"), "applied to payout-9");
+    assert_eq!(
+        apply(&gate, "payout-9", &ledger).await.expect("first run"),
+        "applied to payout-9"
+    );
     for _ in 0..3 {
         let retry = apply(&gate, "payout-9", &ledger).await;
         assert!(
@@ -149,7 +157,10 @@ async fn e_a_sequential_retry_after_success_is_refused() {
     }
     assert_eq!(ledger.runs(), 1);
     let address = Identity::new("apply").part("payout-9").address();
-    assert_eq!(common::row_state(&gate, &address).await.as_deref(), Some("success"));
+    assert_eq!(
+        common::row_state(&gate, &address).await.as_deref(),
+        Some("success")
+    );
 }
 
 /// (f) A failure is released, so its retry runs.
@@ -161,12 +172,21 @@ async fn f_a_failure_is_released_and_its_retry_runs() {
 
     let failed = flaky(&gate, "job-1", true, &ledger).await;
     assert!(matches!(failed, Err(JobError::Failed)), "{failed:?}");
-    assert_eq!(common::row_state(&gate, &address).await, None, "a failure must delete its claim");
+    assert_eq!(
+        common::row_state(&gate, &address).await,
+        None,
+        "a failure must delete its claim"
+    );
 
     // The retries race; the released slot goes to exactly one of them.
-    race(8, || flaky(&gate, "job-1", false, &ledger)).await.assert_exactly_once();
+    race(8, || flaky(&gate, "job-1", false, &ledger))
+        .await
+        .assert_exactly_once();
     assert_eq!(ledger.runs(), 2);
-    assert_eq!(common::row_state(&gate, &address).await.as_deref(), Some("success"));
+    assert_eq!(
+        common::row_state(&gate, &address).await.as_deref(),
+        Some("success")
+    );
 }
 
 /// (g) The NULL namespace is unique too. A unique index over the nullable
@@ -176,14 +196,20 @@ async fn g_the_null_namespace_is_unique_too() {
     let gate = testing::gate().await;
     assert_eq!(gate.namespace_name(), None);
     let ledger = Ledger::default();
-    race(16, || apply(&gate, "shared", &ledger)).await.assert_exactly_once();
+    race(16, || apply(&gate, "shared", &ledger))
+        .await
+        .assert_exactly_once();
 
     let live = gate.namespace("live");
-    race(16, || apply(&live, "shared", &ledger)).await.assert_exactly_once();
+    race(16, || apply(&live, "shared", &ledger))
+        .await
+        .assert_exactly_once();
 
     // Namespaces scope their slots: same identity, another namespace, runs.
     let test = gate.namespace("test");
-    race(16, || apply(&test, "shared", &ledger)).await.assert_exactly_once();
+    race(16, || apply(&test, "shared", &ledger))
+        .await
+        .assert_exactly_once();
     assert_eq!(ledger.runs(), 3);
 }
 
@@ -220,7 +246,9 @@ async fn accounts_are_isolated() {
 
     // Settled in acme; a third account still runs it.
     let initech = gate.account(testing::unique_name("initech"));
-    apply(&initech, "order-1", &ledger).await.expect("another account runs");
+    apply(&initech, "order-1", &ledger)
+        .await
+        .expect("another account runs");
     assert!(matches!(
         apply(&acme, "order-1", &ledger).await,
         Err(JobError::Rejected(Rejected::AlreadyDone))
@@ -283,7 +311,10 @@ async fn claims_by_hand_settle_and_release() {
     assert!(matches!(gate.claim(&id).await, Err(Rejected::AlreadyDone)));
 
     let absent = Identity::new("by_hand").part(None::<u32>);
-    let claim = gate.claim(&absent).await.expect("absent identities are not claimed");
+    let claim = gate
+        .claim(&absent)
+        .await
+        .expect("absent identities are not claimed");
     assert!(!claim.is_gated());
     claim.settle().await.expect("settling nothing succeeds");
 }

@@ -65,17 +65,13 @@ const VECTORS: &[Vector] = &[
         name: "(\"ab\", \"c\")",
         identity: || Identity::new("a").part("ab").part("c"),
         address: "claim_e5235e69f538f007e2cebcf9",
-        canonical: Some(
-            "6964656d0161000000000000000161730000000000000002616273000000000000000163",
-        ),
+        canonical: Some("6964656d0161000000000000000161730000000000000002616273000000000000000163"),
     },
     Vector {
         name: "(\"a\", \"bc\")",
         identity: || Identity::new("a").part("a").part("bc"),
         address: "claim_726e0e756129cdc56ab70ea9",
-        canonical: Some(
-            "6964656d0161000000000000000161730000000000000001617300000000000000026263",
-        ),
+        canonical: Some("6964656d0161000000000000000161730000000000000001617300000000000000026263"),
     },
     Vector {
         name: "separators inside a part",
@@ -134,9 +130,7 @@ const VECTORS: &[Vector] = &[
         name: "booleans",
         identity: || Identity::new("a").part(true).part(false),
         address: "claim_63ec06540028b2d84ebfa41e",
-        canonical: Some(
-            "6964656d01610000000000000001617400000000000000010174000000000000000100",
-        ),
+        canonical: Some("6964656d01610000000000000001617400000000000000010174000000000000000100"),
     },
     Vector {
         name: "UUID",
@@ -171,14 +165,14 @@ fn addresses_match_the_golden_vectors() {
                 vector.address
             ));
         }
-        if let Some(canonical) = vector.canonical {
-            if hex(identity.canonical()) != canonical {
-                wrong.push(format!(
-                    "{}: canonical {} != golden {canonical}",
-                    vector.name,
-                    hex(identity.canonical())
-                ));
-            }
+        if let Some(canonical) = vector.canonical
+            && hex(identity.canonical()) != canonical
+        {
+            wrong.push(format!(
+                "{}: canonical {} != golden {canonical}",
+                vector.name,
+                hex(identity.canonical())
+            ));
         }
     }
     assert!(
@@ -204,7 +198,9 @@ fn every_address_is_claim_and_24_lowercase_hex() {
         let digest = address.strip_prefix("claim_").unwrap_or_default();
         assert_eq!(digest.len(), 24, "{address}");
         assert!(
-            digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            digest
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
             "{address}"
         );
     }
@@ -233,9 +229,19 @@ fn references_options_and_owned_strings_encode_like_their_values() {
     let golden = "claim_70bd255d5922663a431fe2c6";
     let owned = String::from("ord_1001");
     assert_eq!(Identity::new("charge").part(&owned).address(), golden);
-    assert_eq!(Identity::new("charge").part(&&*owned).address(), golden);
-    assert_eq!(Identity::new("charge").part(Some("ord_1001")).address(), golden);
-    assert_eq!(Identity::new("charge").part(Box::<str>::from("ord_1001")).address(), golden);
+    let borrowed: &str = &owned;
+    let twice: &&str = &borrowed;
+    assert_eq!(Identity::new("charge").part(twice).address(), golden);
+    assert_eq!(
+        Identity::new("charge").part(Some("ord_1001")).address(),
+        golden
+    );
+    assert_eq!(
+        Identity::new("charge")
+            .part(Box::<str>::from("ord_1001"))
+            .address(),
+        golden
+    );
 }
 
 #[cfg(feature = "uuid")]

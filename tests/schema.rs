@@ -37,12 +37,24 @@ fn schema_error(result: Result<Gate, Error>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_creates_the_table_both_partial_indexes_and_its_own_version() {
     let (_, pool) = common::fresh_schema(2).await;
-    Gate::connect(pool.clone()).await.expect("set up a fresh schema");
+    Gate::connect(pool.clone())
+        .await
+        .expect("set up a fresh schema");
 
     let indexes = unique_indexes(&pool).await;
     assert_eq!(indexes.len(), 2, "exactly two unique indexes: {indexes:?}");
-    assert!(indexes[0].1.ends_with("(account, kind, address, namespace) WHERE (namespace IS NOT NULL)"), "{indexes:?}");
-    assert!(indexes[1].1.ends_with("(account, kind, address) WHERE (namespace IS NULL)"), "{indexes:?}");
+    assert!(
+        indexes[0]
+            .1
+            .ends_with("(account, kind, address, namespace) WHERE (namespace IS NOT NULL)"),
+        "{indexes:?}"
+    );
+    assert!(
+        indexes[1]
+            .1
+            .ends_with("(account, kind, address) WHERE (namespace IS NULL)"),
+        "{indexes:?}"
+    );
 
     let version: i32 = sqlx::query_scalar("SELECT max(version) FROM idem_schema_version")
         .fetch_one(&pool)
@@ -54,7 +66,10 @@ async fn connect_creates_the_table_both_partial_indexes_and_its_own_version() {
             .fetch_one(&pool)
             .await
             .expect("to_regclass");
-    assert_eq!(sqlx_table, None, "idem must not touch the application's _sqlx_migrations");
+    assert_eq!(
+        sqlx_table, None,
+        "idem must not touch the application's _sqlx_migrations"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,7 +86,9 @@ async fn set_up_is_idempotent_and_safe_when_many_processes_start_at_once() {
         });
     }
     while let Some(started) = starts.join_next().await {
-        started.expect("no panic").expect("every concurrent set-up succeeds");
+        started
+            .expect("no panic")
+            .expect("every concurrent set-up succeeds");
     }
     Gate::connect(pool.clone()).await.expect("and again later");
     let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_schema_version")
@@ -87,7 +104,9 @@ async fn the_exported_sql_is_enough_for_users_who_run_their_own_migrations() {
     let (_, pool) = common::fresh_schema(2).await;
     exec(&pool, SCHEMA_SQL).await;
     exec(&pool, SCHEMA_SQL).await; // idempotent
-    Gate::connect_without_setup(pool.clone()).await.expect("verified, no DDL needed");
+    Gate::connect_without_setup(pool.clone())
+        .await
+        .expect("verified, no DDL needed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,21 +114,33 @@ async fn a_missing_table_is_named() {
     let (schema, pool) = common::fresh_schema(2).await;
     let message = schema_error(Gate::connect_without_setup(pool).await);
     assert!(message.contains("idem_records does not exist"), "{message}");
-    assert!(message.contains(&schema), "names the search_path: {message}");
+    assert!(
+        message.contains(&schema),
+        "names the search_path: {message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_index_is_named_and_the_gate_refuses_to_start() {
     for (dropped, named) in [
-        ("idem_records_unique_without_namespace", "WHERE namespace IS NULL"),
-        ("idem_records_unique_within_namespace", "WHERE namespace IS NOT NULL"),
+        (
+            "idem_records_unique_without_namespace",
+            "WHERE namespace IS NULL",
+        ),
+        (
+            "idem_records_unique_within_namespace",
+            "WHERE namespace IS NOT NULL",
+        ),
     ] {
         let (_, pool) = common::fresh_schema(2).await;
         Gate::connect(pool.clone()).await.expect("set up");
         exec(&pool, &format!("DROP INDEX {dropped}")).await;
         // Gate::connect sees the version is current and only verifies.
         let message = schema_error(Gate::connect(pool).await);
-        assert!(message.contains("missing unique index") && message.contains(named), "{message}");
+        assert!(
+            message.contains("missing unique index") && message.contains(named),
+            "{message}"
+        );
     }
 }
 
@@ -139,10 +170,18 @@ async fn a_unique_index_over_the_nullable_namespace_is_recognised_as_the_hole() 
         panic!("the gate must refuse this schema");
     };
     let message = problems.to_string();
-    assert!(message.contains("enforces nothing for rows whose namespace is NULL"), "{message}");
+    assert!(
+        message.contains("enforces nothing for rows whose namespace is NULL"),
+        "{message}"
+    );
     assert!(message.contains("looks_right"), "{message}");
     assert_eq!(problems.problems.len(), 2, "{message}");
-    assert!(problems.problems.iter().all(|p| matches!(p, SchemaProblem::MissingIndex { .. })));
+    assert!(
+        problems
+            .problems
+            .iter()
+            .all(|p| matches!(p, SchemaProblem::MissingIndex { .. }))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,26 +199,47 @@ async fn a_wrong_predicate_or_a_non_unique_index_is_named() {
     )
     .await;
     let message = schema_error(Gate::connect(pool).await);
-    assert!(message.contains("wrong_predicate") && message.contains("its predicate is"), "{message}");
-    assert!(message.contains("not_unique") && message.contains("not unique"), "{message}");
+    assert!(
+        message.contains("wrong_predicate") && message.contains("its predicate is"),
+        "{message}"
+    );
+    assert!(
+        message.contains("not_unique") && message.contains("not unique"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_nullable_column_is_named() {
     let (_, pool) = common::fresh_schema(2).await;
     Gate::connect(pool.clone()).await.expect("set up");
-    exec(&pool, "ALTER TABLE idem_records ALTER COLUMN state DROP NOT NULL; \
-                 ALTER TABLE idem_records DROP COLUMN identity;").await;
+    exec(
+        &pool,
+        "ALTER TABLE idem_records ALTER COLUMN state DROP NOT NULL; \
+                 ALTER TABLE idem_records DROP COLUMN identity;",
+    )
+    .await;
     let message = schema_error(Gate::connect(pool).await);
-    assert!(message.contains("idem_records.state is nullable"), "{message}");
-    assert!(message.contains("idem_records.identity is missing"), "{message}");
+    assert!(
+        message.contains("idem_records.state is nullable"),
+        "{message}"
+    );
+    assert!(
+        message.contains("idem_records.identity is missing"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_address_check_and_the_claim_states_are_enforced_by_postgres() {
     let (_, pool) = common::fresh_schema(2).await;
     Gate::connect(pool.clone()).await.expect("set up");
-    for (address, state) in [("Claim_UPPER", "pending"), ("claim-dash", "pending"), ("", "pending"), ("claim_ok", "error")] {
+    for (address, state) in [
+        ("Claim_UPPER", "pending"),
+        ("claim-dash", "pending"),
+        ("", "pending"),
+        ("claim_ok", "error"),
+    ] {
         let inserted = sqlx::query(
             "INSERT INTO idem_records (account, kind, address, state, identity) \
              VALUES ('a', 'claim', $1, $2, '\\x00')",
@@ -188,6 +248,9 @@ async fn the_address_check_and_the_claim_states_are_enforced_by_postgres() {
         .bind(state)
         .execute(&pool)
         .await;
-        assert!(inserted.is_err(), "({address:?}, {state:?}) must be refused by a CHECK");
+        assert!(
+            inserted.is_err(),
+            "({address:?}, {state:?}) must be refused by a CHECK"
+        );
     }
 }

@@ -55,7 +55,10 @@ impl Errors {
 }
 
 /// The option name closest to a misspelt one, if any is close.
-pub(crate) fn closest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    wrong: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     candidates
         .into_iter()
         .map(|candidate| (strsim::jaro_winkler(wrong, candidate), candidate))
@@ -78,27 +81,29 @@ impl Parse for Args {
             let lookahead = input.lookahead1();
             if lookahead.peek(kw::key) {
                 let name: kw::key = input.parse()?;
-                let value = parse_value(input, "key", "key = \"order.id, amount_cents\"")?;
+                let value =
+                    parse_value(input, name.span, "key", "key = \"order.id, amount_cents\"")?;
                 let key = value.and_then(|value| args.check_string(value, "key", KEY_EXAMPLE));
                 let key = key.and_then(|literal| args.check_key(literal));
                 args.set(name.span, "key", key, |a| &mut a.key);
             } else if lookahead.peek(kw::action) {
                 let name: kw::action = input.parse()?;
-                let value = parse_value(input, "action", "action = \"charge\"")?;
-                let action = value.and_then(|value| args.check_string(value, "action", "action = \"charge\""));
+                let value = parse_value(input, name.span, "action", "action = \"charge\"")?;
+                let action = value
+                    .and_then(|value| args.check_string(value, "action", "action = \"charge\""));
                 let action = action.and_then(|literal| args.check_action(literal));
                 args.set(name.span, "action", action, |a| &mut a.action);
             } else if lookahead.peek(kw::gate) {
                 let name: kw::gate = input.parse()?;
-                let value = parse_value(input, "gate", "gate = self.gate")?;
+                let value = parse_value(input, name.span, "gate", "gate = self.gate")?;
                 args.set(name.span, "gate", value, |a| &mut a.gate);
             } else if lookahead.peek(kw::account) {
                 let name: kw::account = input.parse()?;
-                let value = parse_value(input, "account", "account = tenant.id")?;
+                let value = parse_value(input, name.span, "account", "account = tenant.id")?;
                 args.set(name.span, "account", value, |a| &mut a.account);
             } else if lookahead.peek(kw::namespace) {
                 let name: kw::namespace = input.parse()?;
-                let value = parse_value(input, "namespace", "namespace = \"live\"")?;
+                let value = parse_value(input, name.span, "namespace", "namespace = \"live\"")?;
                 args.set(name.span, "namespace", value, |a| &mut a.namespace);
             } else if input.peek(Ident) {
                 let name: Ident = input.parse()?;
@@ -110,7 +115,11 @@ impl Parse for Args {
                     &name,
                     format!(
                         "unknown option `{name}` for #[idempotent]: {hint}the options are {}",
-                        OPTIONS.iter().map(|o| format!("`{o}`")).collect::<Vec<_>>().join(", ")
+                        OPTIONS
+                            .iter()
+                            .map(|o| format!("`{o}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ));
                 if input.peek(Token![=]) {
@@ -132,9 +141,17 @@ impl Parse for Args {
 const KEY_EXAMPLE: &str = "key = \"order.id, amount_cents\"";
 
 /// `= value` after an option's name. A missing `=` is a mistake of its own.
-fn parse_value(input: ParseStream<'_>, option: &str, example: &str) -> syn::Result<Option<Expr>> {
+fn parse_value(
+    input: ParseStream<'_>,
+    name: Span,
+    option: &str,
+    example: &str,
+) -> syn::Result<Option<Expr>> {
     if !input.peek(Token![=]) {
-        return Err(input.error(format!("`{option}` needs a value: write {example}")));
+        return Err(syn::Error::new(
+            name,
+            format!("`{option}` needs a value: write {example}"),
+        ));
     }
     input.parse::<Token![=]>()?;
     input.parse().map(Some)
@@ -142,7 +159,13 @@ fn parse_value(input: ParseStream<'_>, option: &str, example: &str) -> syn::Resu
 
 impl Args {
     /// Stores an option's value, refusing a second one.
-    fn set<T>(&mut self, name: Span, option: &str, value: Option<T>, slot: impl Fn(&mut Args) -> &mut Option<T>) {
+    fn set<T>(
+        &mut self,
+        name: Span,
+        option: &str,
+        value: Option<T>,
+        slot: impl Fn(&mut Args) -> &mut Option<T>,
+    ) {
         if slot(self).is_some() {
             self.errors.push(syn::Error::new(
                 name,
@@ -155,7 +178,10 @@ impl Args {
 
     fn check_string(&mut self, value: Expr, option: &str, example: &str) -> Option<LitStr> {
         match value {
-            Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(literal), .. }) => Some(literal),
+            Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(literal),
+                ..
+            }) => Some(literal),
             other => {
                 self.errors.push(syn::Error::new_spanned(
                     other,

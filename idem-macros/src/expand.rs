@@ -23,13 +23,12 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return with_errors(item, error);
         }
     };
-    let args: Args = match syn::parse2(args) {
-        Ok(args) => args,
-        Err(error) => return with_errors(item, error),
-    };
-    match Checked::new(args, &function) {
+    let checked = syn::parse2(args).and_then(|args| Checked::new(args, &function));
+    match checked {
         Ok(checked) => checked.expand(function),
-        Err(error) => with_errors(item, error),
+        // The parameters the expansion would have used now look unused:
+        // silence that, so the attribute's mistake is the only message.
+        Err(error) => with_errors(quote!(#[allow(unused_variables)] #function), error),
     }
 }
 
@@ -63,7 +62,7 @@ impl Checked {
 
         if signature.asyncness.is_none() {
             errors.push(syn::Error::new_spanned(
-                &signature.fn_token,
+                signature.fn_token,
                 format!(
                     "#[idempotent] needs an async fn: the gate claims the slot in the database \
                      before the body runs; write `async fn {}`",
@@ -104,12 +103,18 @@ impl Checked {
             None => None,
         };
 
-        for (option, expr) in [("`account`", &account), ("`namespace`", &namespace), ("`gate`", &gate)] {
+        for (option, expr) in [
+            ("`account`", &account),
+            ("`namespace`", &namespace),
+            ("`gate`", &gate),
+        ] {
             let Some(expr) = expr else { continue };
-            if signature::root_of(expr).is_some_and(|root| root == "self") && !parameters.has_receiver {
-                if let Err(error) = parameters.check_rooted(expr, expr, option) {
-                    errors.push(error);
-                }
+            let uses_self = signature::root_of(expr).is_some_and(|root| root == "self");
+            if uses_self
+                && !parameters.has_receiver
+                && let Err(error) = parameters.check_rooted(expr, expr, option)
+            {
+                errors.push(error);
             }
         }
 
@@ -137,11 +142,13 @@ impl Checked {
         }
         let (Some(key), Some(key_span), Some(gate)) = (key, key_span, gate) else {
             // Unreachable: each missing piece pushed an error above.
-            return Err(syn::Error::new(Span::call_site(), "#[idempotent]: incomplete options"));
+            return Err(syn::Error::new(
+                Span::call_site(),
+                "#[idempotent]: incomplete options",
+            ));
         };
-        let action = action.unwrap_or_else(|| {
-            LitStr::new(&signature.ident.to_string(), signature.ident.span())
-        });
+        let action = action
+            .unwrap_or_else(|| LitStr::new(&signature.ident.to_string(), signature.ident.span()));
         Ok(Checked {
             action,
             key,
@@ -188,13 +195,45 @@ impl Checked {
             )
         });
 
-        // Naming the return type makes the body's `?` convert into it, and
-        // points a wrong return type's error at the type itself.
-        let run = match &sig.output {
+        // Naming the return type at the call points a wrong return type's
+        // error at the type itself. In the body, an unreachable early return
+        // of that type fixes the async block's output before the body is
+        // checked (as tracing's #[instrument] does), so `?`, `return` and
+        // coercions such as &String to &str behave as in the original fn.
+        // `outcome_of::<ReturnType>()` carries the return type's span: a
+        // return type that is not `Result<T, E: From<Rejected>>` fails there,
+        // once. In the body, an unreachable early return of that type fixes
+        // the async block's output before the body is checked (as tracing's
+        // #[instrument] does), so `?`, `return` and coercions such as &String
+        // to &str behave as in the original function.
+        let (outcome, output_hint) = match &sig.output {
             ReturnType::Type(_, ty) if !signature::mentions_impl_trait(ty) => {
-                quote_spanned!(ty.span()=> ::idem::__private::run::<#ty, _>)
+                let fake = Ident::new("__idem_fake_return", Span::mixed_site());
+                (
+                    quote_spanned!(ty.span()=> ::idem::__private::outcome_of::<#ty>()),
+                    quote! {
+                        #[allow(
+                            unreachable_code,
+                            clippy::diverging_sub_expression,
+                            clippy::empty_loop,
+                            clippy::needless_return,
+                            clippy::unreachable
+                        )]
+                        if false {
+                            let #fake: #ty = loop {};
+                            return #fake;
+                        }
+                    },
+                )
             }
-            _ => quote!(::idem::__private::run),
+            _ => (quote!(::idem::__private::outcome_of()), TokenStream::new()),
+        };
+        let call = quote! {
+            ::idem::__private::run_with(&#gate_var, &#identity_var, #outcome, async move {
+                #output_hint
+                #block
+            })
+            .await
         };
 
         quote! {
@@ -204,9 +243,8 @@ impl Checked {
                 let #gate_var = #gate_of;
                 #account
                 #namespace
-                #run(&#gate_var, &#identity_var, async move #block).await
+                #call
             }
         }
     }
 }
-

@@ -83,7 +83,11 @@ impl Parameters {
         if self.get(&root.to_string()).is_some() {
             return Ok(());
         }
-        let known = self.names.iter().map(|(ident, _)| ident.to_string()).collect::<Vec<_>>();
+        let known = self
+            .names
+            .iter()
+            .map(|(ident, _)| ident.to_string())
+            .collect::<Vec<_>>();
         let hint = match crate::args::closest(&root.to_string(), known.iter().map(String::as_str)) {
             Some(close) => format!("did you mean `{close}`?"),
             None => format!("its parameters are {}", self.listed()),
@@ -139,8 +143,9 @@ fn bind_names(pat: &Pat, ty: &Type, names: &mut Vec<(Ident, Type)>) {
 }
 
 /// The variable an expression starts from: `order` in `order.items[0].sku`,
-/// `self` in `self.tenant.id()`, `amount` in `*amount as i64`. `None` for
-/// expressions that do not start from a variable (calls, literals, macros).
+/// `self` in `self.tenant.id()`, `amount` in `*amount as i64` or
+/// `amount / 100`. `None` for expressions that do not start from a variable
+/// (function calls, literals, macros, blocks).
 pub(crate) fn root_of(expr: &Expr) -> Option<&Ident> {
     match expr {
         Expr::Path(path) if path.qself.is_none() => path.path.get_ident(),
@@ -152,6 +157,8 @@ pub(crate) fn root_of(expr: &Expr) -> Option<&Ident> {
         Expr::Group(group) => root_of(&group.expr),
         Expr::Unary(unary) => root_of(&unary.expr),
         Expr::Cast(cast) => root_of(&cast.expr),
+        // `amount_cents / 100`, `order.total > LIMIT`: rooted through either side.
+        Expr::Binary(binary) => root_of(&binary.left).or_else(|| root_of(&binary.right)),
         _ => None,
     }
 }

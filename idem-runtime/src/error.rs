@@ -15,7 +15,7 @@ pub enum Rejected {
     /// finished (or its outcome is unknown: it crashed, was cancelled, or
     /// could not record its result). The body did not run.
     #[error(
-        "refused: another invocation of this action with the same key is in flight \
+        "another invocation of this action with the same key is in flight \
          (or its outcome is unknown); the body did not run; retry later"
     )]
     InFlight,
@@ -23,7 +23,7 @@ pub enum Rejected {
     /// An invocation with the same identity already succeeded. The body did
     /// not run again.
     #[error(
-        "refused: this action already succeeded with the same key; the body did not run \
+        "this action already succeeded with the same key; the body did not run \
          again; nothing to do"
     )]
     AlreadyDone,
@@ -31,7 +31,7 @@ pub enum Rejected {
     /// The store could not be read or written, so the gate failed closed:
     /// the body did not run.
     #[error(
-        "refused: idem's store (PostgreSQL) is unavailable, so the body did not run; \
+        "idem's store (PostgreSQL) is unavailable, so the body did not run; \
          retry when the database is reachable ({source})"
     )]
     Unavailable {
@@ -44,7 +44,7 @@ pub enum Rejected {
     /// with this one (the first 96 bits of their sha1 agree). Refused rather
     /// than merged: the body did not run.
     #[error(
-        "refused: address {address} is held by a different identity (a digest collision); \
+        "address {address} is held by a different identity (a digest collision); \
          the body did not run; change the action name or add a key part to separate them"
     )]
     Collision {
@@ -66,7 +66,9 @@ pub enum Rejected {
 
     /// The account or namespace cannot be stored (PostgreSQL `text` cannot
     /// hold a NUL character). The body did not run.
-    #[error("refused: the {scope} name {name:?} contains a NUL character, which PostgreSQL text cannot hold; the body did not run; use a name without NUL")]
+    #[error(
+        "the {scope} name {name:?} contains a NUL character, which PostgreSQL text cannot hold; the body did not run; use a name without NUL"
+    )]
     InvalidScope {
         /// `"account"` or `"namespace"`.
         scope: &'static str,

@@ -14,9 +14,9 @@ use crate::identity::Identity;
 /// The return type of a guarded function: a `Result` whose error can carry a
 /// [`Rejected`].
 #[diagnostic::on_unimplemented(
-    message = "an #[idempotent] function must return `Result<T, E>` where `E: From<idem::Rejected>`, not `{Self}`",
-    label = "this return type cannot say that a duplicate was refused",
-    note = "a refused call returns `Err(E::from(Rejected))`; return e.g. `Result<{Self}, MyError>` and give MyError a `From<idem::Rejected>` impl (thiserror: `#[error(transparent)] Rejected(#[from] idem::Rejected)`)"
+    message = "an #[idempotent] function must return `Result<T, E>` where `E: From<idem::Rejected>`; `{Self}` is not such a type",
+    label = "a refused duplicate must be able to return `Err(E::from(Rejected))` here",
+    note = "return a `Result` whose error type implements `From<idem::Rejected>`: with thiserror, add a variant `#[error(transparent)] Rejected(#[from] idem::Rejected)`; by hand, `impl From<idem::Rejected> for MyError`"
 )]
 pub trait Outcome: Sized {
     /// The value a refused invocation returns.
@@ -25,6 +25,10 @@ pub trait Outcome: Sized {
     fn is_success(&self) -> bool;
 }
 
+// Not recommended in diagnostics: a `Result` whose error lacks
+// `From<Rejected>` is then reported through `Outcome`'s own message above,
+// which says how to fix it, rather than as a bare unmet `From` bound.
+#[diagnostic::do_not_recommend]
 impl<T, E: From<Rejected>> Outcome for Result<T, E> {
     fn rejected(rejected: Rejected) -> Self {
         Err(E::from(rejected))
@@ -35,6 +39,25 @@ impl<T, E: From<Rejected>> Outcome for Result<T, E> {
     }
 }
 
+/// How to treat a guarded function's return type `R`: the [`Outcome`]
+/// methods as plain function pointers.
+///
+/// The expansion obtains it with [`outcome_of`], whose single `R: Outcome`
+/// bound is the only place a wrong return type can fail, so the user sees
+/// one error, at the return type, rather than one per use.
+pub struct OutcomeOf<R> {
+    rejected: fn(Rejected) -> R,
+    is_success: fn(&R) -> bool,
+}
+
+/// The [`OutcomeOf`] a return type that implements [`Outcome`].
+pub fn outcome_of<R: Outcome>() -> OutcomeOf<R> {
+    OutcomeOf {
+        rejected: R::rejected,
+        is_success: R::is_success,
+    }
+}
+
 /// Claims `identity` on `gate`, runs `body` only if the claim was won, then
 /// settles (success) or releases (failure). See [`Gate::run`].
 pub async fn run<R, F>(gate: &Gate, identity: &Identity, body: F) -> R
@@ -42,20 +65,28 @@ where
     R: Outcome,
     F: Future<Output = R>,
 {
+    run_with(gate, identity, outcome_of(), body).await
+}
+
+/// [`run`], with the outcome's treatment passed in (what the expansion calls).
+pub async fn run_with<R, F>(gate: &Gate, identity: &Identity, outcome: OutcomeOf<R>, body: F) -> R
+where
+    F: Future<Output = R>,
+{
     let claim = match gate.claim(identity).await {
         Ok(claim) => claim,
-        Err(rejected) => return R::rejected(rejected),
+        Err(rejected) => return (outcome.rejected)(rejected),
     };
-    let outcome = body.await;
+    let output = body.await;
     // Failures to record are reported by tracing inside settle and release,
-    // and leave the slot pending (fail closed). The body's own outcome is
+    // and leave the slot pending (fail closed). The body's own output is
     // what the caller needs either way.
-    let _recorded = if outcome.is_success() {
+    let _recorded = if (outcome.is_success)(&output) {
         claim.settle().await
     } else {
         claim.release().await
     };
-    outcome
+    output
 }
 
 /// Something that is, or points to, a [`Gate`]: the `gate` option of

@@ -126,7 +126,10 @@ impl Gate {
 
     /// PostgreSQL `text` cannot hold NUL; everything else is a fine name.
     fn check_scope(&self) -> Result<(), Rejected> {
-        let names = [("account", Some(&*self.account)), ("namespace", self.namespace.as_deref())];
+        let names = [
+            ("account", Some(&*self.account)),
+            ("namespace", self.namespace.as_deref()),
+        ];
         for (scope, name) in names {
             if let Some(name) = name.filter(|name| name.contains('\0')) {
                 return Err(Rejected::InvalidScope {
@@ -153,7 +156,7 @@ impl Gate {
                 namespace = self.namespace.as_deref(),
                 action = identity.action(),
                 absent_part = identity.first_absent_part(),
-                "idem: ungated: a key part is None, so there is no slot to claim and the body runs unguarded"
+                "ungated: a key part is None, so there is no slot to claim and the body runs unguarded"
             );
             observe::record(GateEvent::Ungated);
             return Ok(Claim { held: None });
@@ -173,7 +176,7 @@ impl Gate {
                     namespace = self.namespace.as_deref(),
                     action = identity.action(),
                     address = %address,
-                    "idem: claim won"
+                    "claim won"
                 );
                 observe::record(GateEvent::Won);
                 return Ok(Claim {
@@ -236,7 +239,7 @@ impl Gate {
             action = identity.action(),
             address,
             reason = rejected.reason(),
-            "idem: claim refused: {rejected}"
+            "claim refused: {rejected}"
         );
         observe::record(GateEvent::Refused(rejected.clone()));
     }
@@ -249,7 +252,7 @@ impl Gate {
             action = identity.action(),
             address,
             error = %error,
-            "idem: store unavailable; failing closed, the body does not run"
+            "store unavailable; failing closed, the body does not run"
         );
         let rejected = Rejected::unavailable(error);
         observe::record(GateEvent::Refused(rejected.clone()));
@@ -312,21 +315,25 @@ impl Claim {
         };
         match settled {
             Ok(true) => {
-                held.event(tracing::Level::DEBUG, "idem: settled", None);
+                held.event(tracing::Level::DEBUG, "settled", None);
                 Ok(())
             }
             Ok(false) => {
                 let lost = Rejected::ClaimLost {
                     address: held.address.clone(),
                 };
-                held.event(tracing::Level::ERROR, "idem: settle found no pending claim", Some(&lost));
+                held.event(
+                    tracing::Level::ERROR,
+                    "settle found no pending claim",
+                    Some(&lost),
+                );
                 Err(lost)
             }
             Err(error) => {
                 let unavailable = Rejected::unavailable(error);
                 held.event(
                     tracing::Level::ERROR,
-                    "idem: settle failed; the slot stays pending (fail closed) until resolved",
+                    "settle failed; the slot stays pending (fail closed) until resolved",
                     Some(&unavailable),
                 );
                 Err(unavailable)
@@ -346,14 +353,14 @@ impl Claim {
         match with_retries(|| store::release(pool, scope, &held.address)).await {
             // `false`: already gone, perhaps by an earlier attempt. The slot is free.
             Ok(_) => {
-                held.event(tracing::Level::DEBUG, "idem: released", None);
+                held.event(tracing::Level::DEBUG, "released", None);
                 Ok(())
             }
             Err(error) => {
                 let unavailable = Rejected::unavailable(error);
                 held.event(
                     tracing::Level::ERROR,
-                    "idem: release failed; the slot stays pending (fail closed) until resolved",
+                    "release failed; the slot stays pending (fail closed) until resolved",
                     Some(&unavailable),
                 );
                 Err(unavailable)
@@ -388,7 +395,7 @@ impl Drop for Claim {
         if let Some(held) = &self.held {
             held.event(
                 tracing::Level::WARN,
-                "idem: claim dropped before its outcome was recorded (panic, cancellation or \
+                "claim dropped before its outcome was recorded (panic, cancellation or \
                  a forgotten settle); the slot stays pending and refuses retries",
                 None,
             );

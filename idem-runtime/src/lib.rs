@@ -20,7 +20,9 @@ pub mod testing;
 
 pub use error::{Error, Rejected, SchemaProblem, SchemaProblems};
 pub use gate::{Claim, Gate};
-pub use identity::{ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, PartWriter, PartWritten};
+pub use identity::{
+    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, PartWriter, PartWritten,
+};
 pub use observe::GateEvent;
 
 /// The sqlx this crate was built with, so users need not match versions.

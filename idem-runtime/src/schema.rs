@@ -32,8 +32,7 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
 }];
 
 /// The definitions of the two unique indexes the gate relies on.
-pub const INDEX_WITHOUT_NAMESPACE: &str =
-    "UNIQUE (account, kind, address) WHERE namespace IS NULL";
+pub const INDEX_WITHOUT_NAMESPACE: &str = "UNIQUE (account, kind, address) WHERE namespace IS NULL";
 /// See [`INDEX_WITHOUT_NAMESPACE`].
 pub const INDEX_WITHIN_NAMESPACE: &str =
     "UNIQUE (account, kind, address, namespace) WHERE namespace IS NOT NULL";
@@ -68,10 +67,9 @@ pub async fn set_up(pool: &PgPool) -> Result<(), sqlx::Error> {
 
 /// The highest schema version applied, 0 when idem was never set up here.
 pub async fn current_version(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
-    let exists: bool =
-        sqlx::query_scalar("SELECT to_regclass('idem_schema_version') IS NOT NULL")
-            .fetch_one(&mut *conn)
-            .await?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('idem_schema_version') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
     if !exists {
         return Ok(0);
     }
@@ -159,7 +157,10 @@ impl IndexRow {
                  enforces nothing for rows whose namespace is NULL"
                     .to_owned(),
             ),
-            None => why.push(format!("it lacks the predicate WHERE {}", required.predicate)),
+            None => why.push(format!(
+                "it lacks the predicate WHERE {}",
+                required.predicate
+            )),
             Some(p) if normalize_predicate(p) != normalize_predicate(required.predicate) => {
                 why.push(format!("its predicate is {p}"));
             }
@@ -189,11 +190,10 @@ fn normalize_predicate(predicate: &str) -> String {
 /// Returns `Ok(None)` when the schema can enforce one claim per identity.
 pub async fn verify(pool: &PgPool) -> Result<Option<SchemaProblems>, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    let (table, search_path): (Option<String>, String) = sqlx::query_as(
-        "SELECT to_regclass('idem_records')::text, current_setting('search_path')",
-    )
-    .fetch_one(&mut *conn)
-    .await?;
+    let (table, search_path): (Option<String>, String) =
+        sqlx::query_as("SELECT to_regclass('idem_records')::text, current_setting('search_path')")
+            .fetch_one(&mut *conn)
+            .await?;
     let Some(table) = table else {
         return Ok(Some(SchemaProblems {
             table: "idem_records".to_owned(),

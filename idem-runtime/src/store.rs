@@ -6,9 +6,9 @@
 //! winner's transaction.
 
 use sqlx::PgPool;
+use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
-use sqlx::Postgres;
 
 /// Where a claim lives, besides its address.
 #[derive(Debug, Clone, Copy)]

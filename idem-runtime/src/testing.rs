@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::FutureExt as _;
 use futures_util::future::join_all;
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::error::Rejected;
 use crate::gate::Gate;
@@ -49,20 +49,30 @@ pub async fn pool() -> PgPool {
 /// When no PostgreSQL answers, with a message that says how to start one.
 pub async fn pool_with(max_connections: u32) -> PgPool {
     let url = database_url();
-    let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(20))
-        .connect(&url)
-        .await;
-    match pool {
-        Ok(pool) => pool,
-        Err(error) => panic!(
-            "idem's tests need a PostgreSQL and none answered at {url}: {error}\n\
-             Start one (on Debian: pg_ctlcluster 15 main start; or run `bash .ci/run`, which \
-             starts one when none answers), or point DATABASE_URL at one, e.g. \
+    // One direct connection first: a pool would retry until its acquire
+    // timeout and then report only "pool timed out", hiding the cause.
+    let probe = tokio::time::timeout(Duration::from_secs(10), PgConnection::connect(&url)).await;
+    let pool = match probe {
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+            PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(Duration::from_secs(20))
+                .connect(&url)
+                .await
+        }
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
+    };
+    pool.unwrap_or_else(|error| {
+        panic!(
+            "idem's tests need a PostgreSQL, and none answered at {url}: {error}\n\
+             Start one: `scripts/ensure-postgres` (starts the machine's cluster, or a throwaway \
+             one, on 127.0.0.1:5432), or on Debian `pg_ctlcluster <version> main start`; \
+             or point DATABASE_URL at a server you have, e.g. \
              DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres"
-        ),
-    }
+        )
+    })
 }
 
 /// A name no other test, process or earlier run has used: tests isolate
@@ -100,9 +110,13 @@ pub async fn gate_on(pool: PgPool) -> Gate {
 /// what the gate decided for each.
 ///
 /// All `n` futures are created first and wait at a barrier; the last to
-/// arrive releases them together. They run concurrently in this task, each
-/// on its own pooled connection, so PostgreSQL sees simultaneous inserts. A
-/// panicking invocation is caught and reported, not propagated.
+/// arrive releases them together. They run concurrently in this task, so
+/// PostgreSQL sees as many simultaneous claims as the gate's pool has
+/// connections: give the pool at least `n` for a full-width race (the
+/// [`pool`] here has [`TEST_POOL_CONNECTIONS`]; sqlx's default is 10). With
+/// fewer, the later racers queue for a connection, and are refused as
+/// `AlreadyDone` instead of `InFlight` if the winner finished meanwhile.
+/// A panicking invocation is caught and reported, not propagated.
 ///
 /// ```no_run
 /// # async fn demo() {
@@ -126,13 +140,12 @@ where
         async move {
             let events = Arc::new(Mutex::new(Vec::new()));
             barrier.wait().await;
-            let outcome = observe::collecting(
-                events.clone(),
-                AssertUnwindSafe(invocation).catch_unwind(),
-            )
-            .await
-            .map_err(|panic| panic_message(panic.as_ref()));
-            let events = std::mem::take(&mut *events.lock().unwrap_or_else(PoisonError::into_inner));
+            let outcome =
+                observe::collecting(events.clone(), AssertUnwindSafe(invocation).catch_unwind())
+                    .await
+                    .map_err(|panic| panic_message(panic.as_ref()));
+            let events =
+                std::mem::take(&mut *events.lock().unwrap_or_else(PoisonError::into_inner));
             Invocation { outcome, events }
         }
     });
@@ -193,7 +206,7 @@ pub struct RaceReport<T, E> {
     pub invocations: Vec<Invocation<T, E>>,
 }
 
-impl<T, E: fmt::Debug> RaceReport<T, E> {
+impl<T, E> RaceReport<T, E> {
     /// How many invocations were fired.
     pub fn len(&self) -> usize {
         self.invocations.len()
@@ -229,6 +242,24 @@ impl<T, E: fmt::Debug> RaceReport<T, E> {
         self.invocations.iter().filter(|i| i.ungated()).count()
     }
 
+    /// How many refusals there were for each reason ([`Rejected::reason`]),
+    /// in the order the reasons first appear, each with one example.
+    pub fn refusal_counts(&self) -> Vec<(&Rejected, usize)> {
+        let mut counts: Vec<(&Rejected, usize)> = Vec::new();
+        for refusal in self.refusals() {
+            match counts
+                .iter_mut()
+                .find(|(seen, _)| seen.reason() == refusal.reason())
+            {
+                Some((_, count)) => *count += 1,
+                None => counts.push((refusal, 1)),
+            }
+        }
+        counts
+    }
+}
+
+impl<T, E: fmt::Debug> RaceReport<T, E> {
     /// Everything that went wrong other than a refusal: the body's own
     /// errors and panics, described.
     pub fn errors(&self) -> Vec<String> {
@@ -326,15 +357,8 @@ impl<T, E: fmt::Debug> fmt::Display for RaceReport<T, E> {
             self.ungated(),
             self.errors().len()
         )?;
-        let mut reasons: Vec<(&str, usize)> = Vec::new();
-        for reason in self.refusals().map(Rejected::reason) {
-            match reasons.iter_mut().find(|(r, _)| *r == reason) {
-                Some((_, count)) => *count += 1,
-                None => reasons.push((reason, 1)),
-            }
-        }
-        for (reason, count) in reasons {
-            write!(f, "\n  refused {count}x: {reason}")?;
+        for (refusal, count) in self.refusal_counts() {
+            write!(f, "\n  refused {count}x ({}): {refusal}", refusal.reason())?;
         }
         for error in self.errors() {
             write!(f, "\n  {error}")?;

@@ -52,7 +52,9 @@ impl Proxy {
         let options = PgConnectOptions::from_str(&url)
             .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"));
         let upstream = format!("{}:{}", options.get_host(), options.get_port());
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a local port");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a local port");
         let port = listener.local_addr().expect("local address").port();
         let tasks = Arc::new(Mutex::new(JoinSet::new()));
         let accept = tokio::spawn({
@@ -68,7 +70,11 @@ impl Proxy {
                 }
             }
         });
-        Proxy { port, tasks, accept }
+        Proxy {
+            port,
+            tasks,
+            accept,
+        }
     }
 
     /// Connection options for the test database, through this proxy.

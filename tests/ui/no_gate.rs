@@ -1,0 +1,8 @@
+use idem::{Gate, Rejected, idempotent};
+
+#[idempotent(key = "order_id")]
+async fn charge(idem_gate: &Gate, order_id: u64) -> Result<(), Rejected> {
+    Ok(())
+}
+
+fn main() {}
