@@ -8,66 +8,19 @@
 //! one started from the local PostgreSQL binaries (see `support/postgres.rs`).
 //! `RUST_LOG=idem=debug` shows every claim, settle and release.
 
+#[path = "support/billing.rs"]
+mod billing;
 #[path = "support/postgres.rs"]
 mod postgres;
 
 use std::error::Error;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use idem::sqlx::postgres::PgPoolOptions;
-use idem::{Gate, Rejected, idempotent};
+use idem::{Gate, Rejected};
 
-/// What a charge can fail with. A refusal from the gate is one variant, so
-/// `charge` can say "a duplicate was refused" through its own error type.
-#[derive(Debug, thiserror::Error)]
-enum ChargeError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-    #[error("card declined")]
-    Declined,
-}
-
-struct Order {
-    id: String,
-}
-
-#[derive(Debug)]
-struct Receipt {
-    order_id: String,
-    amount_cents: i64,
-}
-
-/// Stands in for a payment provider: counts the charges that really happen.
-#[derive(Default)]
-struct Provider {
-    charges: AtomicUsize,
-    decline_next: AtomicBool,
-}
-
-/// Charges an order once per (order, amount), however often it is retried.
-///
-/// The gate claims the slot before the body runs. `Ok` settles the claim, so
-/// every later retry is refused; `Err` releases it, so a retry can run.
-#[idempotent(key = "order.id, amount_cents")]
-async fn charge(
-    gate: &Gate,
-    order: &Order,
-    amount_cents: i64,
-    provider: &Provider,
-) -> Result<Receipt, ChargeError> {
-    // A real provider takes a while: long enough for retries to pile up.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    if provider.decline_next.swap(false, Ordering::SeqCst) {
-        return Err(ChargeError::Declined);
-    }
-    provider.charges.fetch_add(1, Ordering::SeqCst);
-    Ok(Receipt {
-        order_id: order.id.clone(),
-        amount_cents,
-    })
-}
+use billing::{ChargeError, Order, Provider, charge};
 
 #[tokio::main]
 async fn main() -> ExitCode {
