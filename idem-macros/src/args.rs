@@ -234,3 +234,61 @@ impl Args {
         Some(literal)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(attr: &str) -> syn::Result<Args> {
+        syn::parse_str(attr)
+    }
+
+    fn errors(attr: &str) -> String {
+        match parse(attr) {
+            Ok(args) => args
+                .errors
+                .into_error()
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn every_option_parses() {
+        let args = parse(
+            r#"key = "order.id, amount", action = "charge", gate = self.gate, account = t.id, namespace = "live""#,
+        )
+        .unwrap();
+        assert!(args.errors.is_empty());
+        assert_eq!(args.key.map(|k| k.parts.len()), Some(2));
+        assert_eq!(args.action.map(|a| a.value()).as_deref(), Some("charge"));
+        assert!(args.gate.is_some() && args.account.is_some() && args.namespace.is_some());
+    }
+
+    #[test]
+    fn a_trailing_comma_is_fine() {
+        assert!(parse(r#"key = "a,","#).unwrap().errors.is_empty());
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        assert!(errors(r#"key = "a", keys = "b""#).contains("did you mean `key`?"));
+        assert!(errors(r#"key = "a", key = "b""#).contains("duplicate option `key`"));
+        assert!(errors(r#"key = """#).contains("`key` is empty"));
+        assert!(errors(r#"key = "a +""#).contains("comma-separated list of Rust expressions"));
+        assert!(errors("key = a").contains("takes a string literal"));
+        assert!(errors("key").contains("`key` needs a value"));
+        assert!(errors(r#"key = "a", action = """#).contains("`action` is empty"));
+    }
+
+    #[test]
+    fn closest_suggests_only_near_misses() {
+        assert_eq!(closest("acount", OPTIONS.iter().copied()), Some("account"));
+        assert_eq!(
+            closest("namespce", OPTIONS.iter().copied()),
+            Some("namespace")
+        );
+        assert_eq!(closest("retries", OPTIONS.iter().copied()), None);
+    }
+}

@@ -179,3 +179,53 @@ pub(crate) fn mentions_impl_trait(ty: &Type) -> bool {
     }
     walk(ty.to_token_stream())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(expr: &str) -> Option<String> {
+        let expr: Expr = syn::parse_str(expr).unwrap();
+        root_of(&expr).map(Ident::to_string)
+    }
+
+    #[test]
+    fn roots_follow_fields_methods_indexes_and_operators() {
+        assert_eq!(root("order.items[0].sku").as_deref(), Some("order"));
+        assert_eq!(root("self.tenant.id()").as_deref(), Some("self"));
+        assert_eq!(root("*amount as i64").as_deref(), Some("amount"));
+        assert_eq!(root("&(order.id)").as_deref(), Some("order"));
+        assert_eq!(root("amount_cents / 100").as_deref(), Some("amount_cents"));
+        assert_eq!(root("100 * amount").as_deref(), Some("amount"));
+    }
+
+    #[test]
+    fn calls_literals_macros_and_paths_have_no_root() {
+        for expr in [
+            "tenant()",
+            "\"v2\"",
+            "format!(\"{}\", x)",
+            "crate::ID",
+            "{ x }",
+        ] {
+            assert_eq!(root(expr), None, "{expr}");
+        }
+    }
+
+    #[test]
+    fn parameters_include_every_bound_name() {
+        let sig: Signature = syn::parse_str(
+            "async fn f(&self, gate: &Gate, Order { id, customer: who }: Order, (a, b): (u8, u8))",
+        )
+        .unwrap();
+        let parameters = Parameters::of(&sig);
+        assert!(parameters.has_receiver);
+        let names: Vec<String> = parameters
+            .names
+            .iter()
+            .map(|(i, _)| i.to_string())
+            .collect();
+        assert_eq!(names, ["gate", "id", "who", "a", "b"]);
+        assert_eq!(parameters.gate_hint(), "#[idempotent(..., gate = gate)]");
+    }
+}

@@ -132,6 +132,7 @@ pub async fn race<F, Fut, T, E>(n: usize, invoke: F) -> RaceReport<T, E>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<T, E>>,
+    E: fmt::Debug,
 {
     let barrier = tokio::sync::Barrier::new(n);
     let invocations = (0..n).map(|_| {
@@ -149,9 +150,7 @@ where
             Invocation { outcome, events }
         }
     });
-    RaceReport {
-        invocations: join_all(invocations).await,
-    }
+    RaceReport::new(join_all(invocations).await)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -199,11 +198,49 @@ impl<T, E> Invocation<T, E> {
     }
 }
 
-/// What a [`race`] saw: one [`Invocation`] per invocation fired.
+/// What a [`race`] saw: a summary, and one [`Invocation`] per invocation
+/// fired. The summary counts are plain fields; methods of the same names
+/// return them too.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct RaceReport<T, E> {
+    /// Invocations that won the claim and returned `Ok`.
+    pub wins: usize,
+    /// Invocations whose body ran under a claim, whatever it returned.
+    pub claimed: usize,
+    /// Invocations the gate refused.
+    pub refused: usize,
+    /// Invocations that ran ungated (an absent identity).
+    pub ungated: usize,
+    /// Everything that went wrong other than a refusal, described: the
+    /// body's own errors and panics.
+    pub errors: Vec<String>,
     /// Every invocation, in the order they were made.
     pub invocations: Vec<Invocation<T, E>>,
+}
+
+impl<T, E: fmt::Debug> RaceReport<T, E> {
+    /// Summarises `invocations`.
+    pub fn new(invocations: Vec<Invocation<T, E>>) -> Self {
+        let count =
+            |keep: fn(&Invocation<T, E>) -> bool| invocations.iter().filter(|i| keep(i)).count();
+        let errors = invocations
+            .iter()
+            .filter_map(|i| match &i.outcome {
+                Err(panic) => Some(format!("panicked: {panic}")),
+                Ok(Err(error)) if i.refusal().is_none() => Some(format!("returned Err: {error:?}")),
+                Ok(_) => None,
+            })
+            .collect();
+        RaceReport {
+            wins: count(Invocation::won),
+            claimed: count(Invocation::claimed),
+            refused: count(|i| i.refusal().is_some()),
+            ungated: count(Invocation::ungated),
+            errors,
+            invocations,
+        }
+    }
 }
 
 impl<T, E> RaceReport<T, E> {
@@ -219,27 +256,32 @@ impl<T, E> RaceReport<T, E> {
 
     /// Invocations that won the claim and returned `Ok`.
     pub fn wins(&self) -> usize {
-        self.invocations.iter().filter(|i| i.won()).count()
+        self.wins
     }
 
     /// Invocations whose body ran under a claim, whatever it returned.
     pub fn claimed(&self) -> usize {
-        self.invocations.iter().filter(|i| i.claimed()).count()
+        self.claimed
     }
 
     /// Invocations the gate refused.
     pub fn refused(&self) -> usize {
-        self.refusals().count()
+        self.refused
+    }
+
+    /// Invocations that ran ungated (an absent identity).
+    pub fn ungated(&self) -> usize {
+        self.ungated
+    }
+
+    /// The body's own errors and panics, described.
+    pub fn errors(&self) -> &[String] {
+        &self.errors
     }
 
     /// Why each refused invocation was refused.
     pub fn refusals(&self) -> impl Iterator<Item = &Rejected> {
         self.invocations.iter().filter_map(Invocation::refusal)
-    }
-
-    /// Invocations that ran ungated (an absent identity).
-    pub fn ungated(&self) -> usize {
-        self.invocations.iter().filter(|i| i.ungated()).count()
     }
 
     /// How many refusals there were for each reason ([`Rejected::reason`]),
@@ -257,21 +299,6 @@ impl<T, E> RaceReport<T, E> {
         }
         counts
     }
-}
-
-impl<T, E: fmt::Debug> RaceReport<T, E> {
-    /// Everything that went wrong other than a refusal: the body's own
-    /// errors and panics, described.
-    pub fn errors(&self) -> Vec<String> {
-        self.invocations
-            .iter()
-            .filter_map(|i| match &i.outcome {
-                Err(panic) => Some(format!("panicked: {panic}")),
-                Ok(Err(error)) if i.refusal().is_none() => Some(format!("returned Err: {error:?}")),
-                Ok(_) => None,
-            })
-            .collect()
-    }
 
     /// Asserts that exactly one invocation ran and succeeded, and every other
     /// one was refused. On failure the message names the likely cause.
@@ -281,9 +308,7 @@ impl<T, E: fmt::Debug> RaceReport<T, E> {
     #[track_caller]
     pub fn assert_exactly_once(&self) -> &Self {
         let n = self.len();
-        let wins = self.wins();
-        let claimed = self.claimed();
-        let errors = self.errors();
+        let (wins, claimed, errors) = (self.wins, self.claimed, &self.errors);
         let consulted = self.invocations.iter().any(|i| !i.events.is_empty());
         if claimed > 1 {
             panic!(
@@ -344,7 +369,7 @@ impl<T, E: fmt::Debug> RaceReport<T, E> {
     }
 }
 
-impl<T, E: fmt::Debug> fmt::Display for RaceReport<T, E> {
+impl<T, E> fmt::Display for RaceReport<T, E> {
     /// A summary line, then each refusal reason and error.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -355,12 +380,12 @@ impl<T, E: fmt::Debug> fmt::Display for RaceReport<T, E> {
             self.claimed(),
             self.refused(),
             self.ungated(),
-            self.errors().len()
+            self.errors.len()
         )?;
         for (refusal, count) in self.refusal_counts() {
             write!(f, "\n  refused {count}x ({}): {refusal}", refusal.reason())?;
         }
-        for error in self.errors() {
+        for error in &self.errors {
             write!(f, "\n  {error}")?;
         }
         Ok(())
