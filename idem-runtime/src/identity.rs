@@ -136,6 +136,62 @@ impl Identity {
         &self.canonical
     }
 
+    /// Reads back a canonical encoding, as stored in `idem_records.identity`,
+    /// checking that it is one this version of the encoding can produce.
+    ///
+    /// ```
+    /// use idem_runtime::Identity;
+    ///
+    /// let id = Identity::new("charge").part("ord_1").part(-5);
+    /// let back = Identity::from_canonical(id.canonical()).unwrap();
+    /// assert_eq!(back, id);
+    /// assert_eq!(format!("{back:?}"), r#"Identity { action: "charge", parts: ["ord_1", -5], absent: false }"#);
+    /// ```
+    pub fn from_canonical(canonical: &[u8]) -> Result<Identity, NotCanonical> {
+        let fields = canonical.strip_prefix(MAGIC).ok_or(NotCanonical(
+            "it does not start with idem's magic bytes and version 1",
+        ))?;
+        let mut iter = Fields(fields);
+        let mut consumed = MAGIC.len();
+        let action = match iter.next() {
+            Some(Field {
+                tag: TAG_ACTION,
+                payload,
+            }) => {
+                std::str::from_utf8(payload).map_err(|_| NotCanonical("the action is not UTF-8"))?
+            }
+            _ => return Err(NotCanonical("it does not begin with the action")),
+        };
+        consumed += FIELD_HEADER + action.len();
+        let mut parts = 0;
+        for field in iter.by_ref() {
+            consumed += FIELD_HEADER + field.payload.len();
+            parts += 1;
+            let valid = match field.tag {
+                TAG_TEXT => std::str::from_utf8(field.payload).is_ok(),
+                TAG_BYTES => true,
+                TAG_INTEGER => is_canonical_decimal(field.payload),
+                TAG_BOOLEAN => matches!(field.payload, [0] | [1]),
+                TAG_UUID => field.payload.len() == 16,
+                _ => false,
+            };
+            if !valid {
+                return Err(NotCanonical(
+                    "a part has an unknown tag or a malformed value",
+                ));
+            }
+        }
+        if consumed != canonical.len() {
+            return Err(NotCanonical("it ends inside a field"));
+        }
+        Ok(Identity {
+            action: Arc::from(action),
+            canonical: Arc::new(canonical.to_vec()),
+            parts,
+            first_absent: None,
+        })
+    }
+
     /// `"claim_"` followed by the first 24 lowercase hex digits of the sha1
     /// of the canonical encoding.
     ///
@@ -159,6 +215,22 @@ pub(crate) fn address_of(canonical: &[u8]) -> String {
     }
     address
 }
+
+/// `0`, or an optional `-` and digits without a leading zero (no `-0`).
+fn is_canonical_decimal(digits: &[u8]) -> bool {
+    let magnitude = digits.strip_prefix(b"-").unwrap_or(digits);
+    match magnitude {
+        [] => false,
+        [b'0'] => digits.len() == 1,
+        [b'0', ..] => false,
+        _ => magnitude.iter().all(u8::is_ascii_digit) && magnitude.len() <= 39,
+    }
+}
+
+/// Bytes that are not a canonical identity encoding, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a canonical idem identity: {0}")]
+pub struct NotCanonical(&'static str);
 
 fn write_field(out: &mut Vec<u8>, tag: u8, payload: &[u8]) {
     out.reserve(FIELD_HEADER + payload.len());
@@ -563,6 +635,35 @@ mod tests {
              74000000000000000101"
                 .replace(' ', "")
         );
+    }
+
+    #[test]
+    fn canonical_encodings_read_back_and_garbage_does_not() {
+        let id = Identity::new("x")
+            .part("a\0b")
+            .part(u128::MAX)
+            .part(i128::MIN)
+            .part(true)
+            .part(&[0u8, 255][..])
+            .part(crate::identity::tests::Uuid16);
+        assert_eq!(Identity::from_canonical(id.canonical()), Ok(id.clone()));
+        let mut truncated = id.canonical().to_vec();
+        truncated.pop();
+        assert!(Identity::from_canonical(&truncated).is_err());
+        for bad in [&b""[..], b"idem\x02", b"idem\x01s\0\0\0\0\0\0\0\0"] {
+            assert!(Identity::from_canonical(bad).is_err(), "{bad:?}");
+        }
+        let mut leading_zero = Identity::new("x").canonical().to_vec();
+        leading_zero.extend_from_slice(b"i\0\0\0\0\0\0\0\x0207");
+        assert!(Identity::from_canonical(&leading_zero).is_err());
+    }
+
+    struct Uuid16;
+
+    impl KeyPart for Uuid16 {
+        fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
+            out.uuid([7; 16])
+        }
     }
 
     #[test]
