@@ -115,8 +115,8 @@
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Gate, GateEvent, Identity, KeyPart,
-    NotCanonical, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems, schema, sqlx,
-    testing,
+    NotCanonical, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems, meter, schema,
+    sqlx, testing,
 };
 
 /// What `#[idempotent]` and `race_test!` expand to call. Not a stable API.

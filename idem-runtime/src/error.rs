@@ -104,12 +104,13 @@ impl Rejected {
     }
 }
 
-/// Why a [`Gate`](crate::Gate) could not start.
+/// Why a [`Gate`](crate::Gate) could not start, or a store operation such
+/// as [`Meter::record`](crate::meter::Meter::record) failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The database could not be reached or refused a statement.
-    #[error("idem could not set up or check its schema: {0}")]
+    #[error("idem's store (PostgreSQL) failed: {0}")]
     Database(#[from] sqlx::Error),
 
     /// The schema is there but cannot enforce uniqueness; the gate refuses

@@ -199,21 +199,22 @@ impl Identity {
     /// size address; it is not there for secrecy. An absent identity still
     /// has an address, but the gate never claims it.
     pub fn address(&self) -> String {
-        address_of(&self.canonical)
+        self.address_with_prefix(ADDRESS_PREFIX)
     }
-}
 
-/// The claim address of a canonical encoding.
-pub(crate) fn address_of(canonical: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha1::digest(canonical);
-    let mut address = String::with_capacity(ADDRESS_PREFIX.len() + ADDRESS_DIGEST_HEX);
-    address.push_str(ADDRESS_PREFIX);
-    for byte in &digest[..ADDRESS_DIGEST_HEX / 2] {
-        address.push(char::from(HEX[usize::from(byte >> 4)]));
-        address.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    /// `prefix` followed by the same 24 hex digits as [`address`](Self::address):
+    /// the address of another kind of record derived from this identity.
+    pub(crate) fn address_with_prefix(&self, prefix: &str) -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let digest = Sha1::digest(self.canonical.as_slice());
+        let mut address = String::with_capacity(prefix.len() + ADDRESS_DIGEST_HEX);
+        address.push_str(prefix);
+        for byte in &digest[..ADDRESS_DIGEST_HEX / 2] {
+            address.push(char::from(HEX[usize::from(byte >> 4)]));
+            address.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+        address
     }
-    address
 }
 
 /// `0`, or an optional `-` and digits without a leading zero (no `-0`).

@@ -13,6 +13,7 @@ mod error;
 pub mod expansion;
 mod gate;
 mod identity;
+pub mod meter;
 mod observe;
 pub mod schema;
 mod store;
@@ -21,7 +22,7 @@ pub mod testing;
 pub use error::{Error, Rejected, SchemaProblem, SchemaProblems};
 pub use gate::{Claim, Gate};
 pub use identity::{
-    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, PartWriter, PartWritten,
+    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartWriter, PartWritten,
 };
 pub use observe::GateEvent;
 

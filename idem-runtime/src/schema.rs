@@ -8,13 +8,17 @@ use sqlx::{Acquire, PgConnection, PgPool};
 use crate::error::{SchemaProblem, SchemaProblems};
 
 /// The whole schema as one idempotent script, for users who run their own
-/// migrations (refinery, sqlx-cli, Flyway, ...). It records its version in
-/// `idem_schema_version`, so [`Gate::connect`](crate::Gate::connect) then
-/// only verifies it. Today it is exactly [`MIGRATIONS`]`[0].sql`.
-pub const SCHEMA_SQL: &str = include_str!("../sql/v1.sql");
+/// migrations (refinery, sqlx-cli, Flyway, ...): every [`MIGRATIONS`] entry
+/// in order. It records its versions in `idem_schema_version`, so
+/// [`Gate::connect`](crate::Gate::connect) then only verifies it.
+pub const SCHEMA_SQL: &str = concat!(
+    include_str!("../sql/v1.sql"),
+    "\n",
+    include_str!("../sql/v2.sql")
+);
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -26,10 +30,16 @@ pub struct Migration {
 }
 
 /// Every schema version, oldest first.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: include_str!("../sql/v1.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: include_str!("../sql/v1.sql"),
+    },
+    Migration {
+        version: 2,
+        sql: include_str!("../sql/v2.sql"),
+    },
+];
 
 /// The definitions of the two unique indexes the gate relies on.
 pub const INDEX_WITHOUT_NAMESPACE: &str = "UNIQUE (account, kind, address) WHERE namespace IS NULL";
@@ -86,6 +96,9 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("namespace", false),
     ("state", true),
     ("identity", true),
+    ("meter", false),
+    ("quantity", false),
+    ("occurred_at", false),
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.
