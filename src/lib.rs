@@ -114,9 +114,9 @@
 
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
-    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Gate, GateEvent, Identity, KeyPart,
-    NotCanonical, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems, meter, schema,
-    sqlx, testing,
+    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Fingerprint, Gate, GateEvent, Identity,
+    KeyPart, Mode, NotCanonical, OnUnavailable, PartWriter, PartWritten, Rejected, SchemaProblem,
+    SchemaProblems, meter, schema, sqlx, testing,
 };
 
 /// What `#[idempotent]` and `race_test!` expand to call. Not a stable API.

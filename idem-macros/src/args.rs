@@ -11,10 +11,28 @@ mod kw {
     syn::custom_keyword!(gate);
     syn::custom_keyword!(account);
     syn::custom_keyword!(namespace);
+    syn::custom_keyword!(replay);
+    syn::custom_keyword!(fingerprint);
+    syn::custom_keyword!(lease);
+    syn::custom_keyword!(wait);
+    syn::custom_keyword!(on_unavailable);
+    syn::custom_keyword!(tx);
 }
 
 /// Every option, in the order the docs list them.
-pub(crate) const OPTIONS: &[&str] = &["key", "action", "gate", "account", "namespace"];
+pub(crate) const OPTIONS: &[&str] = &[
+    "key",
+    "action",
+    "gate",
+    "account",
+    "namespace",
+    "replay",
+    "fingerprint",
+    "lease",
+    "wait",
+    "on_unavailable",
+    "tx",
+];
 
 /// The parsed options. Mistakes that do not stop parsing are collected in
 /// `errors`, so one attribute reports all of its mistakes at once.
@@ -24,7 +42,22 @@ pub(crate) struct Args {
     pub gate: Option<Expr>,
     pub account: Option<Expr>,
     pub namespace: Option<Expr>,
+    /// `replay`: where it was written.
+    pub replay: Option<Span>,
+    pub fingerprint: Option<Key>,
+    pub lease: Option<Timed>,
+    pub wait: Option<Timed>,
+    /// `on_unavailable`: `Some(Some(span))` for `"run"` (where it was
+    /// written), `Some(None)` for an explicit `"refuse"`, the default.
+    pub on_unavailable: Option<Option<Span>>,
+    pub tx: Option<Expr>,
     pub errors: Errors,
+}
+
+/// A duration option: its value and the literal it came from.
+pub(crate) struct Timed {
+    pub duration: std::time::Duration,
+    pub literal: LitStr,
 }
 
 /// `key = "a.b, c"`: the literal, and the expressions written in it.
@@ -75,6 +108,12 @@ impl Parse for Args {
             gate: None,
             account: None,
             namespace: None,
+            replay: None,
+            fingerprint: None,
+            lease: None,
+            wait: None,
+            on_unavailable: None,
+            tx: None,
             errors: Errors::default(),
         };
         while !input.is_empty() {
@@ -105,6 +144,69 @@ impl Parse for Args {
                 let name: kw::namespace = input.parse()?;
                 let value = parse_value(input, name.span, "namespace", "namespace = \"live\"")?;
                 args.set(name.span, "namespace", value, |a| &mut a.namespace);
+            } else if lookahead.peek(kw::replay) {
+                let name: kw::replay = input.parse()?;
+                if input.peek(Token![=]) {
+                    input.parse::<Token![=]>()?;
+                    let value: Expr = input.parse()?;
+                    args.errors.push(syn::Error::new_spanned(
+                        value,
+                        "`replay` takes no value: write `replay` to keep the Ok value for duplicates",
+                    ));
+                } else {
+                    args.set(name.span, "replay", Some(name.span), |a| &mut a.replay);
+                }
+            } else if lookahead.peek(kw::fingerprint) {
+                let name: kw::fingerprint = input.parse()?;
+                let example = "fingerprint = \"amount_cents, currency\"";
+                let value = parse_value(input, name.span, "fingerprint", example)?;
+                let value =
+                    value.and_then(|value| args.check_string(value, "fingerprint", example));
+                let value =
+                    value.and_then(|literal| args.check_exprs(literal, "fingerprint", example));
+                args.set(name.span, "fingerprint", value, |a| &mut a.fingerprint);
+            } else if lookahead.peek(kw::lease) {
+                let name: kw::lease = input.parse()?;
+                let value = parse_value(input, name.span, "lease", "lease = \"30s\"")?;
+                let value =
+                    value.and_then(|value| args.check_string(value, "lease", "lease = \"30s\""));
+                let value = value.and_then(|literal| args.check_duration(literal, "lease"));
+                args.set(name.span, "lease", value, |a| &mut a.lease);
+            } else if lookahead.peek(kw::wait) {
+                let name: kw::wait = input.parse()?;
+                let value = parse_value(input, name.span, "wait", "wait = \"5s\"")?;
+                let value =
+                    value.and_then(|value| args.check_string(value, "wait", "wait = \"5s\""));
+                let value = value.and_then(|literal| args.check_duration(literal, "wait"));
+                args.set(name.span, "wait", value, |a| &mut a.wait);
+            } else if lookahead.peek(kw::on_unavailable) {
+                let name: kw::on_unavailable = input.parse()?;
+                let example = "on_unavailable = \"run\"";
+                let value = parse_value(input, name.span, "on_unavailable", example)?;
+                let value =
+                    value.and_then(|value| args.check_string(value, "on_unavailable", example));
+                let value = value.and_then(|literal| match literal.value().as_str() {
+                    "run" => Some(Some(literal.span())),
+                    "refuse" => Some(None),
+                    other => {
+                        args.errors.push(syn::Error::new_spanned(
+                            &literal,
+                            format!(
+                                "`on_unavailable` is \"refuse\" (the default: the body does not run \
+                                 when the store is down) or \"run\" (fail open, for actions where a \
+                                 duplicate is harmless), not {other:?}"
+                            ),
+                        ));
+                        None
+                    }
+                });
+                args.set(name.span, "on_unavailable", value, |a| {
+                    &mut a.on_unavailable
+                });
+            } else if lookahead.peek(kw::tx) {
+                let name: kw::tx = input.parse()?;
+                let value = parse_value(input, name.span, "tx", "tx = tx")?;
+                args.set(name.span, "tx", value, |a| &mut a.tx);
             } else if input.peek(Ident) {
                 let name: Ident = input.parse()?;
                 let hint = match closest(&name.to_string(), OPTIONS.iter().copied()) {
@@ -193,15 +295,22 @@ impl Args {
     }
 
     fn check_key(&mut self, literal: LitStr) -> Option<Key> {
+        self.check_exprs(literal, "key", KEY_EXAMPLE)
+    }
+
+    /// A string of comma-separated expressions (`key`, `fingerprint`).
+    fn check_exprs(&mut self, literal: LitStr, option: &str, example: &str) -> Option<Key> {
         let parsed = literal.parse_with(Punctuated::<Expr, Token![,]>::parse_terminated);
         match parsed {
             Ok(parts) if parts.is_empty() => {
+                let what = if option == "key" {
+                    "name what makes one invocation different from another"
+                } else {
+                    "name the arguments that make up the payload"
+                };
                 self.errors.push(syn::Error::new_spanned(
                     &literal,
-                    format!(
-                        "`key` is empty: name what makes one invocation different from \
-                         another, e.g. {KEY_EXAMPLE}"
-                    ),
+                    format!("`{option}` is empty: {what}, e.g. {example}"),
                 ));
                 None
             }
@@ -213,8 +322,33 @@ impl Args {
                 self.errors.push(syn::Error::new_spanned(
                     &literal,
                     format!(
-                        "`key` must be a comma-separated list of Rust expressions on the \
-                         function's parameters ({error}): write e.g. {KEY_EXAMPLE}"
+                        "`{option}` must be a comma-separated list of Rust expressions on the \
+                         function's parameters ({error}): write e.g. {example}"
+                    ),
+                ));
+                None
+            }
+        }
+    }
+
+    /// A humane duration such as "30s", "5m" or "1h 30m", more than zero.
+    fn check_duration(&mut self, literal: LitStr, option: &str) -> Option<Timed> {
+        match humantime::parse_duration(&literal.value()) {
+            Ok(duration) if !duration.is_zero() => Some(Timed { duration, literal }),
+            Ok(_) => {
+                self.errors.push(syn::Error::new_spanned(
+                    &literal,
+                    format!("`{option}` must be longer than zero; leave it out instead"),
+                ));
+                None
+            }
+            Err(error) => {
+                self.errors.push(syn::Error::new_spanned(
+                    &literal,
+                    format!(
+                        "`{option}` takes a duration such as \"30s\", \"5m\", \"1h 30m\" or \
+                         \"500ms\", not {:?} ({error})",
+                        literal.value()
                     ),
                 ));
                 None

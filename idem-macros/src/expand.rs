@@ -45,6 +45,17 @@ struct Checked {
     gate: TokenStream,
     account: Option<syn::Expr>,
     namespace: Option<syn::Expr>,
+    modes: Modes,
+}
+
+/// The opt-in modes, checked.
+struct Modes {
+    replay: bool,
+    fingerprint: Option<(Vec<syn::Expr>, Span)>,
+    lease: Option<std::time::Duration>,
+    wait: Option<std::time::Duration>,
+    fail_open: bool,
+    tx: Option<syn::Expr>,
 }
 
 impl Checked {
@@ -55,10 +66,17 @@ impl Checked {
             gate,
             account,
             namespace,
+            replay,
+            fingerprint,
+            lease,
+            wait,
+            on_unavailable,
+            tx,
             mut errors,
         } = args;
         let signature = &function.sig;
         let parameters = Parameters::of(signature);
+        let fail_open = on_unavailable.flatten();
 
         if signature.asyncness.is_none() {
             errors.push(syn::Error::new_spanned(
@@ -102,6 +120,39 @@ impl Checked {
             }
             None => None,
         };
+
+        if let Some(fingerprint) = &fingerprint {
+            for part in &fingerprint.parts {
+                if let Err(error) =
+                    parameters.check_rooted(part, &fingerprint.literal, "fingerprint part")
+                {
+                    errors.push(error);
+                }
+            }
+        }
+        if let Some(tx) = &tx {
+            check_tx(tx, &parameters, &mut errors);
+            // A claim inside the caller's transaction is invisible until it
+            // commits: duplicates wait on it already, and nothing can expire.
+            let conflicts = [
+                ("lease", lease.as_ref().map(|l| l.literal.span())),
+                ("wait", wait.as_ref().map(|w| w.literal.span())),
+                ("on_unavailable = \"run\"", fail_open),
+            ];
+            for (option, span) in conflicts {
+                if let Some(span) = span {
+                    errors.push(syn::Error::new(
+                        span,
+                        format!(
+                            "`{option}` cannot be combined with `tx`: inside your transaction the \
+                             claim is invisible until it commits, so duplicates already wait for \
+                             it, no lease can run out, and a store that is down has taken your \
+                             transaction with it; drop `{option}` or `tx`"
+                        ),
+                    ));
+                }
+            }
+        }
 
         for (option, expr) in [
             ("`account`", &account),
@@ -156,6 +207,14 @@ impl Checked {
             gate,
             account,
             namespace,
+            modes: Modes {
+                replay: replay.is_some(),
+                fingerprint: fingerprint.map(|f| (f.parts, f.literal.span())),
+                lease: lease.map(|l| l.duration),
+                wait: wait.map(|w| w.duration),
+                fail_open: fail_open.is_some(),
+                tx,
+            },
         })
     }
 
@@ -173,6 +232,7 @@ impl Checked {
             gate,
             account,
             namespace,
+            modes,
         } = self;
 
         // Names only the expansion can see.
@@ -201,16 +261,22 @@ impl Checked {
         // checked (as tracing's #[instrument] does), so `?`, `return` and
         // coercions such as &String to &str behave as in the original fn.
         // `outcome_of::<ReturnType>()` carries the return type's span: a
-        // return type that is not `Result<T, E: From<Rejected>>` fails there,
-        // once. In the body, an unreachable early return of that type fixes
-        // the async block's output before the body is checked (as tracing's
-        // #[instrument] does), so `?`, `return` and coercions such as &String
-        // to &str behave as in the original function.
+        // return type that is not `Result<T, E: From<Rejected>>` (or, with
+        // `replay`, whose `T` is not serde) fails there, once. In the body,
+        // an unreachable early return of that type fixes the async block's
+        // output before the body is checked (as tracing's #[instrument]
+        // does), so `?`, `return` and coercions such as &String to &str
+        // behave as in the original function.
+        let outcome_of = if modes.replay {
+            quote!(replayed_outcome_of)
+        } else {
+            quote!(outcome_of)
+        };
         let (outcome, output_hint) = match &sig.output {
             ReturnType::Type(_, ty) if !signature::mentions_impl_trait(ty) => {
                 let fake = Ident::new("__idem_fake_return", Span::mixed_site());
                 (
-                    quote_spanned!(ty.span()=> ::idem::__private::outcome_of::<#ty>()),
+                    quote_spanned!(ty.span()=> ::idem::__private::#outcome_of::<#ty>()),
                     quote! {
                         #[allow(
                             unreachable_code,
@@ -226,14 +292,42 @@ impl Checked {
                     },
                 )
             }
-            _ => (quote!(::idem::__private::outcome_of()), TokenStream::new()),
+            _ => (quote!(::idem::__private::#outcome_of()), TokenStream::new()),
         };
-        let call = quote! {
-            ::idem::__private::run_with(&#gate_var, &#identity_var, #outcome, async move {
-                #output_hint
-                #block
-            })
-            .await
+        let mode = modes.mode();
+        let call = match &modes.tx {
+            None => quote! {
+                ::idem::__private::run_with(&#gate_var, &#identity_var, &#mode, #outcome, async move {
+                    #output_hint
+                    #block
+                })
+                .await
+            },
+            // The body borrows the transaction, so it runs inline, between a
+            // claim and a settle on the same connection.
+            Some(tx) => {
+                let outcome_var = Ident::new("__idem_outcome", Span::mixed_site());
+                let claim_var = Ident::new("__idem_claim", Span::mixed_site());
+                let output_var = Ident::new("__idem_output", Span::mixed_site());
+                let connection =
+                    quote_spanned!(tx.span()=> ::idem::__private::connection_of(&mut *#tx));
+                quote! {
+                    let #outcome_var = #outcome;
+                    let #claim_var = match ::idem::__private::begin_in(
+                        &#gate_var, &#identity_var, &#mode, &#outcome_var, #connection,
+                    ).await {
+                        ::core::ops::ControlFlow::Continue(claim) => claim,
+                        ::core::ops::ControlFlow::Break(refused) => return refused,
+                    };
+                    let #output_var = async {
+                        #output_hint
+                        #block
+                    }
+                    .await;
+                    ::idem::__private::finish_in(#claim_var, &#outcome_var, &#output_var, #connection).await;
+                    #output_var
+                }
+            }
         };
 
         quote! {
@@ -246,5 +340,60 @@ impl Checked {
                 #call
             }
         }
+    }
+}
+
+impl Modes {
+    /// The runtime `Mode` these options describe.
+    fn mode(&self) -> TokenStream {
+        let mut mode = quote!(::idem::__private::Mode::new());
+        let nanos = |duration: std::time::Duration| {
+            let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+            quote!(::idem::__private::Duration::from_nanos(#nanos))
+        };
+        if let Some(lease) = self.lease {
+            let lease = nanos(lease);
+            mode.extend(quote!(.lease(#lease)));
+        }
+        if let Some(wait) = self.wait {
+            let wait = nanos(wait);
+            mode.extend(quote!(.wait(#wait)));
+        }
+        if self.fail_open {
+            mode.extend(quote!(.on_unavailable(::idem::__private::OnUnavailable::Run)));
+        }
+        if let Some((parts, span)) = &self.fingerprint {
+            let parts = parts
+                .iter()
+                .map(|part| quote_spanned!(*span=> .part(&(#part))));
+            mode.extend(quote!(.fingerprint(::idem::__private::Fingerprint::new() #(#parts)*)));
+        }
+        mode
+    }
+}
+
+/// `tx = ...` must start from a parameter, and that parameter must be one
+/// the claim can write through: not behind a shared reference.
+fn check_tx(tx: &syn::Expr, parameters: &Parameters, errors: &mut crate::args::Errors) {
+    if let Err(error) = parameters.check_rooted(tx, tx, "`tx`") {
+        errors.push(error);
+        return;
+    }
+    let named = match tx {
+        syn::Expr::Path(path) => path.path.get_ident(),
+        _ => None,
+    };
+    let parameter = named.and_then(|name| parameters.get(&name.to_string()));
+    if let Some((ident, syn::Type::Reference(reference))) = parameter
+        && reference.mutability.is_none()
+    {
+        errors.push(syn::Error::new_spanned(
+            reference,
+            format!(
+                "`tx = {ident}` needs a mutable connection: the claim and its settle run inside \
+                 your transaction; take `{ident}: &mut sqlx::Transaction<'_, sqlx::Postgres>` \
+                 (or `&mut PgConnection`)"
+            ),
+        ));
     }
 }

@@ -52,6 +52,28 @@ pub enum Rejected {
         address: String,
     },
 
+    /// A duplicate carries a different payload (its fingerprint differs from
+    /// the one stored with the claim): the key was reused for another
+    /// request. Refused, and never given the other payload's stored value.
+    #[error(
+        "this key was already used with a different payload (the fingerprints differ); \
+         the body did not run; use a new key for a new request"
+    )]
+    KeyReused,
+
+    /// The claim's lease ran out and another invocation took the slot over
+    /// (with a higher fencing token) before this holder recorded its
+    /// outcome. The record is unchanged: the new holder decides.
+    #[error(
+        "the lease on {address} ran out and another invocation took the claim over; \
+         this outcome was not recorded: the new holder's counts, so check the side effect \
+         before acting on it; renew long leases with Claim::extend"
+    )]
+    LeaseLost {
+        /// The address of the lost claim.
+        address: String,
+    },
+
     /// The claim was no longer pending when its outcome was recorded:
     /// someone released or removed it while the body ran. The body's effect
     /// is not recorded, so a retry may run it again.
@@ -85,14 +107,16 @@ impl Rejected {
     }
 
     /// A short, stable name for logs and metrics: `"in_flight"`,
-    /// `"already_done"`, `"unavailable"`, `"collision"`, `"claim_lost"` or
-    /// `"invalid_scope"`.
+    /// `"already_done"`, `"unavailable"`, `"collision"`, `"key_reused"`,
+    /// `"lease_lost"`, `"claim_lost"` or `"invalid_scope"`.
     pub fn reason(&self) -> &'static str {
         match self {
             Rejected::InFlight => "in_flight",
             Rejected::AlreadyDone => "already_done",
             Rejected::Unavailable { .. } => "unavailable",
             Rejected::Collision { .. } => "collision",
+            Rejected::KeyReused => "key_reused",
+            Rejected::LeaseLost { .. } => "lease_lost",
             Rejected::ClaimLost { .. } => "claim_lost",
             Rejected::InvalidScope { .. } => "invalid_scope",
         }

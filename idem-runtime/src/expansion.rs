@@ -5,11 +5,17 @@
 //! re-exports them as `idem::__private`, which is not a stable API.
 
 use std::fmt::Display;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
+use sqlx::PgConnection;
+
+use crate::claim::{Acquired, Claim, Via};
 use crate::error::Rejected;
 use crate::gate::Gate;
 use crate::identity::Identity;
+pub use crate::mode::{Fingerprint, Mode, OnUnavailable};
+pub use std::time::Duration;
 
 /// The return type of a guarded function: a `Result` whose error can carry a
 /// [`Rejected`].
@@ -39,15 +45,51 @@ impl<T, E: From<Rejected>> Outcome for Result<T, E> {
     }
 }
 
+/// The return type of a guarded function in `replay` mode: a `Result` whose
+/// `Ok` value can be stored as JSON and read back.
+#[diagnostic::on_unimplemented(
+    message = "`replay` keeps the `Ok` value for later duplicates, so it must be `serde::Serialize + serde::de::DeserializeOwned`; `{Self}` is not such a `Result`",
+    label = "the `Ok` type here must be Serialize + DeserializeOwned",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for the `Ok` type, or drop `replay` (duplicates then get `Rejected::AlreadyDone`)"
+)]
+pub trait ReplayOutcome: Outcome {
+    /// The `Ok` value as JSON; `Ok(None)` for an `Err`.
+    fn encode(&self) -> Result<Option<String>, serde_json::Error>;
+    /// A stored `Ok` value, read back.
+    fn decode(json: &str) -> Result<Self, serde_json::Error>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T, E> ReplayOutcome for Result<T, E>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+    E: From<Rejected>,
+{
+    fn encode(&self) -> Result<Option<String>, serde_json::Error> {
+        self.as_ref().ok().map(serde_json::to_string).transpose()
+    }
+
+    fn decode(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json).map(Ok)
+    }
+}
+
 /// How to treat a guarded function's return type `R`: the [`Outcome`]
-/// methods as plain function pointers.
+/// methods (and, in `replay` mode, the [`ReplayOutcome`] ones) as plain
+/// function pointers.
 ///
-/// The expansion obtains it with [`outcome_of`], whose single `R: Outcome`
-/// bound is the only place a wrong return type can fail, so the user sees
-/// one error, at the return type, rather than one per use.
+/// The expansion obtains it with [`outcome_of`] or [`replayed_outcome_of`],
+/// whose single trait bound is the only place a wrong return type can fail,
+/// so the user sees one error, at the return type, rather than one per use.
 pub struct OutcomeOf<R> {
     rejected: fn(Rejected) -> R,
     is_success: fn(&R) -> bool,
+    replay: Option<Replay<R>>,
+}
+
+struct Replay<R> {
+    encode: fn(&R) -> Result<Option<String>, serde_json::Error>,
+    decode: fn(&str) -> Result<R, serde_json::Error>,
 }
 
 /// The [`OutcomeOf`] a return type that implements [`Outcome`].
@@ -55,6 +97,65 @@ pub fn outcome_of<R: Outcome>() -> OutcomeOf<R> {
     OutcomeOf {
         rejected: R::rejected,
         is_success: R::is_success,
+        replay: None,
+    }
+}
+
+/// The [`OutcomeOf`] a return type whose `Ok` value is replayed.
+pub fn replayed_outcome_of<R: ReplayOutcome>() -> OutcomeOf<R> {
+    OutcomeOf {
+        rejected: R::rejected,
+        is_success: R::is_success,
+        replay: Some(Replay {
+            encode: R::encode,
+            decode: R::decode,
+        }),
+    }
+}
+
+impl<R> OutcomeOf<R> {
+    /// What a duplicate of a settled action returns: its stored value, or
+    /// `AlreadyDone` when there is none to give (or it no longer reads back).
+    fn settled(&self, identity: &Identity, stored: Option<String>) -> R {
+        if let (Some(replay), Some(json)) = (&self.replay, stored) {
+            match (replay.decode)(&json) {
+                Ok(output) => return output,
+                Err(error) => tracing::warn!(
+                    target: "idem",
+                    action = identity.action(),
+                    error = %error,
+                    "the stored value no longer reads back as this function's Ok type; \
+                     refusing the duplicate as already done"
+                ),
+            }
+        }
+        (self.rejected)(Rejected::AlreadyDone)
+    }
+
+    /// Settles or releases `claim` by what the body returned.
+    async fn record(&self, claim: Claim, output: &R, via: &mut Via<'_>) {
+        // Failures to record are reported by tracing inside `finish`, and
+        // leave the slot pending (fail closed). The body's own output is what
+        // the caller needs either way.
+        if !(self.is_success)(output) {
+            let _released = claim.finish(false, None, via).await;
+            return;
+        }
+        let json = match self.replay.as_ref().map(|replay| (replay.encode)(output)) {
+            Some(Ok(json)) => json,
+            Some(Err(error)) => {
+                tracing::error!(
+                    target: "idem",
+                    address = claim.address(),
+                    error = %error,
+                    "the Ok value could not be serialized for replay; settling without it, \
+                     so duplicates are refused as already done"
+                );
+                None
+            }
+            None => None,
+        };
+        let _settled = claim.finish(true, json.as_deref(), via).await;
     }
 }
 
@@ -65,28 +166,103 @@ where
     R: Outcome,
     F: Future<Output = R>,
 {
-    run_with(gate, identity, outcome_of(), body).await
+    run_with(gate, identity, &Mode::new(), outcome_of(), body).await
 }
 
-/// [`run`], with the outcome's treatment passed in (what the expansion calls).
-pub async fn run_with<R, F>(gate: &Gate, identity: &Identity, outcome: OutcomeOf<R>, body: F) -> R
+/// [`run`] with the opt-in modes, and the outcome's treatment passed in
+/// (what the expansion calls).
+pub async fn run_with<R, F>(
+    gate: &Gate,
+    identity: &Identity,
+    mode: &Mode,
+    outcome: OutcomeOf<R>,
+    body: F,
+) -> R
 where
     F: Future<Output = R>,
 {
-    let claim = match gate.claim(identity).await {
-        Ok(claim) => claim,
+    let mut via = Via::Pool(gate.pool());
+    let claim = match gate
+        .acquire(identity, mode, outcome.replay.is_some(), &mut via)
+        .await
+    {
+        Ok(Acquired::Won(claim)) => claim,
+        Ok(Acquired::Settled(stored)) => return outcome.settled(identity, stored),
         Err(rejected) => return (outcome.rejected)(rejected),
     };
     let output = body.await;
-    // Failures to record are reported by tracing inside settle and release,
-    // and leave the slot pending (fail closed). The body's own output is
-    // what the caller needs either way.
-    let _recorded = if (outcome.is_success)(&output) {
-        claim.settle().await
-    } else {
-        claim.release().await
-    };
+    outcome.record(claim, &output, &mut via).await;
     output
+}
+
+/// In-transaction mode, before the body: claims inside the caller's
+/// transaction. `Break` carries what the function returns instead of running
+/// its body (a refusal, or a replayed value).
+pub async fn begin_in<R>(
+    gate: &Gate,
+    identity: &Identity,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+    connection: &mut PgConnection,
+) -> ControlFlow<R, Claim> {
+    let mut via = Via::Transaction(connection);
+    match gate
+        .acquire(identity, mode, outcome.replay.is_some(), &mut via)
+        .await
+    {
+        Ok(Acquired::Won(claim)) => ControlFlow::Continue(claim),
+        Ok(Acquired::Settled(stored)) => ControlFlow::Break(outcome.settled(identity, stored)),
+        Err(rejected) => ControlFlow::Break((outcome.rejected)(rejected)),
+    }
+}
+
+/// In-transaction mode, after the body: settles or releases inside the
+/// caller's transaction, so the claim commits or rolls back with the body's
+/// own writes.
+pub async fn finish_in<R>(
+    claim: Claim,
+    outcome: &OutcomeOf<R>,
+    output: &R,
+    connection: &mut PgConnection,
+) {
+    outcome
+        .record(claim, output, &mut Via::Transaction(connection))
+        .await;
+}
+
+/// A connection a transaction-mode claim can run on: the `tx = ...`
+/// parameter of `#[idempotent]`.
+#[diagnostic::on_unimplemented(
+    message = "`tx = ...` must name a `&mut Transaction<'_, Postgres>` or `&mut PgConnection` parameter, not one of `{Self}`",
+    label = "the claim and its settle run on this connection, inside your transaction",
+    note = "take the transaction the body writes with, e.g. `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>`, and name it: #[idempotent(..., tx = tx)]"
+)]
+pub trait AsConnection {
+    /// The connection itself.
+    fn as_connection(&mut self) -> &mut PgConnection;
+}
+
+impl AsConnection for PgConnection {
+    fn as_connection(&mut self) -> &mut PgConnection {
+        self
+    }
+}
+
+impl AsConnection for sqlx::Transaction<'_, sqlx::Postgres> {
+    fn as_connection(&mut self) -> &mut PgConnection {
+        self
+    }
+}
+
+impl AsConnection for sqlx::pool::PoolConnection<sqlx::Postgres> {
+    fn as_connection(&mut self) -> &mut PgConnection {
+        self
+    }
+}
+
+/// The connection behind a `tx = ...` parameter.
+pub fn connection_of<C: AsConnection + ?Sized>(connection: &mut C) -> &mut PgConnection {
+    connection.as_connection()
 }
 
 /// Something that is, or points to, a [`Gate`]: the `gate` option of

@@ -9,21 +9,25 @@
 // Library code never unwraps: bad input gets an error that says what to do.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod claim;
 mod error;
 pub mod expansion;
 mod gate;
 mod identity;
 pub mod meter;
+mod mode;
 mod observe;
 pub mod schema;
 mod store;
 pub mod testing;
 
+pub use claim::Claim;
 pub use error::{Error, Rejected, SchemaProblem, SchemaProblems};
-pub use gate::{Claim, Gate};
+pub use gate::Gate;
 pub use identity::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartWriter, PartWritten,
 };
+pub use mode::{Fingerprint, Mode, OnUnavailable};
 pub use observe::GateEvent;
 
 /// The sqlx this crate was built with, so users need not match versions.

@@ -17,8 +17,12 @@ pub enum GateEvent {
     Won,
     /// The claim was refused: the body does not run.
     Refused(Rejected),
-    /// The identity was absent: the body runs without a claim.
+    /// The identity was absent, or the store was down and the mode fails
+    /// open: the body runs without a claim.
     Ungated,
+    /// A duplicate of a settled action got its stored value back: the body
+    /// does not run.
+    Replayed,
 }
 
 pub(crate) type Events = Arc<Mutex<Vec<GateEvent>>>;

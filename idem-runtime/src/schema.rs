@@ -14,11 +14,13 @@ use crate::error::{SchemaProblem, SchemaProblems};
 pub const SCHEMA_SQL: &str = concat!(
     include_str!("../sql/v1.sql"),
     "\n",
-    include_str!("../sql/v2.sql")
+    include_str!("../sql/v2.sql"),
+    "\n",
+    include_str!("../sql/v3.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +40,10 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 2,
         sql: include_str!("../sql/v2.sql"),
+    },
+    Migration {
+        version: 3,
+        sql: include_str!("../sql/v3.sql"),
     },
 ];
 
@@ -99,6 +105,10 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("meter", false),
     ("quantity", false),
     ("occurred_at", false),
+    ("output", false),
+    ("fingerprint", false),
+    ("fence", true),
+    ("lease_expires_at", false),
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.

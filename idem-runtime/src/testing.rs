@@ -192,7 +192,15 @@ impl<T, E> Invocation<T, E> {
         })
     }
 
-    /// It ran without a claim, because its identity was absent.
+    /// A duplicate that got the settled action's stored value back
+    /// (`replay`), without running the body.
+    pub fn replayed(&self) -> bool {
+        matches!(self.outcome, Ok(Ok(_)))
+            && self.events.iter().any(|e| matches!(e, GateEvent::Replayed))
+    }
+
+    /// It ran without a claim: its identity was absent, or the store was down
+    /// and the mode fails open.
     pub fn ungated(&self) -> bool {
         self.events.iter().any(|e| matches!(e, GateEvent::Ungated))
     }
@@ -210,7 +218,9 @@ pub struct RaceReport<T, E> {
     pub claimed: usize,
     /// Invocations the gate refused.
     pub refused: usize,
-    /// Invocations that ran ungated (an absent identity).
+    /// Duplicates that got the stored value back (`replay`).
+    pub replayed: usize,
+    /// Invocations that ran ungated (an absent identity, or failing open).
     pub ungated: usize,
     /// Everything that went wrong other than a refusal, described: the
     /// body's own errors and panics.
@@ -236,6 +246,7 @@ impl<T, E: fmt::Debug> RaceReport<T, E> {
             wins: count(Invocation::won),
             claimed: count(Invocation::claimed),
             refused: count(|i| i.refusal().is_some()),
+            replayed: count(Invocation::replayed),
             ungated: count(Invocation::ungated),
             errors,
             invocations,
@@ -269,7 +280,12 @@ impl<T, E> RaceReport<T, E> {
         self.refused
     }
 
-    /// Invocations that ran ungated (an absent identity).
+    /// Duplicates that got the stored value back (`replay`).
+    pub fn replayed(&self) -> usize {
+        self.replayed
+    }
+
+    /// Invocations that ran ungated (an absent identity, or failing open).
     pub fn ungated(&self) -> usize {
         self.ungated
     }
@@ -301,7 +317,8 @@ impl<T, E> RaceReport<T, E> {
     }
 
     /// Asserts that exactly one invocation ran and succeeded, and every other
-    /// one was refused. On failure the message names the likely cause.
+    /// one was refused (or, with `replay`, got the stored value back). On
+    /// failure the message names the likely cause.
     ///
     /// # Panics
     /// When the race did not end with one winner and refusals only.
@@ -335,11 +352,12 @@ impl<T, E> RaceReport<T, E> {
         if wins != 1 {
             panic!("the one invocation that won the claim did not succeed.\n{self}");
         }
-        if !errors.is_empty() || wins + self.refused() != n {
+        let deduplicated = self.refused + self.replayed;
+        if !errors.is_empty() || wins + deduplicated != n {
             panic!(
                 "one invocation won, but the others were not all refused: {} failed or \
                  ran otherwise.\n{self}",
-                n - wins - self.refused()
+                n.saturating_sub(wins + deduplicated)
             );
         }
         self
@@ -374,11 +392,12 @@ impl<T, E> fmt::Display for RaceReport<T, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "race of {}: {} won, {} ran under a claim, {} refused, {} ungated, {} failed",
+            "race of {}: {} won, {} ran under a claim, {} refused, {} replayed, {} ungated, {} failed",
             self.len(),
             self.wins(),
             self.claimed(),
             self.refused(),
+            self.replayed,
             self.ungated(),
             self.errors.len()
         )?;
