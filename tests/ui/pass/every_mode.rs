@@ -1,0 +1,55 @@
+//! Every mode, alone and combined, compiles cleanly under strict lints.
+#![deny(warnings)]
+
+use idem::sqlx::{PgConnection, Postgres, Transaction};
+use idem::{Gate, Rejected, idempotent};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Receipt {
+    pub id: u64,
+}
+
+#[idempotent(key = "id", replay)]
+async fn replayed(gate: &Gate, id: u64) -> Result<Receipt, Rejected> {
+    Ok(Receipt { id })
+}
+
+#[idempotent(key = "id", fingerprint = "amount, currency", replay, wait = "5s")]
+async fn fingerprinted(gate: &Gate, id: u64, amount: i64, currency: &str) -> Result<Receipt, Rejected> {
+    Ok(Receipt { id })
+}
+
+#[idempotent(key = "id", lease = "1m 30s", on_unavailable = "run")]
+async fn leased(gate: &Gate, id: u64) -> Result<(), Rejected> {
+    Ok(())
+}
+
+#[idempotent(key = "id", on_unavailable = "refuse")]
+async fn strict(gate: &Gate, id: u64) -> Result<(), Rejected> {
+    Ok(())
+}
+
+#[idempotent(key = "id", tx = tx, replay, fingerprint = "amount")]
+async fn in_transaction(gate: &Gate, tx: &mut Transaction<'_, Postgres>, id: u64, amount: i64) -> Result<Receipt, Rejected> {
+    let _ = &mut **tx;
+    Ok(Receipt { id })
+}
+
+#[idempotent(key = "id", tx = conn)]
+async fn on_a_connection(gate: &Gate, conn: &mut PgConnection, id: u64) -> Result<(), Rejected> {
+    let _ = conn;
+    Ok(())
+}
+
+#[allow(dead_code)]
+async fn exercise(gate: &Gate, tx: &mut Transaction<'_, Postgres>, conn: &mut PgConnection) -> Result<(), Rejected> {
+    replayed(gate, 1).await?;
+    fingerprinted(gate, 1, 5, "EUR").await?;
+    leased(gate, 1).await?;
+    strict(gate, 1).await?;
+    in_transaction(gate, tx, 1, 5).await?;
+    on_a_connection(gate, conn, 1).await?;
+    Ok(())
+}
+
+fn main() {}
