@@ -160,7 +160,7 @@ async fn a_key_reused_with_another_payload_is_refused_and_never_sees_its_value()
     // Half the racers send one payload, half another, under one key.
     let next = AtomicUsize::new(0);
     let report = race(12, || {
-        let amount = if next.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+        let amount = if next.fetch_add(1, Ordering::SeqCst).is_multiple_of(2) {
             500
         } else {
             900
