@@ -74,6 +74,15 @@
 //! | `gate` | an expression giving a `Gate`, `&Gate` or `Arc<Gate>` | the parameter named `gate` |
 //! | `account` | an expression whose `Display` form names the account (tenant) | the gate's account |
 //! | `namespace` | an expression whose `Display` form names the namespace | the gate's namespace |
+//! | `replay` | (a flag) keep the `Ok` value (serde) and return it to later duplicates | off |
+//! | `fingerprint` | a string of expressions making up the payload; another payload under the same key is [`Rejected::KeyReused`] | none |
+//! | `lease` | a duration (`"30s"`, `"5m"`): a pending claim expires and is taken over with a higher fence | holds until resolved |
+//! | `wait` | a duration: an in-flight duplicate waits for the outcome instead of being refused | no waiting |
+//! | `on_unavailable` | `"refuse"` or `"run"` (fail open, for harmless duplicates) | `"refuse"` |
+//! | `tx` | a `&mut Transaction<'_, Postgres>` or `&mut PgConnection` parameter: claim and settle inside it | own statements |
+//!
+//! The README's "choosing a mode" table says what each mode guarantees and
+//! costs.
 //!
 //! The function must be `async` and return `Result<T, E>` with
 //! `E: From<Rejected>`. Its signature, visibility, attributes, docs, generics,
