@@ -32,6 +32,21 @@ const RECORD_BACKOFF: [Duration; 2] = [Duration::from_millis(25), Duration::from
 const WAIT_FIRST_POLL: Duration = Duration::from_millis(10);
 const WAIT_LONGEST_POLL: Duration = Duration::from_millis(250);
 
+/// A tracing event about one slot, with the fields every gate event carries
+/// (account, namespace, action, address), then any others and the message.
+macro_rules! slot_event {
+    ($level:ident, $gate:expr, $identity:expr, $address:expr, $($rest:tt)+) => {
+        tracing::$level!(
+            target: "idem",
+            account = $gate.account_name(),
+            namespace = $gate.namespace_name(),
+            action = $identity.action(),
+            address = %$address,
+            $($rest)+
+        )
+    };
+}
+
 /// Where the statements run: a pooled connection each (autocommit), or the
 /// caller's transaction.
 pub(crate) enum Via<'c> {
@@ -138,13 +153,7 @@ impl Gate {
             let attempt = match attempt {
                 Ok(attempt) => attempt,
                 Err(error) if mode.on_unavailable_policy() == OnUnavailable::Run => {
-                    tracing::warn!(
-                        target: "idem",
-                        account = self.account_name(),
-                        namespace = self.namespace_name(),
-                        action = identity.action(),
-                        address = %address,
-                        error = %error,
+                    slot_event!(warn, self, identity, address, error = %error,
                         "store unavailable; failing open as on_unavailable = run says: the body runs unguarded"
                     );
                     observe::record(GateEvent::Ungated);
@@ -154,15 +163,7 @@ impl Gate {
             };
             match attempt {
                 Attempt::Won(fence) => {
-                    tracing::debug!(
-                        target: "idem",
-                        account = self.account_name(),
-                        namespace = self.namespace_name(),
-                        action = identity.action(),
-                        address = %address,
-                        fence,
-                        "claim won"
-                    );
+                    slot_event!(debug, self, identity, address, fence, "claim won");
                     observe::record(GateEvent::Won);
                     return Ok(Acquired::Won(Claim {
                         held: Some(Held {
@@ -176,12 +177,11 @@ impl Gate {
                     }));
                 }
                 Attempt::Settled(Some(output)) => {
-                    tracing::debug!(
-                        target: "idem",
-                        account = self.account_name(),
-                        namespace = self.namespace_name(),
-                        action = identity.action(),
-                        address = %address,
+                    slot_event!(
+                        debug,
+                        self,
+                        identity,
+                        address,
                         "duplicate of a settled action: replaying its stored value"
                     );
                     observe::record(GateEvent::Replayed);
@@ -264,11 +264,10 @@ impl Gate {
             .await?;
             return Ok(match taken {
                 Some(fence) => {
-                    tracing::warn!(
-                        target: "idem",
-                        account = self.account_name(),
-                        namespace = self.namespace_name(),
-                        action = identity.action(),
+                    slot_event!(
+                        warn,
+                        self,
+                        identity,
                         address,
                         previous_fence = existing.fence,
                         fence,
@@ -283,11 +282,10 @@ impl Gate {
     }
 
     pub(crate) fn refused(&self, identity: &Identity, address: &str, rejected: &Rejected) {
-        tracing::info!(
-            target: "idem",
-            account = self.account_name(),
-            namespace = self.namespace_name(),
-            action = identity.action(),
+        slot_event!(
+            info,
+            self,
+            identity,
             address,
             reason = rejected.reason(),
             "claim refused: {rejected}"
@@ -296,13 +294,7 @@ impl Gate {
     }
 
     fn unavailable(&self, identity: &Identity, address: &str, error: sqlx::Error) -> Rejected {
-        tracing::error!(
-            target: "idem",
-            account = self.account_name(),
-            namespace = self.namespace_name(),
-            action = identity.action(),
-            address,
-            error = %error,
+        slot_event!(error, self, identity, address, error = %error,
             "store unavailable; failing closed, the body does not run"
         );
         let rejected = Rejected::unavailable(error);
