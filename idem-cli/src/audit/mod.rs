@@ -1,0 +1,94 @@
+//! `idem audit`: every unique index and unique constraint that enforces
+//! nothing for rows where a key is NULL.
+//!
+//! A unique index compares keys with `=`, and `NULL = NULL` is not true, so
+//! two rows that differ only by having NULL in the same key both insert. The
+//! audit reports an index (or the constraint it backs) when:
+//!
+//! - it is unique, not a primary key, and not `NULLS NOT DISTINCT`;
+//! - and at least one of its key columns or expressions can be NULL in a row
+//!   the index covers, by the rules in [`nullability`]. `INCLUDE` columns
+//!   are not keys and never count.
+//!
+//! The audit only reads the catalog; it writes nothing and needs no
+//! privilege beyond connecting. Each finding comes with both fixes from
+//! [`fix`].
+
+pub mod catalog;
+mod finding;
+mod fix;
+mod node_tree;
+mod nullability;
+mod quote;
+pub mod render;
+
+use sqlx::PgPool;
+
+use crate::error::CliError;
+use finding::{Finding, Parsed, judge};
+use quote::Quoter;
+
+/// What one audit found.
+#[derive(Debug)]
+pub struct Report {
+    /// The schemas audited, in order, quoted for SQL.
+    pub schemas_sql: Vec<String>,
+    /// How many unique indexes and constraints were checked.
+    pub checked: usize,
+    /// The ones that let duplicates through NULL.
+    pub findings: Vec<Finding>,
+}
+
+/// Audits `schemas`, or every schema but PostgreSQL's own when it is empty.
+pub async fn audit(pool: &PgPool, schemas: &[String]) -> Result<Report, CliError> {
+    let server = catalog::server(pool)
+        .await
+        .map_err(CliError::database("read the server's catalog"))?;
+    let schemas = if schemas.is_empty() {
+        catalog::default_schemas(pool)
+            .await
+            .map_err(CliError::database("list the schemas"))?
+    } else {
+        let missing = catalog::missing_schemas(pool, schemas)
+            .await
+            .map_err(CliError::database("look up the schemas"))?;
+        if !missing.is_empty() {
+            return Err(CliError::Usage(format!(
+                "no schema named {} in this database; check --schema (names are case-sensitive)",
+                missing.join(", ")
+            )));
+        }
+        let mut unique = Vec::new();
+        for schema in schemas {
+            if !unique.contains(schema) {
+                unique.push(schema.clone());
+            }
+        }
+        unique
+    };
+    let indexes = catalog::unique_indexes(pool, &server, &schemas)
+        .await
+        .map_err(CliError::database("read the unique indexes"))?;
+    let parsed: Vec<Parsed> = indexes.iter().map(Parsed::of).collect();
+    let mut oids = Vec::new();
+    for p in &parsed {
+        p.functions_called(&mut oids);
+    }
+    oids.sort_unstable();
+    oids.dedup();
+    let functions = catalog::functions(pool, &oids)
+        .await
+        .map_err(CliError::database("read the functions the indexes use"))?;
+    let quoter = Quoter::new(server.keywords);
+    let schemas_sql = schemas.iter().map(|s| quoter.quote(s)).collect();
+    let findings = indexes
+        .iter()
+        .zip(&parsed)
+        .filter_map(|(index, parsed)| judge(index, parsed, &functions, &quoter))
+        .collect();
+    Ok(Report {
+        schemas_sql,
+        checked: indexes.len(),
+        findings,
+    })
+}

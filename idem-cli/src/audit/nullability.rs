@@ -1,0 +1,560 @@
+//! Can a key of a unique index be NULL in a row the index covers?
+//!
+//! A key is **safe** when one of these proves it non-NULL; otherwise it is
+//! nullable and the index is a finding:
+//!
+//! 1. The index predicate rules out a NULL key: the predicate cannot be TRUE
+//!    in a row where the key is NULL (see [`predicate_excludes_null`]).
+//! 2. The key is a column declared `NOT NULL`, or a validated `CHECK`
+//!    constraint of the table rejects every row where the key is NULL: a
+//!    check passes when it is TRUE *or NULL*, so it must be certainly FALSE
+//!    then (`CHECK (c IS NOT NULL)`, the usual way to add NOT NULL without a
+//!    long lock, does; `CHECK (c > 0)` does not). `NOT VALID` checks are
+//!    ignored: existing rows may break them.
+//! 3. The key is an expression that cannot be NULL: a non-NULL constant, a
+//!    `COALESCE` with at least one argument that cannot be NULL, a cast that
+//!    keeps NULLness (binary-compatible, or to `text`), or a call of a function
+//!    in [`NEVER_NULL_FUNCTIONS`] whose arguments all cannot be NULL. A column
+//!    inside the expression is non-NULL by rule 1 or 2.
+//!
+//! Rule 3 does not trust `pg_proc.proisstrict`: strict means NULL in, NULL
+//! out, and says nothing about non-NULL input. `jsonb ->> 'email'` is strict
+//! and returns NULL for every row without that key, so a unique index on it
+//! over a `NOT NULL` jsonb column enforces nothing for those rows. PostgreSQL
+//! records no "never returns NULL" property, so only the functions listed
+//! here count; any other call, `CASE`, `NULLIF`, a subscript, a field access
+//! and every node kind we do not know make the key nullable. This can report
+//! an index that is in fact safe (say, over a user function that never
+//! returns NULL): the report names the function, and the fix is cheap.
+//!
+//! Strictness does matter for rule 1, in the other direction: a strict
+//! function or operator of a NULL is NULL, and a predicate that is NULL or
+//! FALSE excludes the row. So `WHERE c > 0`, `WHERE c <> ''`,
+//! `WHERE c IN ('a', 'b')` and `WHERE lower(c) LIKE 'x%'` all exclude rows
+//! where `c` is NULL, as do `c IS NOT NULL`, any `AND` containing one of
+//! those, and an `OR` whose every branch is one of those. An `OR` with a
+//! branch that says nothing about `c` (`c IS NOT NULL OR archived`) does not.
+
+use std::collections::HashMap;
+
+use super::node_tree::{BoolTestKind, Expr};
+
+/// Functions (in `pg_catalog`, by name and argument types as `oidvectortypes`
+/// prints them) that return a non-NULL value whenever all their arguments are
+/// non-NULL. Kept short on purpose: each entry is a claim we have checked.
+/// `lower(anyrange)` is missing deliberately: it is NULL for an empty range.
+pub const NEVER_NULL_FUNCTIONS: &[&str] = &[
+    "lower(text)",
+    "upper(text)",
+    "initcap(text)",
+    "btrim(text)",
+    "btrim(text, text)",
+    "ltrim(text)",
+    "ltrim(text, text)",
+    "rtrim(text)",
+    "rtrim(text, text)",
+    "md5(text)",
+    "textcat(text, text)",
+    "anytextcat(anynonarray, text)",
+    "textanycat(text, anynonarray)",
+    "date(timestamp with time zone)",
+    "date(timestamp without time zone)",
+    "date_trunc(text, timestamp with time zone)",
+    "date_trunc(text, timestamp without time zone)",
+];
+
+/// What the audit knows about a function, from `pg_proc`.
+#[derive(Debug, Clone)]
+pub struct Function {
+    /// `proname(argument types)`, for messages.
+    pub signature: String,
+    /// `proisstrict`: NULL in any argument gives NULL without a call.
+    pub strict: bool,
+    /// In `pg_catalog` and in [`NEVER_NULL_FUNCTIONS`].
+    pub never_null: bool,
+}
+
+/// Everything a proof may use about one index.
+#[derive(Debug)]
+pub struct Facts<'a> {
+    /// Columns of the table: attribute number to (name as SQL, `NOT NULL`).
+    pub columns: &'a HashMap<i16, (String, bool)>,
+    /// Functions the index's expressions and predicate call, by OID.
+    pub functions: &'a HashMap<u32, Function>,
+    /// The index predicate, if the index is partial.
+    pub predicate: Option<&'a Expr>,
+    /// The table's validated `CHECK` constraints.
+    pub checks: &'a [Expr],
+}
+
+impl Facts<'_> {
+    fn strict(&self, function: u32) -> bool {
+        self.functions.get(&function).is_some_and(|f| f.strict)
+    }
+}
+
+/// Why `key` can be NULL in a row the index covers: one reason per source of
+/// NULL, empty when the key is proven non-NULL.
+pub fn why_nullable(key: &Expr, facts: &Facts<'_>) -> Vec<String> {
+    if facts
+        .predicate
+        .is_some_and(|predicate| predicate_excludes_null(predicate, key, facts))
+        || facts
+            .checks
+            .iter()
+            .any(|check| check_rejects_null(check, key, facts))
+    {
+        return Vec::new();
+    }
+    match key {
+        Expr::Column(attnum) => match facts.columns.get(attnum) {
+            Some((_, true)) => Vec::new(),
+            Some((name, false)) => vec![format!("{name} allows NULL")],
+            None => vec![format!("column number {attnum} is unknown")],
+        },
+        Expr::Const { is_null: true, .. } => vec!["a NULL constant".to_owned()],
+        Expr::Const { is_null: false, .. } => Vec::new(),
+        Expr::Cast(arg) => why_nullable(arg, facts),
+        Expr::Coalesce(args) => {
+            let reasons: Vec<Vec<String>> = args.iter().map(|a| why_nullable(a, facts)).collect();
+            if reasons.iter().any(Vec::is_empty) {
+                Vec::new()
+            } else {
+                dedup(reasons.into_iter().flatten())
+            }
+        }
+        Expr::Call { function, args, .. } => match facts.functions.get(function) {
+            Some(f) if f.never_null => dedup(args.iter().flat_map(|a| why_nullable(a, facts))),
+            Some(f) => vec![format!(
+                "{} may return NULL (not known never to)",
+                f.signature
+            )],
+            None => vec![format!("function {function} is unknown")],
+        },
+        other => vec![format!("{} can be NULL", describe(other))],
+    }
+}
+
+/// `true` when `predicate` cannot be TRUE in a row where `key` is NULL, so
+/// such rows are not in the index.
+pub fn predicate_excludes_null(predicate: &Expr, key: &Expr, facts: &Facts<'_>) -> bool {
+    !outcomes(predicate, key, facts).can_be_true
+}
+
+/// `true` when the `CHECK` constraint `check` fails in every row where `key`
+/// is NULL, so no such row exists.
+pub fn check_rejects_null(check: &Expr, key: &Expr, facts: &Facts<'_>) -> bool {
+    let o = outcomes(check, key, facts);
+    !o.can_be_true && !o.can_be_null
+}
+
+/// The values a boolean expression may take in a row where `key` is NULL.
+/// Sound over-approximation: a value we cannot rule out is possible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Outcomes {
+    can_be_true: bool,
+    can_be_false: bool,
+    can_be_null: bool,
+}
+
+impl Outcomes {
+    const ANY: Outcomes = Outcomes {
+        can_be_true: true,
+        can_be_false: true,
+        can_be_null: true,
+    };
+    const NULL: Outcomes = Outcomes {
+        can_be_true: false,
+        can_be_false: false,
+        can_be_null: true,
+    };
+    const fn exactly(value: bool) -> Outcomes {
+        Outcomes {
+            can_be_true: value,
+            can_be_false: !value,
+            can_be_null: false,
+        }
+    }
+    /// A test that is TRUE when `when_true`, else FALSE, never NULL.
+    const fn test(when_true: bool, when_false: bool) -> Outcomes {
+        Outcomes {
+            can_be_true: when_true,
+            can_be_false: when_false,
+            can_be_null: false,
+        }
+    }
+}
+
+fn outcomes(expr: &Expr, key: &Expr, facts: &Facts<'_>) -> Outcomes {
+    if null_when_null(expr, key, facts) {
+        return Outcomes::NULL;
+    }
+    match expr {
+        Expr::And(args) => {
+            args.iter()
+                .map(|a| outcomes(a, key, facts))
+                .fold(Outcomes::exactly(true), |acc, o| Outcomes {
+                    can_be_true: acc.can_be_true && o.can_be_true,
+                    can_be_false: acc.can_be_false || o.can_be_false,
+                    can_be_null: acc.can_be_null || o.can_be_null,
+                })
+        }
+        Expr::Or(args) => {
+            args.iter()
+                .map(|a| outcomes(a, key, facts))
+                .fold(Outcomes::exactly(false), |acc, o| Outcomes {
+                    can_be_true: acc.can_be_true || o.can_be_true,
+                    can_be_false: acc.can_be_false && o.can_be_false,
+                    can_be_null: acc.can_be_null || o.can_be_null,
+                })
+        }
+        Expr::Not(arg) => {
+            let o = outcomes(arg, key, facts);
+            Outcomes {
+                can_be_true: o.can_be_false,
+                can_be_false: o.can_be_true,
+                can_be_null: o.can_be_null,
+            }
+        }
+        Expr::NullTest { arg, is_null } if null_when_null(arg, key, facts) => {
+            Outcomes::exactly(*is_null)
+        }
+        Expr::NullTest { .. } => Outcomes::test(true, true),
+        Expr::BoolTest { arg, test } => {
+            let o = outcomes(arg, key, facts);
+            let (is_true, is_false, is_unknown) = (o.can_be_true, o.can_be_false, o.can_be_null);
+            match test {
+                BoolTestKind::True => Outcomes::test(is_true, is_false || is_unknown),
+                BoolTestKind::NotTrue => Outcomes::test(is_false || is_unknown, is_true),
+                BoolTestKind::False => Outcomes::test(is_false, is_true || is_unknown),
+                BoolTestKind::NotFalse => Outcomes::test(is_true || is_unknown, is_false),
+                BoolTestKind::Unknown => Outcomes::test(is_unknown, is_true || is_false),
+                BoolTestKind::NotUnknown => Outcomes::test(is_true || is_false, is_unknown),
+            }
+        }
+        // PostgreSQL returns the default (FALSE for ANY, TRUE for ALL) for
+        // an empty array before it looks at the scalar; for any other array a
+        // NULL scalar under a strict operator gives NULL.
+        Expr::ArrayComparison {
+            function,
+            any,
+            scalar,
+            array,
+        } if facts.strict(*function) && null_when_null(scalar, key, facts) => match &**array {
+            Expr::Array(elements) if !elements.is_empty() => Outcomes::NULL,
+            _ => Outcomes {
+                can_be_true: !any,
+                can_be_false: *any,
+                can_be_null: true,
+            },
+        },
+        _ => Outcomes::ANY,
+    }
+}
+
+/// `true` when `expr` is certainly NULL in a row where `key` is NULL.
+fn null_when_null(expr: &Expr, key: &Expr, facts: &Facts<'_>) -> bool {
+    if same(expr, key) {
+        return true;
+    }
+    match expr {
+        Expr::Call { function, args, .. } => {
+            facts.strict(*function) && args.iter().any(|a| null_when_null(a, key, facts))
+        }
+        Expr::Cast(arg) => null_when_null(arg, key, facts),
+        Expr::Coalesce(args) => args.iter().all(|a| null_when_null(a, key, facts)),
+        _ => false,
+    }
+}
+
+/// Structural equality of two expressions; an opaque one equals nothing, so
+/// a key we cannot read is never matched by a predicate (conservative).
+fn same(a: &Expr, b: &Expr) -> bool {
+    let all_same =
+        |x: &[Expr], y: &[Expr]| x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y));
+    match (a, b) {
+        (Expr::Column(x), Expr::Column(y)) => x == y,
+        (
+            Expr::Const {
+                is_null: x,
+                value: xv,
+            },
+            Expr::Const {
+                is_null: y,
+                value: yv,
+            },
+        ) => x == y && xv == yv,
+        (
+            Expr::Call {
+                function: fx,
+                collation: cx,
+                args: ax,
+            },
+            Expr::Call {
+                function: fy,
+                collation: cy,
+                args: ay,
+            },
+        ) => fx == fy && cx == cy && *fx != 0 && all_same(ax, ay),
+        (Expr::Cast(x), Expr::Cast(y)) => same(x, y),
+        (Expr::Coalesce(x), Expr::Coalesce(y)) => all_same(x, y),
+        _ => false,
+    }
+}
+
+fn describe(expr: &Expr) -> String {
+    match expr {
+        Expr::Opaque(tag) => match tag.as_str() {
+            "CASEEXPR" => "a CASE expression".to_owned(),
+            "NULLIFEXPR" => "NULLIF".to_owned(),
+            "SUBSCRIPTINGREF" => "a subscript".to_owned(),
+            "FIELDSELECT" => "a field of a composite value".to_owned(),
+            tag => format!("a {} expression", tag.to_lowercase()),
+        },
+        Expr::ArrayComparison { .. } => "an ANY/ALL comparison".to_owned(),
+        Expr::Array(_) => "an array".to_owned(),
+        Expr::And(_) | Expr::Or(_) | Expr::Not(_) => "a boolean combination".to_owned(),
+        Expr::BoolTest { .. } | Expr::NullTest { .. } => "a test".to_owned(),
+        _ => "the expression".to_owned(),
+    }
+}
+
+fn dedup(reasons: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for reason in reasons {
+        if !out.contains(&reason) {
+            out.push(reason);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GT: u32 = 147; // int4gt, strict
+    const LOWER: u32 = 870; // lower(text), strict, never NULL
+    const JSON_FIELD: u32 = 3214; // jsonb ->> text, strict, may be NULL
+    const NOT_STRICT: u32 = 9999;
+
+    fn col(n: i16) -> Expr {
+        Expr::Column(n)
+    }
+    fn konst(v: &str) -> Expr {
+        Expr::Const {
+            is_null: false,
+            value: v.to_owned(),
+        }
+    }
+    fn call(function: u32, args: Vec<Expr>) -> Expr {
+        Expr::Call {
+            function,
+            collation: 0,
+            args,
+        }
+    }
+    fn is_not_null(e: Expr) -> Expr {
+        Expr::NullTest {
+            arg: Box::new(e),
+            is_null: false,
+        }
+    }
+    fn is_null(e: Expr) -> Expr {
+        Expr::NullTest {
+            arg: Box::new(e),
+            is_null: true,
+        }
+    }
+
+    struct World {
+        columns: HashMap<i16, (String, bool)>,
+        functions: HashMap<u32, Function>,
+    }
+
+    impl World {
+        fn new() -> World {
+            let f = |signature: &str, strict, never_null| Function {
+                signature: signature.to_owned(),
+                strict,
+                never_null,
+            };
+            World {
+                // 1: id NOT NULL, 2: email NULL, 3: flag NULL, 4: data NOT NULL
+                columns: HashMap::from([
+                    (1, ("id".to_owned(), true)),
+                    (2, ("email".to_owned(), false)),
+                    (3, ("flag".to_owned(), false)),
+                    (4, ("data".to_owned(), true)),
+                ]),
+                functions: HashMap::from([
+                    (GT, f("int4gt(integer, integer)", true, false)),
+                    (LOWER, f("lower(text)", true, true)),
+                    (
+                        JSON_FIELD,
+                        f("jsonb_object_field_text(jsonb, text)", true, false),
+                    ),
+                    (NOT_STRICT, f("mine(text)", false, false)),
+                ]),
+            }
+        }
+
+        fn why(&self, key: &Expr, predicate: Option<&Expr>) -> Vec<String> {
+            self.why_checked(key, predicate, &[])
+        }
+
+        fn why_checked(
+            &self,
+            key: &Expr,
+            predicate: Option<&Expr>,
+            checks: &[Expr],
+        ) -> Vec<String> {
+            why_nullable(
+                key,
+                &Facts {
+                    columns: &self.columns,
+                    functions: &self.functions,
+                    predicate,
+                    checks,
+                },
+            )
+        }
+
+        fn excludes(&self, predicate: &Expr, key: &Expr) -> bool {
+            self.why(key, Some(predicate)).is_empty()
+        }
+    }
+
+    #[test]
+    fn columns_are_safe_when_not_null_or_excluded_by_the_predicate() {
+        let w = World::new();
+        assert!(w.why(&col(1), None).is_empty());
+        assert_eq!(w.why(&col(2), None), vec!["email allows NULL"]);
+        assert!(w.excludes(&is_not_null(col(2)), &col(2)));
+        assert!(!w.excludes(&is_null(col(2)), &col(2)));
+        assert!(!w.excludes(&is_not_null(col(3)), &col(2)));
+    }
+
+    #[test]
+    fn conjunctions_need_one_excluding_branch_and_disjunctions_need_all() {
+        let w = World::new();
+        let strict = call(GT, vec![col(2), konst("0")]);
+        let unrelated = is_null(col(3));
+        assert!(w.excludes(&Expr::And(vec![unrelated.clone(), strict.clone()]), &col(2)));
+        assert!(!w.excludes(&Expr::Or(vec![unrelated.clone(), strict.clone()]), &col(2)));
+        assert!(w.excludes(
+            &Expr::Or(vec![strict.clone(), is_not_null(col(2))]),
+            &col(2)
+        ));
+        assert!(!w.excludes(&Expr::And(vec![unrelated]), &col(2)));
+    }
+
+    #[test]
+    fn strict_operators_exclude_null_and_non_strict_ones_do_not() {
+        let w = World::new();
+        assert!(w.excludes(&call(GT, vec![col(2), konst("0")]), &col(2)));
+        assert!(w.excludes(
+            &call(GT, vec![call(LOWER, vec![col(2)]), konst("0")]),
+            &col(2)
+        ));
+        assert!(!w.excludes(&call(NOT_STRICT, vec![col(2)]), &col(2)));
+        assert!(
+            !w.excludes(&call(9, vec![col(2)]), &col(2)),
+            "unknown function"
+        );
+    }
+
+    #[test]
+    fn negations_and_boolean_tests_are_followed() {
+        let w = World::new();
+        assert!(w.excludes(&Expr::Not(Box::new(is_null(col(2)))), &col(2)));
+        assert!(!w.excludes(&Expr::Not(Box::new(is_not_null(col(2)))), &col(2)));
+        let test = |test, arg| Expr::BoolTest {
+            arg: Box::new(arg),
+            test,
+        };
+        assert!(w.excludes(&test(BoolTestKind::True, col(3)), &col(3)));
+        assert!(w.excludes(&test(BoolTestKind::False, col(3)), &col(3)));
+        assert!(!w.excludes(&test(BoolTestKind::NotTrue, col(3)), &col(3)));
+        assert!(!w.excludes(&test(BoolTestKind::Unknown, col(3)), &col(3)));
+        assert!(w.excludes(&test(BoolTestKind::NotUnknown, col(3)), &col(3)));
+    }
+
+    #[test]
+    fn in_lists_exclude_null_and_all_over_an_unknown_array_does_not() {
+        let w = World::new();
+        let compare = |any, array| Expr::ArrayComparison {
+            function: GT,
+            any,
+            scalar: Box::new(col(2)),
+            array: Box::new(array),
+        };
+        let list = Expr::Array(vec![konst("1"), konst("2")]);
+        let unknown = Expr::Opaque("CONST".to_owned());
+        assert!(w.excludes(&compare(true, list.clone()), &col(2)));
+        assert!(w.excludes(&compare(false, list), &col(2)));
+        assert!(w.excludes(&compare(true, unknown.clone()), &col(2)));
+        // x <> ALL ('{}') is TRUE even for a NULL x.
+        assert!(!w.excludes(&compare(false, unknown), &col(2)));
+        assert!(!w.excludes(&compare(false, Expr::Array(vec![])), &col(2)));
+    }
+
+    #[test]
+    fn expressions_are_safe_only_through_never_null_functions() {
+        let w = World::new();
+        assert!(w.why(&call(LOWER, vec![col(1)]), None).is_empty());
+        assert_eq!(
+            w.why(&call(LOWER, vec![col(2)]), None),
+            vec!["email allows NULL"]
+        );
+        assert_eq!(
+            w.why(&call(JSON_FIELD, vec![col(4), konst("'email'")]), None),
+            vec!["jsonb_object_field_text(jsonb, text) may return NULL (not known never to)"]
+        );
+        assert!(
+            w.why(&Expr::Coalesce(vec![col(2), konst("''")]), None)
+                .is_empty(),
+            "coalesce with a constant"
+        );
+        assert!(
+            !w.why(&Expr::Coalesce(vec![col(2), col(3)]), None)
+                .is_empty()
+        );
+        assert!(w.why(&Expr::Cast(Box::new(col(1))), None).is_empty());
+        assert!(!w.why(&Expr::Opaque("CASEEXPR".into()), None).is_empty());
+    }
+
+    #[test]
+    fn only_checks_that_are_false_for_a_null_key_make_it_safe() {
+        let w = World::new();
+        let checked = |check: Expr| w.why_checked(&col(2), None, &[check]).is_empty();
+        assert!(checked(is_not_null(col(2))));
+        assert!(checked(Expr::And(vec![
+            is_not_null(col(2)),
+            is_null(col(3))
+        ])));
+        // A check that is NULL passes: NULL keys still get in.
+        assert!(!checked(call(GT, vec![col(2), konst("0")])));
+        assert!(!checked(Expr::Or(vec![
+            is_not_null(col(2)),
+            is_null(col(3))
+        ])));
+        assert!(!checked(is_null(col(2))));
+    }
+
+    #[test]
+    fn predicates_make_expressions_safe_by_column_or_by_the_whole_expression() {
+        let w = World::new();
+        let lower_email = call(LOWER, vec![col(2)]);
+        assert!(w.excludes(&is_not_null(col(2)), &lower_email));
+        assert!(w.excludes(&is_not_null(lower_email.clone()), &lower_email));
+        let json = call(JSON_FIELD, vec![col(4), konst("'email'")]);
+        assert!(w.excludes(&is_not_null(json.clone()), &json));
+        assert!(!w.excludes(&is_not_null(col(4)), &json));
+        let case = Expr::Opaque("CASEEXPR".into());
+        assert!(
+            !w.excludes(&is_not_null(case.clone()), &case),
+            "opaque never matches"
+        );
+    }
+}

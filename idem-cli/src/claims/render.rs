@@ -1,0 +1,318 @@
+//! How claims look: the decoded identity, text tables and blocks, JSON.
+//!
+//! JSON objects for a claim have the same fields everywhere (`list`, `show`,
+//! `release`): `account`, `namespace`, `address`, `state`, `created_at`,
+//! `age_seconds`, `settled_at` (RFC 3339, UTC), `action`, `identity` (its
+//! `Debug`, long parts abbreviated), `identity_hex`,
+//! `address_matches_identity`, and `other_columns` (every further column of
+//! the row, as PostgreSQL renders it in JSON).
+
+use idem_runtime::Identity;
+use serde::Serialize;
+
+use super::{ClaimRow, Pruned, describe_scope};
+use crate::error::CliError;
+use crate::output::{self, Format};
+use crate::timestamps;
+
+/// `charge ["ord_1", 4999]`: the claim's action and key parts, for one line.
+pub fn summary(claim: &ClaimRow) -> String {
+    Decoded::of(claim).summary()
+}
+
+/// A claim's identity, read back with [`Identity::from_canonical`].
+#[derive(Debug, Clone)]
+struct Decoded {
+    /// The action, when the identity is canonical.
+    action: Option<String>,
+    /// The identity's `Debug` (long parts abbreviated), or why it is not one.
+    identity: String,
+    /// The address is the digest of the stored identity, as idem writes it.
+    address_matches: bool,
+}
+
+impl Decoded {
+    fn of(claim: &ClaimRow) -> Decoded {
+        match Identity::from_canonical(&claim.identity) {
+            Ok(identity) => Decoded {
+                action: Some(identity.action().to_owned()),
+                identity: format!("{identity:?}"),
+                address_matches: identity.address() == claim.address,
+            },
+            Err(error) => Decoded {
+                action: None,
+                identity: format!("<{error}; {} bytes>", claim.identity.len()),
+                address_matches: false,
+            },
+        }
+    }
+
+    /// `charge ["ord_1", 4999]`: the action and the `parts` list of the
+    /// identity's `Debug`, or the whole `Debug` if it does not have that
+    /// shape.
+    fn summary(&self) -> String {
+        let Some(action) = &self.action else {
+            return self.identity.clone();
+        };
+        let parts = self
+            .identity
+            .split_once("parts: ")
+            .and_then(|(_, rest)| rest.rsplit_once(", absent: "))
+            .map(|(parts, _)| parts);
+        match parts {
+            Some(parts) => format!("{action} {parts}"),
+            None => self.identity.clone(),
+        }
+    }
+}
+
+/// A claim for JSON output; the same fields everywhere.
+#[derive(Debug, Serialize)]
+struct ClaimJson<'a> {
+    account: &'a str,
+    namespace: Option<&'a str>,
+    address: &'a str,
+    state: &'a str,
+    created_at: String,
+    age_seconds: i64,
+    settled_at: Option<String>,
+    action: Option<&'a str>,
+    identity: &'a str,
+    identity_hex: String,
+    address_matches_identity: bool,
+    other_columns: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+fn to_json<'a>(claim: &'a ClaimRow, decoded: &'a Decoded) -> ClaimJson<'a> {
+    ClaimJson {
+        account: &claim.account,
+        namespace: claim.namespace.as_deref(),
+        address: &claim.address,
+        state: &claim.state,
+        created_at: timestamps::instant(claim.created_micros),
+        age_seconds: claim.age_seconds,
+        settled_at: claim.settled_micros.map(timestamps::instant),
+        action: decoded.action.as_deref(),
+        identity: &decoded.identity,
+        identity_hex: hex(&claim.identity),
+        address_matches_identity: decoded.address_matches,
+        other_columns: &claim.other_columns,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The identity column of `claims list` keeps to this many characters.
+const IDENTITY_WIDTH: usize = 60;
+
+/// `claims list` output.
+pub fn render_list(claims: &[ClaimRow], format: Format) -> Result<String, CliError> {
+    let decoded: Vec<Decoded> = claims.iter().map(Decoded::of).collect();
+    match format {
+        Format::Json => {
+            let items: Vec<ClaimJson<'_>> = claims
+                .iter()
+                .zip(&decoded)
+                .map(|(c, d)| to_json(c, d))
+                .collect();
+            output::json(&items)
+        }
+        Format::Text if claims.is_empty() => Ok("no claims match\n".to_owned()),
+        Format::Text => {
+            let rows: Vec<Vec<String>> = claims
+                .iter()
+                .zip(&decoded)
+                .map(|(c, d)| {
+                    vec![
+                        c.account.clone(),
+                        c.namespace.clone().unwrap_or_else(|| "-".to_owned()),
+                        c.address.clone(),
+                        c.state.clone(),
+                        timestamps::age(c.age_seconds),
+                        c.settled_micros
+                            .map_or_else(|| "-".to_owned(), timestamps::instant_to_second),
+                        output::truncate(&d.summary(), IDENTITY_WIDTH),
+                    ]
+                })
+                .collect();
+            Ok(output::table(
+                &[
+                    "ACCOUNT",
+                    "NAMESPACE",
+                    "ADDRESS",
+                    "STATE",
+                    "AGE",
+                    "SETTLED",
+                    "IDENTITY",
+                ],
+                &rows,
+            ))
+        }
+    }
+}
+
+/// `claims show` output: every field of the row.
+pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError> {
+    let decoded = Decoded::of(claim);
+    if format == Format::Json {
+        return output::json(&to_json(claim, &decoded));
+    }
+    let mut fields: Vec<(String, String)> = vec![
+        ("address".into(), claim.address.clone()),
+        ("account".into(), claim.account.clone()),
+        (
+            "namespace".into(),
+            claim.namespace.clone().unwrap_or_else(|| "(none)".into()),
+        ),
+        ("kind".into(), claim.kind.clone()),
+        ("state".into(), claim.state.clone()),
+        (
+            "created_at".into(),
+            format!(
+                "{} ({} ago)",
+                timestamps::instant(claim.created_micros),
+                timestamps::age(claim.age_seconds)
+            ),
+        ),
+        (
+            "settled_at".into(),
+            claim
+                .settled_micros
+                .map_or_else(|| "-".to_owned(), timestamps::instant),
+        ),
+        (
+            "action".into(),
+            decoded.action.clone().unwrap_or_else(|| "-".into()),
+        ),
+        ("identity".into(), decoded.identity.clone()),
+        ("identity_hex".into(), hex(&claim.identity)),
+        (
+            "address_check".into(),
+            if decoded.address_matches {
+                "the address is the digest of the identity".into()
+            } else {
+                "MISMATCH: the address is not the digest of the stored identity \
+                 (the row was not written by this idem)"
+                    .into()
+            },
+        ),
+    ];
+    for (name, value) in &claim.other_columns {
+        let shown = match value {
+            serde_json::Value::Null => "-".to_owned(),
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        fields.push((name.clone(), shown));
+    }
+    let width = fields.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 1;
+    Ok(fields
+        .iter()
+        .map(|(name, value)| format!("{:<width$} {value}\n", format!("{name}:")))
+        .collect())
+}
+
+/// `claims release` output.
+pub fn render_released(claim: &ClaimRow, format: Format) -> Result<String, CliError> {
+    let decoded = Decoded::of(claim);
+    match format {
+        Format::Json => output::json(&to_json(claim, &decoded)),
+        Format::Text => Ok(format!(
+            "released pending claim {} ({}): {}, created {} ago\n",
+            claim.address,
+            describe_scope(&claim.account, claim.namespace.as_deref()),
+            decoded.summary(),
+            timestamps::age(claim.age_seconds),
+        )),
+    }
+}
+
+/// `prune` output.
+pub fn render_pruned(pruned: &Pruned, format: Format) -> Result<String, CliError> {
+    match format {
+        Format::Json => output::json(pruned),
+        Format::Text => Ok(format!(
+            "deleted {} settled claim{} (settled before {}, {})\n",
+            pruned.deleted,
+            if pruned.deleted == 1 { "" } else { "s" },
+            pruned.settled_before,
+            pruned.account.as_deref().map_or_else(
+                || "in every account".to_owned(),
+                |a| format!("in account {a}")
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(identity: &Identity) -> ClaimRow {
+        ClaimRow {
+            account: "acme".into(),
+            namespace: None,
+            kind: "claim".into(),
+            address: identity.address(),
+            state: "pending".into(),
+            identity: identity.canonical().to_vec(),
+            created_micros: 1_714_564_800_000_000,
+            settled_micros: None,
+            age_seconds: 192,
+            other_columns: serde_json::Map::new(),
+        }
+    }
+
+    #[test]
+    fn identities_are_summarised_as_action_and_parts() {
+        let id = Identity::new("charge").part("ord_1").part(4_999);
+        let decoded = Decoded::of(&claim(&id));
+        assert_eq!(decoded.summary(), r#"charge ["ord_1", 4999]"#);
+        assert!(decoded.address_matches);
+    }
+
+    #[test]
+    fn garbage_identities_say_so_and_fail_the_address_check() {
+        let mut row = claim(&Identity::new("x"));
+        row.identity = b"nope".to_vec();
+        let decoded = Decoded::of(&row);
+        assert!(
+            decoded
+                .identity
+                .starts_with("<not a canonical idem identity")
+        );
+        assert!(!decoded.address_matches);
+        assert_eq!(decoded.summary(), decoded.identity);
+    }
+
+    #[test]
+    fn the_list_is_a_table_with_one_row_per_claim() {
+        let id = Identity::new("charge").part("ord_1");
+        let shown = render_list(&[claim(&id)], Format::Text).unwrap_or_default();
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("ACCOUNT  NAMESPACE  ADDRESS"));
+        assert!(lines[1].starts_with("acme     -          claim_"));
+        assert!(
+            lines[1].ends_with(r#"pending  3m12s  -        charge ["ord_1"]"#),
+            "{}",
+            lines[1]
+        );
+    }
+
+    #[test]
+    fn show_aligns_every_field_including_columns_from_later_schemas() {
+        let mut row = claim(&Identity::new("charge").part(1));
+        row.other_columns
+            .insert("fence".into(), serde_json::Value::from(7));
+        row.other_columns
+            .insert("lease_expires_at".into(), serde_json::Value::Null);
+        let shown = render_claim(&row, Format::Text).unwrap_or_default();
+        assert!(shown.contains("\nstate:            pending\n"), "{shown}");
+        assert!(shown.contains("\nfence:            7\n"), "{shown}");
+        assert!(shown.contains("\nlease_expires_at: -\n"), "{shown}");
+        assert!(shown.contains("created_at:       2024-05-01T12:00:00Z (3m12s ago)"));
+    }
+}

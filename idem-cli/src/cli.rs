@@ -1,0 +1,230 @@
+//! The command line, as clap types. No behaviour lives here.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use jiff::Timestamp;
+
+use crate::output::Format;
+use crate::timestamps::{parse_duration, parse_instant};
+
+/// Audit PostgreSQL for unique constraints that enforce nothing on NULL, and
+/// operate idem's claims.
+///
+/// Exit status: 0 done (or nothing found); 1 findings, schema problems, no
+/// such claim, or a refused release; 2 usage, connection or database errors,
+/// and destructive commands run without --yes.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, max_term_width = 100)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Find unique indexes and constraints that let duplicates through NULL.
+    ///
+    /// Reports every unique index or unique constraint with a key column or
+    /// expression that can be NULL in a row it covers, with one sentence on
+    /// the duplicates it accepts and two fixes: NULLS NOT DISTINCT
+    /// (PostgreSQL 15+) and a split into partial unique indexes (any
+    /// version). Exits 1 when anything is found, so it can gate CI.
+    Audit(AuditArgs),
+    /// Set up idem's schema (idempotent), then verify it.
+    Migrate(MigrateArgs),
+    /// Inspect and release idem's claims.
+    #[command(subcommand)]
+    Claims(ClaimsCommand),
+    /// Delete settled claims: a retry of their actions will then run again.
+    Prune(PruneArgs),
+}
+
+/// `--database-url`, on every subcommand.
+#[derive(Debug, Args)]
+pub struct DatabaseArgs {
+    /// The PostgreSQL to use, e.g. postgres://app@localhost:5432/app.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
+/// `--schema` for the commands that work on idem's own table.
+#[derive(Debug, Args)]
+pub struct IdemSchemaArgs {
+    /// The schema that holds idem_records (default: the connection's search_path).
+    #[arg(long, value_name = "SCHEMA")]
+    pub schema: Option<String>,
+}
+
+/// `--format`.
+#[derive(Debug, Args)]
+pub struct FormatArgs {
+    /// text for people, json for scripts.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+/// `idem audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// A schema to audit; repeat for several (default: every schema but
+    /// pg_catalog, information_schema, pg_toast* and pg_temp*).
+    #[arg(long = "schema", value_name = "SCHEMA")]
+    pub schemas: Vec<String>,
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+/// `idem migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub schema: IdemSchemaArgs,
+    /// Only verify: change nothing (for a role without DDL rights, or CI).
+    #[arg(long)]
+    pub check: bool,
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+/// `idem claims ...`.
+#[derive(Debug, Subcommand)]
+pub enum ClaimsCommand {
+    /// List claims, newest first.
+    List(ListArgs),
+    /// Show every field of one claim.
+    Show(ShowArgs),
+    /// Delete a pending claim, so the next retry of its action runs.
+    ///
+    /// Only for a claim whose invocation is gone (crashed, killed, cancelled):
+    /// if it is still running, it loses its claim and a retry may run the
+    /// action a second time. Settled claims are never released.
+    Release(ReleaseArgs),
+}
+
+/// Which account and namespace a claim lives in.
+#[derive(Debug, Args)]
+pub struct ScopeArgs {
+    /// Only this account.
+    #[arg(long, value_name = "ACCOUNT")]
+    pub account: Option<String>,
+    /// Only this namespace.
+    #[arg(long, value_name = "NAMESPACE", conflicts_with = "no_namespace")]
+    pub namespace: Option<String>,
+    /// Only claims without a namespace.
+    #[arg(long)]
+    pub no_namespace: bool,
+}
+
+/// `--state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StateArg {
+    /// Claimed, outcome not recorded yet (running, or crashed).
+    Pending,
+    /// Settled: the action succeeded.
+    Success,
+}
+
+impl StateArg {
+    /// As stored in `idem_records.state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateArg::Pending => "pending",
+            StateArg::Success => "success",
+        }
+    }
+}
+
+/// `idem claims list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub schema: IdemSchemaArgs,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    /// Only claims in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<StateArg>,
+    /// Only claims created longer ago than this, e.g. 10m, 2h, 3days.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub older_than: Option<Duration>,
+    /// At most this many claims.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+/// `idem claims show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The claim's address (claim_ followed by 24 hex digits).
+    pub address: String,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub schema: IdemSchemaArgs,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+/// `idem claims release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The claim's address (claim_ followed by 24 hex digits).
+    pub address: String,
+    /// Really release it; without this, only say what would be released.
+    #[arg(long)]
+    pub yes: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub schema: IdemSchemaArgs,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+/// `idem prune`.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Delete claims settled before this: YYYY-MM-DD (midnight UTC) or an
+    /// RFC 3339 instant such as 2024-05-01T12:00:00Z.
+    #[arg(long, value_name = "DATE", value_parser = parse_instant)]
+    pub settled_before: Timestamp,
+    /// Only this account.
+    #[arg(long, value_name = "ACCOUNT")]
+    pub account: Option<String>,
+    /// Really delete; without this, only count what would be deleted.
+    #[arg(long)]
+    pub yes: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub schema: IdemSchemaArgs,
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

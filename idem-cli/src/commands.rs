@@ -1,0 +1,139 @@
+//! Runs one parsed command: connect, do the work, render the result.
+
+use crate::audit;
+use crate::claims::{self, ListFilter, NamespaceFilter, Scope};
+use crate::cli::{ClaimsCommand, Command, ScopeArgs};
+use crate::connect::connect;
+use crate::error::CliError;
+use crate::migrate;
+use crate::output::Format;
+
+/// What a command that ran to the end prints, and whether it found
+/// something wrong (audit findings, schema problems): exit status 1.
+#[derive(Debug)]
+pub struct Done {
+    /// For stdout.
+    pub output: String,
+    /// Exit with 1 rather than 0.
+    pub found: bool,
+}
+
+impl Done {
+    fn clean(output: String) -> Done {
+        Done {
+            output,
+            found: false,
+        }
+    }
+}
+
+/// Runs `command`.
+pub async fn run(command: Command) -> Result<Done, CliError> {
+    match command {
+        Command::Audit(args) => {
+            let pool = connect(args.database.database_url.as_deref(), None).await?;
+            let report = audit::audit(&pool, &args.schemas).await?;
+            pool.close().await;
+            let output = match args.format.format {
+                Format::Text => audit::render::text(&report),
+                Format::Json => audit::render::json(&report)?,
+            };
+            Ok(Done {
+                output,
+                found: !report.findings.is_empty(),
+            })
+        }
+        Command::Migrate(args) => {
+            let schema = args.schema.schema.as_deref();
+            let pool = connect(args.database.database_url.as_deref(), schema).await?;
+            let report = migrate::migrate(&pool, schema, args.check).await?;
+            pool.close().await;
+            Ok(Done {
+                output: migrate::render(&report, args.format.format)?,
+                found: !report.ok(),
+            })
+        }
+        Command::Claims(ClaimsCommand::List(args)) => {
+            let pool = connect(
+                args.database.database_url.as_deref(),
+                args.schema.schema.as_deref(),
+            )
+            .await?;
+            claims::ensure_table(&pool).await?;
+            let filter = ListFilter {
+                scope: scope(&args.scope),
+                state: args.state.map(|s| s.as_str()),
+                older_than_seconds: args.older_than.map(|d| d.as_secs_f64()),
+                limit: args.limit,
+            };
+            let found = claims::list(&pool, &filter).await?;
+            pool.close().await;
+            Ok(Done::clean(claims::render_list(
+                &found,
+                args.format.format,
+            )?))
+        }
+        Command::Claims(ClaimsCommand::Show(args)) => {
+            claims::check_address(&args.address)?;
+            let pool = connect(
+                args.database.database_url.as_deref(),
+                args.schema.schema.as_deref(),
+            )
+            .await?;
+            claims::ensure_table(&pool).await?;
+            let claim = claims::find(&pool, &args.address, &scope(&args.scope)).await?;
+            pool.close().await;
+            Ok(Done::clean(claims::render_claim(
+                &claim,
+                args.format.format,
+            )?))
+        }
+        Command::Claims(ClaimsCommand::Release(args)) => {
+            claims::check_address(&args.address)?;
+            let pool = connect(
+                args.database.database_url.as_deref(),
+                args.schema.schema.as_deref(),
+            )
+            .await?;
+            claims::ensure_table(&pool).await?;
+            let released =
+                claims::release(&pool, &args.address, &scope(&args.scope), args.yes).await?;
+            pool.close().await;
+            Ok(Done::clean(claims::render_released(
+                &released,
+                args.format.format,
+            )?))
+        }
+        Command::Prune(args) => {
+            let pool = connect(
+                args.database.database_url.as_deref(),
+                args.schema.schema.as_deref(),
+            )
+            .await?;
+            claims::ensure_table(&pool).await?;
+            let pruned = claims::prune(
+                &pool,
+                args.settled_before,
+                args.account.as_deref(),
+                args.yes,
+            )
+            .await?;
+            pool.close().await;
+            Ok(Done::clean(claims::render_pruned(
+                &pruned,
+                args.format.format,
+            )?))
+        }
+    }
+}
+
+fn scope(args: &ScopeArgs) -> Scope<'_> {
+    Scope {
+        account: args.account.as_deref(),
+        namespace: match (&args.namespace, args.no_namespace) {
+            (Some(name), _) => NamespaceFilter::Named(name),
+            (None, true) => NamespaceFilter::Without,
+            (None, false) => NamespaceFilter::Any,
+        },
+    }
+}

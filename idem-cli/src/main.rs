@@ -1,0 +1,54 @@
+//! `idem`: audit any PostgreSQL for unique constraints that enforce nothing
+//! on NULL, and operate idem's claims.
+//!
+//! Exit status: 0 done, nothing found; 1 the command ran and found something
+//! (audit findings, schema problems) or has nothing to act on (no such claim,
+//! a settled claim to release); 2 it could not do its job (usage, connection
+//! or database errors, a destructive command without `--yes`).
+
+// Library code never unwraps: bad input gets an error that says what to do.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod audit;
+mod claims;
+mod cli;
+mod commands;
+mod connect;
+mod error;
+mod migrate;
+mod output;
+mod timestamps;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    // One thread: every command runs its statements one after another.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("idem: cannot start the async runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(commands::run(cli.command)) {
+        Ok(done) => {
+            let mut stdout = std::io::stdout().lock();
+            if let Err(error) = stdout.write_all(done.output.as_bytes()) {
+                eprintln!("idem: cannot write the output: {error}");
+                return ExitCode::from(2);
+            }
+            ExitCode::from(u8::from(done.found))
+        }
+        Err(error) => {
+            eprintln!("idem: {error}");
+            ExitCode::from(error.exit_code())
+        }
+    }
+}

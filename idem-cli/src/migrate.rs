@@ -1,0 +1,169 @@
+//! `idem migrate`: set idem's schema up with the runtime's own function, then
+//! verify it the way a starting gate does.
+
+use idem_runtime::schema;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::error::CliError;
+use crate::output::{self, Format};
+
+/// What the schema looks like after `migrate`.
+#[derive(Debug, Serialize)]
+pub struct SchemaReport {
+    /// `idem_records` as PostgreSQL resolves it, if it exists.
+    pub table: Option<String>,
+    /// The highest version applied (0: none).
+    pub version: i32,
+    /// The version this build of idem expects.
+    pub expected_version: i32,
+    /// The two unique indexes the gate needs, as they must be defined.
+    pub unique_indexes: [&'static str; 2],
+    /// What is wrong; empty when a gate would start.
+    pub problems: Vec<String>,
+}
+
+impl SchemaReport {
+    /// A gate would start on this schema.
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty() && self.version >= self.expected_version
+    }
+}
+
+/// Sets the schema up (unless `check_only`) and verifies it.
+pub async fn migrate(
+    pool: &PgPool,
+    schema_name: Option<&str>,
+    check_only: bool,
+) -> Result<SchemaReport, CliError> {
+    if let Some(name) = schema_name {
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                .bind(name)
+                .fetch_one(pool)
+                .await
+                .map_err(CliError::database("look up the schema"))?;
+        if !exists {
+            return Err(CliError::Usage(format!(
+                "schema {name:?} does not exist: create it first (CREATE SCHEMA ...), \
+                 or pass the --schema that holds idem_records"
+            )));
+        }
+    }
+    if !check_only {
+        schema::set_up(pool)
+            .await
+            .map_err(CliError::database("set up idem's schema"))?;
+    }
+    let problems = schema::verify(pool)
+        .await
+        .map_err(CliError::database("verify idem's schema"))?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(CliError::database("open a connection"))?;
+    let version = schema::current_version(&mut conn)
+        .await
+        .map_err(CliError::database("read idem's schema version"))?;
+    // Qualified even when the schema is on the search_path, so the report
+    // says where the table is.
+    let table: Option<String> = sqlx::query_scalar(
+        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.oid = to_regclass('idem_records')",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(CliError::database("find idem_records"))?;
+    let mut problems: Vec<String> = problems
+        .map(|p| p.problems.iter().map(ToString::to_string).collect())
+        .unwrap_or_default();
+    if table.is_some() && version < schema::SCHEMA_VERSION {
+        problems.push(format!(
+            "the schema is at version {version}, this idem expects {}: run `idem migrate` \
+             without --check (with a role that may run DDL)",
+            schema::SCHEMA_VERSION
+        ));
+    }
+    Ok(SchemaReport {
+        table,
+        version,
+        expected_version: schema::SCHEMA_VERSION,
+        unique_indexes: [
+            schema::INDEX_WITHOUT_NAMESPACE,
+            schema::INDEX_WITHIN_NAMESPACE,
+        ],
+        problems,
+    })
+}
+
+/// The report in `format`.
+pub fn render(report: &SchemaReport, format: Format) -> Result<String, CliError> {
+    match format {
+        Format::Json => output::json(report),
+        Format::Text => Ok(text(report)),
+    }
+}
+
+fn text(report: &SchemaReport) -> String {
+    let table = report.table.as_deref().unwrap_or("idem_records");
+    if report.ok() {
+        let mut out = format!(
+            "idem schema version {} is in place: {table}\n",
+            report.version
+        );
+        for index in report.unique_indexes {
+            out.push_str(&format!("  present: {index}\n"));
+        }
+        out
+    } else {
+        let mut out = format!(
+            "idem's schema cannot enforce one claim per identity: {table} (version {})\n",
+            report.version
+        );
+        for problem in &report.problems {
+            out.push_str(&format!("  - {problem}\n"));
+        }
+        out.push_str(
+            "Fix: run `idem migrate` with a role that may run DDL, or apply \
+             idem::schema::SCHEMA_SQL with your migration tool.\n",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(problems: Vec<String>) -> SchemaReport {
+        SchemaReport {
+            table: Some("app.idem_records".to_owned()),
+            version: 3,
+            expected_version: 3,
+            unique_indexes: [
+                "UNIQUE (a) WHERE x IS NULL",
+                "UNIQUE (a, x) WHERE x IS NOT NULL",
+            ],
+            problems,
+        }
+    }
+
+    #[test]
+    fn a_sound_schema_lists_both_indexes() {
+        assert_eq!(
+            text(&report(vec![])),
+            "idem schema version 3 is in place: app.idem_records\n  \
+             present: UNIQUE (a) WHERE x IS NULL\n  \
+             present: UNIQUE (a, x) WHERE x IS NOT NULL\n"
+        );
+    }
+
+    #[test]
+    fn problems_are_listed_with_the_fix() {
+        let shown = text(&report(vec!["missing unique index: UNIQUE (a)".to_owned()]));
+        assert!(shown.starts_with("idem's schema cannot enforce one claim per identity"));
+        assert!(shown.contains("  - missing unique index: UNIQUE (a)\n"));
+        assert!(shown.contains("Fix: run `idem migrate`"));
+    }
+}

@@ -1,0 +1,502 @@
+//! `idem migrate`, `idem claims list | show | release` and `idem prune`
+//! against a real PostgreSQL, each in a schema of its own.
+
+mod common;
+
+use common::{Run, connect, create_schemas, drop_schemas, idem, ident, run_sql, unique_name};
+use idem_runtime::Identity;
+use idem_runtime::schema::{INDEX_WITHIN_NAMESPACE, INDEX_WITHOUT_NAMESPACE, SCHEMA_VERSION};
+use serde_json::Value;
+use sqlx::PgConnection;
+
+#[tokio::test]
+async fn migrate_sets_up_verifies_and_reports_what_is_missing() {
+    let mut conn = connect().await;
+    let schema = unique_name("idem_migrate");
+    create_schemas(&mut conn, &[&schema]).await;
+
+    let run = idem(&["migrate", "--schema", &schema, "--check"]).expect_code(1);
+    assert!(
+        run.stdout
+            .starts_with("idem's schema cannot enforce one claim per identity")
+    );
+    assert!(
+        run.stdout.contains("table idem_records does not exist"),
+        "{}",
+        run.stdout
+    );
+
+    let expected = format!(
+        "idem schema version {SCHEMA_VERSION} is in place: {schema}.idem_records\n  \
+         present: {INDEX_WITHOUT_NAMESPACE}\n  present: {INDEX_WITHIN_NAMESPACE}\n"
+    );
+    assert_eq!(
+        idem(&["migrate", "--schema", &schema])
+            .expect_code(0)
+            .stdout,
+        expected
+    );
+    assert_eq!(
+        idem(&["migrate", "--schema", &schema])
+            .expect_code(0)
+            .stdout,
+        expected,
+        "idempotent"
+    );
+    let report = idem(&[
+        "migrate", "--schema", &schema, "--check", "--format", "json",
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(report["version"], SCHEMA_VERSION);
+    assert_eq!(report["table"], format!("{schema}.idem_records"));
+    assert_eq!(report["problems"], serde_json::json!([]));
+
+    run_sql(
+        &mut conn,
+        &format!(
+            "DROP INDEX {}.idem_records_unique_without_namespace",
+            ident(&schema)
+        ),
+    )
+    .await;
+    // set_up sees the current version and changes nothing; verify still fails.
+    let run = idem(&["migrate", "--schema", &schema]).expect_code(1);
+    assert!(
+        run.stdout
+            .contains(&format!("missing unique index: {INDEX_WITHOUT_NAMESPACE}")),
+        "{}",
+        run.stdout
+    );
+
+    let run = idem(&["migrate", "--schema", "no such schema"]).expect_code(2);
+    assert!(
+        run.stderr
+            .contains("schema \"no such schema\" does not exist"),
+        "{}",
+        run.stderr
+    );
+
+    drop_schemas(&mut conn, &[&schema]).await;
+}
+
+/// One claim row to insert.
+struct Row<'a> {
+    account: &'a str,
+    namespace: Option<&'a str>,
+    identity: Identity,
+    state: &'a str,
+    age_seconds: f64,
+    settled_at: Option<&'a str>,
+}
+
+async fn insert(conn: &mut PgConnection, row: Row<'_>) -> String {
+    let address = row.identity.address();
+    sqlx::query(
+        "INSERT INTO idem_records \
+             (account, kind, address, namespace, state, identity, created_at, settled_at) \
+         VALUES ($1, 'claim', $2, $3, $4, $5, now() - make_interval(secs => $6), $7::timestamptz)",
+    )
+    .bind(row.account)
+    .bind(&address)
+    .bind(row.namespace)
+    .bind(row.state)
+    .bind(row.identity.canonical())
+    .bind(row.age_seconds)
+    .bind(row.settled_at)
+    .execute(&mut *conn)
+    .await
+    .unwrap_or_else(|e| panic!("cannot insert a claim: {e}"));
+    address
+}
+
+async fn count(conn: &mut PgConnection, address: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idem_records WHERE address = $1")
+        .bind(address)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn addresses(listed: &Value) -> Vec<&str> {
+    listed
+        .as_array()
+        .map(|all| all.iter().filter_map(|c| c["address"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// `idem ARGS --schema SCHEMA`.
+fn idem_in(schema: &str, args: &[&str]) -> Run {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--schema", schema]);
+    idem(&all)
+}
+
+#[tokio::test]
+async fn claims_are_listed_shown_released_and_pruned() {
+    let mut conn = connect().await;
+    let schema = unique_name("idem_claims");
+    create_schemas(&mut conn, &[&schema]).await;
+
+    let run = idem_in(&schema, &["claims", "list"]).expect_code(2);
+    assert!(
+        run.stderr.contains("run `idem migrate` to create it"),
+        "{}",
+        run.stderr
+    );
+
+    idem(&["migrate", "--schema", &schema]).expect_code(0);
+    run_sql(&mut conn, &format!("SET search_path = {}", ident(&schema))).await;
+    let charge = |order: &str, cents: i64| Identity::new("charge").part(order).part(cents);
+    let pending = insert(
+        &mut conn,
+        Row {
+            account: "acme",
+            namespace: None,
+            identity: charge("ord_1", 4_999),
+            state: "pending",
+            age_seconds: 7_200.0,
+            settled_at: None,
+        },
+    )
+    .await;
+    let settled = insert(
+        &mut conn,
+        Row {
+            account: "acme",
+            namespace: None,
+            identity: charge("ord_2", 100),
+            state: "success",
+            age_seconds: 3.0 * 86_400.0,
+            settled_at: Some("2024-01-10T00:00:00Z"),
+        },
+    )
+    .await;
+    let same_address_live = insert(
+        &mut conn,
+        Row {
+            account: "acme",
+            namespace: Some("live"),
+            identity: charge("ord_1", 4_999),
+            state: "pending",
+            age_seconds: 60.0,
+            settled_at: None,
+        },
+    )
+    .await;
+    assert_eq!(same_address_live, pending);
+    let refund = insert(
+        &mut conn,
+        Row {
+            account: "globex",
+            namespace: None,
+            identity: Identity::new("refund").part("r_9"),
+            state: "success",
+            age_seconds: 10.0 * 86_400.0,
+            settled_at: Some("2024-03-01T00:00:00Z"),
+        },
+    )
+    .await;
+    let long = insert(
+        &mut conn,
+        Row {
+            account: "acme",
+            namespace: None,
+            identity: Identity::new("charge").part("x".repeat(200)),
+            state: "pending",
+            age_seconds: 5.0,
+            settled_at: None,
+        },
+    )
+    .await;
+
+    // list: newest first, as a table.
+    let run = idem_in(&schema, &["claims", "list"]).expect_code(0);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        "ACCOUNT  NAMESPACE  ADDRESS                         STATE    AGE     SETTLED               IDENTITY"
+    );
+    let order: Vec<&str> = lines[1..]
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(order, [&long, &pending, &pending, &settled, &refund]);
+    assert!(
+        lines[1].ends_with('…'),
+        "a long identity is cut: {}",
+        lines[1]
+    );
+    assert!(lines[3].starts_with("acme     -          "), "{}", lines[3]);
+    assert!(
+        lines[3].ends_with(r#"pending  2h00m   -                     charge ["ord_1", 4999]"#),
+        "{}",
+        lines[3]
+    );
+    assert!(
+        lines[4].contains("success  3d00h   2024-01-10T00:00:00Z  charge [\"ord_2\", 100]"),
+        "{}",
+        lines[4]
+    );
+
+    // list: filters, JSON.
+    let listed = idem_in(
+        &schema,
+        &[
+            "claims",
+            "list",
+            "--state",
+            "pending",
+            "--older-than",
+            "10m",
+            "--format",
+            "json",
+        ],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(addresses(&listed), [pending.as_str()]);
+    let claim = &listed[0];
+    assert_eq!(claim["account"], "acme");
+    assert_eq!(claim["namespace"], Value::Null);
+    assert_eq!(claim["action"], "charge");
+    assert_eq!(
+        claim["identity"],
+        r#"Identity { action: "charge", parts: ["ord_1", 4999], absent: false }"#
+    );
+    assert_eq!(claim["address_matches_identity"], true);
+    assert!(
+        claim["age_seconds"]
+            .as_i64()
+            .is_some_and(|age| age >= 7_200)
+    );
+    assert_eq!(claim["settled_at"], Value::Null);
+    assert!(claim["other_columns"].get("fence").is_some(), "{claim}");
+
+    let listed = idem_in(
+        &schema,
+        &["claims", "list", "--account", "globex", "--format", "json"],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(addresses(&listed), [refund.as_str()]);
+    assert_eq!(listed[0]["settled_at"], "2024-03-01T00:00:00Z");
+    assert_eq!(listed[0]["action"], "refund");
+
+    let live = idem_in(
+        &schema,
+        &["claims", "list", "--namespace", "live", "--format", "json"],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(live.as_array().map(Vec::len), Some(1));
+    assert_eq!(live[0]["namespace"], "live");
+    let without = idem_in(
+        &schema,
+        &["claims", "list", "--no-namespace", "--format", "json"],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(without.as_array().map(Vec::len), Some(4));
+    let limited = idem_in(
+        &schema,
+        &["claims", "list", "--limit", "2", "--format", "json"],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(addresses(&limited), [long.as_str(), pending.as_str()]);
+    let none = idem_in(&schema, &["claims", "list", "--account", "nobody"]).expect_code(0);
+    assert_eq!(none.stdout, "no claims match\n");
+
+    // show: an address in two scopes needs a scope.
+    let run = idem_in(&schema, &["claims", "show", &pending]).expect_code(2);
+    assert!(
+        run.stderr
+            .contains(&format!("address {pending} is claimed in 2 scopes")),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr
+            .contains("  account acme, no namespace\n  account acme, namespace live\n")
+    );
+    assert!(
+        run.stderr
+            .contains("--account and --namespace NAME (or --no-namespace)")
+    );
+
+    let run = idem_in(
+        &schema,
+        &[
+            "claims",
+            "show",
+            &pending,
+            "--account",
+            "acme",
+            "--no-namespace",
+        ],
+    )
+    .expect_code(0);
+    for field in [
+        format!("address:          {pending}\n"),
+        "namespace:        (none)\n".to_owned(),
+        "state:            pending\n".to_owned(),
+        "identity:         Identity { action: \"charge\", parts: [\"ord_1\", 4999], absent: false }\n".to_owned(),
+        "address_check:    the address is the digest of the identity\n".to_owned(),
+        "settled_at:       -\n".to_owned(),
+    ] {
+        assert!(run.stdout.contains(&field), "no {field:?} in:\n{}", run.stdout);
+    }
+    assert!(
+        run.stdout.contains("\nfence:"),
+        "later schema columns are shown:\n{}",
+        run.stdout
+    );
+    let shown = idem_in(
+        &schema,
+        &[
+            "claims",
+            "show",
+            &pending,
+            "--namespace",
+            "live",
+            "--format",
+            "json",
+        ],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(shown["namespace"], "live");
+
+    let run = idem_in(
+        &schema,
+        &["claims", "show", "claim_000000000000000000000000"],
+    )
+    .expect_code(1);
+    assert!(
+        run.stderr
+            .contains("no claim has address claim_000000000000000000000000")
+    );
+    let run = idem_in(&schema, &["claims", "show", "Claim X"]).expect_code(2);
+    assert!(run.stderr.contains("is not a claim address"));
+
+    // release: never a settled claim, never without --yes.
+    let run = idem_in(&schema, &["claims", "release", &settled, "--yes"]).expect_code(1);
+    assert!(
+        run.stderr
+            .contains("it is settled (success since 2024-01-10T00:00:00Z)"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("idem never releases a settled claim"));
+    assert_eq!(count(&mut conn, &settled).await, 1);
+
+    let run = idem_in(
+        &schema,
+        &[
+            "claims",
+            "release",
+            &pending,
+            "--account",
+            "acme",
+            "--no-namespace",
+        ],
+    )
+    .expect_code(2);
+    assert!(
+        run.stderr.contains(&format!(
+            "would release pending claim {pending} (account acme, no namespace): charge [\"ord_1\", 4999], created 2h00m ago."
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("Re-run with --yes"));
+    assert_eq!(count(&mut conn, &pending).await, 2);
+
+    let run = idem_in(
+        &schema,
+        &[
+            "claims",
+            "release",
+            &pending,
+            "--account",
+            "acme",
+            "--no-namespace",
+            "--yes",
+        ],
+    )
+    .expect_code(0);
+    assert_eq!(
+        run.stdout,
+        format!(
+            "released pending claim {pending} (account acme, no namespace): charge [\"ord_1\", 4999], created 2h00m ago\n"
+        )
+    );
+    assert_eq!(
+        count(&mut conn, &pending).await,
+        1,
+        "the claim in namespace live stays"
+    );
+    let left = idem_in(&schema, &["claims", "show", &pending, "--format", "json"])
+        .expect_code(0)
+        .json();
+    assert_eq!(left["namespace"], "live");
+
+    // prune: only settled claims, only before the date, only with --yes.
+    let run = idem_in(&schema, &["prune", "--settled-before", "2024-02-01"]).expect_code(2);
+    assert!(
+        run.stderr.contains(
+            "would delete 1 settled claim (settled before 2024-02-01T00:00:00Z, in every account)."
+        ),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(count(&mut conn, &settled).await, 1);
+    let run = idem_in(
+        &schema,
+        &["prune", "--settled-before", "2024-02-01", "--yes"],
+    )
+    .expect_code(0);
+    assert_eq!(
+        run.stdout,
+        "deleted 1 settled claim (settled before 2024-02-01T00:00:00Z, in every account)\n"
+    );
+    assert_eq!(count(&mut conn, &settled).await, 0);
+    assert_eq!(count(&mut conn, &refund).await, 1);
+
+    let pruned = idem_in(
+        &schema,
+        &[
+            "prune",
+            "--settled-before",
+            "2024-12-31T00:00:00+02:00",
+            "--account",
+            "acme",
+            "--yes",
+            "--format",
+            "json",
+        ],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(
+        pruned,
+        serde_json::json!({"deleted": 0, "settled_before": "2024-12-30T22:00:00Z", "account": "acme"})
+    );
+    assert_eq!(count(&mut conn, &refund).await, 1, "another account");
+    assert_eq!(
+        count(&mut conn, &long).await,
+        1,
+        "pending claims are never pruned"
+    );
+
+    let run = idem_in(
+        &schema,
+        &["prune", "--settled-before", "yesterday", "--yes"],
+    )
+    .expect_code(2);
+    assert!(run.stderr.contains("write YYYY-MM-DD"), "{}", run.stderr);
+
+    run_sql(&mut conn, "RESET search_path").await;
+    drop_schemas(&mut conn, &[&schema]).await;
+}
