@@ -333,7 +333,7 @@ impl Checked {
         quote! {
             #(#attrs)*
             #vis #sig {
-                let #identity_var = ::idem::Identity::new(#action) #(#parts)*;
+                let #identity_var = ::idem::__private::Identity::new(#action) #(#parts)*;
                 let #gate_var = #gate_of;
                 #account
                 #namespace

@@ -13,7 +13,7 @@ use sqlx::PgConnection;
 use crate::claim::{Acquired, Claim, Via};
 use crate::error::Rejected;
 use crate::gate::Gate;
-use crate::identity::Identity;
+pub use crate::identity::Identity;
 pub use crate::mode::{Fingerprint, Mode, OnUnavailable};
 pub use std::time::Duration;
 
