@@ -128,6 +128,78 @@ pub use idem_runtime::{
     SchemaProblems, meter, schema, sqlx, testing,
 };
 
+/// The `Idempotency-Key` header for axum services (feature `axum`).
+///
+/// A charge that runs once per key, whose retries get the first answer back
+/// byte for byte, and whose refusals are the IETF idempotency-key draft's
+/// 409, 422 and 503:
+///
+/// ```
+/// use axum::extract::State;
+/// use axum::http::StatusCode;
+/// use axum::response::{IntoResponse, Response};
+/// use axum::{Json, Router, routing::post};
+/// use idem::axum::{IdempotencyKey, StoredResponse};
+/// use idem::{Gate, Rejected, idempotent};
+///
+/// #[derive(serde::Deserialize)]
+/// struct NewCharge {
+///     amount_cents: i64,
+///     currency: String,
+/// }
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum ChargeError {
+///     #[error(transparent)]
+///     Rejected(#[from] Rejected),
+///     #[error(transparent)]
+///     Encoding(#[from] serde_json::Error),
+/// }
+///
+/// impl IntoResponse for ChargeError {
+///     fn into_response(self) -> Response {
+///         match self {
+///             ChargeError::Rejected(refused) => refused.into_response(), // 409, 422, 503, ...
+///             ChargeError::Encoding(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+///         }
+///     }
+/// }
+///
+/// /// Runs once per Idempotency-Key; a retry gets the first answer back.
+/// #[idempotent(key = "key", fingerprint = "charge.amount_cents, charge.currency", replay)]
+/// async fn create_charge(
+///     State(gate): State<Gate>,
+///     key: IdempotencyKey,
+///     Json(charge): Json<NewCharge>,
+/// ) -> Result<StoredResponse, ChargeError> {
+///     let receipt = serde_json::json!({ "charged": charge.amount_cents, "in": charge.currency });
+///     Ok(StoredResponse::json(StatusCode::CREATED, &receipt)?)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let url = idem::testing::database_url();
+/// # let pool = idem::sqlx::PgPool::connect(&url).await?;
+/// let gate = Gate::connect(pool).await?.account(idem::testing::unique_name("docs"));
+/// let app: Router = Router::new()
+///     .route("/charges", post(create_charge))
+///     .with_state(gate.clone());
+///
+/// // What the router does for two identical requests, by hand:
+/// let key: IdempotencyKey = "9f1c2e0a-7b4d-4c1e-8f3a-2d6b5e4c3a21".parse()?;
+/// let request = || Json(NewCharge { amount_cents: 4_999, currency: "EUR".into() });
+/// let first = create_charge(State(gate.clone()), key.clone(), request()).await.into_response();
+/// let retry = create_charge(State(gate.clone()), key.clone(), request()).await.into_response();
+/// assert_eq!(first.status(), StatusCode::CREATED);
+/// assert_eq!(retry.status(), StatusCode::CREATED);
+/// assert!(first.headers().get("idempotent-replayed").is_none());
+/// assert_eq!(retry.headers()["idempotent-replayed"], "true");
+/// # drop(app);
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "axum")]
+pub use idem_runtime::http as axum;
+
 /// What `#[idempotent]` and `race_test!` expand to call. Not a stable API.
 #[doc(hidden)]
 pub mod __private {

@@ -13,6 +13,8 @@ mod claim;
 mod error;
 pub mod expansion;
 mod gate;
+#[cfg(feature = "axum")]
+pub mod http;
 mod identity;
 pub mod meter;
 mod mode;

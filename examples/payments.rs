@@ -1,0 +1,102 @@
+//! An axum payments service that charges once per `Idempotency-Key`.
+//!
+//! ```text
+//! cargo run --example payments --features axum            # port 3000
+//! PORT=8080 cargo run --example payments --features axum  # or: -- 8080
+//! ```
+//!
+//! `POST /charges` takes `{"amount_cents": 4999, "currency": "EUR"}`, an
+//! `Idempotency-Key` header and `Authorization: Bearer <account>` (a
+//! stand-in for real authentication: the token is the account). The handler
+//! is guarded by `#[idempotent]` and writes each charge into a `charges`
+//! table; see `support/payments_app.rs`. The card network it calls takes a
+//! second and declines charges above 1,000.00.
+//!
+//! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
+//! one (see `support/postgres.rs`). Ctrl-C stops it.
+
+#[path = "support/payments_app.rs"]
+mod payments_app;
+#[path = "support/postgres.rs"]
+mod postgres;
+
+use std::error::Error;
+use std::net::Ipv4Addr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::Gate;
+use idem::sqlx::postgres::PgPoolOptions;
+use tokio::net::TcpListener;
+
+use payments_app::Payments;
+
+/// Where the service listens unless `PORT` or an argument says otherwise.
+const DEFAULT_PORT: u16 = 3000;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "idem=info".into()),
+        )
+        .init();
+    // Errors are returned, not `exit`ed on, so a throwaway server is removed.
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn Error>> {
+    let port = port()?;
+    // Held to the end: dropping it stops a throwaway server, if one was started.
+    let database = postgres::find().await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&database.url)
+        .await?;
+    let gate = Gate::connect(pool).await?;
+    payments_app::create_charges_table(gate.pool()).await?;
+    let pool = gate.pool().clone();
+    let app = payments_app::router(Arc::new(Payments::new(gate, Duration::from_secs(1))));
+
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
+    let address = listener.local_addr()?;
+    println!("payments: listening on http://{address}; Ctrl-C stops it. Try:");
+    println!(
+        "  curl -i http://{address}/charges -H 'Authorization: Bearer acct_1' \\\n    \
+         -H 'Idempotency-Key: 3c5e1b2a' -H 'Content-Type: application/json' \\\n    \
+         -d '{{\"amount_cents\": 4999, \"currency\": \"EUR\"}}'"
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            // An error here means no signal can be received: run until killed.
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+        .await?;
+    println!("payments: stopped");
+    pool.close().await;
+    Ok(())
+}
+
+/// The port: the first argument, else `PORT`, else [`DEFAULT_PORT`].
+fn port() -> Result<u16, String> {
+    let given = std::env::args()
+        .nth(1)
+        .map(|port| ("the argument", port))
+        .or_else(|| std::env::var("PORT").ok().map(|port| ("PORT", port)));
+    match given {
+        None => Ok(DEFAULT_PORT),
+        Some((source, port)) => port
+            .parse()
+            .map_err(|_| format!("{source} must be a port number (0 to 65535), not {port:?}")),
+    }
+}

@@ -1,0 +1,81 @@
+//! Most clients meet idempotency as Stripe's `Idempotency-Key` header on a
+//! `POST`: the client sends a value unique to the request, the same value on
+//! every retry of it, and the server runs the request once. This module
+//! (feature `axum`; `idem::axum` in the facade) gives an axum handler guarded
+//! by `#[idempotent]` what it needs to speak that protocol, following the
+//! IETF draft *The Idempotency-Key HTTP Header Field*:
+//!
+//! | piece | what it does |
+//! |---|---|
+//! | [`IdempotencyKey`] | extractor for the header: 1 to 255 visible ASCII characters, or a 400 with a problem+json body saying what is wrong; `Option<IdempotencyKey>` when the header is optional. A [`KeyPart`](crate::KeyPart), so it can be the guarded function's key |
+//! | [`Rejected`](crate::Rejected) as a response | each refusal as the draft's status, with a problem+json body that says what to do next (table below) |
+//! | [`StoredResponse`] | a response that `replay` keeps byte for byte and gives back to duplicates, marked `Idempotent-Replayed: true` |
+//! | [`Problem`] | an RFC 9457 problem+json response, for the refusals and for your own errors |
+//!
+//! A handler is an ordinary guarded function: `#[idempotent(key = "key",
+//! fingerprint = "...", replay)]` on an axum handler that takes `key:
+//! IdempotencyKey` and returns `Result<StoredResponse, E>` where `E` turns a
+//! [`Rejected`](crate::Rejected) into its response. `examples/payments.rs`
+//! is a whole service.
+//!
+//! | the gate says | status | `Retry-After` | problem `type` (after [`PROBLEM_TYPE_BASE`]) | the client should |
+//! |---|---|---|---|---|
+//! | the body ran | the handler's | | | |
+//! | a settled duplicate, response kept (`replay`) | the first answer's, byte for byte, plus `Idempotent-Replayed: true` | | | use it |
+//! | `InFlight` | 409 Conflict | 1 s | `in-flight` | retry the same request later |
+//! | `KeyReused` | 422 Unprocessable Content | | `key-reused` | send the new request under a new key |
+//! | `Unavailable` | 503 Service Unavailable | 5 s | `store-unavailable` | retry the same request later |
+//! | `AlreadyDone` | 409 Conflict | | `already-succeeded` | not retry: it took effect; look the result up |
+//! | `Collision` | 422 Unprocessable Content | | `key-collision` | send the request under a new key |
+//! | `ClaimLost`, `LeaseLost` | 500 Internal Server Error | | `outcome-unknown` | check whether it took effect before retrying |
+//! | `InvalidScope` | 400 Bad Request | | `invalid-scope` | not retry under that account name |
+//!
+//! The delays are [`IN_FLIGHT_RETRY_AFTER`] and [`UNAVAILABLE_RETRY_AFTER`];
+//! for others, answer with `Problem::from(&rejected).with_retry_after(..)`.
+//!
+//! Only a success is kept (with `replay`): a refused request, a failed one
+//! (the body returned `Err`, so the claim was released and the key is free
+//! again) and a malformed one are never replayed. Return a
+//! [`StoredResponse`] to have the success given back byte for byte and
+//! marked as a replay.
+//!
+//! ```
+//! use idem_runtime::Rejected;
+//! use idem_runtime::http::StoredResponse;
+//! use axum::http::StatusCode;
+//! use axum::response::IntoResponse;
+//!
+//! // A duplicate while the first request runs: 409, retry in a second.
+//! let refused = Rejected::InFlight.into_response();
+//! assert_eq!(refused.status(), StatusCode::CONFLICT);
+//! assert_eq!(refused.headers()["retry-after"], "1");
+//! assert_eq!(refused.headers()["content-type"], "application/problem+json");
+//!
+//! // What `replay` keeps, and what a duplicate gets back from the store.
+//! let first = StoredResponse::new(StatusCode::CREATED).with_body(r#"{"id":"ch_1"}"#);
+//! let kept = serde_json::to_string(&first)?;
+//! let replayed: StoredResponse = serde_json::from_str(&kept)?;
+//! assert_eq!(replayed.body(), first.body());
+//! assert!(!first.into_response().headers().contains_key("idempotent-replayed"));
+//! assert_eq!(replayed.into_response().headers()["idempotent-replayed"], "true");
+//! # Ok::<(), serde_json::Error>(())
+//! ```
+
+mod key;
+mod problem;
+mod rejected;
+mod stored;
+
+use axum::http::HeaderName;
+
+pub use key::{IdempotencyKey, KeyRejection};
+pub use problem::{PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem};
+pub use rejected::{IN_FLIGHT_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER};
+pub use stored::StoredResponse;
+
+/// The request header that carries the client's key for this request.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The response header that marks a replay: `Idempotent-Replayed: true` on a
+/// response given back from the store rather than produced by the handler.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");

@@ -1,0 +1,105 @@
+//! A refusal of the gate as an HTTP response, in the terms of the IETF
+//! idempotency-key draft where it has them.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::Problem;
+use crate::error::Rejected;
+
+/// `Retry-After` on a 409 for a request still in flight. Most API requests
+/// finish within a second, and one second is the shortest delay HTTP can
+/// state that is not "now" (`0` would invite a tight retry loop).
+pub const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `Retry-After` on a 503 when idem's store cannot be reached. An outage
+/// outlasts a request: a database restart or failover takes seconds, so one
+/// or two retries ride it out, while a fleet of clients retrying every
+/// second would crowd a database that is coming back.
+pub const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+impl From<&Rejected> for Problem {
+    /// The draft fixes three statuses (409 in flight, 422 key reused with
+    /// another payload, 503 store down); the others are chosen by what the
+    /// client should do next, which the detail also says.
+    fn from(rejected: &Rejected) -> Problem {
+        match rejected {
+            Rejected::InFlight => Problem::idem(
+                StatusCode::CONFLICT,
+                "in-flight",
+                "Request in flight",
+                "A request with this Idempotency-Key is still being processed (or its outcome \
+                 is not known yet), so this one was not run. Retry it unchanged, with the same \
+                 key, after the Retry-After delay.",
+            )
+            .with_retry_after(IN_FLIGHT_RETRY_AFTER),
+            Rejected::KeyReused => Problem::idem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Idempotency-Key reused",
+                "This Idempotency-Key was already used for a request with a different payload, \
+                 so this one was not run. Send a new request under a new key; resend the \
+                 original payload to get its result.",
+            ),
+            Rejected::Unavailable { .. } => Problem::idem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Idempotency store unavailable",
+                "The server cannot check this Idempotency-Key right now, so the request was not \
+                 run. Retry it unchanged, with the same key, after the Retry-After delay.",
+            )
+            .with_retry_after(UNAVAILABLE_RETRY_AFTER),
+            // Not 2xx: the first answer is gone, and a success without it
+            // would hand the client a body it cannot read as that answer.
+            // No Retry-After: unlike an in-flight 409, retrying never helps.
+            Rejected::AlreadyDone => Problem::idem(
+                StatusCode::CONFLICT,
+                "already-succeeded",
+                "Request already succeeded",
+                "A request with this Idempotency-Key already succeeded, and its response was not \
+                 kept, so it cannot be sent again. Do not retry: the request took effect; look \
+                 its result up instead.",
+            ),
+            // To the client this is a key taken by another request, like
+            // `KeyReused`, with the same way out: a new key.
+            Rejected::Collision { .. } => Problem::idem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-collision",
+                "Idempotency-Key unusable",
+                "This Idempotency-Key maps to the same record as a different request, so this \
+                 one was not run. Send it again under a new key.",
+            ),
+            // The body may have run and its outcome is not recorded: a
+            // server-side failure, and blind retries could repeat the effect.
+            Rejected::ClaimLost { .. } | Rejected::LeaseLost { .. } => Problem::idem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "outcome-unknown",
+                "Outcome unknown",
+                "The request may have taken effect, but the server could not record its outcome. \
+                 Check whether it did before retrying it.",
+            ),
+            // The account or namespace comes from the request (a path
+            // segment can decode to NUL; a header cannot hold one).
+            Rejected::InvalidScope { scope, .. } => Problem::idem(
+                StatusCode::BAD_REQUEST,
+                "invalid-scope",
+                "Invalid account or namespace",
+                format!(
+                    "The {scope} name of this request contains a NUL character, which cannot be \
+                     stored, so the request was not run. Do not retry it under that name."
+                ),
+            ),
+        }
+    }
+}
+
+impl IntoResponse for Rejected {
+    /// The [`Problem`] for this refusal (see the table in
+    /// [`idem::axum`](super)). The store's own error never reaches the
+    /// client: the gate has already logged it.
+    fn into_response(self) -> Response {
+        Problem::from(&self).into_response()
+    }
+}

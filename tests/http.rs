@@ -1,0 +1,667 @@
+//! The `Idempotency-Key` layer (`idem::axum`, feature `axum`): the payments
+//! example's service started on 127.0.0.1 and hit by a real HTTP client,
+//! against a real PostgreSQL; then the extractor and the refusal responses
+//! on their own.
+
+#[path = "../examples/support/payments_app.rs"]
+mod payments_app;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::IntoResponse;
+use idem::axum::{
+    IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection, PROBLEM_JSON, PROBLEM_TYPE_BASE,
+    StoredResponse,
+};
+use idem::sqlx;
+use idem::{Gate, Identity, Mode, Rejected};
+use payments_app::{LIMIT_CENTS, Payments};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::Barrier;
+
+/// How long the test service's card network takes: long enough that the
+/// racers arrive while the first charge is in flight.
+const NETWORK_LATENCY: Duration = Duration::from_millis(300);
+
+/// The payments service, listening on 127.0.0.1 on a port of its own.
+struct Service {
+    base: String,
+    gate: Gate,
+    payments: Arc<Payments>,
+    client: reqwest::Client,
+    /// Each test is its own caller: its account isolates its keys and rows.
+    account: String,
+}
+
+impl Service {
+    async fn start() -> Service {
+        Service::start_with(NETWORK_LATENCY).await
+    }
+
+    async fn start_with(network_latency: Duration) -> Service {
+        // The racers outnumber the connections: later ones queue in the pool.
+        let gate = Gate::connect(idem::testing::pool_with(12).await)
+            .await
+            .expect("idem's schema");
+        payments_app::create_charges_table(gate.pool())
+            .await
+            .expect("the charges table");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("its address");
+        let payments = Arc::new(Payments::new(gate.clone(), network_latency));
+        let app = payments_app::router(payments.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Service {
+            base: format!("http://{address}"),
+            gate,
+            payments,
+            client: reqwest::Client::new(),
+            account: idem::testing::unique_name("http"),
+        }
+    }
+
+    /// `POST /charges`, as nobody yet.
+    fn post(&self) -> reqwest::RequestBuilder {
+        self.client.post(format!("{}/charges", self.base))
+    }
+
+    /// `POST /charges` as this test's caller; `key: None` sends no header.
+    async fn charge(&self, key: Option<&str>, body: &Value) -> Answer {
+        let mut request = self.post().bearer_auth(&self.account).json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        Answer::of(request).await
+    }
+
+    /// The charge rows written for `key` in this test's account.
+    async fn charge_rows(&self, key: &str) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM charges WHERE account = $1 AND idempotency_key = $2",
+        )
+        .bind(&self.account)
+        .bind(key)
+        .fetch_one(self.gate.pool())
+        .await
+        .expect("count the charges")
+    }
+
+    /// The states of this test's claims in `idem_records`.
+    async fn claim_states(&self) -> Vec<String> {
+        sqlx::query_scalar("SELECT state FROM idem_records WHERE account = $1 AND kind = 'claim'")
+            .bind(&self.account)
+            .fetch_all(self.gate.pool())
+            .await
+            .expect("read the claims")
+    }
+}
+
+/// One HTTP answer, read whole.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    async fn of(request: reqwest::RequestBuilder) -> Answer {
+        let response = request.send().await.expect("the service answers");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.expect("the body").to_vec();
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// Asserts a problem+json answer of idem's type `slug`; returns its detail.
+    #[track_caller]
+    fn assert_problem(&self, status: StatusCode, slug: &str) -> String {
+        self.assert_problem_of_type(status, &format!("{PROBLEM_TYPE_BASE}{slug}"))
+    }
+
+    /// Asserts one of the payments service's own problem+json answers.
+    #[track_caller]
+    fn assert_service_problem(&self, status: StatusCode, slug: &str) -> String {
+        self.assert_problem_of_type(status, &format!("https://payments.example/problems/{slug}"))
+    }
+
+    /// Asserts an RFC 9457 answer of this status and type; returns its detail.
+    #[track_caller]
+    fn assert_problem_of_type(&self, status: StatusCode, problem_type: &str) -> String {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(self.header("content-type"), Some(PROBLEM_JSON), "{self:?}");
+        let problem = self.json();
+        assert_eq!(problem["type"], problem_type, "{problem}");
+        assert_eq!(problem["status"], status.as_u16(), "{problem}");
+        assert!(problem["title"].is_string(), "{problem}");
+        problem["detail"].as_str().expect("a detail").to_owned()
+    }
+}
+
+fn payload(amount_cents: i64, currency: &str) -> Value {
+    json!({ "amount_cents": amount_cents, "currency": currency })
+}
+
+// ------------------------------------------------------- over real HTTP
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_identical_posts_charge_once_and_every_other_is_409_or_a_replay() {
+    let service = Arc::new(Service::start().await);
+    let key = "race-7f3a9c1e";
+    let racers = 50;
+
+    let started = Instant::now();
+    let answers = post_at_once(&service, racers, key, payload(4_999, "EUR")).await;
+    let elapsed = started.elapsed();
+    let originals: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED && !a.replayed())
+        .collect();
+    assert_eq!(
+        originals.len(),
+        1,
+        "exactly one request runs the charge: {answers:#?}"
+    );
+    let original = originals[0];
+    assert_eq!(original.json()["amount_cents"], 4_999);
+    let (mut in_flight, mut replayed) = (0, 0);
+    for answer in answers.iter().filter(|a| !std::ptr::eq(*a, original)) {
+        if answer.status == StatusCode::CONFLICT {
+            answer.assert_problem(StatusCode::CONFLICT, "in-flight");
+            assert_eq!(answer.header("retry-after"), Some("1"), "{answer:?}");
+            in_flight += 1;
+        } else {
+            assert!(answer.replayed(), "neither 409 nor a replay: {answer:?}");
+            assert_byte_identical(answer, original);
+            replayed += 1;
+        }
+    }
+    assert_eq!(
+        service.charge_rows(key).await,
+        1,
+        "one charge row for the key"
+    );
+    eprintln!(
+        "{racers} concurrent POSTs in {elapsed:?}: 1 charged, {in_flight} answered 409 in flight, \
+         {replayed} replayed"
+    );
+
+    // Once it settled, the retries get the same answer, all at once too.
+    let started = Instant::now();
+    let retries = post_at_once(&service, racers, key, payload(4_999, "EUR")).await;
+    for retry in &retries {
+        assert!(retry.replayed(), "{retry:?}");
+        assert_byte_identical(retry, original);
+    }
+    assert_eq!(service.charge_rows(key).await, 1);
+    assert_eq!(service.claim_states().await, ["success"]);
+    eprintln!(
+        "{racers} concurrent retries after it settled in {:?}: {racers} replayed",
+        started.elapsed()
+    );
+}
+
+/// `n` identical requests from `n` tasks, released together by a barrier.
+async fn post_at_once(service: &Arc<Service>, n: usize, key: &str, body: Value) -> Vec<Answer> {
+    let barrier = Arc::new(Barrier::new(n));
+    let racers: Vec<_> = (0..n)
+        .map(|_| {
+            let (service, barrier) = (service.clone(), barrier.clone());
+            let (key, body) = (key.to_owned(), body.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                service.charge(Some(&key), &body).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(n);
+    for racer in racers {
+        answers.push(racer.await.expect("a racer panicked"));
+    }
+    answers
+}
+
+#[track_caller]
+fn assert_byte_identical(replay: &Answer, original: &Answer) {
+    assert_eq!(replay.status, original.status);
+    assert_eq!(replay.body, original.body, "the replayed body differs");
+    for name in ["content-type", "location"] {
+        assert_eq!(replay.header(name), original.header(name), "{name}");
+    }
+    assert!(
+        !original.replayed(),
+        "the original is not marked as a replay"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_while_the_first_request_runs_gets_409_with_retry_after() {
+    let service = Arc::new(Service::start_with(Duration::from_secs(2)).await);
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { service.charge(Some("slow-1"), &payload(100, "EUR")).await }
+    });
+    // Wait until the first request holds its claim, then retry it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while service.claim_states().await != ["pending"] {
+        assert!(Instant::now() < deadline, "the first request never claimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retry = service.charge(Some("slow-1"), &payload(100, "EUR")).await;
+    let detail = retry.assert_problem(StatusCode::CONFLICT, "in-flight");
+    assert_eq!(retry.header("retry-after"), Some("1"));
+    assert!(detail.contains("Retry it unchanged"), "{detail}");
+    let first = first.await.expect("the first request");
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(service.charge_rows("slow-1").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_payload_under_a_used_key_gets_422_and_the_original_still_replays() {
+    let service = Service::start_with(Duration::ZERO).await;
+    let first = service.charge(Some("k-422"), &payload(2_500, "EUR")).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    for other in [payload(2_600, "EUR"), payload(2_500, "USD")] {
+        let reused = service.charge(Some("k-422"), &other).await;
+        let detail = reused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "key-reused");
+        assert!(detail.contains("new key"), "{detail}");
+        assert_eq!(reused.header("retry-after"), None);
+        assert!(!reused.replayed());
+    }
+    let again = service.charge(Some("k-422"), &payload(2_500, "EUR")).await;
+    assert!(again.replayed(), "{again:?}");
+    assert_byte_identical(&again, &first);
+    assert_eq!(service.charge_rows("k-422").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_charge_releases_its_key_so_a_retry_can_succeed() {
+    let service = Service::start_with(Duration::ZERO).await;
+    let declined = payload(LIMIT_CENTS + 1, "EUR");
+
+    // Declined: nothing charged, nothing kept, the claim released.
+    let first = service.charge(Some("k-fail"), &declined).await;
+    first.assert_service_problem(StatusCode::PAYMENT_REQUIRED, "card-declined");
+    assert_eq!(service.charge_rows("k-fail").await, 0);
+    assert!(
+        service.claim_states().await.is_empty(),
+        "the claim is released"
+    );
+
+    // The same request runs again (and is declined again): not a replay.
+    let retried = service.charge(Some("k-fail"), &declined).await;
+    retried.assert_service_problem(StatusCode::PAYMENT_REQUIRED, "card-declined");
+    assert!(!retried.replayed());
+
+    // A corrected request under the same key succeeds: the failure left no
+    // fingerprint behind to call it a reuse.
+    let fixed = service.charge(Some("k-fail"), &payload(9_900, "EUR")).await;
+    assert_eq!(fixed.status, StatusCode::CREATED, "{fixed:?}");
+    assert!(!fixed.replayed());
+    let replay = service.charge(Some("k-fail"), &payload(9_900, "EUR")).await;
+    assert_byte_identical(&replay, &fixed);
+    assert!(replay.replayed());
+
+    // The card network is down: the very same request, retried, succeeds.
+    service.payments.network_failures.store(1, Ordering::SeqCst);
+    let down = service.charge(Some("k-down"), &payload(700, "EUR")).await;
+    down.assert_service_problem(StatusCode::BAD_GATEWAY, "card-network-down");
+    let after_outage = service.charge(Some("k-down"), &payload(700, "EUR")).await;
+    assert_eq!(after_outage.status, StatusCode::CREATED, "{after_outage:?}");
+    assert!(!after_outage.replayed());
+
+    // An invalid request fails the same way, and its key stays usable.
+    let invalid = service.charge(Some("k-zero"), &payload(0, "EUR")).await;
+    invalid.assert_service_problem(StatusCode::BAD_REQUEST, "invalid-charge");
+    let valid = service.charge(Some("k-zero"), &payload(1, "EUR")).await;
+    assert_eq!(valid.status, StatusCode::CREATED, "{valid:?}");
+    assert_eq!(service.charge_rows("k-fail").await, 1);
+    assert_eq!(service.charge_rows("k-zero").await, 1);
+    assert_eq!(service.charge_rows("k-down").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_malformed_key_is_a_400_that_says_what_is_wrong_and_runs_nothing() {
+    let service = Service::start_with(Duration::ZERO).await;
+    let body = payload(100, "EUR");
+
+    let missing = service.charge(None, &body).await;
+    let detail = missing.assert_problem(StatusCode::BAD_REQUEST, "missing-idempotency-key");
+    assert!(detail.contains("no Idempotency-Key header"), "{detail}");
+
+    let long = "k".repeat(256);
+    for (key, says) in [
+        ("", "is empty"),
+        (long.as_str(), "256 bytes long; at most 255"),
+        ("two words", "byte 0x20 at offset 3"),
+    ] {
+        let refused = service.charge(Some(key), &body).await;
+        let detail = refused.assert_problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key");
+        assert!(detail.contains(says), "{key:?}: {detail}");
+    }
+    // Bytes a client can put on the wire that are not visible ASCII.
+    let non_ascii = Answer::of(
+        service
+            .post()
+            .bearer_auth(&service.account)
+            .header(
+                "Idempotency-Key",
+                reqwest::header::HeaderValue::from_bytes(b"caf\xc3\xa9").expect("obs-text"),
+            )
+            .json(&body),
+    )
+    .await;
+    let detail = non_ascii.assert_problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key");
+    assert!(detail.contains("byte 0xc3 at offset 3"), "{detail}");
+    let twice = Answer::of(
+        service
+            .post()
+            .bearer_auth(&service.account)
+            .header("Idempotency-Key", "a")
+            .header("Idempotency-Key", "b")
+            .json(&body),
+    )
+    .await;
+    let detail = twice.assert_problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key");
+    assert!(detail.contains("2 Idempotency-Key headers"), "{detail}");
+
+    // A 255-byte key is fine.
+    let longest = "k".repeat(255);
+    let accepted = service.charge(Some(&longest), &body).await;
+    assert_eq!(accepted.status, StatusCode::CREATED, "{accepted:?}");
+    assert_eq!(
+        service.claim_states().await,
+        ["success"],
+        "only that one ran"
+    );
+
+    let anonymous = Answer::of(service.post().header("Idempotency-Key", "anon").json(&body)).await;
+    anonymous.assert_service_problem(StatusCode::UNAUTHORIZED, "unauthenticated");
+    assert_eq!(anonymous.header("www-authenticate"), Some("Bearer"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_answers_503_with_retry_after_and_charges_nothing() {
+    let service = Service::start_with(Duration::ZERO).await;
+    service.gate.pool().close().await;
+    let answer = service.charge(Some("k-down"), &payload(100, "EUR")).await;
+    let detail = answer.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable");
+    assert_eq!(answer.header("retry-after"), Some("5"));
+    assert!(
+        !detail.to_lowercase().contains("pool"),
+        "the store's own error stays on the server: {detail}"
+    );
+    let pool = idem::testing::pool_with(1).await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM charges WHERE account = $1")
+        .bind(&service.account)
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 0);
+}
+
+// ------------------------------------------------- a replay through the store
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_body_is_replayed_byte_for_byte_through_postgresql() {
+    let gate = idem::testing::gate().await;
+    // NUL, invalid UTF-8, and text: jsonb holds none of the first two as text.
+    for (n, body) in [
+        b"\x00\xff\xfe binary\x00".to_vec(),
+        "caf\u{e9} \u{1f600} \"quoted\"\n".as_bytes().to_vec(),
+        Vec::new(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = Identity::new("stored_body").part(n);
+        let respond = || async {
+            Ok::<_, Rejected>(
+                StoredResponse::new(StatusCode::ACCEPTED)
+                    .with_header(
+                        axum::http::header::CONTENT_TYPE,
+                        axum::http::HeaderValue::from_static("application/octet-stream"),
+                    )
+                    .with_body(body.clone()),
+            )
+        };
+        let first = gate
+            .run_replayed(&id, &Mode::new(), respond())
+            .await
+            .expect("runs");
+        let again = gate
+            .run_replayed(&id, &Mode::new(), respond())
+            .await
+            .expect("replayed");
+        assert!(!first.is_replay() && again.is_replay());
+        assert_eq!(again.body(), body.as_slice());
+        assert_eq!(again.headers(), first.headers());
+        let response = again.into_response();
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        assert_eq!(response.headers()[IDEMPOTENT_REPLAYED], "true");
+    }
+}
+
+// --------------------------------------------------- the extractor alone
+
+fn parts_with_keys(keys: &[&[u8]]) -> Parts {
+    let mut request = Request::builder().method("POST").uri("/charges");
+    for key in keys {
+        request = request.header(
+            "idempotency-key",
+            axum::http::HeaderValue::from_bytes(key).expect("a header value"),
+        );
+    }
+    request.body(()).expect("a request").into_parts().0
+}
+
+async fn required(keys: &[&[u8]]) -> Result<IdempotencyKey, KeyRejection> {
+    IdempotencyKey::from_request_parts(&mut parts_with_keys(keys), &()).await
+}
+
+async fn optional(keys: &[&[u8]]) -> Result<Option<IdempotencyKey>, KeyRejection> {
+    <Option<IdempotencyKey>>::from_request_parts(&mut parts_with_keys(keys), &()).await
+}
+
+#[tokio::test]
+async fn the_extractor_takes_one_to_255_visible_ascii_characters() {
+    let uuid = b"8e03978e-40d5-43e8-bc93-6894a57f9324";
+    assert_eq!(
+        required(&[uuid]).await.expect("a UUID").as_str(),
+        "8e03978e-40d5-43e8-bc93-6894a57f9324"
+    );
+    let quoted = b"\"sf-string\"";
+    assert_eq!(
+        required(&[quoted])
+            .await
+            .expect("quotes are visible")
+            .as_str(),
+        "\"sf-string\""
+    );
+    assert!(required(&[&[b'x'; 255]]).await.is_ok());
+
+    let long = [b'x'; 256];
+    for (keys, expected) in [
+        (&[][..], KeyRejection::Missing),
+        (&[&b""[..]][..], KeyRejection::Empty),
+        (&[&long[..]][..], KeyRejection::TooLong { length: 256 }),
+        (
+            &[&b"a b"[..]][..],
+            KeyRejection::NotVisibleAscii {
+                offset: 1,
+                byte: b' ',
+            },
+        ),
+        (
+            &[&b"\xc3\xa9"[..]][..],
+            KeyRejection::NotVisibleAscii {
+                offset: 0,
+                byte: 0xc3,
+            },
+        ),
+        (
+            &[&b"a"[..], &b"a"[..]][..],
+            KeyRejection::Repeated { count: 2 },
+        ),
+    ] {
+        assert_eq!(required(keys).await, Err(expected), "{keys:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_optional_extractor_accepts_no_header_but_not_a_bad_one() {
+    assert_eq!(optional(&[]).await, Ok(None));
+    assert_eq!(
+        optional(&[b"k1"])
+            .await
+            .map(|key| key.map(|k| k.to_string())),
+        Ok(Some("k1".to_owned()))
+    );
+    assert_eq!(optional(&[b""]).await, Err(KeyRejection::Empty));
+}
+
+#[tokio::test]
+async fn each_key_rejection_is_a_400_problem_with_its_own_detail() {
+    let mut details = Vec::new();
+    for rejection in [
+        KeyRejection::Missing,
+        KeyRejection::Repeated { count: 2 },
+        KeyRejection::Empty,
+        KeyRejection::TooLong { length: 256 },
+        KeyRejection::NotVisibleAscii {
+            offset: 0,
+            byte: 0x7f,
+        },
+    ] {
+        let slug = if rejection == KeyRejection::Missing {
+            "missing-idempotency-key"
+        } else {
+            "invalid-idempotency-key"
+        };
+        let answer = answer_of(rejection.clone().into_response()).await;
+        let detail = answer.assert_problem(StatusCode::BAD_REQUEST, slug);
+        assert_eq!(detail, rejection.to_string());
+        details.push(detail);
+    }
+    details.sort();
+    details.dedup();
+    assert_eq!(details.len(), 5, "every failure says something different");
+}
+
+// -------------------------------------------- refusals as responses alone
+
+async fn answer_of(response: axum::response::Response) -> Answer {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("the body")
+        .to_vec();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+#[tokio::test]
+async fn each_refusal_maps_to_its_status_retry_after_and_problem_type() {
+    let unavailable = Rejected::Unavailable {
+        source: Arc::new(sqlx::Error::PoolTimedOut),
+    };
+    let address = "claim_0123456789abcdef01234567".to_owned();
+    let cases = [
+        (
+            Rejected::InFlight,
+            StatusCode::CONFLICT,
+            Some("1"),
+            "in-flight",
+        ),
+        (
+            Rejected::KeyReused,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            None,
+            "key-reused",
+        ),
+        (
+            unavailable,
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some("5"),
+            "store-unavailable",
+        ),
+        (
+            Rejected::AlreadyDone,
+            StatusCode::CONFLICT,
+            None,
+            "already-succeeded",
+        ),
+        (
+            Rejected::Collision {
+                address: address.clone(),
+            },
+            StatusCode::UNPROCESSABLE_ENTITY,
+            None,
+            "key-collision",
+        ),
+        (
+            Rejected::ClaimLost {
+                address: address.clone(),
+            },
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            "outcome-unknown",
+        ),
+        (
+            Rejected::LeaseLost {
+                address: address.clone(),
+            },
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            "outcome-unknown",
+        ),
+        (
+            Rejected::InvalidScope {
+                scope: "account",
+                name: "a\0b".into(),
+            },
+            StatusCode::BAD_REQUEST,
+            None,
+            "invalid-scope",
+        ),
+    ];
+    for (rejected, status, retry_after, slug) in cases {
+        let answer = answer_of(rejected.clone().into_response()).await;
+        let detail = answer.assert_problem(status, slug);
+        assert_eq!(answer.header("retry-after"), retry_after, "{rejected:?}");
+        for secret in ["pool", &address, "a\0b"] {
+            assert!(
+                !detail.contains(secret),
+                "{rejected:?} leaks {secret:?}: {detail}"
+            );
+        }
+        assert!(!answer.replayed());
+    }
+}
