@@ -646,6 +646,7 @@ async fn each_refusal_maps_to_its_status_retry_after_and_problem_type() {
             Rejected::InvalidScope {
                 scope: "account",
                 name: "a\0b".into(),
+                reason: "it contains a NUL character",
             },
             StatusCode::BAD_REQUEST,
             None,

@@ -10,6 +10,8 @@
 
 mod args;
 mod expand;
+#[cfg(test)]
+mod properties;
 mod signature;
 
 use proc_macro::TokenStream;

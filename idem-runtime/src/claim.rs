@@ -195,10 +195,16 @@ impl Gate {
                     self.refused(identity, &address, &rejected);
                     return Err(rejected);
                 }
-                Attempt::Freed if deadline.is_some() || freed + 1 < CLAIM_ATTEMPTS => {
+                // Freed: try again at once, a few times.
+                Attempt::Freed if freed + 1 < CLAIM_ATTEMPTS => {
                     freed += 1;
                 }
-                Attempt::Held if deadline.is_some_and(|deadline| Instant::now() < deadline) => {
+                // Held (or freed on every attempt) while a wait is not over:
+                // pause, then look again.
+                Attempt::Held | Attempt::Freed
+                    if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
+                {
+                    freed = 0;
                     let remaining =
                         deadline.map_or(poll, |d| d.saturating_duration_since(Instant::now()));
                     tokio::time::sleep(poll.min(remaining)).await;

@@ -86,17 +86,32 @@ pub enum Rejected {
         address: String,
     },
 
-    /// The account or namespace cannot be stored (PostgreSQL `text` cannot
-    /// hold a NUL character). The body did not run.
+    /// The account or namespace name can never be stored: it holds a NUL
+    /// character (PostgreSQL `text` cannot), or it is longer than
+    /// [`Gate::MAX_SCOPE_NAME_BYTES`](crate::Gate::MAX_SCOPE_NAME_BYTES)
+    /// (a unique index entry cannot hold it). Not worth retrying: the body
+    /// did not run.
     #[error(
-        "the {scope} name {name:?} contains a NUL character, which PostgreSQL text cannot hold; the body did not run; use a name without NUL"
+        "the {scope} name {} cannot be stored: {reason}; the body did not run; use another name",
+        abbreviated(name)
     )]
     InvalidScope {
         /// `"account"` or `"namespace"`.
         scope: &'static str,
         /// The offending name.
         name: String,
+        /// Why it cannot be stored.
+        reason: &'static str,
     },
+}
+
+/// A name for a message: quoted, and cut short when long.
+fn abbreviated(name: &str) -> String {
+    const SHOWN: usize = 40;
+    match name.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &name[..cut], name.len()),
+        None => format!("{name:?}"),
+    }
 }
 
 impl Rejected {

@@ -41,6 +41,12 @@ impl Gate {
     /// The account a gate starts in.
     pub const DEFAULT_ACCOUNT: &'static str = "default";
 
+    /// The longest account or namespace name, in bytes. Both lead the unique
+    /// indexes, whose entries PostgreSQL caps at about 2.7 kB; a longer name
+    /// could never be claimed, so it is refused as
+    /// [`Rejected::InvalidScope`] rather than reported as an outage.
+    pub const MAX_SCOPE_NAME_BYTES: usize = 1024;
+
     /// Sets up idem's schema if needed, verifies it, and returns a gate in the
     /// default account with no namespace.
     ///
@@ -123,12 +129,19 @@ impl Gate {
             ("namespace", self.namespace.as_deref()),
         ];
         for (scope, name) in names {
-            if let Some(name) = name.filter(|name| name.contains('\0')) {
-                return Err(Rejected::InvalidScope {
-                    scope,
-                    name: name.to_owned(),
-                });
-            }
+            let Some(name) = name else { continue };
+            let reason = if name.contains('\0') {
+                "it contains a NUL character, which PostgreSQL text cannot hold"
+            } else if name.len() > Gate::MAX_SCOPE_NAME_BYTES {
+                "it is longer than 1024 bytes, more than a unique index entry can hold"
+            } else {
+                continue;
+            };
+            return Err(Rejected::InvalidScope {
+                scope,
+                name: name.to_owned(),
+                reason,
+            });
         }
         Ok(())
     }

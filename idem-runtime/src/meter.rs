@@ -33,6 +33,8 @@
 //! - Events that cannot be stored (a meter name that is empty or holds NUL, a
 //!   time before 4713 BC, a `None` identifier) are reported
 //!   [`Invalid`](EventOutcome::Invalid) and not sent; the rest of the batch is.
+//!   So is every event of a gate whose account or namespace cannot be stored
+//!   (NUL, or longer than [`Gate::MAX_SCOPE_NAME_BYTES`]).
 //! - Concurrent re-senders of overlapping batches cannot deadlock: every
 //!   batch writes its rows in address order.
 
@@ -308,6 +310,18 @@ impl Meter {
     /// Fails only when the store does: then nothing of the batch is stored
     /// (it is one statement), and the whole batch can be sent again.
     pub async fn record(&self, events: &[Event]) -> Result<BatchReport, Error> {
+        // An account or namespace that can never be stored makes every event
+        // invalid: say why, rather than fail as if the store were down.
+        if let Err(rejected) = self.gate.check_scope() {
+            let reason = rejected.to_string();
+            let outcomes = events
+                .iter()
+                .map(|_| EventOutcome::Invalid {
+                    reason: reason.clone(),
+                })
+                .collect();
+            return Ok(BatchReport::from_outcomes(outcomes));
+        }
         let prepared: Vec<Result<(String, Recorded), String>> = events
             .iter()
             .map(|event| {

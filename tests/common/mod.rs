@@ -106,6 +106,36 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// After [`Proxy::cut`]: accepts connections on the same port again, so
+    /// pools that were cut off reconnect, as when a server comes back.
+    pub async fn resume(&mut self) {
+        let url = idem::testing::database_url();
+        let options = PgConnectOptions::from_str(&url)
+            .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"));
+        let upstream = format!("{}:{}", options.get_host(), options.get_port());
+        // SO_REUSEADDR: the cut connections linger in TIME_WAIT on this port.
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        socket
+            .bind(([127, 0, 0, 1], self.port).into())
+            .unwrap_or_else(|e| panic!("re-bind the proxy's port {}: {e}", self.port));
+        let listener = socket.listen(128).expect("listen on the proxy's port");
+        let tasks = self.tasks.clone();
+        self.accept.abort();
+        self.accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                tasks.lock().expect("proxy tasks").spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.accept.abort();
@@ -203,4 +233,59 @@ pub async fn count_rows(gate: &idem::Gate, state: &str) -> i64 {
     .fetch_one(gate.pool())
     .await
     .expect("count idem_records")
+}
+
+/// Terminates every backend whose `application_name` is `name` (see
+/// [`named_pool`]), from a connection of `admin`; returns how many died.
+pub async fn terminate_backends(admin: &PgPool, name: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(name)
+    .fetch_one(admin)
+    .await
+    .unwrap_or_else(|e| panic!("terminate the backends of {name}: {e}"))
+}
+
+/// A tiny deterministic PRNG (xorshift64*), so a randomized test can print
+/// its seed and be replayed without a dependency.
+#[derive(Debug, Clone)]
+pub struct XorShift(u64);
+
+impl XorShift {
+    /// A generator from `seed` (0 is mapped to a fixed non-zero state).
+    pub fn new(seed: u64) -> XorShift {
+        XorShift(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
+    }
+
+    /// A seed from `variable` when set (to replay a run), else from the clock.
+    pub fn seed_from_env(variable: &str) -> u64 {
+        match std::env::var(variable) {
+            Ok(text) => text
+                .parse()
+                .unwrap_or_else(|e| panic!("{variable}={text} is not a u64 seed: {e}")),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |elapsed| elapsed.as_nanos() as u64),
+        }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n` (n > 0), close enough for test workloads.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
 }
