@@ -1,0 +1,189 @@
+//! The benchmark's own corner of the database: a schema created afresh for
+//! the run (idem's tables and the alternatives' tables in it), the pools
+//! that reach it, what its tables hold before each run, and its removal.
+//!
+//! Every connection gets `search_path` set to the schema at connect time,
+//! so the gate, the floor and the alternatives all run their ordinary,
+//! unqualified SQL against the benchmark's tables and never the tests'.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use idem::Gate;
+use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use idem::sqlx::{self, AssertSqlSafe, PgPool};
+
+use crate::BoxError;
+use crate::duplicates::Settled;
+use crate::{advisory, brandur};
+
+/// What the tables hold when a run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contents {
+    /// Nothing: every such run starts from empty tables.
+    Empty,
+    /// This many settled claims, for the duplicates group to refuse.
+    Settled(u64),
+    /// This many settled claims of history in `idem_records`.
+    History(u64),
+}
+
+/// The benchmark schema, and what its tables hold now.
+pub struct BenchDb {
+    schema: String,
+    connect: PgConnectOptions,
+    /// For set-up and description; never measured.
+    admin: PgPool,
+    contents: Option<Contents>,
+    settled: Option<Arc<Settled>>,
+    checkpoints: bool,
+}
+
+/// Settled claims `$2 ..= $3`, one statement. Addresses are spread over the
+/// key space like the gate's (md5 is built in; sha1 would need pgcrypto).
+const PREFILL: &str = "INSERT INTO idem_records \
+       (account, kind, address, namespace, state, identity, created_at, settled_at) \
+     SELECT $1, 'claim', 'claim_' || left(md5(i::text), 24), NULL, 'success', \
+            decode(md5(i::text) || md5((-i)::text), 'hex'), now(), now() \
+     FROM generate_series($2::bigint, $3::bigint) AS i";
+
+const EMPTY: &str = "TRUNCATE idem_records, idempotency_keys, advisory_outcomes";
+
+impl BenchDb {
+    /// Drops `schema` if it exists (a crashed run's leftovers), creates it
+    /// afresh with idem's tables and the alternatives' tables.
+    pub async fn create(url: &str, schema: &str, checkpoints: bool) -> Result<BenchDb, BoxError> {
+        let connect = PgConnectOptions::from_str(url)?
+            .application_name("idem-loadgen")
+            .options([("search_path", schema)]);
+        let admin = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(connect.clone())
+            .await?;
+        // `schema` is a plain identifier: the flag's parser checked it.
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+        )))
+        .execute(&admin)
+        .await?;
+        // The gate sets its own schema up where search_path points.
+        Gate::connect(admin.clone()).await?;
+        sqlx::raw_sql(brandur::SCHEMA).execute(&admin).await?;
+        sqlx::raw_sql(advisory::SCHEMA).execute(&admin).await?;
+        Ok(BenchDb {
+            schema: schema.to_owned(),
+            connect,
+            admin,
+            contents: None,
+            settled: None,
+            checkpoints,
+        })
+    }
+
+    /// The connection for describing the server.
+    pub fn admin(&self) -> &PgPool {
+        &self.admin
+    }
+
+    /// A pool of `size` connections, every one already open, so that
+    /// connecting is never measured. sqlx's defaults otherwise, the same for
+    /// every scenario.
+    pub async fn pool(&self, size: u32, ping_on_acquire: bool) -> Result<PgPool, BoxError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(size)
+            .test_before_acquire(ping_on_acquire)
+            .connect_with(self.connect.clone())
+            .await?;
+        let mut open = Vec::new();
+        for _ in 0..size {
+            open.push(pool.acquire().await?);
+        }
+        Ok(pool)
+    }
+
+    /// Brings the tables to `want`, then checkpoints (unless told not to),
+    /// so that every run starts just after a checkpoint rather than one
+    /// landing in the middle of some runs and not others.
+    ///
+    /// Refusals write nothing, so settled rows are kept from one run to the
+    /// next; history is kept too, growing by the few rows each run adds.
+    pub async fn prepare(&mut self, want: Contents) -> Result<(), BoxError> {
+        match (want, self.contents) {
+            (Contents::Settled(_) | Contents::History(_), Some(have)) if have == want => {}
+            (Contents::Settled(count), _) => {
+                self.empty().await?;
+                eprintln!("settling {count} identities for the duplicates group ...");
+                self.settled = Some(Arc::new(Settled::insert(&self.admin, count).await?));
+            }
+            (Contents::History(rows), Some(Contents::History(have))) if have < rows => {
+                self.prefill(have, rows).await?;
+            }
+            (Contents::History(rows), _) => {
+                self.empty().await?;
+                self.prefill(0, rows).await?;
+            }
+            (Contents::Empty, _) => self.empty().await?,
+        }
+        self.contents = Some(want);
+        self.checkpoint().await
+    }
+
+    /// The settled rows, while the tables hold them.
+    pub fn settled(&self) -> Option<Arc<Settled>> {
+        match self.contents {
+            Some(Contents::Settled(_)) => self.settled.clone(),
+            _ => None,
+        }
+    }
+
+    /// Drops the schema and everything in it.
+    pub async fn drop_schema(self) -> Result<(), BoxError> {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {} CASCADE",
+            self.schema
+        )))
+        .execute(&self.admin)
+        .await?;
+        self.admin.close().await;
+        Ok(())
+    }
+
+    async fn empty(&mut self) -> Result<(), BoxError> {
+        sqlx::raw_sql(EMPTY).execute(&self.admin).await?;
+        self.settled = None;
+        Ok(())
+    }
+
+    /// Adds settled claims `have + 1 ..= rows`, then `VACUUM (ANALYZE)`: a
+    /// table with years of history has been vacuumed by autovacuum, so the
+    /// runs on it should not pay for setting every row's hint bits.
+    async fn prefill(&self, have: u64, rows: u64) -> Result<(), BoxError> {
+        eprintln!("pre-filling idem_records from {have} to {rows} settled rows ...");
+        sqlx::query(PREFILL)
+            .bind(Gate::DEFAULT_ACCOUNT)
+            .bind(i64::try_from(have + 1)?)
+            .bind(i64::try_from(rows)?)
+            .execute(&self.admin)
+            .await?;
+        sqlx::raw_sql("VACUUM (ANALYZE) idem_records")
+            .execute(&self.admin)
+            .await?;
+        Ok(())
+    }
+
+    /// `CHECKPOINT` needs superuser or `pg_checkpoint`; without either, the
+    /// run goes on and says once that checkpoints fall where they fall.
+    async fn checkpoint(&mut self) -> Result<(), BoxError> {
+        if !self.checkpoints {
+            return Ok(());
+        }
+        if let Err(error) = sqlx::raw_sql("CHECKPOINT").execute(&self.admin).await {
+            eprintln!(
+                "note: CHECKPOINT failed ({error}); runs go on without one before each, \
+                 so a checkpoint may land inside some runs"
+            );
+            self.checkpoints = false;
+        }
+        Ok(())
+    }
+}

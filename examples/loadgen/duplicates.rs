@@ -1,0 +1,127 @@
+//! Duplicates: an identity that is already settled, refused.
+//!
+//! The group settles identities of the gate's own action up front, with
+//! their real addresses and canonical bytes, then each operation refuses one
+//! of them, round robin:
+//!
+//! - floor: one `SELECT` by address, the least any refusal costs;
+//! - gate: the guarded function; its `INSERT` conflicts and writes nothing,
+//!   then a lookup tells `AlreadyDone` from `InFlight`: two statements;
+//! - fused claims: both in one statement, in either form of [`Fused`].
+
+use idem::sqlx::{self, PgPool};
+use idem::{Gate, Identity, Rejected};
+
+use crate::BoxError;
+use crate::body::Body;
+use crate::fused::{Fused, Outcome};
+use crate::gated::{self, ACTION};
+
+/// Identity numbers of the settled rows start here, far above anything
+/// [`keys::next`](crate::keys::next) hands out.
+const FIRST: u64 = 1 << 62;
+
+/// Rows per bulk insert while settling.
+const BATCH: usize = 10_000;
+
+const INSERT_SETTLED: &str = "INSERT INTO idem_records \
+       (account, kind, address, namespace, state, identity, settled_at) \
+     SELECT $1, 'claim', address, NULL, 'success', identity, now() \
+     FROM unnest($2::text[], $3::bytea[]) AS settled(address, identity)";
+
+const LOOKUP: &str = "SELECT state = 'success', identity FROM idem_records \
+     WHERE account = $1 AND kind = 'claim' AND address = $2 AND namespace IS NULL";
+
+/// The settled identities, by position: number `FIRST + i` has address
+/// `addresses[i]` and canonical encoding `identities[i]`.
+pub struct Settled {
+    addresses: Vec<String>,
+    identities: Vec<Vec<u8>>,
+}
+
+impl Settled {
+    /// Settles `count` identities of [`ACTION`] in `idem_records`.
+    pub async fn insert(pool: &PgPool, count: u64) -> Result<Settled, BoxError> {
+        let mut settled = Settled {
+            addresses: Vec::new(),
+            identities: Vec::new(),
+        };
+        for number in FIRST..FIRST + count {
+            let identity = Identity::new(ACTION).part(number);
+            settled.addresses.push(identity.address());
+            settled.identities.push(identity.canonical().to_vec());
+        }
+        for (addresses, identities) in settled
+            .addresses
+            .chunks(BATCH)
+            .zip(settled.identities.chunks(BATCH))
+        {
+            sqlx::query(INSERT_SETTLED)
+                .bind(Gate::DEFAULT_ACCOUNT)
+                .bind(addresses)
+                .bind(identities)
+                .execute(pool)
+                .await?;
+        }
+        Ok(settled)
+    }
+
+    /// The position of the settled identity that operation `n` refuses.
+    fn pick(&self, n: u64) -> usize {
+        // `addresses` is never empty (`--duplicates` is at least 1), and a
+        // u64 remainder below its length fits a usize.
+        (n % self.addresses.len() as u64) as usize
+    }
+
+    /// The floor: one `SELECT` by address, re-checking the stored identity
+    /// as the gate does.
+    pub async fn refuse_by_lookup(&self, pool: &PgPool, n: u64) -> Result<(), BoxError> {
+        let at = self.pick(n);
+        let found: Option<(bool, Vec<u8>)> = sqlx::query_as(LOOKUP)
+            .bind(Gate::DEFAULT_ACCOUNT)
+            .bind(&self.addresses[at])
+            .fetch_optional(pool)
+            .await?;
+        match found {
+            Some((true, identity)) if identity == self.identities[at] => Ok(()),
+            other => Err(self.not_refused(at, format!("the lookup found {other:?}"))),
+        }
+    }
+
+    /// The gate, through the guarded function.
+    pub async fn refuse_through_gate(&self, gate: &Gate, n: u64) -> Result<(), BoxError> {
+        let at = self.pick(n);
+        match gated::guarded(gate, FIRST + at as u64, Body::NoOp).await {
+            Err(Rejected::AlreadyDone) => Ok(()),
+            other => Err(self.not_refused(at, format!("the gate answered {other:?}"))),
+        }
+    }
+
+    /// The one-statement claim the runtime could run instead.
+    pub async fn refuse_by_fused_claim(
+        &self,
+        pool: &PgPool,
+        fused: Fused,
+        n: u64,
+    ) -> Result<(), BoxError> {
+        let at = self.pick(n);
+        let (address, identity) = (&self.addresses[at], &self.identities[at]);
+        match fused.claim(pool, address, identity).await? {
+            Outcome::Held {
+                settled: true,
+                identity: stored,
+            } if stored == *identity => Ok(()),
+            Outcome::Won => Err(self.not_refused(at, "the fused claim won it".to_owned())),
+            _ => Err(self.not_refused(at, "the fused claim found it unsettled".to_owned())),
+        }
+    }
+
+    fn not_refused(&self, at: usize, what: String) -> BoxError {
+        format!(
+            "settled identity {} ({}) was not refused as already done: {what}",
+            FIRST + at as u64,
+            self.addresses[at]
+        )
+        .into()
+    }
+}

@@ -1,0 +1,378 @@
+//! The scenario list: what is measured, in which group, and what each
+//! operation costs by construction. Every ratio is against the scenario
+//! named [`BASELINE`] in the same group at the same concurrency.
+
+use crate::bench_db::Contents;
+use crate::body::Body;
+use crate::flags::Flags;
+use crate::floor::{Claim, Floor, Settle};
+use crate::fused::Fused;
+use crate::workload::Work;
+
+/// The scenario every group's ratios are against.
+pub const BASELINE: &str = "floor";
+
+/// Scenarios that share a body, a pool rule and what the tables hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// New identities, a body that does nothing: the bookkeeping alone.
+    NoOp,
+    /// Identities that are already settled, refused.
+    Duplicates,
+    /// New identities, a body that sleeps (an external call), and fewer
+    /// connections than workers.
+    SlowBody,
+    /// New identities on top of this many settled rows.
+    History(u64),
+}
+
+impl Group {
+    /// The name the `--scenarios` filter knows it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::NoOp => "noop",
+            Group::Duplicates => "dup",
+            Group::SlowBody => "slow",
+            Group::History(_) => "history",
+        }
+    }
+
+    /// How the report's table shows it.
+    pub fn label(self, flags: &Flags) -> String {
+        match self {
+            Group::NoOp => "no-op body".to_owned(),
+            Group::Duplicates => "duplicates".to_owned(),
+            Group::SlowBody => format!("{} ms body", flags.slow_body_ms),
+            Group::History(rows) => format!("history {}", count(rows)),
+        }
+    }
+
+    /// What runs between claim and outcome.
+    pub fn body(self, flags: &Flags) -> Body {
+        match self {
+            Group::SlowBody => Body::Sleep(flags.slow_body()),
+            _ => Body::NoOp,
+        }
+    }
+
+    /// The pool at `concurrency`: one connection per worker, up to the cap
+    /// (`--max-pool`; `--slow-pool` for the slow body).
+    pub fn pool(self, concurrency: u32, flags: &Flags) -> u32 {
+        match self {
+            Group::SlowBody => concurrency.min(flags.slow_pool),
+            _ => concurrency.min(flags.max_pool),
+        }
+    }
+
+    /// What the tables hold when each of its runs starts.
+    pub fn contents(self, flags: &Flags) -> Contents {
+        match self {
+            Group::Duplicates => Contents::Settled(flags.duplicates),
+            Group::History(rows) => Contents::History(rows),
+            Group::NoOp | Group::SlowBody => Contents::Empty,
+        }
+    }
+}
+
+/// What one operation costs by construction, counted from the SQL it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost {
+    /// Statements sent, `BEGIN` and `COMMIT` included: each a round trip.
+    pub statements: u32,
+    /// Connections taken from the pool (with `--ping-on-acquire`, each one
+    /// more round trip).
+    pub acquires: u32,
+    /// Commits that wait for their WAL to reach the disk.
+    pub durable_commits: u32,
+    /// Whether a pooled connection is held while the body runs.
+    pub holds_connection: bool,
+}
+
+/// One scenario, before it is placed in a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    pub name: &'static str,
+    pub work: Work,
+    pub summary: &'static str,
+    pub cost: Cost,
+}
+
+const fn cost(statements: u32, acquires: u32, durable_commits: u32) -> Cost {
+    Cost {
+        statements,
+        acquires,
+        durable_commits,
+        holds_connection: false,
+    }
+}
+
+const FLOOR: Spec = Spec {
+    name: BASELINE,
+    work: Work::Floor(Floor {
+        claim: Claim::Insert,
+        settle: Settle::Durable,
+    }),
+    summary: "by hand: INSERT a pending row, UPDATE it to success, each autocommitted",
+    cost: cost(2, 2, 2),
+};
+
+const ON_CONFLICT: Spec = Spec {
+    name: "on-conflict",
+    work: Work::Floor(Floor {
+        claim: Claim::InsertOnConflict,
+        settle: Settle::Durable,
+    }),
+    summary: "the floor, its INSERT written as the gate's: ON CONFLICT DO NOTHING RETURNING",
+    cost: cost(2, 2, 2),
+};
+
+const SETTLE_ASYNC: Spec = Spec {
+    name: "settle-async",
+    work: Work::Floor(Floor {
+        claim: Claim::Insert,
+        settle: Settle::AsyncInStatement,
+    }),
+    summary: "the floor, its UPDATE committing with synchronous_commit off, set inside the statement",
+    cost: cost(2, 2, 1),
+};
+
+const SETTLE_ASYNC_TX: Spec = Spec {
+    name: "settle-async-tx",
+    work: Work::Floor(Floor {
+        claim: Claim::Insert,
+        settle: Settle::AsyncInTransaction,
+    }),
+    summary: "the floor, its UPDATE as BEGIN; SET LOCAL synchronous_commit = off; UPDATE; COMMIT",
+    cost: cost(5, 2, 1),
+};
+
+const FUSED_INSERT_FIRST: Spec = Spec {
+    name: "fused-insert-first",
+    work: Work::Floor(Floor {
+        claim: Claim::Fused(Fused::InsertFirst),
+        settle: Settle::Durable,
+    }),
+    summary: "the floor, its INSERT replaced by the one-statement claim, insert first",
+    cost: cost(2, 2, 2),
+};
+
+const FUSED_LOOKUP_FIRST: Spec = Spec {
+    name: "fused-lookup-first",
+    work: Work::Floor(Floor {
+        claim: Claim::Fused(Fused::LookupFirst),
+        settle: Settle::Durable,
+    }),
+    summary: "the floor, its INSERT replaced by the one-statement claim, lookup first",
+    cost: cost(2, 2, 2),
+};
+
+const GATE: Spec = Spec {
+    name: "gate",
+    work: Work::Gate,
+    summary: "an #[idempotent] async fn: claim (INSERT ... ON CONFLICT DO NOTHING RETURNING), body, settle (UPDATE)",
+    cost: cost(2, 2, 2),
+};
+
+const BRANDUR: Spec = Spec {
+    name: "brandur",
+    work: Work::Brandur,
+    summary: "idempotency_keys table: BEGIN; INSERT ... ON CONFLICT DO NOTHING; SELECT ... FOR UPDATE; \
+              UPDATE locked_at; COMMIT; body; UPDATE response + unlock",
+    cost: cost(6, 2, 2),
+};
+
+const ADVISORY: Spec = Spec {
+    name: "advisory",
+    work: Work::Advisory,
+    summary: "pg_advisory_lock; SELECT outcome; body; INSERT outcome; pg_advisory_unlock, on one connection",
+    cost: Cost {
+        holds_connection: true,
+        ..cost(4, 1, 1)
+    },
+};
+
+const REFUSE_BY_LOOKUP: Spec = Spec {
+    name: BASELINE,
+    work: Work::RefuseByLookup,
+    summary: "by hand: one SELECT by address, the stored identity re-checked",
+    cost: cost(1, 1, 0),
+};
+
+const REFUSE_THROUGH_GATE: Spec = Spec {
+    name: "gate",
+    work: Work::RefuseThroughGate,
+    summary: "the #[idempotent] fn on a settled identity: INSERT conflicts, SELECT says AlreadyDone",
+    cost: cost(2, 2, 0),
+};
+
+const REFUSE_BY_FUSED_INSERT_FIRST: Spec = Spec {
+    name: "fused-insert-first",
+    work: Work::RefuseByFusedClaim(Fused::InsertFirst),
+    summary: "the one-statement claim, insert first, on a settled identity",
+    cost: cost(1, 1, 0),
+};
+
+const REFUSE_BY_FUSED_LOOKUP_FIRST: Spec = Spec {
+    name: "fused-lookup-first",
+    work: Work::RefuseByFusedClaim(Fused::LookupFirst),
+    summary: "the one-statement claim, lookup first, on a settled identity",
+    cost: cost(1, 1, 0),
+};
+
+/// New identities with a body that does nothing: the gate, the floor, the
+/// floor written as the gate writes its claim (which splits the gate's cost
+/// into the SQL's and the client's), the levers on the floor, the
+/// alternatives.
+const NO_OP: &[Spec] = &[
+    FLOOR,
+    ON_CONFLICT,
+    SETTLE_ASYNC,
+    SETTLE_ASYNC_TX,
+    FUSED_INSERT_FIRST,
+    FUSED_LOOKUP_FIRST,
+    GATE,
+    BRANDUR,
+    ADVISORY,
+    // ── Opt-in modes: add them here (and to SLOW_BODY). ─────────────────────
+    // replay, fingerprint, lease and in-transaction do not exist yet (the
+    // modes issue). Each joins as one Spec named `gate-<mode>`, running an
+    // #[idempotent(..., <mode option>)] fn from gated.rs through its own
+    // `Work` variant, with its cost counted from its SQL; its ratio is then
+    // against the same floor. See BENCHMARKS.md, "Modes".
+];
+
+/// The same with the slow body, less the fused claims (whose only question,
+/// what they add to a new claim, the no-op group answers).
+const SLOW_BODY: &[Spec] = &[
+    FLOOR,
+    SETTLE_ASYNC,
+    SETTLE_ASYNC_TX,
+    GATE,
+    BRANDUR,
+    ADVISORY,
+    // ── Opt-in modes: add them here too. ──
+];
+
+const DUPLICATES: &[Spec] = &[
+    REFUSE_BY_LOOKUP,
+    REFUSE_THROUGH_GATE,
+    REFUSE_BY_FUSED_INSERT_FIRST,
+    REFUSE_BY_FUSED_LOOKUP_FIRST,
+];
+
+const HISTORY: &[Spec] = &[FLOOR, GATE];
+
+/// A spec placed in a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scenario {
+    pub group: Group,
+    pub spec: Spec,
+}
+
+impl Scenario {
+    /// `group/name`, as `--scenarios` and the progress lines spell it.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.group.name(), self.spec.name)
+    }
+
+    fn matches(&self, term: &str) -> bool {
+        term == self.group.name() || term == self.spec.name || term == self.id()
+    }
+}
+
+/// One measured run: a scenario at a concurrency, with its pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    pub scenario: Scenario,
+    pub concurrency: u32,
+    pub pool: u32,
+    /// Where the report lists it: by group, then concurrency, then the
+    /// scenario's place in its list, whatever order it ran in.
+    pub place: (usize, usize, usize),
+}
+
+/// Every scenario of the full run, in order, before filtering.
+pub fn all(flags: &Flags) -> Vec<Scenario> {
+    let mut groups = vec![
+        (Group::NoOp, NO_OP),
+        (Group::Duplicates, DUPLICATES),
+        (Group::SlowBody, SLOW_BODY),
+    ];
+    for rows in flags.history_sizes() {
+        groups.push((Group::History(rows), HISTORY));
+    }
+    groups
+        .into_iter()
+        .flat_map(|(group, specs)| specs.iter().map(move |&spec| Scenario { group, spec }))
+        .collect()
+}
+
+/// The scenarios `--scenarios` selects (all of them without it). A term
+/// that selects nothing is an error that lists what there is.
+pub fn selected(flags: &Flags) -> Result<Vec<Scenario>, String> {
+    let all = all(flags);
+    if let Some(unknown) = flags
+        .scenarios
+        .iter()
+        .find(|term| !all.iter().any(|scenario| scenario.matches(term)))
+    {
+        let known: Vec<String> = all.iter().map(Scenario::id).collect();
+        return Err(format!(
+            "--scenarios {unknown:?} selects nothing; there are: {}",
+            known.join(", ")
+        ));
+    }
+    Ok(all
+        .into_iter()
+        .filter(|scenario| {
+            flags.scenarios.is_empty() || flags.scenarios.iter().any(|t| scenario.matches(t))
+        })
+        .collect())
+}
+
+/// The runs, in the order they run: group by group (so each group's table
+/// contents are prepared once), and within a group every scenario at one
+/// concurrency before the next, so the runs a ratio compares are close in
+/// time. The scenarios run in their listed order at one concurrency and in
+/// reverse at the next, so a drift in the machine (a warming cache, a
+/// neighbour's load) does not always fall on the same side of a ratio.
+pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<Run> {
+    let mut groups: Vec<Group> = Vec::new();
+    for scenario in scenarios {
+        if !groups.contains(&scenario.group) {
+            groups.push(scenario.group);
+        }
+    }
+    let mut runs = Vec::new();
+    for (group_place, &group) in groups.iter().enumerate() {
+        let members: Vec<Scenario> = scenarios
+            .iter()
+            .copied()
+            .filter(|scenario| scenario.group == group)
+            .collect();
+        for (level, &concurrency) in flags.concurrency.iter().enumerate() {
+            let mut order: Vec<usize> = (0..members.len()).collect();
+            if level % 2 == 1 {
+                order.reverse();
+            }
+            for place in order {
+                runs.push(Run {
+                    scenario: members[place],
+                    concurrency,
+                    pool: group.pool(concurrency, flags),
+                    place: (group_place, level, place),
+                });
+            }
+        }
+    }
+    runs
+}
+
+/// `5M`, `250k`, `1234`.
+pub fn count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}

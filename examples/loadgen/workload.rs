@@ -1,0 +1,68 @@
+//! One operation of a scenario, with everything it needs to run.
+
+use std::sync::Arc;
+
+use idem::Gate;
+use idem::sqlx::PgPool;
+
+use crate::body::Body;
+use crate::duplicates::Settled;
+use crate::floor::Floor;
+use crate::fused::Fused;
+use crate::{BoxError, advisory, brandur, gated};
+
+/// What one operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Hand-written claim and settle.
+    Floor(Floor),
+    /// The `#[idempotent]` function.
+    Gate,
+    /// The Stripe-style `idempotency_keys` table.
+    Brandur,
+    /// A session advisory lock held across the body.
+    Advisory,
+    /// Refuses a settled identity with one `SELECT`.
+    RefuseByLookup,
+    /// Refuses a settled identity through the gate.
+    RefuseThroughGate,
+    /// Refuses a settled identity with a one-statement claim.
+    RefuseByFusedClaim(Fused),
+}
+
+/// A scenario's work, bound to one run's pool and gate.
+pub struct Workload {
+    pub work: Work,
+    pub body: Body,
+    pub pool: PgPool,
+    /// The gate over `pool`, in the default account.
+    pub gate: Gate,
+    /// The rows the duplicates group refuses.
+    pub settled: Option<Arc<Settled>>,
+}
+
+impl Workload {
+    /// Runs operation number `n`; an error means the run measured something
+    /// other than what it claims to, and stops it.
+    pub async fn run(&self, n: u64) -> Result<(), BoxError> {
+        match self.work {
+            Work::Floor(floor) => floor.run(&self.pool, n, self.body).await,
+            Work::Gate => Ok(gated::guarded(&self.gate, n, self.body).await?),
+            Work::Brandur => brandur::run(&self.pool, n, self.body).await,
+            Work::Advisory => advisory::run(&self.pool, n, self.body).await,
+            Work::RefuseByLookup => self.settled()?.refuse_by_lookup(&self.pool, n).await,
+            Work::RefuseThroughGate => self.settled()?.refuse_through_gate(&self.gate, n).await,
+            Work::RefuseByFusedClaim(fused) => {
+                self.settled()?
+                    .refuse_by_fused_claim(&self.pool, fused, n)
+                    .await
+            }
+        }
+    }
+
+    fn settled(&self) -> Result<&Settled, BoxError> {
+        self.settled
+            .as_deref()
+            .ok_or_else(|| "a refusal scenario ran without settled rows".into())
+    }
+}
