@@ -347,8 +347,10 @@ proptest! {
         namespace in prop::option::of(text()),
     ) {
         let shared = shared();
-        // Unique per case, whatever the generated name: the table is shared.
-        let gate = shared.gate.account(format!("{}/{account}", shared.gate.account_name()));
+        // Unique per case (proptest may generate, and shrinking replays, the
+        // same inputs twice), whatever the generated name: the table is shared.
+        let case = idem::testing::unique_name(shared.gate.account_name());
+        let gate = shared.gate.account(format!("{case}/{account}"));
         let gate = match &namespace {
             Some(namespace) => gate.namespace(namespace),
             None => gate,
