@@ -206,7 +206,7 @@ async fn an_expired_lease_is_taken_over_once_with_a_higher_fence_and_the_old_hol
 {
     let gate = testing::gate().await;
     let id = Identity::new("leased").part(1);
-    let mode = Mode::new().lease(Duration::from_millis(300));
+    let mode = Mode::new().lease(Duration::from_millis(800));
     let stale = gate.claim_with(&id, &mode).await.expect("first holder");
     let stale_fence = stale.fence().expect("gated");
     assert!(matches!(
@@ -215,7 +215,7 @@ async fn an_expired_lease_is_taken_over_once_with_a_higher_fence_and_the_old_hol
     ));
 
     // The holder stalls past its lease; eight contenders race for the slot.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let report = race(8, || async {
         let claim = gate.claim_with(&id, &mode).await?;
         let fence = claim.fence();
@@ -279,16 +279,16 @@ async fn a_late_release_by_a_fenced_off_holder_changes_nothing() {
 async fn extend_keeps_a_long_body_s_lease() {
     let gate = testing::gate().await;
     let id = Identity::new("extended").part(1);
-    let mode = Mode::new().lease(Duration::from_millis(300));
+    let mode = Mode::new().lease(Duration::from_millis(600));
     let claim = gate.claim_with(&id, &mode).await.expect("holder");
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
         claim
             .extend(Duration::from_millis(300))
             .await
             .expect("renewed");
     }
-    // 450 ms after the claim, well past the first lease: still held.
+    // 800 ms after the claim, well past the first lease: still held.
     assert!(matches!(
         gate.claim_with(&id, &mode).await,
         Err(Rejected::InFlight)
@@ -296,7 +296,7 @@ async fn extend_keeps_a_long_body_s_lease() {
     claim.settle().await.expect("settled");
 }
 
-#[idempotent(key = "job", lease = "250ms")]
+#[idempotent(key = "job", lease = "1s")]
 async fn leased_job(gate: &Gate, job: u32, provider: &Provider) -> Result<Receipt, PayError> {
     Ok(provider.charge("job", i64::from(job)))
 }
@@ -309,7 +309,7 @@ async fn the_lease_option_takes_over_a_crashed_holder_s_claim() {
     let crashed = gate
         .claim_with(
             &Identity::new("leased_job").part(7_u32),
-            &Mode::new().lease(Duration::from_millis(250)),
+            &Mode::new().lease(Duration::from_secs(1)),
         )
         .await
         .expect("claimed");
@@ -319,7 +319,7 @@ async fn the_lease_option_takes_over_a_crashed_holder_s_claim() {
         matches!(rejected(&refused), Some(Rejected::InFlight)),
         "{refused:?}"
     );
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     race(8, || leased_job(&gate, 7, &provider))
         .await
         .assert_exactly_once();
