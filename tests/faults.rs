@@ -4,10 +4,12 @@
 //! recovers, no body runs twice, and every refusal says why.
 
 mod common;
+#[path = "../examples/support/server_binaries.rs"]
+mod server_binaries;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,6 +20,7 @@ use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem::sqlx::{self, PgPool};
 use idem::testing;
 use idem::{Gate, Identity, Rejected};
+use server_binaries::{is_root, server_binaries, server_command};
 
 #[derive(Debug, thiserror::Error)]
 enum JobError {
@@ -543,7 +546,7 @@ impl Cluster {
                  postgresql`; macOS: `brew install postgresql`)"
             )
         });
-        let as_postgres = run(Command::new("id").arg("-u")).trim() == "0";
+        let as_postgres = is_root();
         let dir = std::env::temp_dir().join(testing::unique_name("idem-restart"));
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         let port = TcpListener::bind("127.0.0.1:0")
@@ -600,16 +603,7 @@ impl Cluster {
     }
 
     fn command(&self, program: &str) -> Command {
-        let program = self.bin.join(program);
-        let mut command = if self.as_postgres {
-            let mut runuser = Command::new("runuser");
-            runuser.args(["-u", "postgres", "--"]).arg(program);
-            runuser
-        } else {
-            Command::new(program)
-        };
-        command.current_dir(&self.dir);
-        command
+        server_command(&self.bin, program, self.as_postgres, &self.dir)
     }
 }
 
@@ -625,27 +619,6 @@ impl Drop for Cluster {
             .status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Where `initdb` and `pg_ctl` are: on PATH, else the newest under
-/// /usr/lib/postgresql (Debian and Ubuntu keep them off PATH).
-fn server_binaries() -> Option<PathBuf> {
-    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    if let Some(dir) = std::env::split_paths(&path).find(|dir| has_both(dir)) {
-        return Some(dir);
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let version = entry.file_name().to_str()?.parse().ok()?;
-            let bin = entry.path().join("bin");
-            has_both(&bin).then_some((version, bin))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, bin)| bin)
 }
 
 /// Runs `command`; its stdout, or a panic with its output.

@@ -12,12 +12,17 @@
 
 use std::error::Error;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use std::{env, fs};
 
 use idem::sqlx::{Connection, PgConnection};
+
+#[path = "server_binaries.rs"]
+mod server_binaries;
+
+use server_binaries::{is_root, server_binaries, server_command};
 
 /// Where a PostgreSQL installed from a package usually answers.
 pub const LOCAL_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -181,16 +186,7 @@ impl Throwaway {
 
     /// Runs one of the server binaries, as `postgres` when we are root.
     fn command(&self, program: &str) -> Command {
-        let program = self.bin.join(program);
-        let mut command = if self.as_postgres {
-            let mut runuser = Command::new("runuser");
-            runuser.args(["-u", "postgres", "--"]).arg(program);
-            runuser
-        } else {
-            Command::new(program)
-        };
-        command.current_dir(&self.dir);
-        command
+        server_command(&self.bin, program, self.as_postgres, &self.dir)
     }
 }
 
@@ -210,37 +206,6 @@ impl Drop for Throwaway {
             eprintln!("could not remove {}: {error}", self.dir.display());
         }
     }
-}
-
-/// The directory holding `initdb` and `pg_ctl`: the first on `PATH`, else
-/// the highest version under `/usr/lib/postgresql` (Debian and Ubuntu keep
-/// them off `PATH`).
-fn server_binaries() -> Option<PathBuf> {
-    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    let path = env::var_os("PATH").unwrap_or_default();
-    if let Some(dir) = env::split_paths(&path).find(|dir| has_both(dir)) {
-        return Some(dir);
-    }
-    let mut versions: Vec<(Vec<u32>, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let version = name
-                .split('.')
-                .map(str::parse)
-                .collect::<Result<_, _>>()
-                .ok()?;
-            let bin = entry.path().join("bin");
-            has_both(&bin).then_some((version, bin))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, bin)| bin)
-}
-
-fn is_root() -> bool {
-    output_of(Command::new("id").arg("-u")).is_ok_and(|uid| uid.trim() == "0")
 }
 
 /// A port nobody listens on now (the OS picks it).
