@@ -17,6 +17,7 @@ use crate::gate::Gate;
 use crate::identity::Identity;
 use crate::mode::{Mode, OnUnavailable};
 use crate::observe::{self, GateEvent};
+use crate::retry::{is_serialization_failure, retry_after};
 use crate::store::{self, NewClaim};
 
 /// How often a claim re-tries, without `wait`, when the slot it lost is free
@@ -26,6 +27,19 @@ const CLAIM_ATTEMPTS: usize = 3;
 /// Pauses between attempts to record an outcome (settle or release), which
 /// are idempotent and worth a retry when a pooled connection died under them.
 const RECORD_BACKOFF: [Duration; 2] = [Duration::from_millis(25), Duration::from_millis(100)];
+
+/// Pauses between attempts of a claim whose statement failed with a
+/// serialization failure (40001) or deadlock (40P01), which PostgreSQL rolled
+/// back whole. The first retry is immediate: a serialization failure means
+/// the conflicting claim has committed, so a new statement (with a new
+/// snapshot) sees it at once. A claim whose connection died is not retried:
+/// its insert may have committed, and a retry would find its own row and
+/// report it as somebody else's invocation in flight.
+const CLAIM_BACKOFF: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(10),
+    Duration::from_millis(50),
+];
 
 /// Polling interval of a waiting duplicate: it starts short, since most
 /// bodies are short, and backs off to spare the store.
@@ -146,10 +160,32 @@ impl Gate {
         let deadline = mode.wait_duration().map(|wait| Instant::now() + wait);
         let mut poll = WAIT_FIRST_POLL;
         let mut freed = 0;
+        // Inside the caller's transaction a failed statement aborts it, so
+        // only the caller can retry (the whole transaction).
+        let mut backoff = if via.in_transaction() {
+            [].iter()
+        } else {
+            CLAIM_BACKOFF.iter()
+        };
         loop {
             let attempt = self
                 .attempt(via, &address, identity, new, want_output)
                 .await;
+            if let Some(pause) = attempt
+                .as_ref()
+                .err()
+                .filter(|error| is_serialization_failure(error))
+                .and_then(|_| backoff.next().copied())
+            {
+                if let Err(error) = &attempt {
+                    slot_event!(debug, self, identity, address, error = %error, ?pause,
+                        "claim rolled back by a serialization failure; trying again"
+                    );
+                }
+                observe::record(GateEvent::Retried);
+                tokio::time::sleep(pause).await;
+                continue;
+            }
             let attempt = match attempt {
                 Ok(attempt) => attempt,
                 Err(error) if mode.on_unavailable_policy() == OnUnavailable::Run => {
@@ -558,33 +594,5 @@ impl fmt::Debug for Claim {
             .field("address", &self.address())
             .field("fence", &self.fence())
             .finish()
-    }
-}
-
-/// When to retry an idempotent store operation (settle, release, extend):
-/// after the next pause of `backoff`, when the connection failed under it (a
-/// killed backend, a restarting server); not when the pool was closed on
-/// purpose, and not once the pauses are used up.
-fn retry_after<T>(
-    attempt: &Result<T, sqlx::Error>,
-    backoff: &mut std::slice::Iter<'_, Duration>,
-) -> Option<Duration> {
-    match attempt {
-        Err(error) if is_transient(error) => backoff.next().copied(),
-        _ => None,
-    }
-}
-
-/// Errors that a fresh connection may not meet again.
-fn is_transient(error: &sqlx::Error) -> bool {
-    match error {
-        // Not PoolTimedOut: the pool has already waited its whole acquire timeout.
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // 08: connection exception; 57P01-57P03: shutdown, crash, starting up;
-            // 40001/40P01: serialization failure, deadlock.
-            code.starts_with("08") || code.starts_with("57P") || code == "40001" || code == "40P01"
-        }),
-        _ => false,
     }
 }

@@ -19,6 +19,7 @@ mod identity;
 pub mod meter;
 mod mode;
 mod observe;
+mod retry;
 pub mod schema;
 mod store;
 pub mod testing;

@@ -47,6 +47,14 @@ use sqlx::Row;
 use crate::error::Error;
 use crate::gate::Gate;
 use crate::identity::{Identity, KeyPart};
+use crate::retry;
+
+/// Pauses before sending a batch again after a serialization failure.
+const SERIALIZATION_BACKOFF: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(10),
+    Duration::from_millis(50),
+];
 
 /// The action name under which event identifiers are encoded. Part of every
 /// event's address: stable forever, like the identity encoding.
@@ -377,17 +385,29 @@ impl Meter {
             None => RECORD.without_namespace,
             Some(_) => RECORD.within_namespace,
         };
-        let mut query = sqlx::query(statement)
-            .bind(self.gate.account_name())
-            .bind(&batch.addresses)
-            .bind(&batch.identities)
-            .bind(&batch.meters)
-            .bind(&batch.quantities)
-            .bind(&batch.occurred_micros);
-        if let Some(namespace) = namespace {
-            query = query.bind(namespace);
-        }
-        let rows = query.fetch_all(self.gate.pool()).await?;
+        let query = || {
+            let query = sqlx::query(statement)
+                .bind(self.gate.account_name())
+                .bind(&batch.addresses)
+                .bind(&batch.identities)
+                .bind(&batch.meters)
+                .bind(&batch.quantities)
+                .bind(&batch.occurred_micros);
+            match namespace {
+                Some(namespace) => query.bind(namespace),
+                None => query,
+            }
+        };
+        let mut backoff = SERIALIZATION_BACKOFF.iter();
+        let rows = loop {
+            match query().fetch_all(self.gate.pool()).await {
+                Err(error) if retry::is_serialization_failure(&error) => match backoff.next() {
+                    Some(pause) => tokio::time::sleep(*pause).await,
+                    None => return Err(error.into()),
+                },
+                other => break other?,
+            }
+        };
         let mut stored = HashMap::with_capacity(rows.len());
         for row in rows {
             let address: String = row.try_get(0)?;

@@ -23,6 +23,9 @@ pub enum GateEvent {
     /// A duplicate of a settled action got its stored value back: the body
     /// does not run.
     Replayed,
+    /// The claim statement was rolled back by a serialization failure or a
+    /// deadlock and is being tried again; a decision follows.
+    Retried,
 }
 
 pub(crate) type Events = Arc<Mutex<Vec<GateEvent>>>;

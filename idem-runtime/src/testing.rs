@@ -222,6 +222,10 @@ pub struct RaceReport<T, E> {
     pub replayed: usize,
     /// Invocations that ran ungated (an absent identity, or failing open).
     pub ungated: usize,
+    /// Claim statements the gate tried again after a serialization failure
+    /// or deadlock, over all invocations. Each was followed by a decision
+    /// counted above.
+    pub retried: usize,
     /// Everything that went wrong other than a refusal, described: the
     /// body's own errors and panics.
     pub errors: Vec<String>,
@@ -248,6 +252,11 @@ impl<T, E: fmt::Debug> RaceReport<T, E> {
             refused: count(|i| i.refusal().is_some()),
             replayed: count(Invocation::replayed),
             ungated: count(Invocation::ungated),
+            retried: invocations
+                .iter()
+                .flat_map(|i| &i.events)
+                .filter(|e| matches!(e, GateEvent::Retried))
+                .count(),
             errors,
             invocations,
         }
@@ -288,6 +297,11 @@ impl<T, E> RaceReport<T, E> {
     /// Invocations that ran ungated (an absent identity, or failing open).
     pub fn ungated(&self) -> usize {
         self.ungated
+    }
+
+    /// Claim statements tried again after a serialization failure or deadlock.
+    pub fn retried(&self) -> usize {
+        self.retried
     }
 
     /// The body's own errors and panics, described.
