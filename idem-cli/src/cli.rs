@@ -87,8 +87,14 @@ pub struct MigrateArgs {
     #[command(flatten)]
     pub schema: IdemSchemaArgs,
     /// Only verify: change nothing (for a role without DDL rights, or CI).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "partitions")]
     pub check: bool,
+    /// Create idem_records hash-partitioned on account into N partitions
+    /// (1 to 1024; 16 suits most). Only where the table does not exist yet:
+    /// an existing table is never re-partitioned, and a different layout is
+    /// an error that changes nothing.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub partitions: Option<u16>,
     #[command(flatten)]
     pub format: FormatArgs,
 }

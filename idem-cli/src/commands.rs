@@ -46,7 +46,12 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
         Command::Migrate(args) => {
             let schema = args.schema.schema.as_deref();
             let pool = connect(args.database.database_url.as_deref(), schema).await?;
-            let report = migrate::migrate(&pool, schema, args.check).await?;
+            let action = match (args.check, args.partitions) {
+                (true, _) => migrate::Action::Check,
+                (false, None) => migrate::Action::SetUp,
+                (false, Some(partitions)) => migrate::Action::SetUpPartitioned(partitions),
+            };
+            let report = migrate::migrate(&pool, schema, action).await?;
             pool.close().await;
             Ok(Done {
                 output: migrate::render(&report, args.format.format)?,

@@ -17,6 +17,9 @@ pub struct SchemaReport {
     pub version: i32,
     /// The version this build of idem expects.
     pub expected_version: i32,
+    /// How the table is laid out: `plain`, or `partitioned by HASH (account)
+    /// into 16 partitions`; null when there is no table.
+    pub layout: Option<String>,
     /// The two unique indexes the gate needs, as they must be defined.
     pub unique_indexes: [&'static str; 2],
     /// What is wrong; empty when a gate would start.
@@ -30,11 +33,23 @@ impl SchemaReport {
     }
 }
 
-/// Sets the schema up (unless `check_only`) and verifies it.
+/// What `migrate` does before it verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing (`--check`).
+    Check,
+    /// Set up or bring up to date, as a plain table where there is none.
+    SetUp,
+    /// Set up, hash-partitioned into this many partitions where there is no
+    /// table (`--partitions N`).
+    SetUpPartitioned(u16),
+}
+
+/// Sets the schema up as `action` says, and verifies it.
 pub async fn migrate(
     pool: &PgPool,
     schema_name: Option<&str>,
-    check_only: bool,
+    action: Action,
 ) -> Result<SchemaReport, CliError> {
     if let Some(name) = schema_name {
         let exists: bool =
@@ -50,11 +65,24 @@ pub async fn migrate(
             )));
         }
     }
-    if !check_only {
-        schema::set_up(pool)
+    match action {
+        Action::Check => {}
+        Action::SetUp => schema::set_up(pool)
             .await
-            .map_err(CliError::database("set up idem's schema"))?;
+            .map_err(CliError::database("set up idem's schema"))?,
+        Action::SetUpPartitioned(partitions) => schema::set_up_partitioned(pool, partitions)
+            .await
+            .map_err(|error| match error {
+                idem_runtime::Error::Database(error) => {
+                    CliError::database("set up idem's partitioned schema")(error)
+                }
+                other => CliError::Refused(other.to_string()),
+            })?,
     }
+    let layout = schema::layout(pool)
+        .await
+        .map_err(CliError::database("read idem_records' layout"))?
+        .map(|layout| layout.to_string());
     let problems = schema::verify(pool)
         .await
         .map_err(CliError::database("verify idem's schema"))?;
@@ -89,6 +117,7 @@ pub async fn migrate(
         table,
         version,
         expected_version: schema::SCHEMA_VERSION,
+        layout,
         unique_indexes: [
             schema::INDEX_WITHOUT_NAMESPACE,
             schema::INDEX_WITHIN_NAMESPACE,
@@ -112,6 +141,9 @@ fn text(report: &SchemaReport) -> String {
             "idem schema version {} is in place: {table}\n",
             report.version
         );
+        if let Some(layout) = &report.layout {
+            out.push_str(&format!("  layout: {layout}\n"));
+        }
         for index in report.unique_indexes {
             out.push_str(&format!("  present: {index}\n"));
         }
@@ -141,6 +173,7 @@ mod tests {
             table: Some("app.idem_records".to_owned()),
             version: 3,
             expected_version: 3,
+            layout: Some("plain (not partitioned)".to_owned()),
             unique_indexes: [
                 "UNIQUE (a) WHERE x IS NULL",
                 "UNIQUE (a, x) WHERE x IS NOT NULL",

@@ -14,6 +14,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 const FIXTURE: &str = include_str!("fixtures/audit.sql");
+/// The case that needs PostgreSQL 15+, loaded only there.
+const FIXTURE_15: &str = include_str!("fixtures/audit_nulls_not_distinct.sql");
 
 /// Every case that must be reported.
 const HOLES: &[&str] = &[
@@ -69,6 +71,8 @@ struct Fixture {
     conn: PgConnection,
     main: String,
     other: String,
+    /// The server knows NULLS NOT DISTINCT (PostgreSQL 15+).
+    nulls_not_distinct: bool,
 }
 
 impl Fixture {
@@ -81,9 +85,27 @@ impl Fixture {
             .replace(":\"main\"", &ident(&main))
             .replace(":\"other\"", &ident(&other));
         run_sql(&mut conn, &sql).await;
+        let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let nulls_not_distinct = version >= 150_000;
+        if nulls_not_distinct {
+            run_sql(&mut conn, &FIXTURE_15.replace(":\"main\"", &ident(&main))).await;
+        }
         run_sql(&mut conn, "RESET search_path").await;
         idem(&["migrate", "--schema", &main]).expect_code(0);
-        Fixture { conn, main, other }
+        Fixture {
+            conn,
+            main,
+            other,
+            nulls_not_distinct,
+        }
+    }
+
+    /// How many unique indexes and constraints the fixture has.
+    fn checked(&self) -> usize {
+        if self.nulls_not_distinct { 34 } else { 33 }
     }
 
     fn audit(&self, extra: &[&str]) -> common::Run {
@@ -309,14 +331,24 @@ async fn the_text_report_shows_each_finding_with_its_fixes() {
         .next()
         .unwrap_or_default()
         .replace(main.as_str(), "app");
+    // On servers before 15, the heading says the first fix is not for them.
+    let unavailable = if fixture.nulls_not_distinct {
+        String::new()
+    } else {
+        format!(
+            " (not on this server, PostgreSQL {})",
+            server_version(&run.stdout)
+        )
+    };
     assert_eq!(
         block,
-        "\
+        format!(
+            "\
 app.refs: unique index hole_composite_one_nullable
   definition:   CREATE UNIQUE INDEX hole_composite_one_nullable ON app.refs USING btree (account_id, kind, external_ref)
   nullable:     external_ref allows NULL
   duplicates:   Any number of rows where external_ref is NULL are accepted, even with the same (account_id, kind), because NULLs never equal each other.
-  fix for PostgreSQL 15+, NULLS NOT DISTINCT:
+  fix for PostgreSQL 15+, NULLS NOT DISTINCT{unavailable}:
     CREATE UNIQUE INDEX CONCURRENTLY hole_composite_one_nullable_nnd ON app.refs USING btree (account_id, kind, external_ref) NULLS NOT DISTINCT;
     DROP INDEX CONCURRENTLY app.hole_composite_one_nullable;
     ALTER INDEX app.hole_composite_one_nullable_nnd RENAME TO hole_composite_one_nullable;
@@ -324,17 +356,26 @@ app.refs: unique index hole_composite_one_nullable
     CREATE UNIQUE INDEX CONCURRENTLY hole_composite_one_nullable_n0 ON app.refs USING btree (account_id, kind, external_ref) WHERE external_ref IS NOT NULL;
     CREATE UNIQUE INDEX CONCURRENTLY hole_composite_one_nullable_n1 ON app.refs USING btree (account_id, kind) WHERE external_ref IS NULL;
     DROP INDEX CONCURRENTLY app.hole_composite_one_nullable;"
+        )
     );
     assert!(
         run.stdout
             .contains("  nullable:     lower(email), because email allows NULL\n")
     );
     assert!(run.stdout.contains(&format!(
-        "\n18 of the 34 unique indexes and constraints in schemas {main}, {} let duplicates \
+        "\n18 of the {} unique indexes and constraints in schemas {main}, {} let duplicates \
          through NULL.\n",
+        fixture.checked(),
         ident(&fixture.other)
     )));
     assert!(run.stdout.contains("Before you apply a fix:\n"));
+    assert_eq!(
+        run.stdout
+            .contains("NULLS NOT DISTINCT exists only from PostgreSQL 15 on"),
+        !fixture.nulls_not_distinct,
+        "the advice says when the server is too old for NULLS NOT DISTINCT:\n{}",
+        run.stdout
+    );
     fixture.remove().await;
 }
 
@@ -397,10 +438,35 @@ async fn the_split_fixes_close_every_hole_they_are_offered_for() {
     fixture.remove().await;
 }
 
+/// The version in the text report's "(not on this server, PostgreSQL x)".
+fn server_version(report: &str) -> &str {
+    let marker = "(not on this server, PostgreSQL ";
+    let start = report
+        .find(marker)
+        .map(|i| i + marker.len())
+        .unwrap_or_else(|| panic!("the report names no server version:\n{report}"));
+    let end = report[start..]
+        .find("):")
+        .unwrap_or_else(|| panic!("unterminated version:\n{report}"));
+    &report[start..start + end]
+}
+
 #[tokio::test]
 async fn the_nulls_not_distinct_fixes_close_every_hole_and_keep_the_names() {
     let mut fixture = Fixture::load().await;
     let findings = fixture.audit(&["--format", "json"]).expect_code(1).json();
+    for f in findings.as_array().into_iter().flatten() {
+        assert_eq!(
+            f["fix"]["nulls_not_distinct_supported"], fixture.nulls_not_distinct,
+            "the JSON says whether this server can run the NULLS NOT DISTINCT fix"
+        );
+    }
+    if !fixture.nulls_not_distinct {
+        // Before PostgreSQL 15 the statements cannot run: the report says so
+        // (checked above and in the text test); the split is checked below.
+        fixture.remove().await;
+        return;
+    }
     for f in findings.as_array().into_iter().flatten() {
         // Its note says: drop the foreign keys first. The fix itself is
         // checked on every other case.

@@ -156,6 +156,11 @@ pub enum Error {
     /// to start rather than let duplicates through.
     #[error("{0}")]
     Schema(SchemaProblems),
+
+    /// The schema could not be set up as asked (for example, partitioned
+    /// over a table that exists unpartitioned). Nothing was changed.
+    #[error("idem's schema was not set up: {0}")]
+    Setup(String),
 }
 
 /// Everything wrong with the schema that a gate found at start-up.
@@ -208,6 +213,12 @@ pub enum SchemaProblem {
         /// What was found instead, if anything resembling it exists.
         found: Option<String>,
     },
+    /// The table is partitioned, but not every account has a partition to
+    /// go to.
+    Partitions {
+        /// What is missing, and how to add it.
+        detail: String,
+    },
 }
 
 impl fmt::Display for SchemaProblem {
@@ -227,6 +238,7 @@ impl fmt::Display for SchemaProblem {
                 }
                 Ok(())
             }
+            SchemaProblem::Partitions { detail } => write!(f, "idem_records: {detail}"),
         }
     }
 }

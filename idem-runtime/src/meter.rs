@@ -269,6 +269,14 @@ impl Recorded {
 
 /// The batch statement in its two scopes. Rows are written in address order
 /// so that concurrent batches lock shared rows in the same order.
+///
+/// `DO UPDATE` (a no-op write) rather than `DO NOTHING`, so a row that
+/// conflicts comes back too, locked and in its latest committed version, even
+/// when it committed after the statement's snapshot. A new row is told from
+/// a stored one by its fence: each candidate draws one from the sequence
+/// first, and only a row this statement inserted can carry it (`xmax = 0`
+/// would say the same on a plain table, but a partitioned one cannot return
+/// system columns).
 struct RecordStatement {
     without_namespace: &'static str,
     within_namespace: &'static str,
@@ -277,20 +285,30 @@ struct RecordStatement {
 macro_rules! record_statement {
     ($namespace:literal, $arbiter:literal) => {
         concat!(
-            "INSERT INTO idem_records AS r \
-               (account, kind, address, namespace, state, identity, meter, quantity, occurred_at) \
-             SELECT $1, 'meter_event', e.address, ",
+            "WITH e AS MATERIALIZED ( \
+                 SELECT u.*, nextval('idem_records_fence_seq') AS fence \
+                 FROM unnest($2::text[], $3::bytea[], $4::text[], $5::bigint[], $6::bigint[]) \
+                      AS u(address, identity, meter, quantity, occurred_us) \
+             ), written AS ( \
+                 INSERT INTO idem_records AS r \
+                   (account, kind, address, namespace, state, identity, meter, quantity, \
+                    occurred_at, fence) \
+                 SELECT $1, 'meter_event', e.address, ",
             $namespace,
             ", 'recorded', e.identity, e.meter, e.quantity, \
-                    timestamptz 'epoch' + e.occurred_us * interval '1 microsecond' \
-             FROM unnest($2::text[], $3::bytea[], $4::text[], $5::bigint[], $6::bigint[]) \
-                  AS e(address, identity, meter, quantity, occurred_us) \
-             ORDER BY e.address \
-             ON CONFLICT ",
+                        timestamptz 'epoch' + e.occurred_us * interval '1 microsecond', e.fence \
+                 FROM e \
+                 ORDER BY e.address \
+                 ON CONFLICT ",
             $arbiter,
             " DO UPDATE SET state = r.state \
-             RETURNING r.address, r.xmax = 0 AS inserted, r.identity, r.meter, r.quantity, \
-                       round(extract(epoch FROM r.occurred_at) * 1000000)::bigint AS occurred_us"
+                 RETURNING r.address, r.fence, r.identity, r.meter, r.quantity, \
+                           round(extract(epoch FROM r.occurred_at) * 1000000)::bigint \
+                               AS occurred_us \
+             ) \
+             SELECT w.address, w.fence = e.fence AS inserted, w.identity, w.meter, w.quantity, \
+                    w.occurred_us \
+             FROM written w JOIN e ON e.address = w.address"
         )
     };
 }

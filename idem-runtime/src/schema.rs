@@ -7,6 +7,10 @@ use sqlx::{Acquire, PgConnection, PgPool};
 
 use crate::error::{SchemaProblem, SchemaProblems};
 
+mod partitioned;
+
+pub use partitioned::{Layout, MAX_PARTITIONS, layout, partitioned_sql, set_up_partitioned};
+
 /// The whole schema as one idempotent script, for users who run their own
 /// migrations (refinery, sqlx-cli, Flyway, ...): every [`MIGRATIONS`] entry
 /// in order. It records its versions in `idem_schema_version`, so
@@ -54,7 +58,7 @@ pub const INDEX_WITHIN_NAMESPACE: &str =
     "UNIQUE (account, kind, address, namespace) WHERE namespace IS NOT NULL";
 
 /// Serialises concurrent set-ups across processes ("idemschm" in ASCII).
-const SETUP_LOCK: i64 = 0x6964_656d_7363_686d;
+pub(crate) const SETUP_LOCK: i64 = 0x6964_656d_7363_686d;
 
 /// Brings the schema up to [`SCHEMA_VERSION`].
 ///
@@ -74,11 +78,17 @@ pub async fn set_up(pool: &PgPool) -> Result<(), sqlx::Error> {
         .await?;
     // Another process may have finished while we waited for the lock.
     let current = current_version(&mut tx).await?;
+    migrate_within(&mut tx, current).await?;
+    tx.commit().await
+}
+
+/// Applies the migrations after `current`, in the caller's transaction.
+async fn migrate_within(conn: &mut PgConnection, current: i32) -> Result<(), sqlx::Error> {
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
-        sqlx::raw_sql(migration.sql).execute(&mut *tx).await?;
+        sqlx::raw_sql(migration.sql).execute(&mut *conn).await?;
         tracing::info!(target: "idem", version = migration.version, "idem schema migrated");
     }
-    tx.commit().await
+    Ok(())
 }
 
 /// The highest schema version applied, 0 when idem was never set up here.
@@ -169,7 +179,11 @@ impl IndexRow {
             why.push("it is not unique".to_owned());
         }
         if !self.is_valid {
-            why.push("it is invalid (a failed CREATE INDEX CONCURRENTLY?)".to_owned());
+            why.push(
+                "it is invalid (a failed CREATE INDEX CONCURRENTLY, or on a partitioned table, \
+                 a partition without it)"
+                    .to_owned(),
+            );
         }
         if !self.is_immediate {
             why.push("it is deferrable, so it cannot arbitrate ON CONFLICT".to_owned());
@@ -293,6 +307,22 @@ pub async fn verify(pool: &PgPool) -> Result<Option<SchemaProblems>, sqlx::Error
         problems.push(SchemaProblem::MissingIndex {
             definition: required.definition,
             found,
+        });
+    }
+
+    // A partitioned table: its unique indexes are valid only once every
+    // partition has them, so the checks above hold for every partition. What
+    // is left is whether every account has a partition to go to.
+    if let Some((modulus, missing)) = partitioned::uncovered_hash_remainders(&mut conn).await?
+        && !missing.is_empty()
+    {
+        problems.push(SchemaProblem::Partitions {
+            detail: format!(
+                "no partition takes hash remainders {missing:?} of modulus {modulus}, so every \
+                 claim of an account that hashes there fails; create the missing partitions \
+                 (CREATE TABLE ... PARTITION OF idem_records FOR VALUES WITH (MODULUS {modulus}, \
+                 REMAINDER r))"
+            ),
         });
     }
 

@@ -110,6 +110,8 @@ pub struct TableColumn {
 pub struct Server {
     /// `pg_index.indnullsnotdistinct` exists (PostgreSQL 15+).
     pub has_nulls_not_distinct: bool,
+    /// `server_version`, e.g. `15.19 (Debian 15.19-0+deb12u1)`: for messages.
+    pub version: String,
     /// Keywords the server does not list as unreserved.
     pub keywords: Vec<String>,
 }
@@ -120,12 +122,14 @@ pub async fn server(pool: &PgPool) -> Result<Server, sqlx::Error> {
         "SELECT EXISTS (SELECT 1 FROM pg_attribute \
                         WHERE attrelid = 'pg_catalog.pg_index'::regclass \
                           AND attname = 'indnullsnotdistinct') AS has_nnd, \
+                current_setting('server_version') AS version, \
                 ARRAY(SELECT word::text FROM pg_get_keywords() WHERE catcode <> 'U') AS keywords",
     )
     .fetch_one(pool)
     .await?;
     Ok(Server {
         has_nulls_not_distinct: row.try_get("has_nnd")?,
+        version: row.try_get("version")?,
         keywords: row.try_get("keywords")?,
     })
 }

@@ -37,6 +37,11 @@ pub struct Report {
     pub checked: usize,
     /// The ones that let duplicates through NULL.
     pub findings: Vec<Finding>,
+    /// The server's version, as it reports it.
+    pub server_version: String,
+    /// The server knows `NULLS NOT DISTINCT` (PostgreSQL 15+); when it does
+    /// not, the report says the split is the fix to use.
+    pub nulls_not_distinct: bool,
 }
 
 /// Audits `schemas`, or every schema but PostgreSQL's own when it is empty.
@@ -79,7 +84,7 @@ pub async fn audit(pool: &PgPool, schemas: &[String]) -> Result<Report, CliError
     let functions = catalog::functions(pool, &oids)
         .await
         .map_err(CliError::database("read the functions the indexes use"))?;
-    let quoter = Quoter::new(server.keywords);
+    let quoter = Quoter::new(server.keywords.clone());
     let schemas_sql = schemas.iter().map(|s| quoter.quote(s)).collect();
     let findings = indexes
         .iter()
@@ -90,5 +95,7 @@ pub async fn audit(pool: &PgPool, schemas: &[String]) -> Result<Report, CliError
         schemas_sql,
         checked: indexes.len(),
         findings,
+        server_version: server.version,
+        nulls_not_distinct: server.has_nulls_not_distinct,
     })
 }

@@ -16,6 +16,7 @@
 //! | `predicate` | string or null | the partial index's predicate, as SQL |
 //! | `lets_through` | string | one sentence: which duplicates get in |
 //! | `fix.nulls_not_distinct` | [string] | statements, PostgreSQL 15+ |
+//! | `fix.nulls_not_distinct_supported` | bool | whether the audited server (15+) can run them |
 //! | `fix.partial_indexes` | [string] | statements, any version (empty when omitted) |
 //! | `fix.partial_indexes_omitted` | string or null | why there is no split |
 //! | `notes` | [string] | what else to know before applying a fix |
@@ -44,7 +45,7 @@ const MAX_SCHEMAS_NAMED: usize = 5;
 pub fn text(report: &Report) -> String {
     let mut out = String::new();
     for finding in &report.findings {
-        out.push_str(&finding_block(finding));
+        out.push_str(&finding_block(finding, report));
         out.push('\n');
     }
     let checked = plural(
@@ -67,11 +68,19 @@ pub fn text(report: &Report) -> String {
             "{} of the {checked} in {schemas} let duplicates through NULL.\n\n{BEFORE_FIXING}\n",
             report.findings.len()
         ));
+        if !report.nulls_not_distinct {
+            out.push_str(&format!(
+                "  - This server is PostgreSQL {}: NULLS NOT DISTINCT exists only from PostgreSQL \
+                 15 on, so use the fix for any version\n    (the split into partial indexes), or \
+                 make the columns NOT NULL; the NULLS NOT DISTINCT fix is for after an upgrade.\n",
+                report.server_version
+            ));
+        }
     }
     out
 }
 
-fn finding_block(finding: &Finding) -> String {
+fn finding_block(finding: &Finding, report: &Report) -> String {
     const LABEL: usize = 14;
     let index = &finding.index;
     let mut out = format!(
@@ -97,7 +106,14 @@ fn finding_block(finding: &Finding) -> String {
         .collect();
     field("nullable:", &nullable);
     field("duplicates:", std::slice::from_ref(&finding.lets_through));
-    out.push_str("  fix for PostgreSQL 15+, NULLS NOT DISTINCT:\n");
+    if report.nulls_not_distinct {
+        out.push_str("  fix for PostgreSQL 15+, NULLS NOT DISTINCT:\n");
+    } else {
+        out.push_str(&format!(
+            "  fix for PostgreSQL 15+, NULLS NOT DISTINCT (not on this server, PostgreSQL {}):\n",
+            report.server_version
+        ));
+    }
     for statement in &finding.fix.nulls_not_distinct {
         out.push_str(&format!("    {statement}\n"));
     }
@@ -148,6 +164,7 @@ struct NullableJson<'a> {
 #[derive(Serialize)]
 struct FixJson<'a> {
     nulls_not_distinct: &'a [String],
+    nulls_not_distinct_supported: bool,
     partial_indexes: &'a [String],
     partial_indexes_omitted: Option<&'a str>,
 }
@@ -176,6 +193,7 @@ pub fn json(report: &Report) -> Result<String, CliError> {
             lets_through: &f.lets_through,
             fix: FixJson {
                 nulls_not_distinct: &f.fix.nulls_not_distinct,
+                nulls_not_distinct_supported: report.nulls_not_distinct,
                 partial_indexes: &f.fix.partial_indexes,
                 partial_indexes_omitted: f.fix.partial_indexes_omitted.as_deref(),
             },
