@@ -76,7 +76,11 @@ async fn a_serialization_failure_or_deadlock_in_the_claim_is_tried_again() {
         })
         .await;
         report.assert_exactly_once();
-        assert_eq!(ran.load(Ordering::SeqCst), 1, "{errcode}: the body runs once");
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            1,
+            "{errcode}: the body runs once"
+        );
         assert_eq!(
             insert_attempts(&pool).await,
             3,
@@ -137,7 +141,10 @@ async fn inside_the_caller_s_transaction_a_serialization_failure_is_the_caller_s
         .expect("the retried transaction claims");
     claim.settle_in(&mut tx).await.expect("settle");
     tx.commit().await.expect("commit");
-    assert_eq!(common::row_state(&gate, &id.address()).await, Some("success".to_owned()));
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await,
+        Some("success".to_owned())
+    );
 }
 
 /// A pool whose every transaction, autocommitted statements included, runs
