@@ -124,8 +124,8 @@
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Fingerprint, Gate, GateEvent, Identity,
-    KeyPart, Mode, NotCanonical, OnUnavailable, PartWriter, PartWritten, Rejected, SchemaProblem,
-    SchemaProblems, meter, schema, sqlx, testing,
+    KeyPart, Mode, NotCanonical, OnUnavailable, OutcomeCommit, PartWriter, PartWritten, Rejected,
+    SchemaProblem, SchemaProblems, meter, schema, sqlx, testing,
 };
 
 /// The `Idempotency-Key` header for axum services (feature `axum`).

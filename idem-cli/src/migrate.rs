@@ -187,6 +187,7 @@ mod tests {
         assert_eq!(
             text(&report(vec![])),
             "idem schema version 3 is in place: app.idem_records\n  \
+             layout: plain (not partitioned)\n  \
              present: UNIQUE (a) WHERE x IS NULL\n  \
              present: UNIQUE (a, x) WHERE x IS NOT NULL\n"
         );

@@ -28,6 +28,7 @@ async fn migrate_sets_up_verifies_and_reports_what_is_missing() {
 
     let expected = format!(
         "idem schema version {SCHEMA_VERSION} is in place: {schema}.idem_records\n  \
+         layout: plain (not partitioned)\n  \
          present: {INDEX_WITHOUT_NAMESPACE}\n  present: {INDEX_WITHIN_NAMESPACE}\n"
     );
     assert_eq!(
@@ -50,7 +51,18 @@ async fn migrate_sets_up_verifies_and_reports_what_is_missing() {
     .json();
     assert_eq!(report["version"], SCHEMA_VERSION);
     assert_eq!(report["table"], format!("{schema}.idem_records"));
+    assert_eq!(report["layout"], "plain (not partitioned)");
     assert_eq!(report["problems"], serde_json::json!([]));
+
+    // A plain table is never re-partitioned: refused, nothing changed.
+    let run = idem(&["migrate", "--schema", &schema, "--partitions", "16"]).expect_code(1);
+    assert!(
+        run.stderr
+            .contains("already exists, plain (not partitioned)")
+            && run.stderr.contains("Nothing was changed"),
+        "{}",
+        run.stderr
+    );
 
     run_sql(
         &mut conn,
@@ -498,5 +510,48 @@ async fn claims_are_listed_shown_released_and_pruned() {
     assert!(run.stderr.contains("write YYYY-MM-DD"), "{}", run.stderr);
 
     run_sql(&mut conn, "RESET search_path").await;
+    drop_schemas(&mut conn, &[&schema]).await;
+}
+
+#[tokio::test]
+async fn migrate_partitions_a_new_table_by_account_and_reports_the_layout() {
+    let mut conn = connect().await;
+    let schema = unique_name("idem_partitions");
+    create_schemas(&mut conn, &[&schema]).await;
+
+    let run = idem(&["migrate", "--schema", &schema, "--partitions", "8"]).expect_code(0);
+    assert!(
+        run.stdout
+            .contains("  layout: partitioned by HASH (account) into 8 partitions\n"),
+        "{}",
+        run.stdout
+    );
+    // The same layout again only verifies; another count is refused.
+    idem(&["migrate", "--schema", &schema, "--partitions", "8"]).expect_code(0);
+    let run = idem(&["migrate", "--schema", &schema, "--partitions", "4"]).expect_code(1);
+    assert!(run.stderr.contains("into 4 partitions"), "{}", run.stderr);
+    // Out of range, and with --check: usage errors, said by the parser.
+    let run = idem(&["migrate", "--schema", &schema, "--partitions", "0"]).expect_code(2);
+    assert!(run.stderr.contains("--partitions"), "{}", run.stderr);
+    let run = idem(&[
+        "migrate",
+        "--schema",
+        &schema,
+        "--check",
+        "--partitions",
+        "8",
+    ])
+    .expect_code(2);
+    assert!(run.stderr.contains("cannot be used with"), "{}", run.stderr);
+    let report = idem(&[
+        "migrate", "--schema", &schema, "--check", "--format", "json",
+    ])
+    .expect_code(0)
+    .json();
+    assert_eq!(
+        report["layout"],
+        "partitioned by HASH (account) into 8 partitions"
+    );
+
     drop_schemas(&mut conn, &[&schema]).await;
 }

@@ -16,6 +16,7 @@ mod kw {
     syn::custom_keyword!(lease);
     syn::custom_keyword!(wait);
     syn::custom_keyword!(on_unavailable);
+    syn::custom_keyword!(outcome_commit);
     syn::custom_keyword!(tx);
 }
 
@@ -31,6 +32,7 @@ pub(crate) const OPTIONS: &[&str] = &[
     "lease",
     "wait",
     "on_unavailable",
+    "outcome_commit",
     "tx",
 ];
 
@@ -50,6 +52,9 @@ pub(crate) struct Args {
     /// `on_unavailable`: `Some(Some(span))` for `"run"` (where it was
     /// written), `Some(None)` for an explicit `"refuse"`, the default.
     pub on_unavailable: Option<Option<Span>>,
+    /// `outcome_commit`: `Some(Some(span))` for `"async"` (where it was
+    /// written), `Some(None)` for an explicit `"durable"`, the default.
+    pub outcome_commit: Option<Option<Span>>,
     pub tx: Option<Expr>,
     pub errors: Errors,
 }
@@ -113,6 +118,7 @@ impl Parse for Args {
             lease: None,
             wait: None,
             on_unavailable: None,
+            outcome_commit: None,
             tx: None,
             errors: Errors::default(),
         };
@@ -202,6 +208,31 @@ impl Parse for Args {
                 });
                 args.set(name.span, "on_unavailable", value, |a| {
                     &mut a.on_unavailable
+                });
+            } else if lookahead.peek(kw::outcome_commit) {
+                let name: kw::outcome_commit = input.parse()?;
+                let example = "outcome_commit = \"async\"";
+                let value = parse_value(input, name.span, "outcome_commit", example)?;
+                let value =
+                    value.and_then(|value| args.check_string(value, "outcome_commit", example));
+                let value = value.and_then(|literal| match literal.value().as_str() {
+                    "async" => Some(Some(literal.span())),
+                    "durable" => Some(None),
+                    other => {
+                        args.errors.push(syn::Error::new_spanned(
+                            &literal,
+                            format!(
+                                "`outcome_commit` is \"durable\" (the default: settle and release \
+                                 wait for the disk) or \"async\" (they commit with \
+                                 synchronous_commit off; a server crash can lose one, leaving the \
+                                 claim pending), not {other:?}"
+                            ),
+                        ));
+                        None
+                    }
+                });
+                args.set(name.span, "outcome_commit", value, |a| {
+                    &mut a.outcome_commit
                 });
             } else if lookahead.peek(kw::tx) {
                 let name: kw::tx = input.parse()?;

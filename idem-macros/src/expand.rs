@@ -55,6 +55,7 @@ struct Modes {
     lease: Option<std::time::Duration>,
     wait: Option<std::time::Duration>,
     fail_open: bool,
+    async_outcome: bool,
     tx: Option<syn::Expr>,
 }
 
@@ -71,12 +72,14 @@ impl Checked {
             lease,
             wait,
             on_unavailable,
+            outcome_commit,
             tx,
             mut errors,
         } = args;
         let signature = &function.sig;
         let parameters = Parameters::of(signature);
         let fail_open = on_unavailable.flatten();
+        let async_outcome = outcome_commit.flatten();
 
         if signature.asyncness.is_none() {
             errors.push(syn::Error::new_spanned(
@@ -154,6 +157,27 @@ impl Checked {
             }
         }
 
+        // An outcome may commit asynchronously only where losing it in a
+        // crash leaves the slot closed: see idem::OutcomeCommit::Async.
+        if let Some(span) = async_outcome {
+            if tx.is_some() {
+                errors.push(syn::Error::new(
+                    span,
+                    "`outcome_commit = \"async\"` cannot be combined with `tx`: the settle runs in \
+                     your transaction, so it would make your whole commit asynchronous, your own \
+                     writes included; drop one of them",
+                ));
+            }
+            if lease.is_some() {
+                errors.push(syn::Error::new(
+                    span,
+                    "`outcome_commit = \"async\"` cannot be combined with `lease`: a settle lost in \
+                     a server crash leaves the claim pending, and once its lease runs out a \
+                     duplicate would run the action again; drop one of them",
+                ));
+            }
+        }
+
         for (option, expr) in [
             ("`account`", &account),
             ("`namespace`", &namespace),
@@ -213,6 +237,7 @@ impl Checked {
                 lease: lease.map(|l| l.duration),
                 wait: wait.map(|w| w.duration),
                 fail_open: fail_open.is_some(),
+                async_outcome: async_outcome.is_some(),
                 tx,
             },
         })
@@ -361,6 +386,9 @@ impl Modes {
         }
         if self.fail_open {
             mode.extend(quote!(.on_unavailable(::idem::__private::OnUnavailable::Run)));
+        }
+        if self.async_outcome {
+            mode.extend(quote!(.outcome_commit(::idem::__private::OutcomeCommit::Async)));
         }
         if let Some((parts, span)) = &self.fingerprint {
             let parts = parts

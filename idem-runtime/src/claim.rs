@@ -15,10 +15,10 @@ use sqlx::{PgConnection, PgPool, Postgres};
 use crate::error::Rejected;
 use crate::gate::Gate;
 use crate::identity::Identity;
-use crate::mode::{Mode, OnUnavailable};
+use crate::mode::{Mode, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::retry::{is_serialization_failure, retry_after};
-use crate::store::{self, NewClaim};
+use crate::store::{self, Commit, NewClaim};
 
 /// How often a claim re-tries, without `wait`, when the slot it lost is free
 /// again by the time it looks (the holder failed and released in between).
@@ -209,6 +209,16 @@ impl Gate {
                             fence,
                             leased: mode.lease_duration().is_some(),
                             in_transaction: via.in_transaction(),
+                            // Never under a lease or in the caller's
+                            // transaction: see OutcomeCommit::Async.
+                            commit: match mode.outcome_commit_policy() {
+                                OutcomeCommit::Async
+                                    if mode.lease_duration().is_none() && !via.in_transaction() =>
+                                {
+                                    Commit::Async
+                                }
+                                _ => Commit::Durable,
+                            },
                         }),
                     }));
                 }
@@ -264,18 +274,22 @@ impl Gate {
         want_output: bool,
     ) -> Result<Attempt, sqlx::Error> {
         let scope = self.scope();
-        if let Some(fence) =
-            store::insert_pending(&mut *via.connection().await?, scope, address, new).await?
-        {
-            return Ok(Attempt::Won(fence));
-        }
-        // Lost: the lookup is only here to tell the caller why.
-        let existing =
-            store::lookup(&mut *via.connection().await?, scope, address, want_output).await?;
-        let Some(existing) = existing else {
-            // The holder failed and released between our insert and our
-            // lookup: the slot is free again.
-            return Ok(Attempt::Freed);
+        // One connection for the whole attempt: every acquire may cost a
+        // round trip of its own (the pool's liveness check).
+        let mut conn = via.connection().await?;
+        let existing = match store::claim(&mut *conn, scope, address, new, want_output).await? {
+            store::Claimed::Won(fence) => return Ok(Attempt::Won(fence)),
+            store::Claimed::Held(existing) => existing,
+            // Stopped by a row the statement could not see: look again,
+            // with a new snapshot, to tell the caller why.
+            store::Claimed::Hidden => {
+                match store::lookup(&mut *conn, scope, address, want_output).await? {
+                    Some(existing) => existing,
+                    // The holder failed and released in between: the slot
+                    // is free again.
+                    None => return Ok(Attempt::Freed),
+                }
+            }
         };
         if existing.identity != identity.canonical() {
             return Ok(Attempt::Refused(Rejected::Collision {
@@ -296,14 +310,7 @@ impl Gate {
             return Ok(Attempt::Settled(existing.output.filter(|_| replayable)));
         }
         if existing.lease_expired {
-            let taken = store::take_over(
-                &mut *via.connection().await?,
-                scope,
-                address,
-                existing.fence,
-                new,
-            )
-            .await?;
+            let taken = store::take_over(&mut *conn, scope, address, existing.fence, new).await?;
             return Ok(match taken {
                 Some(fence) => {
                     slot_event!(
@@ -364,6 +371,8 @@ struct Held {
     /// Inside the caller's transaction, the transaction decides: a dropped
     /// claim is rolled back with it, so there is nothing to warn about.
     in_transaction: bool,
+    /// How the outcome commits.
+    commit: Commit,
 }
 
 impl Claim {
@@ -485,9 +494,17 @@ impl Claim {
             let attempt = async {
                 let mut conn = via.connection().await?;
                 if success {
-                    store::settle(&mut *conn, scope, &held.address, held.fence, output).await
+                    store::settle(
+                        &mut *conn,
+                        scope,
+                        &held.address,
+                        held.fence,
+                        output,
+                        held.commit,
+                    )
+                    .await
                 } else {
-                    store::release(&mut *conn, scope, &held.address, held.fence).await
+                    store::release(&mut *conn, scope, &held.address, held.fence, held.commit).await
                 }
             }
             .await;

@@ -14,7 +14,7 @@ use crate::claim::{Acquired, Claim, Via};
 use crate::error::Rejected;
 use crate::gate::Gate;
 pub use crate::identity::Identity;
-pub use crate::mode::{Fingerprint, Mode, OnUnavailable};
+pub use crate::mode::{Fingerprint, Mode, OnUnavailable, OutcomeCommit};
 pub use std::time::Duration;
 
 /// The return type of a guarded function: a `Result` whose error can carry a

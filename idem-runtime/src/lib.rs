@@ -30,7 +30,7 @@ pub use gate::Gate;
 pub use identity::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartWriter, PartWritten,
 };
-pub use mode::{Fingerprint, Mode, OnUnavailable};
+pub use mode::{Fingerprint, Mode, OnUnavailable, OutcomeCommit};
 pub use observe::GateEvent;
 
 /// The sqlx this crate was built with, so users need not match versions.

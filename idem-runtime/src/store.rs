@@ -39,14 +39,67 @@ pub(crate) struct Existing {
     pub output: Option<String>,
 }
 
-/// The happy path, and the whole gate: one statement. A conflict with either
-/// partial unique index means somebody else holds the slot; no row comes
-/// back and nothing is written.
-const INSERT_PENDING: &str = "INSERT INTO idem_records \
-       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at) \
-     VALUES ($1, 'claim', $2, $3, 'pending', $4, $5, now() + $6 * interval '1 microsecond') \
-     ON CONFLICT DO NOTHING \
-     RETURNING fence";
+/// The claim, and the whole gate: one statement, whose insert decides.
+///
+/// It looks first, in the same statement, so that a duplicate of a visible
+/// claim (the common duplicate: a retry of something settled or long in
+/// flight) is answered by this one round trip instead of an insert that
+/// conflicts and then a lookup: a refusal costs what a hand-written `SELECT`
+/// does. When the lookup finds nothing the `INSERT ... ON CONFLICT DO
+/// NOTHING` runs, and a conflict with either partial unique index means
+/// somebody else holds the slot. The lookup is an early-out only: a row it
+/// cannot see (committed after the statement's snapshot, or not committed
+/// yet) still stops the insert, and then no row comes back at all, which
+/// [`claim`] answers with a plain [`lookup`] under a new snapshot.
+///
+/// `$1` account, `$2` address, `$3` namespace, `$4` identity, `$5`
+/// fingerprint, `$6` lease in microseconds (NULL: none), `$7` whether to
+/// return the stored output.
+macro_rules! claim_statement {
+    ($namespace_test:literal) => {
+        concat!(
+            "WITH existing AS ( \
+                 SELECT state = 'success' AS settled, identity, fingerprint, fence, \
+                        coalesce(lease_expires_at < now(), false) AS lease_expired, \
+                        CASE WHEN $7 THEN output::text END AS output \
+                 FROM idem_records \
+                 WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
+            $namespace_test,
+            " ), claimed AS ( \
+                 INSERT INTO idem_records \
+                   (account, kind, address, namespace, state, identity, fingerprint, \
+                    lease_expires_at) \
+                 SELECT $1, 'claim', $2, $3, 'pending', $4, $5, \
+                        now() + $6 * interval '1 microsecond' \
+                 WHERE NOT EXISTS (SELECT FROM existing) \
+                 ON CONFLICT DO NOTHING \
+                 RETURNING fence \
+             ) \
+             SELECT true, fence, NULL::boolean, NULL::bytea, NULL::bytea, NULL::boolean, \
+                    NULL::text \
+             FROM claimed \
+             UNION ALL \
+             SELECT false, fence, settled, identity, fingerprint, lease_expired, output \
+             FROM existing"
+        )
+    };
+}
+
+const CLAIM: PerRow = PerRow {
+    without_namespace: claim_statement!("namespace IS NULL AND $3::text IS NULL"),
+    within_namespace: claim_statement!("namespace = $3"),
+};
+
+/// What the claim statement found.
+#[derive(Debug)]
+pub(crate) enum Claimed {
+    /// This statement inserted the claim, with this fence.
+    Won(i64),
+    /// The slot is held by a row the statement could see.
+    Held(Existing),
+    /// The insert met a row the statement's snapshot cannot see: look again.
+    Hidden,
+}
 
 /// A statement over one claim row, in its two forms. The row is found
 /// through the partial index whose predicate its namespace satisfies, so the
@@ -98,6 +151,32 @@ const RELEASE: PerRow = per_row!(
     "state = 'pending' AND fence = $4"
 );
 
+/// [`SETTLE`] committing without waiting for its WAL to reach the disk:
+/// `synchronous_commit` is set for its own transaction only, inside the
+/// statement (no extra round trip, nothing left on the pooled connection).
+const SETTLE_ASYNC: PerRow = per_row!(
+    "UPDATE idem_records \
+     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output = $5::jsonb \
+     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
+    "state = 'pending' AND fence = $4"
+);
+
+/// [`RELEASE`], committing as [`SETTLE_ASYNC`] does.
+const RELEASE_ASYNC: PerRow = per_row!(
+    "DELETE FROM idem_records \
+     USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
+    "state = 'pending' AND fence = $4"
+);
+
+/// How a settle or release commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Commit {
+    /// Waits for the WAL flush, as every commit does by default.
+    Durable,
+    /// Returns before the WAL flush (`synchronous_commit = off`).
+    Async,
+}
+
 /// `$4`: the holder's fence; `$5`: the new lease in microseconds.
 const EXTEND: PerRow = per_row!(
     "UPDATE idem_records SET lease_expires_at = now() + $5 * interval '1 microsecond'",
@@ -129,24 +208,36 @@ impl PerRow {
     }
 }
 
-/// Inserts a pending claim. `Some(fence)`: this call won the slot.
-pub(crate) async fn insert_pending<'e>(
+/// Claims the slot, or finds who holds it, in one statement ([`CLAIM`]).
+pub(crate) async fn claim<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
     claim: NewClaim<'_>,
-) -> Result<Option<i64>, sqlx::Error> {
-    sqlx::query(INSERT_PENDING)
-        .bind(scope.account)
-        .bind(address)
-        .bind(scope.namespace)
+    with_output: bool,
+) -> Result<Claimed, sqlx::Error> {
+    let row = CLAIM
+        .query(scope, address)
         .bind(claim.identity)
         .bind(claim.fingerprint)
         .bind(claim.lease_micros)
+        .bind(with_output)
         .fetch_optional(executor)
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()
+        .await?;
+    let Some(row) = row else {
+        return Ok(Claimed::Hidden);
+    };
+    if row.try_get::<bool, _>(0)? {
+        return Ok(Claimed::Won(row.try_get(1)?));
+    }
+    Ok(Claimed::Held(Existing {
+        fence: row.try_get(1)?,
+        settled: row.try_get(2)?,
+        identity: row.try_get(3)?,
+        fingerprint: row.try_get(4)?,
+        lease_expired: row.try_get(5)?,
+        output: row.try_get(6)?,
+    }))
 }
 
 /// The row holding a slot, if any is still there.
@@ -182,8 +273,13 @@ pub(crate) async fn settle<'e>(
     address: &str,
     fence: i64,
     output: Option<&str>,
+    commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let done = SETTLE
+    let statement = match commit {
+        Commit::Durable => &SETTLE,
+        Commit::Async => &SETTLE_ASYNC,
+    };
+    let done = statement
         .query(scope, address)
         .bind(fence)
         .bind(output)
@@ -199,8 +295,13 @@ pub(crate) async fn release<'e>(
     scope: Scope<'_>,
     address: &str,
     fence: i64,
+    commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let done = RELEASE
+    let statement = match commit {
+        Commit::Durable => &RELEASE,
+        Commit::Async => &RELEASE_ASYNC,
+    };
+    let done = statement
         .query(scope, address)
         .bind(fence)
         .execute(executor)

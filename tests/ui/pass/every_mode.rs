@@ -24,9 +24,14 @@ async fn leased(gate: &Gate, id: u64) -> Result<(), Rejected> {
     Ok(())
 }
 
-#[idempotent(key = "id", on_unavailable = "refuse")]
+#[idempotent(key = "id", on_unavailable = "refuse", outcome_commit = "durable")]
 async fn strict(gate: &Gate, id: u64) -> Result<(), Rejected> {
     Ok(())
+}
+
+#[idempotent(key = "id", outcome_commit = "async", replay, wait = "2s")]
+async fn async_outcome(gate: &Gate, id: u64) -> Result<Receipt, Rejected> {
+    Ok(Receipt { id })
 }
 
 #[idempotent(key = "id", tx = tx, replay, fingerprint = "amount")]
@@ -47,6 +52,7 @@ async fn exercise(gate: &Gate, tx: &mut Transaction<'_, Postgres>, conn: &mut Pg
     fingerprinted(gate, 1, 5, "EUR").await?;
     leased(gate, 1).await?;
     strict(gate, 1).await?;
+    async_outcome(gate, 1).await?;
     in_transaction(gate, tx, 1, 5).await?;
     on_a_connection(gate, conn, 1).await?;
     Ok(())

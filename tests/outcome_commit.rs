@@ -1,0 +1,170 @@
+//! `outcome_commit = "async"`: settle and release commit with
+//! `synchronous_commit = off`, for their own transaction only, and never
+//! under a lease or inside the caller's transaction. A trigger records the
+//! setting each settle (UPDATE) and release (DELETE) commits under.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem::sqlx::{self, PgPool};
+use idem::testing::race;
+use idem::{Gate, Identity, Mode, OutcomeCommit, Rejected, idempotent};
+
+/// A gate on a fresh schema whose `idem_records` logs, for every UPDATE and
+/// DELETE, the `synchronous_commit` in force.
+async fn logged_gate() -> (Gate, PgPool) {
+    // One connection: what one statement sets, the next would inherit.
+    let (_schema, pool) = common::fresh_schema(1).await;
+    let gate = Gate::connect(pool.clone()).await.expect("set up");
+    sqlx::raw_sql(
+        "CREATE TABLE commit_log (n serial, op text, synchronous_commit text);
+         CREATE FUNCTION log_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO commit_log (op, synchronous_commit)
+             VALUES (TG_OP, current_setting('synchronous_commit'));
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER log_commit AFTER UPDATE OR DELETE ON idem_records
+             FOR EACH ROW EXECUTE FUNCTION log_commit();",
+    )
+    .execute(&pool)
+    .await
+    .expect("install the logging trigger");
+    (gate, pool)
+}
+
+/// The log so far, oldest first, then cleared.
+async fn take_log(pool: &PgPool) -> Vec<(String, String)> {
+    let log = sqlx::query_as("SELECT op, synchronous_commit FROM commit_log ORDER BY n")
+        .fetch_all(pool)
+        .await
+        .expect("read the log");
+    sqlx::query("TRUNCATE commit_log")
+        .execute(pool)
+        .await
+        .expect("clear the log");
+    log
+}
+
+fn entry(op: &str, setting: &str) -> (String, String) {
+    (op.to_owned(), setting.to_owned())
+}
+
+async fn run_with(gate: &Gate, id: u64, mode: &Mode, fail: bool) -> Result<(), Rejected> {
+    let claim = gate
+        .claim_with(&Identity::new("pay").part(id), mode)
+        .await?;
+    if fail {
+        claim.release().await
+    } else {
+        claim.settle().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_outcomes_commit_without_waiting_and_leave_the_connection_as_it_was() {
+    let (gate, pool) = logged_gate().await;
+    let durable = Mode::new();
+    let async_commit = Mode::new().outcome_commit(OutcomeCommit::Async);
+
+    run_with(&gate, 1, &durable, false)
+        .await
+        .expect("durable settle");
+    run_with(&gate, 2, &durable, true)
+        .await
+        .expect("durable release");
+    assert_eq!(
+        take_log(&pool).await,
+        [entry("UPDATE", "on"), entry("DELETE", "on")],
+        "the default commits durably"
+    );
+
+    run_with(&gate, 3, &async_commit, false)
+        .await
+        .expect("async settle");
+    run_with(&gate, 4, &async_commit, true)
+        .await
+        .expect("async release");
+    assert_eq!(
+        take_log(&pool).await,
+        [entry("UPDATE", "off"), entry("DELETE", "off")],
+        "async settle and release commit with synchronous_commit off"
+    );
+
+    // The setting was the statement's own transaction's: the pool's one
+    // connection is back to the server's default.
+    let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&pool)
+        .await
+        .expect("show");
+    assert_eq!(setting, "on");
+
+    // The outcomes hold like any other: settled is refused, released runs.
+    assert!(matches!(
+        run_with(&gate, 3, &async_commit, false).await,
+        Err(Rejected::AlreadyDone)
+    ));
+    run_with(&gate, 4, &async_commit, false)
+        .await
+        .expect("the released action runs again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_is_ignored_under_a_lease_and_inside_the_caller_s_transaction() {
+    let (gate, pool) = logged_gate().await;
+    let leased = Mode::new()
+        .outcome_commit(OutcomeCommit::Async)
+        .lease(std::time::Duration::from_secs(60));
+    run_with(&gate, 1, &leased, false).await.expect("settle");
+    run_with(&gate, 2, &leased, true).await.expect("release");
+
+    let mut tx = pool.begin().await.expect("begin");
+    let claim = gate
+        .claim_in(
+            &mut tx,
+            &Identity::new("pay").part(3_u64),
+            &Mode::new().outcome_commit(OutcomeCommit::Async),
+        )
+        .await
+        .expect("claim in the transaction");
+    claim.settle_in(&mut tx).await.expect("settle in it");
+    tx.commit().await.expect("commit");
+
+    assert_eq!(
+        take_log(&pool).await,
+        [
+            entry("UPDATE", "on"),
+            entry("DELETE", "on"),
+            entry("UPDATE", "on")
+        ],
+        "a lost settle under a lease could run the action twice, and the caller's commit is \
+         the caller's: both stay durable"
+    );
+}
+
+#[derive(Debug, thiserror::Error)]
+enum PayError {
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+}
+
+#[idempotent(key = "order", outcome_commit = "async")]
+async fn pay(gate: &Gate, order: u64, runs: &AtomicUsize) -> Result<u64, PayError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(order)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_option_races_like_the_plain_gate() {
+    let (gate, pool) = logged_gate().await;
+    let runs = AtomicUsize::new(0);
+    let report = race(8, || pay(&gate, 7, &runs)).await;
+    report.assert_exactly_once();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(take_log(&pool).await, [entry("UPDATE", "off")]);
+    assert!(matches!(
+        pay(&gate, 7, &runs).await,
+        Err(PayError::Rejected(Rejected::AlreadyDone))
+    ));
+}
