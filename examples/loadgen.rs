@@ -91,7 +91,13 @@ async fn run(flags: &Flags) -> Result<(), BoxError> {
         print!("{}", report::legend(&scenarios));
         return Ok(());
     }
-    let mut db = BenchDb::create(&flags.database_url(), &flags.schema, flags.checkpoint).await?;
+    let mut db = BenchDb::create(
+        &flags.database_url(),
+        &flags.schema,
+        flags.partitions,
+        flags.checkpoint,
+    )
+    .await?;
     let outcome = measure_all(flags, &mut db, &scenarios).await;
     if flags.keep_schema {
         eprintln!("kept schema {} and its rows", flags.schema);

@@ -520,10 +520,18 @@ async fn backends_killed_at_random_under_load_run_nothing_twice() {
         kills.load(Ordering::SeqCst) > 0,
         "no backend was terminated"
     );
-    assert!(
-        tally.succeeded_after > 0,
-        "the gate did not recover after the kills: {tally:?}"
-    );
+    // Whether any of the random calls after the kills succeeds depends on
+    // how many identities the kills left unsettled: prove recovery on
+    // identities of their own instead (another account, the same pool).
+    let fresh = gate.account(format!("{}-after", gate.account_name()));
+    for n in 0..8 {
+        fresh
+            .run(&identity(n), async { Ok::<_, JobError>(()) })
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the gate did not recover after the kills: {e} ({tally:?})")
+            });
+    }
 }
 
 /// A PostgreSQL cluster of this test's own, in a temporary directory, so

@@ -52,7 +52,12 @@ const EMPTY: &str = "TRUNCATE idem_records, idempotency_keys, advisory_outcomes"
 impl BenchDb {
     /// Drops `schema` if it exists (a crashed run's leftovers), creates it
     /// afresh with idem's tables and the alternatives' tables.
-    pub async fn create(url: &str, schema: &str, checkpoints: bool) -> Result<BenchDb, BoxError> {
+    pub async fn create(
+        url: &str,
+        schema: &str,
+        partitions: Option<u16>,
+        checkpoints: bool,
+    ) -> Result<BenchDb, BoxError> {
         let connect = PgConnectOptions::from_str(url)?
             .application_name("idem-loadgen")
             .options([("search_path", schema)]);
@@ -67,6 +72,9 @@ impl BenchDb {
         .execute(&admin)
         .await?;
         // The gate sets its own schema up where search_path points.
+        if let Some(partitions) = partitions {
+            idem::schema::set_up_partitioned(&admin, partitions).await?;
+        }
         Gate::connect(admin.clone()).await?;
         sqlx::raw_sql(brandur::SCHEMA).execute(&admin).await?;
         sqlx::raw_sql(advisory::SCHEMA).execute(&admin).await?;

@@ -97,6 +97,10 @@ pub async fn describe(admin: &PgPool, flags: &Flags) -> Result<String, BoxError>
         flags.slow_pool,
         flags.checkpoint
     )?;
+    let layout = idem::schema::layout(admin)
+        .await?
+        .map_or_else(|| "missing".to_owned(), |layout| layout.to_string());
+    writeln!(out, "- idem_records: {layout}")?;
     Ok(out)
 }
 

@@ -74,6 +74,12 @@ pub struct Flags {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub checkpoint: bool,
 
+    /// Lay idem_records out hash-partitioned on account into this many
+    /// partitions (`idem migrate --partitions N`), instead of one table. The
+    /// hand-written floor writes to the same table, so ratios stay fair.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub partitions: Option<u16>,
+
     /// The schema every table of the run lives in: dropped if it exists,
     /// created afresh, dropped again at the end.
     #[arg(long, default_value = "idem_bench", value_parser = plain_identifier)]

@@ -1,17 +1,68 @@
-//! The gate, as users meet it: an `async fn` under `#[idempotent]`.
+//! The gate, as users meet it: an `async fn` under `#[idempotent]`, plain
+//! and in each opt-in mode. Every one is the same action, so the duplicates
+//! group's settled rows are theirs too.
 
+use idem::sqlx::{Postgres, Transaction};
 use idem::{Gate, Rejected, idempotent};
 
 use crate::body::Body;
 
-/// The action of [`guarded`]. The duplicates group settles identities of
-/// this action up front; if the two ever differ, its refusals turn into wins
-/// and the run stops saying so.
+/// The action of every function here. The duplicates group settles
+/// identities of this action up front; if the two ever differ, its refusals
+/// turn into wins and the run stops saying so.
 pub const ACTION: &str = "loadgen";
 
 /// Claims `n`, runs the body, settles: the whole gate, nothing added.
 #[idempotent(key = "n", action = "loadgen")]
 pub async fn guarded(gate: &Gate, n: u64, body: Body) -> Result<(), Rejected> {
+    body.run().await;
+    Ok(())
+}
+
+/// The same, its settle committing with `synchronous_commit` off.
+#[idempotent(key = "n", action = "loadgen", outcome_commit = "async")]
+pub async fn guarded_async(gate: &Gate, n: u64, body: Body) -> Result<(), Rejected> {
+    body.run().await;
+    Ok(())
+}
+
+/// The same, keeping the value for duplicates (`replay`): the settle also
+/// writes the serialized value.
+#[idempotent(key = "n", action = "loadgen", replay)]
+pub async fn guarded_replay(gate: &Gate, n: u64, body: Body) -> Result<u64, Rejected> {
+    body.run().await;
+    Ok(n)
+}
+
+/// The same, with a payload fingerprint stored with the claim.
+#[idempotent(key = "n", action = "loadgen", fingerprint = "amount_cents, currency")]
+pub async fn guarded_fingerprint(
+    gate: &Gate,
+    n: u64,
+    amount_cents: i64,
+    currency: &str,
+    body: Body,
+) -> Result<(), Rejected> {
+    body.run().await;
+    Ok(())
+}
+
+/// The same, under a lease.
+#[idempotent(key = "n", action = "loadgen", lease = "30s")]
+pub async fn guarded_lease(gate: &Gate, n: u64, body: Body) -> Result<(), Rejected> {
+    body.run().await;
+    Ok(())
+}
+
+/// The same inside the caller's transaction: claim and settle on its
+/// connection, committed with it.
+#[idempotent(key = "n", action = "loadgen", tx = tx)]
+pub async fn guarded_in_transaction(
+    gate: &Gate,
+    tx: &mut Transaction<'_, Postgres>,
+    n: u64,
+    body: Body,
+) -> Result<(), Rejected> {
     body.run().await;
     Ok(())
 }

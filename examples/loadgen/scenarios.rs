@@ -7,7 +7,7 @@ use crate::body::Body;
 use crate::flags::Flags;
 use crate::floor::{Claim, Floor, Settle};
 use crate::fused::Fused;
-use crate::workload::Work;
+use crate::workload::{GateMode, Work};
 
 /// The scenario every group's ratios are against.
 pub const BASELINE: &str = "floor";
@@ -173,6 +173,44 @@ const GATE: Spec = Spec {
     cost: cost(2, 2, 2),
 };
 
+const GATE_ASYNC: Spec = Spec {
+    name: "gate-async",
+    work: Work::GateMode(GateMode::AsyncOutcome),
+    summary: "the gate with outcome_commit = \"async\": its settle commits with synchronous_commit off",
+    cost: cost(2, 2, 1),
+};
+
+const GATE_REPLAY: Spec = Spec {
+    name: "gate-replay",
+    work: Work::GateMode(GateMode::Replay),
+    summary: "the gate with replay: the settle also stores the value (jsonb) for duplicates",
+    cost: cost(2, 2, 2),
+};
+
+const GATE_FINGERPRINT: Spec = Spec {
+    name: "gate-fingerprint",
+    work: Work::GateMode(GateMode::Fingerprint),
+    summary: "the gate with fingerprint = \"amount_cents, currency\": a 20-byte digest stored with the claim",
+    cost: cost(2, 2, 2),
+};
+
+const GATE_LEASE: Spec = Spec {
+    name: "gate-lease",
+    work: Work::GateMode(GateMode::Lease),
+    summary: "the gate with lease = \"30s\": the claim carries an expiry",
+    cost: cost(2, 2, 2),
+};
+
+const GATE_TX: Spec = Spec {
+    name: "gate-tx",
+    work: Work::GateMode(GateMode::InTransaction),
+    summary: "the gate with tx: BEGIN; claim; body; settle; COMMIT on one connection",
+    cost: Cost {
+        holds_connection: true,
+        ..cost(4, 1, 1)
+    },
+};
+
 const BRANDUR: Spec = Spec {
     name: "brandur",
     work: Work::Brandur,
@@ -233,12 +271,12 @@ const NO_OP: &[Spec] = &[
     GATE,
     BRANDUR,
     ADVISORY,
-    // ── Opt-in modes: add them here (and to SLOW_BODY). ─────────────────────
-    // replay, fingerprint, lease and in-transaction do not exist yet (the
-    // modes issue). Each joins as one Spec named `gate-<mode>`, running an
-    // #[idempotent(..., <mode option>)] fn from gated.rs through its own
-    // `Work` variant, with its cost counted from its SQL; its ratio is then
-    // against the same floor. See BENCHMARKS.md, "Modes".
+    // The opt-in modes, each against the same floor.
+    GATE_ASYNC,
+    GATE_REPLAY,
+    GATE_FINGERPRINT,
+    GATE_LEASE,
+    GATE_TX,
 ];
 
 /// The same with the slow body, less the fused claims (whose only question,
@@ -250,7 +288,8 @@ const SLOW_BODY: &[Spec] = &[
     GATE,
     BRANDUR,
     ADVISORY,
-    // ── Opt-in modes: add them here too. ──
+    GATE_ASYNC,
+    GATE_TX,
 ];
 
 const DUPLICATES: &[Spec] = &[

@@ -18,6 +18,8 @@ pub enum Work {
     Floor(Floor),
     /// The `#[idempotent]` function.
     Gate,
+    /// The `#[idempotent]` function in an opt-in mode.
+    GateMode(GateMode),
     /// The Stripe-style `idempotency_keys` table.
     Brandur,
     /// A session advisory lock held across the body.
@@ -28,6 +30,16 @@ pub enum Work {
     RefuseThroughGate,
     /// Refuses a settled identity with a one-statement claim.
     RefuseByFusedClaim(Fused),
+}
+
+/// The opt-in modes, each an `#[idempotent]` fn of [`gated`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateMode {
+    AsyncOutcome,
+    Replay,
+    Fingerprint,
+    Lease,
+    InTransaction,
 }
 
 /// A scenario's work, bound to one run's pool and gate.
@@ -48,6 +60,7 @@ impl Workload {
         match self.work {
             Work::Floor(floor) => floor.run(&self.pool, n, self.body).await,
             Work::Gate => Ok(gated::guarded(&self.gate, n, self.body).await?),
+            Work::GateMode(mode) => self.run_mode(mode, n).await,
             Work::Brandur => brandur::run(&self.pool, n, self.body).await,
             Work::Advisory => advisory::run(&self.pool, n, self.body).await,
             Work::RefuseByLookup => self.settled()?.refuse_by_lookup(&self.pool, n).await,
@@ -58,6 +71,30 @@ impl Workload {
                     .await
             }
         }
+    }
+
+    async fn run_mode(&self, mode: GateMode, n: u64) -> Result<(), BoxError> {
+        let (gate, body) = (&self.gate, self.body);
+        match mode {
+            GateMode::AsyncOutcome => gated::guarded_async(gate, n, body).await?,
+            GateMode::Replay => {
+                let value = gated::guarded_replay(gate, n, body).await?;
+                if value != n {
+                    return Err(format!("replay returned {value} for {n}").into());
+                }
+            }
+            GateMode::Fingerprint => {
+                let amount = i64::try_from(n % 100_000)?;
+                gated::guarded_fingerprint(gate, n, amount, "EUR", body).await?
+            }
+            GateMode::Lease => gated::guarded_lease(gate, n, body).await?,
+            GateMode::InTransaction => {
+                let mut tx = self.pool.begin().await?;
+                gated::guarded_in_transaction(gate, &mut tx, n, body).await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(())
     }
 
     fn settled(&self) -> Result<&Settled, BoxError> {
