@@ -307,7 +307,11 @@ fn node_to_expr(node: &Node) -> Option<Expr> {
                 array: Box::new(array),
             }
         }
-        "ARRAYEXPR" if !node.flag("multidims")? => Expr::Array(node.children("elements")?),
+        // PostgreSQL before 15 names some nodes by their SQL keyword
+        // (`ARRAY`, `COALESCE`) rather than their struct.
+        "ARRAYEXPR" | "ARRAY" if !node.flag("multidims")? => {
+            Expr::Array(node.children("elements")?)
+        }
         "BOOLEXPR" => {
             let args = node.children("args")?;
             match node.word("boolop")? {
@@ -338,7 +342,7 @@ fn node_to_expr(node: &Node) -> Option<Expr> {
                 _ => return None,
             },
         },
-        "COALESCEEXPR" => Expr::Coalesce(node.children("args")?),
+        "COALESCEEXPR" | "COALESCE" => Expr::Coalesce(node.children("args")?),
         "RELABELTYPE" => Expr::Cast(Box::new(node.child("arg")?)),
         "COERCEVIAIO" if node.number::<u32>("resulttype")? == TEXT_TYPE => {
             Expr::Cast(Box::new(node.child("arg")?))
@@ -506,6 +510,29 @@ mod tests {
         let collated =
             parse_expr_list("({FUNCEXPR :funcid 870 :funccollid 950 :inputcollid 100 :args ()})");
         assert_eq!(collated.map(|e| e[0].collation), Some(Some(950)));
+    }
+
+    #[test]
+    fn reads_the_node_names_of_postgresql_before_15() {
+        // Printed by PostgreSQL 12.22 for (coalesce(email, '')) and
+        // n = ANY (ARRAY[n, 3]).
+        let list = "({COALESCE :coalescetype 25 :coalescecollid 100 :args ({VAR :varno 1 \
+            :varattno 1 :vartype 25 :vartypmod -1 :varcollid 100 :varlevelsup 0 :varnoold 1 \
+            :varoattno 1 :location 66} {CONST :consttype 25 :consttypmod -1 :constcollid 100 \
+            :constlen -1 :constbyval false :constisnull false :location 73 :constvalue 4 \
+            [ 16 0 0 0 ]}) :location 57})";
+        let exprs = parse_expr_list(list).unwrap_or_default();
+        assert!(matches!(&exprs[0].expr, Expr::Coalesce(args) if args.len() == 2));
+        assert_eq!(exprs[0].collation, Some(100));
+        let array = parse_expr(
+            "{ARRAY :array_typeid 1007 :array_collid 0 :element_typeid 23 :elements \
+             ({VAR :varno 1 :varattno 2 :varlevelsup 0} {CONST :consttype 23 :constisnull false \
+             :constvalue 4 [ 3 0 0 0 0 0 0 0 ]}) :multidims false :location 90}",
+        );
+        assert!(
+            matches!(&array, Expr::Array(elements) if elements.len() == 2),
+            "{array:?}"
+        );
     }
 
     #[test]
