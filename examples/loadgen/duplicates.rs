@@ -5,9 +5,10 @@
 //! of them, round robin:
 //!
 //! - floor: one `SELECT` by address, the least any refusal costs;
-//! - gate: the guarded function; its `INSERT` conflicts and writes nothing,
-//!   then a lookup tells `AlreadyDone` from `InFlight`: two statements;
-//! - fused claims: both in one statement, in either form of [`Fused`].
+//! - gate: the guarded function; its claim statement looks first and finds
+//!   the settled row: one statement, `AlreadyDone`;
+//! - fused claims, written by hand: look and insert in one statement, in
+//!   either order ([`Fused`]); lookup-first is what the gate now runs.
 
 use idem::sqlx::{self, PgPool};
 use idem::{Gate, Identity, Rejected};

@@ -1,7 +1,8 @@
 //! The claim and the lookup that explains a refusal, in one statement: a
-//! refused duplicate then costs one round trip, not the gate's two (an
-//! `INSERT` that conflicts, then a `SELECT`). Measured here with
-//! hand-written SQL before anyone changes the runtime, in two forms:
+//! refused duplicate then costs one round trip, not two (an `INSERT` that
+//! conflicts, then a `SELECT`, as the gate ran until it adopted the
+//! lookup-first form below with its modes' columns). Hand-written SQL, in
+//! two forms:
 //!
 //! - insert first: the `INSERT ... ON CONFLICT DO NOTHING` runs, and only
 //!   when it inserted nothing does the `SELECT` look for the row in the way;

@@ -169,7 +169,7 @@ const FUSED_LOOKUP_FIRST: Spec = Spec {
 const GATE: Spec = Spec {
     name: "gate",
     work: Work::Gate,
-    summary: "an #[idempotent] async fn: claim (INSERT ... ON CONFLICT DO NOTHING RETURNING), body, settle (UPDATE)",
+    summary: "an #[idempotent] async fn: claim (lookup, then INSERT ... ON CONFLICT DO NOTHING RETURNING, one statement), body, settle (UPDATE)",
     cost: cost(2, 2, 2),
 };
 
@@ -239,8 +239,8 @@ const REFUSE_BY_LOOKUP: Spec = Spec {
 const REFUSE_THROUGH_GATE: Spec = Spec {
     name: "gate",
     work: Work::RefuseThroughGate,
-    summary: "the #[idempotent] fn on a settled identity: INSERT conflicts, SELECT says AlreadyDone",
-    cost: cost(2, 2, 0),
+    summary: "the #[idempotent] fn on a settled identity: its claim statement finds the row, AlreadyDone",
+    cost: cost(1, 1, 0),
 };
 
 const REFUSE_BY_FUSED_INSERT_FIRST: Spec = Spec {

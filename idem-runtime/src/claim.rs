@@ -116,7 +116,8 @@ pub(crate) enum Acquired {
     Settled(Option<String>),
 }
 
-/// One insert (and, on conflict, one lookup).
+/// One claim statement (and, when a row it could not see stopped it, one
+/// lookup).
 enum Attempt {
     Won(i64),
     Settled(Option<String>),
