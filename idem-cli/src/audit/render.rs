@@ -11,15 +11,15 @@
 //! | `kind` | `"index"` or `"constraint"` | a unique index, or a unique constraint (reported once, not also as its index) |
 //! | `name` | string | the index or constraint, exactly as in the catalog |
 //! | `definition` | string | `pg_get_indexdef`, or `pg_get_constraintdef` for a constraint |
-//! | `key_columns` | [string] | every key column or expression, as SQL (`INCLUDE` columns are not keys) |
-//! | `nullable_columns` | [{`column`, `why`}] | the keys that can be NULL (`column` as SQL) and, in `why`, each source of NULL |
+//! | `key_columns` | array of strings | every key column or expression, as SQL (`INCLUDE` columns are not keys) |
+//! | `nullable_columns` | array of {`column`, `why`} | the keys that can be NULL (`column` as SQL) and, in `why`, each source of NULL |
 //! | `predicate` | string or null | the partial index's predicate, as SQL |
 //! | `lets_through` | string | one sentence: which duplicates get in |
-//! | `fix.nulls_not_distinct` | [string] | statements, PostgreSQL 15+ |
+//! | `fix.nulls_not_distinct` | array of strings | statements, PostgreSQL 15+ |
 //! | `fix.nulls_not_distinct_supported` | bool | whether the audited server (15+) can run them |
-//! | `fix.partial_indexes` | [string] | statements, any version (empty when omitted) |
+//! | `fix.partial_indexes` | array of strings | statements, any version (empty when omitted) |
 //! | `fix.partial_indexes_omitted` | string or null | why there is no split |
-//! | `notes` | [string] | what else to know before applying a fix |
+//! | `notes` | array of strings | what else to know before applying a fix |
 
 use serde::Serialize;
 
