@@ -17,7 +17,7 @@ use crate::gate::Gate;
 use crate::identity::Identity;
 use crate::mode::{Mode, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
-use crate::retry::{is_serialization_failure, retry_after};
+use crate::retry::{SERIALIZATION_BACKOFF, retry_after, retry_after_serialization_failure};
 use crate::store::{self, Commit, NewClaim};
 
 /// How often a claim re-tries, without `wait`, when the slot it lost is free
@@ -27,19 +27,6 @@ const CLAIM_ATTEMPTS: usize = 3;
 /// Pauses between attempts to record an outcome (settle or release), which
 /// are idempotent and worth a retry when a pooled connection died under them.
 const RECORD_BACKOFF: [Duration; 2] = [Duration::from_millis(25), Duration::from_millis(100)];
-
-/// Pauses between attempts of a claim whose statement failed with a
-/// serialization failure (40001) or deadlock (40P01), which PostgreSQL rolled
-/// back whole. The first retry is immediate: a serialization failure means
-/// the conflicting claim has committed, so a new statement (with a new
-/// snapshot) sees it at once. A claim whose connection died is not retried:
-/// its insert may have committed, and a retry would find its own row and
-/// report it as somebody else's invocation in flight.
-const CLAIM_BACKOFF: [Duration; 3] = [
-    Duration::ZERO,
-    Duration::from_millis(10),
-    Duration::from_millis(50),
-];
 
 /// Polling interval of a waiting duplicate: it starts short, since most
 /// bodies are short, and backs off to spare the store.
@@ -161,23 +148,22 @@ impl Gate {
         let deadline = mode.wait_duration().map(|wait| Instant::now() + wait);
         let mut poll = WAIT_FIRST_POLL;
         let mut freed = 0;
-        // Inside the caller's transaction a failed statement aborts it, so
-        // only the caller can retry (the whole transaction).
+        // A claim rolled back by a serialization failure or deadlock is sent
+        // again; one whose connection died is not (its insert may have
+        // committed, and a retry would find its own row and report it as
+        // somebody else's invocation in flight). Inside the caller's
+        // transaction a failed statement aborts it, so only the caller can
+        // retry (the whole transaction).
         let mut backoff = if via.in_transaction() {
             [].iter()
         } else {
-            CLAIM_BACKOFF.iter()
+            SERIALIZATION_BACKOFF.iter()
         };
         loop {
             let attempt = self
                 .attempt(via, &address, identity, new, want_output)
                 .await;
-            if let Some(pause) = attempt
-                .as_ref()
-                .err()
-                .filter(|error| is_serialization_failure(error))
-                .and_then(|_| backoff.next().copied())
-            {
+            if let Some(pause) = retry_after_serialization_failure(&attempt, &mut backoff) {
                 if let Err(error) = &attempt {
                     slot_event!(debug, self, identity, address, error = %error, ?pause,
                         "claim rolled back by a serialization failure; trying again"

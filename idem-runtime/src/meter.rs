@@ -47,14 +47,7 @@ use sqlx::Row;
 use crate::error::Error;
 use crate::gate::Gate;
 use crate::identity::{Identity, KeyPart};
-use crate::retry;
-
-/// Pauses before sending a batch again after a serialization failure.
-const SERIALIZATION_BACKOFF: [Duration; 3] = [
-    Duration::ZERO,
-    Duration::from_millis(10),
-    Duration::from_millis(50),
-];
+use crate::retry::{SERIALIZATION_BACKOFF, retry_after_serialization_failure};
 
 /// The action name under which event identifiers are encoded. Part of every
 /// event's address: stable forever, like the identity encoding.
@@ -418,12 +411,10 @@ impl Meter {
         };
         let mut backoff = SERIALIZATION_BACKOFF.iter();
         let rows = loop {
-            match query().fetch_all(self.gate.pool()).await {
-                Err(error) if retry::is_serialization_failure(&error) => match backoff.next() {
-                    Some(pause) => tokio::time::sleep(*pause).await,
-                    None => return Err(error.into()),
-                },
-                other => break other?,
+            let attempt = query().fetch_all(self.gate.pool()).await;
+            match retry_after_serialization_failure(&attempt, &mut backoff) {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => break attempt?,
             }
         };
         let mut stored = HashMap::with_capacity(rows.len());

@@ -39,6 +39,29 @@ pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
     }
 }
 
+/// Pauses between attempts of a statement rolled back by a serialization
+/// failure or deadlock (a claim, a metering batch). The first retry is
+/// immediate: a serialization failure means the conflicting write has
+/// committed, so a new statement (with a new snapshot) sees it at once.
+pub(crate) const SERIALIZATION_BACKOFF: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(10),
+    Duration::from_millis(50),
+];
+
+/// When to send a statement again that may only be repeated after a
+/// serialization failure or deadlock ([`is_serialization_failure`]): after
+/// the next pause of `backoff`, until the pauses are used up.
+pub(crate) fn retry_after_serialization_failure<T>(
+    attempt: &Result<T, sqlx::Error>,
+    backoff: &mut std::slice::Iter<'_, Duration>,
+) -> Option<Duration> {
+    match attempt {
+        Err(error) if is_serialization_failure(error) => backoff.next().copied(),
+        _ => None,
+    }
+}
+
 /// A serialization failure (40001) or deadlock (40P01): PostgreSQL rolled the
 /// statement back whole, so repeating it cannot apply it twice.
 pub(crate) fn is_serialization_failure(error: &sqlx::Error) -> bool {
