@@ -3,7 +3,7 @@
 //! The schema is idem's own. Its version lives in `idem_schema_version`, never
 //! in sqlx's `_sqlx_migrations`, which belongs to your application.
 
-use sqlx::{Acquire, PgConnection, PgPool};
+use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 
 use crate::error::{SchemaProblem, SchemaProblems};
 
@@ -58,7 +58,7 @@ pub const INDEX_WITHIN_NAMESPACE: &str =
     "UNIQUE (account, kind, address, namespace) WHERE namespace IS NOT NULL";
 
 /// Serialises concurrent set-ups across processes ("idemschm" in ASCII).
-pub(crate) const SETUP_LOCK: i64 = 0x6964_656d_7363_686d;
+const SETUP_LOCK: i64 = 0x6964_656d_7363_686d;
 
 /// Brings the schema up to [`SCHEMA_VERSION`].
 ///
@@ -71,24 +71,30 @@ pub async fn set_up(pool: &PgPool) -> Result<(), sqlx::Error> {
     if current_version(&mut conn).await? >= SCHEMA_VERSION {
         return Ok(());
     }
+    let tx = begin_set_up(&mut conn).await?;
+    migrate_and_commit(tx).await
+}
+
+/// The set-up transaction, holding the advisory lock every set-up takes
+/// first, so that concurrent set-ups run one at a time.
+async fn begin_set_up(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
     let mut tx = conn.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(SETUP_LOCK)
         .execute(&mut *tx)
         .await?;
-    // Another process may have finished while we waited for the lock.
-    let current = current_version(&mut tx).await?;
-    migrate_within(&mut tx, current).await?;
-    tx.commit().await
+    Ok(tx)
 }
 
-/// Applies the migrations after `current`, in the caller's transaction.
-async fn migrate_within(conn: &mut PgConnection, current: i32) -> Result<(), sqlx::Error> {
+/// Applies the migrations the schema lacks, as read under the lock (another
+/// process may have applied some while we waited for it), and commits.
+async fn migrate_and_commit(mut tx: Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
+    let current = current_version(&mut tx).await?;
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
-        sqlx::raw_sql(migration.sql).execute(&mut *conn).await?;
+        sqlx::raw_sql(migration.sql).execute(&mut *tx).await?;
         tracing::info!(target: "idem", version = migration.version, "idem schema migrated");
     }
-    Ok(())
+    tx.commit().await
 }
 
 /// The highest schema version applied, 0 when idem was never set up here.

@@ -10,9 +10,9 @@
 
 use std::fmt;
 
-use sqlx::{Acquire, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 
-use super::{SETUP_LOCK, current_version, migrate_within};
+use super::{begin_set_up, migrate_and_commit};
 use crate::error::Error;
 
 /// The most partitions [`set_up_partitioned`] creates. More buys nothing a
@@ -88,11 +88,7 @@ pub async fn set_up_partitioned(pool: &PgPool, partitions: u16) -> Result<(), Er
         drop(conn);
         return super::set_up(pool).await.map_err(Error::from);
     }
-    let mut tx = conn.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(SETUP_LOCK)
-        .execute(&mut *tx)
-        .await?;
+    let mut tx = begin_set_up(&mut conn).await?;
     // Another process may have created it while we waited for the lock.
     match layout_of(&mut tx).await? {
         Some(existing) => check_matches(&existing, partitions)?,
@@ -103,9 +99,7 @@ pub async fn set_up_partitioned(pool: &PgPool, partitions: u16) -> Result<(), Er
             tracing::info!(target: "idem", partitions, "idem_records created, hash-partitioned on account");
         }
     }
-    let current = current_version(&mut tx).await?;
-    migrate_within(&mut tx, current).await?;
-    tx.commit().await?;
+    migrate_and_commit(tx).await?;
     Ok(())
 }
 
