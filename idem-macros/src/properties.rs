@@ -20,21 +20,10 @@ use crate::signature::{Parameters, root_of};
 /// Enough cases to reach every option's error paths, few enough for CI.
 const CASES: u32 = 512;
 
-/// Words the option parser and the key parser react to, plus some they
-/// must refuse.
-const VOCABULARY: &[&str] = &[
-    "key",
-    "action",
-    "gate",
-    "account",
-    "namespace",
-    "replay",
-    "fingerprint",
-    "lease",
-    "wait",
-    "on_unavailable",
-    "outcome_commit",
-    "tx",
+/// Besides every option name ([`OPTIONS`], so a new option is fuzzed as soon
+/// as it exists), the words the option parser and the key parser react to,
+/// plus some they must refuse.
+const OTHER_WORDS: &[&str] = &[
     "self",
     "order",
     "gate",
@@ -233,7 +222,12 @@ fn key_parts_are_checked(spec: &str) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn soup(words: &'static [&'static str]) -> impl Strategy<Value = String> {
+/// Every option name, then [`OTHER_WORDS`].
+fn vocabulary() -> Vec<&'static str> {
+    OPTIONS.iter().chain(OTHER_WORDS).copied().collect()
+}
+
+fn soup(words: Vec<&'static str>) -> impl Strategy<Value = String> {
     prop::collection::vec(prop::sample::select(words), 0..24).prop_map(|words| words.join(" "))
 }
 
@@ -257,7 +251,7 @@ proptest! {
     }
 
     #[test]
-    fn token_soup_as_the_argument_list_is_an_expansion_or_a_compile_error(text in soup(VOCABULARY)) {
+    fn token_soup_as_the_argument_list_is_an_expansion_or_a_compile_error(text in soup(vocabulary())) {
         if let Ok(args) = text.parse::<TokenStream>() {
             expand_answers(args)?;
         }
