@@ -84,7 +84,7 @@ pub async fn audit(pool: &PgPool, schemas: &[String]) -> Result<Report, CliError
     let functions = catalog::functions(pool, &oids)
         .await
         .map_err(CliError::database("read the functions the indexes use"))?;
-    let quoter = Quoter::new(server.keywords.clone());
+    let quoter = Quoter::new(server.keywords);
     let schemas_sql = schemas.iter().map(|s| quoter.quote(s)).collect();
     let findings = indexes
         .iter()
