@@ -245,13 +245,19 @@ async fn an_expired_lease_is_taken_over_once_with_a_higher_fence_and_the_old_hol
         "{new_fence} must outrank {stale_fence}"
     );
 
-    // The old holder's late settle changes nothing, and says so.
+    // The old holder's late settle is told it lost its lease; its success
+    // happened, so the slot keeps it (the new holder released): no retry
+    // runs the action a third time.
     let late = stale.settle().await;
     assert!(matches!(late, Err(Rejected::LeaseLost { .. })), "{late:?}");
-    assert_ne!(
+    assert_eq!(
         common::row_state(&gate, &id.address()).await.as_deref(),
         Some("success")
     );
+    assert!(matches!(
+        gate.claim_with(&id, &mode).await,
+        Err(Rejected::AlreadyDone)
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -383,11 +383,11 @@ async fn a_role_scoped_to_one_account_cannot_see_release_or_claim_another_s() {
 
     // Claiming in globex, on a settled slot, a held slot or a free one: the
     // policy refuses the insert before any conflict is looked for, so the
-    // body never runs.
+    // body never runs; and the refusal is the request's, never an outage.
     let fresh = Identity::new("charge").part(4);
     for id in [&done, &in_flight, &fresh] {
         let result = gate.account(&globex).run(id, body()).await;
-        let Err(rejected @ Rejected::Unavailable { source }) = &result else {
+        let Err(rejected @ Rejected::StoreRefused { source, .. }) = &result else {
             panic!("a claim in another tenant's account must be refused, got {result:?}");
         };
         assert!(

@@ -170,9 +170,13 @@ async fn every_entry_point_fails_closed_while_the_store_is_down_and_the_same_gat
         .await
         .expect("connect");
     sqlx::query("BEGIN").execute(&mut tx).await.expect("begin");
-    // A claim won before the outage, resolved after it.
+    // A claim won before the outage, resolved after it; leased, so that
+    // extending it needs the store.
     let held = gate
-        .claim(&Identity::new("store_down").part("held"))
+        .claim_with(
+            &Identity::new("store_down").part("held"),
+            &Mode::new().lease(Duration::from_secs(60)),
+        )
         .await
         .expect("claim");
     let ran_open = AtomicUsize::new(0);

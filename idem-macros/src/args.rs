@@ -365,6 +365,14 @@ impl Args {
     /// A humane duration such as "30s", "5m" or "1h 30m", more than zero.
     fn check_duration(&mut self, literal: LitStr, option: &str) -> Option<Timed> {
         match humantime::parse_duration(&literal.value()) {
+            Ok(duration) if option == "lease" && duration > MAX_LEASE => {
+                self.errors.push(syn::Error::new_spanned(
+                    &literal,
+                    "`lease` may be at most 100 years (\"100y\", idem::Mode::MAX_LEASE); \
+                     for a claim that never expires, leave `lease` out",
+                ));
+                None
+            }
             Ok(duration) if !duration.is_zero() => Some(Timed { duration, literal }),
             Ok(_) => {
                 self.errors.push(syn::Error::new_spanned(
@@ -399,6 +407,11 @@ impl Args {
         Some(literal)
     }
 }
+
+/// The longest lease, as the runtime's `Mode::MAX_LEASE` (100 years of
+/// 365.25 days); `tests/ui/lease_out_of_range.rs` and its passing twin pin
+/// the two together.
+const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(3_155_760_000);
 
 #[cfg(test)]
 mod tests {
@@ -445,6 +458,8 @@ mod tests {
         assert!(errors("key = a").contains("takes a string literal"));
         assert!(errors("key").contains("`key` needs a value"));
         assert!(errors(r#"key = "a", action = """#).contains("`action` is empty"));
+        assert!(errors(r#"key = "a", lease = "101y""#).contains("at most 100 years"));
+        assert!(parse(r#"key = "a", lease = "100y""#).is_ok());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
+use syn::ext::IdentExt as _;
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, LitStr, ReturnType};
 
@@ -222,8 +223,11 @@ impl Checked {
                 "#[idempotent]: incomplete options",
             ));
         };
-        let action = action
-            .unwrap_or_else(|| LitStr::new(&signature.ident.to_string(), signature.ident.span()));
+        // The name as written, less `r#`: `async fn r#move` is the action
+        // "move", the name a caller of `Identity::new` would write.
+        let action = action.unwrap_or_else(|| {
+            LitStr::new(&signature.ident.unraw().to_string(), signature.ident.span())
+        });
         Ok(Checked {
             action,
             key,
@@ -349,8 +353,7 @@ impl Checked {
                         #block
                     }
                     .await;
-                    ::idem::__private::finish_in(#claim_var, &#outcome_var, &#output_var, #connection).await;
-                    #output_var
+                    ::idem::__private::finish_in(#claim_var, &#outcome_var, #output_var, #connection).await
                 }
             }
         };

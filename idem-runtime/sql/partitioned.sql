@@ -29,6 +29,8 @@ CREATE TABLE idem_records (
     fingerprint      bytea       NULL,
     fence            bigint      NOT NULL DEFAULT nextval('idem_records_fence_seq'),
     lease_expires_at timestamptz NULL,
+    output_json      text        NULL,
+    first_fence      bigint      NULL,
     CONSTRAINT idem_records_claim_state CHECK (kind <> 'claim' OR state IN ('pending', 'success')),
     CONSTRAINT idem_records_meter_event_complete CHECK (
         kind <> 'meter_event'

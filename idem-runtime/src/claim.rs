@@ -6,23 +6,29 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::Rejected;
+use crate::fault::{self, Fault};
 use crate::gate::Gate;
 use crate::identity::Identity;
-use crate::mode::{Mode, OnUnavailable, OutcomeCommit};
+use crate::mode::{self, Mode, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::retry::{SERIALIZATION_BACKOFF, retry_after, retry_after_serialization_failure};
-use crate::store::{self, Commit, NewClaim};
+use crate::store::{self, Commit, LateSuccess, NewClaim};
 
 /// How often a claim re-tries, without `wait`, when the slot it lost is free
 /// again by the time it looks (the holder failed and released in between).
 const CLAIM_ATTEMPTS: usize = 3;
+
+/// How often a holder whose claim is no longer its own tries to record its
+/// success in the slot, when the slot changes under it between the look and
+/// the write.
+const LATE_SUCCESS_ATTEMPTS: usize = 3;
 
 /// Pauses between attempts to record an outcome (settle or release), which
 /// are idempotent and worth a retry when a pooled connection died under them.
@@ -103,10 +109,19 @@ pub(crate) enum Acquired {
     Settled(Option<String>),
 }
 
+/// A slot this caller now holds: its fence, and the lineage (the fence the
+/// claim began with, which a takeover keeps).
+#[derive(Debug, Clone, Copy)]
+struct Won {
+    fence: i64,
+    lineage: i64,
+    took_over: bool,
+}
+
 /// One claim statement (and, when a row it could not see stopped it, one
 /// lookup).
 enum Attempt {
-    Won(i64),
+    Won(Won),
     Settled(Option<String>),
     /// Pending under someone else, lease (if any) not run out.
     Held,
@@ -137,15 +152,23 @@ impl Gate {
             return Ok(Acquired::Won(Claim { held: None }));
         }
         let address = identity.address();
-        self.check_scope()
+        let lease_micros = self
+            .check_scope()
+            .and_then(|()| mode.lease_micros())
             .inspect_err(|rejected| self.refused(identity, &address, rejected))?;
         let fingerprint = mode.payload_fingerprint().map(|f| f.digest());
         let new = NewClaim {
             identity: identity.canonical(),
             fingerprint: fingerprint.as_ref().map(|f| f.as_slice()),
-            lease_micros: mode.lease_micros(),
+            lease_micros,
         };
-        let deadline = mode.wait_duration().map(|wait| Instant::now() + wait);
+        // `None` inside: a wait too long for the clock to hold, so unbounded.
+        let deadline = mode
+            .wait_duration()
+            .map(|wait| Instant::now().checked_add(wait));
+        let waiting = |deadline: Option<Option<Instant>>| {
+            deadline.is_some_and(|until| until.is_none_or(|until| Instant::now() < until))
+        };
         let mut poll = WAIT_FIRST_POLL;
         let mut freed = 0;
         // A claim rolled back by a serialization failure or deadlock is sent
@@ -175,26 +198,53 @@ impl Gate {
             }
             let attempt = match attempt {
                 Ok(attempt) => attempt,
-                Err(error) if mode.on_unavailable_policy() == OnUnavailable::Run => {
+                // Only an outage may fail open: an error of the request would
+                // meet every call, and run every body unguarded.
+                Err(error)
+                    if mode.on_unavailable_policy() == OnUnavailable::Run
+                        && fault::classify(&error) == Fault::Outage =>
+                {
                     slot_event!(warn, self, identity, address, error = %error,
                         "store unavailable; failing open as on_unavailable = run says: the body runs unguarded"
                     );
                     observe::record(GateEvent::Ungated);
                     return Ok(Acquired::Won(Claim { held: None }));
                 }
-                Err(error) => return Err(self.unavailable(identity, &address, error)),
+                Err(error) => return Err(self.store_failed(identity, &address, error)),
             };
             match attempt {
-                Attempt::Won(fence) => {
-                    slot_event!(debug, self, identity, address, fence, "claim won");
+                Attempt::Won(won) => {
+                    let Won {
+                        fence,
+                        lineage,
+                        took_over,
+                    } = won;
+                    slot_event!(
+                        debug,
+                        self,
+                        identity,
+                        address,
+                        fence,
+                        took_over,
+                        "claim won"
+                    );
+                    if took_over {
+                        observe::record(GateEvent::TookOver);
+                    }
                     observe::record(GateEvent::Won);
                     return Ok(Acquired::Won(Claim {
                         held: Some(Held {
                             gate: self.clone(),
-                            action: identity.action().into(),
+                            identity: identity.clone(),
+                            fingerprint,
                             address,
                             fence,
+                            lineage,
                             leased: mode.lease_duration().is_some(),
+                            lease_ends: Mutex::new(
+                                mode.lease_duration()
+                                    .and_then(|lease| Instant::now().checked_add(lease)),
+                            ),
                             in_transaction: via.in_transaction(),
                             // Never under a lease or in the caller's
                             // transaction: see OutcomeCommit::Async.
@@ -234,12 +284,11 @@ impl Gate {
                 }
                 // Held (or freed on every attempt) while a wait is not over:
                 // pause, then look again.
-                Attempt::Held | Attempt::Freed
-                    if deadline.is_some_and(|deadline| Instant::now() < deadline) =>
-                {
+                Attempt::Held | Attempt::Freed if waiting(deadline) => {
                     freed = 0;
-                    let remaining =
-                        deadline.map_or(poll, |d| d.saturating_duration_since(Instant::now()));
+                    let remaining = deadline
+                        .flatten()
+                        .map_or(poll, |d| d.saturating_duration_since(Instant::now()));
                     tokio::time::sleep(poll.min(remaining)).await;
                     poll = (poll * 2).min(WAIT_LONGEST_POLL);
                 }
@@ -265,7 +314,13 @@ impl Gate {
         // round trip of its own (the pool's liveness check).
         let mut conn = via.connection().await?;
         let existing = match store::claim(&mut *conn, scope, address, new, want_output).await? {
-            store::Claimed::Won(fence) => return Ok(Attempt::Won(fence)),
+            store::Claimed::Won(fence) => {
+                return Ok(Attempt::Won(Won {
+                    fence,
+                    lineage: fence,
+                    took_over: false,
+                }));
+            }
             store::Claimed::Held(existing) => existing,
             // Stopped by a row the statement could not see: look again,
             // with a new snapshot, to tell the caller why.
@@ -283,33 +338,37 @@ impl Gate {
                 address: address.to_owned(),
             }));
         }
-        // A stored value goes only to a caller whose payload is known to match.
-        let mut replayable = true;
-        if let Some(ours) = new.fingerprint {
-            match existing.fingerprint.as_deref() {
-                Some(theirs) if theirs != ours => return Ok(Attempt::Refused(Rejected::KeyReused)),
-                Some(_) => {}
-                // Claimed without a fingerprint: the payload is unknown.
-                None => replayable = false,
+        // A stored value goes only to a caller whose payload is known to
+        // match: both gave the same fingerprint, or neither gave one. Either
+        // side without one makes the payloads incomparable: the duplicate is
+        // told the action is done, and is not handed the value.
+        let replayable = match (new.fingerprint, existing.fingerprint.as_deref()) {
+            (Some(ours), Some(theirs)) if ours != theirs => {
+                return Ok(Attempt::Refused(Rejected::KeyReused));
             }
-        }
+            (ours, theirs) => ours.is_some() == theirs.is_some(),
+        };
         if existing.settled {
             return Ok(Attempt::Settled(existing.output.filter(|_| replayable)));
         }
         if existing.lease_expired {
             let taken = store::take_over(&mut *conn, scope, address, existing.fence, new).await?;
             return Ok(match taken {
-                Some(fence) => {
+                Some(taken) => {
                     slot_event!(
                         warn,
                         self,
                         identity,
                         address,
                         previous_fence = existing.fence,
-                        fence,
+                        fence = taken.fence,
                         "lease ran out: claim taken over from its previous holder"
                     );
-                    Attempt::Won(fence)
+                    Attempt::Won(Won {
+                        fence: taken.fence,
+                        lineage: taken.lineage,
+                        took_over: true,
+                    })
                 }
                 None => Attempt::Freed,
             });
@@ -329,11 +388,18 @@ impl Gate {
         observe::record(GateEvent::Refused(rejected.clone()));
     }
 
-    fn unavailable(&self, identity: &Identity, address: &str, error: sqlx::Error) -> Rejected {
-        slot_event!(error, self, identity, address, error = %error,
-            "store unavailable; failing closed, the body does not run"
-        );
-        let rejected = Rejected::unavailable(error);
+    /// A claim statement failed: an outage, or an error of the request.
+    fn store_failed(&self, identity: &Identity, address: &str, error: sqlx::Error) -> Rejected {
+        let rejected = Rejected::from_store(error);
+        if rejected.is_outage() {
+            slot_event!(error, self, identity, address, error = %rejected,
+                "store unavailable; failing closed, the body does not run"
+            );
+        } else {
+            slot_event!(error, self, identity, address, error = %rejected,
+                "store refused the claim (not an outage); the body does not run"
+            );
+        }
         observe::record(GateEvent::Refused(rejected.clone()));
         rejected
     }
@@ -351,15 +417,31 @@ pub struct Claim {
 
 struct Held {
     gate: Gate,
-    action: Arc<str>,
+    identity: Identity,
+    /// The payload's fingerprint, kept with a late success.
+    fingerprint: Option<[u8; 20]>,
     address: String,
     fence: i64,
+    /// The fence the claim began with: ours, or the one of the claim we took
+    /// over. A row that still carries it was taken over, not released.
+    lineage: i64,
     leased: bool,
+    /// When the lease runs out, by this process's clock (`None`: no lease).
+    /// Only to tell, when the claim is gone, a lease that ran out (and was
+    /// taken over, then released) from a claim removed under a live lease.
+    lease_ends: Mutex<Option<Instant>>,
     /// Inside the caller's transaction, the transaction decides: a dropped
     /// claim is rolled back with it, so there is nothing to warn about.
     in_transaction: bool,
     /// How the outcome commits.
     commit: Commit,
+}
+
+/// What a holder is recording.
+#[derive(Debug, Clone, Copy)]
+enum Outcome<'a> {
+    Success { output: Option<&'a str> },
+    Failure,
 }
 
 impl Claim {
@@ -382,48 +464,67 @@ impl Claim {
 
     /// Records success: the row becomes `success` and keeps the slot forever.
     ///
-    /// On error the row stays `pending` (fail closed): retries are refused
-    /// rather than risk running the action twice. If a lease ran out and the
-    /// claim was taken over, nothing changes and the error is
-    /// [`Rejected::LeaseLost`].
+    /// If the store fails, the row stays `pending` (fail closed): retries
+    /// are refused rather than risk running the action twice; the error is
+    /// [`Rejected::Unavailable`] (an outage) or [`Rejected::StoreRefused`].
+    /// If the claim is no longer this holder's, the success is still
+    /// recorded in the slot unless it is already settled (a success that
+    /// happened is never forgotten), and the error says what happened:
+    /// [`Rejected::LeaseLost`] (its lease ran out and another invocation
+    /// took it over) or [`Rejected::ClaimLost`] (someone released or removed
+    /// it).
     pub async fn settle(self) -> Result<(), Rejected> {
         let Some(pool) = self.pool() else {
             return Ok(());
         };
-        self.finish(true, None, &mut Via::Pool(&pool)).await
+        self.finish(Outcome::Success { output: None }, &mut Via::Pool(&pool))
+            .await
     }
 
     /// Records failure: the row is deleted, so a retry can run the action.
     ///
-    /// On error the row stays `pending` (fail closed). If the claim was
-    /// taken over, nothing changes and the error is [`Rejected::LeaseLost`].
+    /// If the store fails, the row stays `pending` (fail closed). If the
+    /// claim was taken over, nothing changes and the error is
+    /// [`Rejected::LeaseLost`]: the new holder decides. A claim that is gone
+    /// already (released by someone else, or by an earlier attempt of this
+    /// release whose reply was lost) counts as released.
     pub async fn release(self) -> Result<(), Rejected> {
         let Some(pool) = self.pool() else {
             return Ok(());
         };
-        self.finish(false, None, &mut Via::Pool(&pool)).await
+        self.finish(Outcome::Failure, &mut Via::Pool(&pool)).await
     }
 
     /// [`settle`](Claim::settle) inside the caller's transaction (for a claim
     /// made with [`Gate::claim_in`]): it takes effect when that commits.
     pub async fn settle_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
-        self.finish(true, None, &mut Via::Transaction(connection))
-            .await
+        self.finish(
+            Outcome::Success { output: None },
+            &mut Via::Transaction(connection),
+        )
+        .await
     }
 
     /// [`release`](Claim::release) inside the caller's transaction.
     pub async fn release_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
-        self.finish(false, None, &mut Via::Transaction(connection))
+        self.finish(Outcome::Failure, &mut Via::Transaction(connection))
             .await
     }
 
     /// Renews the lease to `lease` from now, for bodies that run long.
+    ///
+    /// A claim made without a lease holds until it is resolved: there is
+    /// nothing to renew, and it stays unexpirable. `lease` is checked as
+    /// [`Mode::lease`] checks it ([`Rejected::InvalidOption`]).
     /// [`Rejected::LeaseLost`] if the claim was taken over meanwhile.
     pub async fn extend(&self, lease: Duration) -> Result<(), Rejected> {
         let Some(held) = &self.held else {
             return Ok(());
         };
-        let micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
+        let micros = mode::lease_micros(lease)?;
+        if !held.leased {
+            return Ok(());
+        }
         let mut backoff = RECORD_BACKOFF.iter();
         let extended = loop {
             let attempt = async {
@@ -438,7 +539,13 @@ impl Claim {
             }
         };
         match extended {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                *held
+                    .lease_ends
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Instant::now().checked_add(lease);
+                Ok(())
+            }
             Ok(false) => {
                 let lost = Rejected::LeaseLost {
                     address: held.address.clone(),
@@ -450,7 +557,7 @@ impl Claim {
                 );
                 Err(lost)
             }
-            Err(error) => Err(Rejected::unavailable(error)),
+            Err(error) => Err(Rejected::from_store(error)),
         }
     }
 
@@ -459,109 +566,270 @@ impl Claim {
         self.held.as_ref().map(|held| held.gate.pool().clone())
     }
 
-    /// Settles (`success`) or releases the claim through `via`, keeping
-    /// `output` with a settle.
-    pub(crate) async fn finish(
-        mut self,
-        success: bool,
+    /// Settles the claim, keeping `output` (the `Ok` value for replay).
+    pub(crate) async fn settle_with(
+        self,
         output: Option<&str>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
+        self.finish(Outcome::Success { output }, via).await
+    }
+
+    /// Releases the claim.
+    pub(crate) async fn release_via(self, via: &mut Via<'_>) -> Result<(), Rejected> {
+        self.finish(Outcome::Failure, via).await
+    }
+
+    /// Records `outcome` through `via`, and reports it.
+    async fn finish(mut self, outcome: Outcome<'_>, via: &mut Via<'_>) -> Result<(), Rejected> {
         let Some(held) = self.held.take() else {
             return Ok(());
         };
-        let scope = held.gate.scope();
+        let recorded = held.record(outcome, via).await;
+        match (&recorded, outcome) {
+            (Ok(()), Outcome::Success { .. }) => {
+                held.event(tracing::Level::DEBUG, "settled", None);
+                observe::record(GateEvent::Settled);
+            }
+            (Ok(()), Outcome::Failure) => {
+                held.event(tracing::Level::DEBUG, "released", None);
+                observe::record(GateEvent::Released);
+            }
+            (Err(rejected), _) => {
+                let message = match rejected {
+                    Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => match outcome {
+                        Outcome::Success { .. } => {
+                            "the claim was no longer this holder's when its success was recorded; \
+                             the success is kept in the slot unless it was settled already"
+                        }
+                        Outcome::Failure => {
+                            "the claim was taken over before its release: the new holder decides"
+                        }
+                    },
+                    _ => match outcome {
+                        Outcome::Success { .. } => {
+                            "settle failed; the slot stays pending (fail closed) until resolved"
+                        }
+                        Outcome::Failure => {
+                            "release failed; the slot stays pending (fail closed) until resolved"
+                        }
+                    },
+                };
+                held.event(tracing::Level::ERROR, message, Some(rejected));
+                observe::record(GateEvent::Unrecorded(rejected.clone()));
+            }
+        }
+        recorded
+    }
+}
+
+impl Held {
+    /// Records `outcome`: the statement, retried after a transient failure;
+    /// a success whose value the store refuses, again without the value;
+    /// and, when it matched no row of ours, what became of the claim.
+    async fn record(&self, outcome: Outcome<'_>, via: &mut Via<'_>) -> Result<(), Rejected> {
+        let mut attempt = self.record_once(outcome, via).await;
+        // Inside the caller's transaction the failure has aborted it: the
+        // claim rolls back with the body's writes, and nothing is lost.
+        let carries_a_value = matches!(outcome, Outcome::Success { output: Some(_) });
+        if carries_a_value && !via.in_transaction() {
+            attempt = match attempt {
+                Err(error) if fault::classify(&error) != Fault::Outage => {
+                    self.event(
+                        tracing::Level::ERROR,
+                        "the store refused the Ok value kept for replay; settling without it, \
+                         so duplicates are refused as already done",
+                        Some(&Rejected::from_store(error)),
+                    );
+                    self.record_once(Outcome::Success { output: None }, via)
+                        .await
+                }
+                other => other,
+            };
+        }
+        match attempt {
+            Ok(true) => Ok(()),
+            Ok(false) => self.no_longer_ours(outcome, via).await,
+            Err(error) => Err(Rejected::from_store(error)),
+        }
+    }
+
+    /// One settle or release statement, retried after a transient failure
+    /// (it is matched on the fence, so a repeat changes nothing). `false`:
+    /// no pending row under this fence.
+    async fn record_once(
+        &self,
+        outcome: Outcome<'_>,
+        via: &mut Via<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let scope = self.gate.scope();
         // Inside a transaction a failed statement aborts it: no retry.
         let mut backoff = if via.in_transaction() {
             [].iter()
         } else {
             RECORD_BACKOFF.iter()
         };
-        let recorded = loop {
+        loop {
             let attempt = async {
                 let mut conn = via.connection().await?;
-                if success {
-                    store::settle(
-                        &mut *conn,
-                        scope,
-                        &held.address,
-                        held.fence,
-                        output,
-                        held.commit,
-                    )
-                    .await
-                } else {
-                    store::release(&mut *conn, scope, &held.address, held.fence, held.commit).await
+                match outcome {
+                    Outcome::Success { output } => {
+                        store::settle(
+                            &mut *conn,
+                            scope,
+                            &self.address,
+                            self.fence,
+                            output,
+                            self.commit,
+                        )
+                        .await
+                    }
+                    Outcome::Failure => {
+                        store::release(&mut *conn, scope, &self.address, self.fence, self.commit)
+                            .await
+                    }
                 }
             }
             .await;
             match retry_after(&attempt, &mut backoff) {
                 Some(pause) => tokio::time::sleep(pause).await,
-                None => break attempt,
-            }
-        };
-        let recorded = match recorded {
-            Ok(false) => held.why_not_recorded(via, success).await,
-            other => other.map_err(Rejected::unavailable),
-        };
-        let verb = if success { "settled" } else { "released" };
-        match recorded {
-            Ok(true) => {
-                held.event(tracing::Level::DEBUG, verb, None);
-                Ok(())
-            }
-            Ok(false) => Ok(()),
-            Err(rejected) => {
-                let message = match (&rejected, success) {
-                    (Rejected::Unavailable { .. }, true) => {
-                        "settle failed; the slot stays pending (fail closed) until resolved"
-                    }
-                    (Rejected::Unavailable { .. }, false) => {
-                        "release failed; the slot stays pending (fail closed) until resolved"
-                    }
-                    _ => "outcome not recorded: the claim is no longer this holder's",
-                };
-                held.event(tracing::Level::ERROR, message, Some(&rejected));
-                Err(rejected)
+                None => return attempt,
             }
         }
     }
-}
 
-impl Held {
-    /// A settle or release matched no pending row under this fence: tell a
-    /// retry of our own earlier success from a lost claim.
-    async fn why_not_recorded(&self, via: &mut Via<'_>, success: bool) -> Result<bool, Rejected> {
+    /// The settle or release matched no pending row under this fence: find
+    /// out what became of the claim, and make sure a success is kept.
+    async fn no_longer_ours(
+        &self,
+        outcome: Outcome<'_>,
+        via: &mut Via<'_>,
+    ) -> Result<(), Rejected> {
+        for _ in 0..LATE_SUCCESS_ATTEMPTS {
+            let row = self.look(via).await?;
+            let Some(row) = row else {
+                return match outcome {
+                    // Released: by an earlier attempt of ours whose reply was
+                    // lost, or by someone else. Either way the slot is free.
+                    Outcome::Failure => Ok(()),
+                    // Released under us while the body ran (by the holder that
+                    // took it over, or by someone else): the success goes into
+                    // the vacant slot, unless someone claims it first.
+                    Outcome::Success { output } => {
+                        if self.keep_late_success(via, None, output).await? {
+                            return Err(if self.lease_ran_out() {
+                                self.lease_lost()
+                            } else {
+                                self.claim_lost()
+                            });
+                        }
+                        continue;
+                    }
+                };
+            };
+            if row.identity != self.identity.canonical() {
+                // A colliding identity claimed the vacant slot: the success
+                // cannot be written there. Said loudly by `finish`.
+                return Err(self.claim_lost());
+            }
+            let lost = if row.lineage == self.lineage {
+                self.lease_lost()
+            } else {
+                self.claim_lost()
+            };
+            match outcome {
+                // An earlier attempt of this very settle committed.
+                Outcome::Success { .. } if row.fence == self.fence && row.settled => return Ok(()),
+                // Settled already (by a holder after us, or by a late success
+                // of one before us): nothing to add.
+                Outcome::Success { .. } if row.settled => return Err(lost),
+                Outcome::Success { output } => {
+                    if self.keep_late_success(via, Some(row.fence), output).await? {
+                        return Err(lost);
+                    }
+                }
+                // Settled by the late success of a holder before us while
+                // ours ran: the action is done; there is nothing to release.
+                Outcome::Failure if row.settled && row.fence == self.fence => return Ok(()),
+                // Released (by us or someone) and claimed anew since: the
+                // release happened.
+                Outcome::Failure if row.lineage != self.lineage => return Ok(()),
+                // Taken over: the new holder decides.
+                Outcome::Failure => return Err(lost),
+            }
+        }
+        Err(self.claim_lost())
+    }
+
+    /// Writes this holder's success into the slot it no longer holds: over
+    /// the pending row last seen with fence `seen`, or into the vacant slot.
+    /// `false`: the slot changed between the look and the write.
+    async fn keep_late_success(
+        &self,
+        via: &mut Via<'_>,
+        seen: Option<i64>,
+        output: Option<&str>,
+    ) -> Result<bool, Rejected> {
         let scope = self.gate.scope();
-        let existing = async {
-            store::lookup(&mut *via.connection().await?, scope, &self.address, false).await
+        let late = LateSuccess {
+            identity: self.identity.canonical(),
+            fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
+            output,
+        };
+        let written = async {
+            let mut conn = via.connection().await?;
+            match seen {
+                Some(seen) => {
+                    store::settle_over(&mut *conn, scope, &self.address, seen, late).await
+                }
+                None => store::settle_vacant(&mut *conn, scope, &self.address, late).await,
+            }
         }
         .await
-        .map_err(Rejected::unavailable)?;
-        let lost = |leased| {
-            let address = self.address.clone();
-            if leased {
-                Rejected::LeaseLost { address }
-            } else {
-                Rejected::ClaimLost { address }
-            }
-        };
-        match existing {
-            // An earlier attempt of this very settle committed.
-            Some(row) if row.fence == self.fence && row.settled && success => Ok(true),
-            Some(row) if row.fence != self.fence => Err(lost(true)),
-            Some(_) => Err(lost(self.leased)),
-            // Released: by an earlier attempt of ours, or (with a lease) by a
-            // new holder; either way the slot is free and ours changes nothing.
-            None if !success => Ok(false),
-            None => Err(lost(self.leased)),
+        .map_err(Rejected::from_store)?;
+        if written {
+            self.event(
+                tracing::Level::WARN,
+                "a success recorded after the claim was lost: the slot is settled with it, so \
+                 no retry runs the action again",
+                None,
+            );
+        }
+        Ok(written)
+    }
+
+    /// The row in the slot now, if any.
+    async fn look(&self, via: &mut Via<'_>) -> Result<Option<store::Existing>, Rejected> {
+        let scope = self.gate.scope();
+        async { store::lookup(&mut *via.connection().await?, scope, &self.address, false).await }
+            .await
+            .map_err(Rejected::from_store)
+    }
+
+    /// Whether the lease has run out by this process's clock.
+    fn lease_ran_out(&self) -> bool {
+        self.lease_ends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|ends| Instant::now() >= ends)
+    }
+
+    fn lease_lost(&self) -> Rejected {
+        Rejected::LeaseLost {
+            address: self.address.clone(),
+        }
+    }
+
+    fn claim_lost(&self) -> Rejected {
+        Rejected::ClaimLost {
+            address: self.address.clone(),
         }
     }
 
     fn event(&self, level: tracing::Level, message: &str, rejected: Option<&Rejected>) {
         let account = self.gate.account_name();
         let namespace = self.gate.namespace_name();
-        let action = &*self.action;
+        let action = self.identity.action();
         let address = &*self.address;
         let fence = self.fence;
         let error = rejected.map(tracing::field::display);

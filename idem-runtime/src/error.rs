@@ -3,6 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::fault::{self, Fault};
+
 /// Why a guarded invocation did not run (or, for [`Rejected::ClaimLost`], why
 /// its outcome could not be recorded). Every message says what to do next.
 ///
@@ -28,8 +30,18 @@ pub enum Rejected {
     )]
     AlreadyDone,
 
-    /// The store could not be read or written, so the gate failed closed:
-    /// the body did not run.
+    /// The store could not be reached (connection refused or lost, pool
+    /// timed out, server shutting down or starting up, out of resources),
+    /// so the gate failed closed: the body did not run. Only this refusal
+    /// is an outage: only it is retryable as such, and only it lets
+    /// `on_unavailable = "run"` fail open.
+    ///
+    /// A claim whose insert committed just before its connection died is
+    /// refused this way too, and its row stays `pending`: without a lease it
+    /// refuses every retry (as [`InFlight`](Rejected::InFlight)) until an
+    /// operator releases it (`idem claims list --state pending
+    /// --older-than 10m`, then `idem claims release`). With a lease it
+    /// expires and the next claim takes it over.
     #[error(
         "idem's store (PostgreSQL) is unavailable, so the body did not run; \
          retry when the database is reachable ({source})"
@@ -38,6 +50,39 @@ pub enum Rejected {
         /// The database error that closed the gate.
         #[source]
         source: Arc<sqlx::Error>,
+    },
+
+    /// The store answered, and refused the statement for a reason of its
+    /// own: a permission missing, idem's table missing or older than this
+    /// build, a value it cannot hold, a constraint or trigger added to the
+    /// table. Not an outage: retrying will not help, and the gate never
+    /// fails open on it. The body did not run (or, after a body, its
+    /// outcome could not be recorded); `fix` says what to change.
+    #[error(
+        "idem's store (PostgreSQL) refused the statement, so the body did not run; \
+         this is not an outage and retrying will not help: {fix} ({source})"
+    )]
+    StoreRefused {
+        /// What to change so that the statement can succeed.
+        fix: &'static str,
+        /// The database error.
+        #[source]
+        source: Arc<sqlx::Error>,
+    },
+
+    /// An option of the claim has a value the gate cannot use (a lease of
+    /// zero, or longer than [`Mode::MAX_LEASE`](crate::Mode::MAX_LEASE)).
+    /// Checked before any statement: the body did not run.
+    #[error(
+        "the {option} {value} cannot be used: {reason}; the body did not run; change the option"
+    )]
+    InvalidOption {
+        /// The option: `"lease"`.
+        option: &'static str,
+        /// Its value, as given.
+        value: String,
+        /// Why it cannot be used.
+        reason: &'static str,
     },
 
     /// The slot is held by a *different* identity whose address collides
@@ -61,25 +106,32 @@ pub enum Rejected {
     )]
     KeyReused,
 
-    /// The claim's lease ran out and another invocation took the slot over
-    /// (with a higher fencing token) before this holder recorded its
-    /// outcome. The record is unchanged: the new holder decides.
+    /// The claim's lease ran out while the body ran, and another invocation
+    /// took the claim over (with a higher fencing token), so it may run, or
+    /// have run, the action too. A success of this holder is still recorded
+    /// (a success that happened is never forgotten: the slot is settled
+    /// unless it already was); a failure changes nothing, the new holder
+    /// decides. Check the side effect before acting on this outcome.
     #[error(
-        "the lease on {address} ran out and another invocation took the claim over; \
-         this outcome was not recorded: the new holder's counts, so check the side effect \
-         before acting on it; renew long leases with Claim::extend"
+        "the lease on {address} ran out while the body ran and another invocation took the \
+         claim over, so the action may have run twice: check the side effect before acting on \
+         this outcome (a success is still recorded; a failure is left to the new holder); \
+         renew long leases with Claim::extend"
     )]
     LeaseLost {
         /// The address of the lost claim.
         address: String,
     },
 
-    /// The claim was no longer pending when its outcome was recorded:
-    /// someone released or removed it while the body ran. The body's effect
-    /// is not recorded, so a retry may run it again.
+    /// The claim was released or removed by someone else while the body ran
+    /// (an operator's `idem claims release`, say), and the slot may have
+    /// been claimed anew, so the action may have run twice. A success of
+    /// this holder is still recorded (the slot is settled unless it already
+    /// was); a failure changes nothing.
     #[error(
-        "the claim on {address} was released or removed by someone else while the body ran; \
-         its outcome is not recorded: check the side effect before retrying"
+        "the claim on {address} was released or removed by someone else while the body ran, \
+         so another invocation may have run the action too: check the side effect before \
+         acting on this outcome (a success is still recorded; a failure changes nothing)"
     )]
     ClaimLost {
         /// The address of the lost claim.
@@ -115,20 +167,38 @@ fn abbreviated(name: &str) -> String {
 }
 
 impl Rejected {
-    pub(crate) fn unavailable(source: sqlx::Error) -> Self {
-        Rejected::Unavailable {
-            source: Arc::new(source),
+    /// A store error as the refusal it is: an outage is
+    /// [`Unavailable`](Rejected::Unavailable), anything else an error of
+    /// the request, [`StoreRefused`](Rejected::StoreRefused).
+    pub(crate) fn from_store(source: sqlx::Error) -> Self {
+        match fault::classify(&source) {
+            Fault::Outage => Rejected::Unavailable {
+                source: Arc::new(source),
+            },
+            Fault::Request { fix } => Rejected::StoreRefused {
+                fix,
+                source: Arc::new(source),
+            },
         }
     }
 
+    /// `true` for [`Unavailable`](Rejected::Unavailable): the store could not
+    /// be reached. The only refusal that may fail open.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Rejected::Unavailable { .. })
+    }
+
     /// A short, stable name for logs and metrics: `"in_flight"`,
-    /// `"already_done"`, `"unavailable"`, `"collision"`, `"key_reused"`,
-    /// `"lease_lost"`, `"claim_lost"` or `"invalid_scope"`.
+    /// `"already_done"`, `"unavailable"`, `"store_refused"`,
+    /// `"invalid_option"`, `"collision"`, `"key_reused"`, `"lease_lost"`,
+    /// `"claim_lost"` or `"invalid_scope"`.
     pub fn reason(&self) -> &'static str {
         match self {
             Rejected::InFlight => "in_flight",
             Rejected::AlreadyDone => "already_done",
             Rejected::Unavailable { .. } => "unavailable",
+            Rejected::StoreRefused { .. } => "store_refused",
+            Rejected::InvalidOption { .. } => "invalid_option",
             Rejected::Collision { .. } => "collision",
             Rejected::KeyReused => "key_reused",
             Rejected::LeaseLost { .. } => "lease_lost",
@@ -137,7 +207,8 @@ impl Rejected {
         }
     }
 
-    /// `true` when retrying later may succeed (in flight, store unavailable).
+    /// `true` when retrying the same call later may succeed (in flight, store
+    /// unavailable); never for an error of the request.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Rejected::InFlight | Rejected::Unavailable { .. })
     }
@@ -148,7 +219,8 @@ impl Rejected {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The database could not be reached or refused a statement.
+    /// The database could not be reached or refused a statement;
+    /// [`Error::is_outage`] tells which.
     #[error("idem's store (PostgreSQL) failed: {0}")]
     Database(#[from] sqlx::Error),
 
@@ -161,6 +233,15 @@ pub enum Error {
     /// over a table that exists unpartitioned). Nothing was changed.
     #[error("idem's schema was not set up: {0}")]
     Setup(String),
+}
+
+impl Error {
+    /// `true` when the database could not be reached (worth a retry once it
+    /// is back); `false` for an error of the request or of the schema,
+    /// which a retry meets again.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Error::Database(error) if fault::classify(error) == Fault::Outage)
+    }
 }
 
 /// Everything wrong with the schema that a gate found at start-up.

@@ -132,16 +132,25 @@ impl<R> OutcomeOf<R> {
         (self.rejected)(Rejected::AlreadyDone)
     }
 
-    /// Settles or releases `claim` by what the body returned.
-    async fn record(&self, claim: Claim, output: &R, via: &mut Via<'_>) {
-        // Failures to record are reported by tracing inside `finish`, and
-        // leave the slot pending (fail closed). The body's own output is what
-        // the caller needs either way.
-        if !(self.is_success)(output) {
-            let _released = claim.finish(false, None, via).await;
-            return;
+    /// Settles or releases `claim` by what the body returned, and returns
+    /// what the caller gets.
+    ///
+    /// The body's own output, with one exception: a success whose claim was
+    /// no longer this holder's ([`Rejected::LeaseLost`],
+    /// [`Rejected::ClaimLost`]: another invocation may have run the action
+    /// too) is returned as that refusal, so the holder learns it was fenced
+    /// off. Its success is still kept in the slot, so a retry is refused
+    /// (or, with `replay`, handed the value). A success the store failed to
+    /// record keeps the body's value: the slot stays pending (fail closed)
+    /// and a tracing error says so.
+    async fn record(&self, claim: Claim, output: R, via: &mut Via<'_>) -> R {
+        if !(self.is_success)(&output) {
+            // The body's error is what its caller needs; a failed release is
+            // reported by tracing and leaves the slot pending.
+            let _released = claim.release_via(via).await;
+            return output;
         }
-        let json = match self.replay.as_ref().map(|replay| (replay.encode)(output)) {
+        let json = match self.replay.as_ref().map(|replay| (replay.encode)(&output)) {
             Some(Ok(json)) => json,
             Some(Err(error)) => {
                 tracing::error!(
@@ -155,7 +164,12 @@ impl<R> OutcomeOf<R> {
             }
             None => None,
         };
-        let _settled = claim.finish(true, json.as_deref(), via).await;
+        match claim.settle_with(json.as_deref(), via).await {
+            Err(lost @ (Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. })) => {
+                (self.rejected)(lost)
+            }
+            _ => output,
+        }
     }
 }
 
@@ -191,8 +205,7 @@ where
         Err(rejected) => return (outcome.rejected)(rejected),
     };
     let output = body.await;
-    outcome.record(claim, &output, &mut via).await;
-    output
+    outcome.record(claim, output, &mut via).await
 }
 
 /// In-transaction mode, before the body: claims inside the caller's
@@ -222,12 +235,12 @@ pub async fn begin_in<R>(
 pub async fn finish_in<R>(
     claim: Claim,
     outcome: &OutcomeOf<R>,
-    output: &R,
+    output: R,
     connection: &mut PgConnection,
-) {
+) -> R {
     outcome
         .record(claim, output, &mut Via::Transaction(connection))
-        .await;
+        .await
 }
 
 /// A connection a transaction-mode claim can run on: the `tx = ...`

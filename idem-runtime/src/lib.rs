@@ -12,6 +12,7 @@
 mod claim;
 mod error;
 pub mod expansion;
+mod fault;
 mod gate;
 #[cfg(feature = "axum")]
 pub mod http;

@@ -326,8 +326,15 @@ impl Meter {
     /// Records a batch of events in one round trip and reports, per event,
     /// whether it was new, a re-send, or a conflict.
     ///
-    /// Fails only when the store does: then nothing of the batch is stored
-    /// (it is one statement), and the whole batch can be sent again.
+    /// Fails only when the store does ([`Error::is_outage`] tells an outage
+    /// from an error of the request). The batch is one statement, so it is
+    /// stored whole or not at all, but a failed call cannot always say
+    /// which: when the connection dies after the commit (the reply is lost
+    /// on the wire), the call fails and the batch **is** stored. Send it
+    /// again either way: totals stay exact, since every event already there
+    /// is reported [`EventOutcome::Deduplicated`] instead of counted again.
+    /// So after a failed call, `Deduplicated` on the re-send means "stored
+    /// by the call that failed", not "sent twice by the client".
     pub async fn record(&self, events: &[Event]) -> Result<BatchReport, Error> {
         // An account or namespace that can never be stored makes every event
         // invalid: say why, rather than fail as if the store were down.

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sha1::{Digest, Sha1};
 
+use crate::error::Rejected;
 use crate::identity::{Identity, KeyPart};
 
 /// How a claim behaves beyond the plain gate. Every mode is opt-in.
@@ -79,15 +80,30 @@ pub enum OutcomeCommit {
 }
 
 impl Mode {
+    /// The longest lease a claim may have: 100 years (of 365.25 days, as
+    /// the attribute's `lease = "100y"` counts them). Far beyond any body's
+    /// run, and far inside what PostgreSQL's timestamps can hold; a claim
+    /// that should never expire wants no lease at all.
+    pub const MAX_LEASE: Duration = Duration::from_secs(3_155_760_000);
+
     /// The plain gate.
     pub fn new() -> Mode {
         Mode::default()
     }
 
     /// A pending claim expires after `lease`; the next claim then takes it
-    /// over with a higher fencing token, and the previous holder's late
-    /// settle or release changes nothing. Without a lease, a pending claim
-    /// holds until it is resolved.
+    /// over with a higher fencing token. The previous holder's late release
+    /// changes nothing, and its late settle only ever records the success
+    /// it reports (never undoing one), then tells it
+    /// [`LeaseLost`](crate::Rejected::LeaseLost). Without a lease, a pending
+    /// claim holds until it is resolved.
+    ///
+    /// `lease` must be more than zero (a lease of zero would let every
+    /// duplicate take the claim over at once) and at most
+    /// [`Mode::MAX_LEASE`]; otherwise every claim with this mode is refused
+    /// with [`Rejected::InvalidOption`](crate::Rejected::InvalidOption)
+    /// before any statement runs (never as an outage, so never failing
+    /// open).
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Mode {
         self.lease = Some(lease);
@@ -152,11 +168,36 @@ impl Mode {
         self.fingerprint.as_ref()
     }
 
-    /// The lease in microseconds, as the store takes it.
-    pub(crate) fn lease_micros(&self) -> Option<i64> {
-        self.lease
-            .map(|lease| i64::try_from(lease.as_micros()).unwrap_or(i64::MAX))
+    /// The lease in microseconds, as the store takes it, or why it cannot
+    /// be used.
+    pub(crate) fn lease_micros(&self) -> Result<Option<i64>, Rejected> {
+        self.lease.map(lease_micros).transpose()
     }
+}
+
+/// `lease` in microseconds, as the store takes it, when it is more than zero
+/// and at most [`Mode::MAX_LEASE`]: the one check for a lease, whether it is
+/// set by [`Mode::lease`] or by [`Claim::extend`](crate::Claim::extend).
+pub(crate) fn lease_micros(lease: Duration) -> Result<i64, Rejected> {
+    let invalid = |reason| Rejected::InvalidOption {
+        option: "lease",
+        value: format!("{lease:?}"),
+        reason,
+    };
+    if lease.is_zero() {
+        return Err(invalid(
+            "a lease of zero expires at once, so every duplicate would take the claim over; \
+             give the body time to finish, or use no lease",
+        ));
+    }
+    if lease > Mode::MAX_LEASE {
+        return Err(invalid(
+            "it is longer than Mode::MAX_LEASE (100 years); for a claim that never expires, \
+             use no lease",
+        ));
+    }
+    // At most 100 years of microseconds: far inside an i64.
+    i64::try_from(lease.as_micros()).map_err(|_| invalid("it does not fit in microseconds"))
 }
 
 /// A digest of the arguments that make up an invocation's payload, encoded
@@ -218,10 +259,28 @@ mod tests {
         assert_eq!(mode.lease_duration(), None);
         assert_eq!(mode.wait_duration(), None);
         assert_eq!(mode.on_unavailable_policy(), OnUnavailable::Refuse);
-        assert_eq!(mode.lease_micros(), None);
+        assert_eq!(mode.lease_micros().ok(), Some(None));
         assert_eq!(
-            Mode::new().lease(Duration::from_secs(2)).lease_micros(),
-            Some(2_000_000)
+            Mode::new()
+                .lease(Duration::from_secs(2))
+                .lease_micros()
+                .ok(),
+            Some(Some(2_000_000))
         );
+    }
+
+    #[test]
+    fn a_lease_is_more_than_zero_and_at_most_the_maximum() {
+        assert!(lease_micros(Mode::MAX_LEASE).is_ok());
+        assert!(lease_micros(Duration::from_micros(1)).is_ok());
+        for lease in [
+            Duration::ZERO,
+            Mode::MAX_LEASE + Duration::from_nanos(1),
+            Duration::MAX,
+        ] {
+            let refused = lease_micros(lease).expect_err("refused");
+            assert_eq!(refused.reason(), "invalid_option");
+            assert!(!refused.is_retryable());
+        }
     }
 }

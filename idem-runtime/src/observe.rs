@@ -26,6 +26,18 @@ pub enum GateEvent {
     /// The claim statement was rolled back by a serialization failure or a
     /// deadlock and is being tried again; a decision follows.
     Retried,
+    /// The claim was won by taking over one whose lease ran out (a `Won`
+    /// follows): the previous holder may still be running.
+    TookOver,
+    /// The success was recorded: the slot is settled.
+    Settled,
+    /// The claim was deleted: a retry may run.
+    Released,
+    /// The outcome could not be recorded as this holder's:
+    /// [`Rejected::Unavailable`] or [`Rejected::StoreRefused`] (the row stays
+    /// pending), [`Rejected::LeaseLost`] or [`Rejected::ClaimLost`] (the
+    /// claim was no longer this holder's; a success is still kept).
+    Unrecorded(Rejected),
 }
 
 pub(crate) type Events = Arc<Mutex<Vec<GateEvent>>>;

@@ -20,11 +20,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../sql/v2.sql"),
     "\n",
-    include_str!("../sql/v3.sql")
+    include_str!("../sql/v3.sql"),
+    "\n",
+    include_str!("../sql/v4.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +50,10 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 3,
         sql: include_str!("../sql/v3.sql"),
+    },
+    Migration {
+        version: 4,
+        sql: include_str!("../sql/v4.sql"),
     },
 ];
 
@@ -124,6 +130,8 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("output", false),
     ("fingerprint", false),
     ("fence", true),
+    ("output_json", false),
+    ("first_fence", false),
     ("lease_expires_at", false),
 ];
 

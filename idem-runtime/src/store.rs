@@ -6,7 +6,7 @@
 //! waiting on the winner's transaction. In-transaction mode passes the
 //! caller's connection instead, and the caller's commit decides.
 
-use sqlx::postgres::PgArguments;
+use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgExecutor, Postgres, Row};
 
@@ -33,6 +33,10 @@ pub(crate) struct Existing {
     pub identity: Vec<u8>,
     pub fingerprint: Option<Vec<u8>>,
     pub fence: i64,
+    /// The fence of the claim this row began as: kept by takeovers, new
+    /// when the slot was released and claimed anew. A holder whose lineage
+    /// still matches was taken over; one whose lineage is gone was released.
+    pub lineage: i64,
     /// A lease was set and has run out (by the database's clock).
     pub lease_expired: bool,
     /// The stored `Ok` value, when asked for and present.
@@ -59,9 +63,9 @@ macro_rules! claim_statement {
     ($namespace_test:literal) => {
         concat!(
             "WITH existing AS ( \
-                 SELECT state = 'success' AS settled, identity, fingerprint, fence, \
-                        coalesce(lease_expires_at < now(), false) AS lease_expired, \
-                        CASE WHEN $7 THEN output::text END AS output \
+                 SELECT ",
+            existing_columns!(),
+            ", CASE WHEN $7 THEN coalesce(output_json, output::text) END AS output \
                  FROM idem_records \
                  WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
             $namespace_test,
@@ -75,13 +79,25 @@ macro_rules! claim_statement {
                  ON CONFLICT DO NOTHING \
                  RETURNING fence \
              ) \
-             SELECT true, fence, NULL::boolean, NULL::bytea, NULL::bytea, NULL::boolean, \
-                    NULL::text \
+             SELECT true AS won, fence, NULL::bigint AS lineage, NULL::boolean AS settled, \
+                    NULL::bytea AS identity, NULL::bytea AS fingerprint, \
+                    NULL::boolean AS lease_expired, NULL::text AS output \
              FROM claimed \
              UNION ALL \
-             SELECT false, fence, settled, identity, fingerprint, lease_expired, output \
+             SELECT false, fence, lineage, settled, identity, fingerprint, lease_expired, output \
              FROM existing"
         )
+    };
+}
+
+/// The columns of an [`Existing`] row, by the names [`Existing::from_row`]
+/// reads; `$7` (claim) or `$4` (lookup) says whether to return the stored
+/// output. A value settled before schema version 4 is still in `output`.
+macro_rules! existing_columns {
+    () => {
+        "state = 'success' AS settled, identity, fingerprint, fence, \
+         coalesce(first_fence, fence) AS lineage, \
+         coalesce(lease_expires_at < now(), false) AS lease_expired"
     };
 }
 
@@ -113,7 +129,7 @@ struct PerRow {
 }
 
 macro_rules! per_row {
-    ($statement:literal $(, $and:literal)? $(; $tail:literal)?) => {
+    ($statement:expr $(, $and:literal)? $(; $tail:literal)?) => {
         PerRow {
             without_namespace: concat!(
                 $statement,
@@ -131,17 +147,20 @@ macro_rules! per_row {
 }
 
 /// `$4`: whether to return the stored output (it may be large).
-const LOOKUP: PerRow = per_row!(
-    "SELECT state = 'success', identity, fingerprint, fence, \
-            coalesce(lease_expires_at < now(), false), \
-            CASE WHEN $4 THEN output::text END \
-     FROM idem_records"
-);
+const LOOKUP: PerRow = per_row!(concat!(
+    "SELECT ",
+    existing_columns!(),
+    ", CASE WHEN $4 THEN coalesce(output_json, output::text) END AS output \
+         FROM idem_records"
+));
 
-/// `$4`: the holder's fence; `$5`: the output to keep, or NULL.
+/// `$4`: the holder's fence; `$5`: the output to keep, or NULL. The output
+/// is kept as the text serde_json wrote, not as `jsonb`, which refuses some
+/// of what JSON can say (`\u0000`): a settle must never fail because of the
+/// value it carries.
 const SETTLE: PerRow = per_row!(
     "UPDATE idem_records \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output = $5::jsonb",
+     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5",
     "state = 'pending' AND fence = $4"
 );
 
@@ -156,7 +175,7 @@ const RELEASE: PerRow = per_row!(
 /// statement (no extra round trip, nothing left on the pooled connection).
 const SETTLE_ASYNC: PerRow = per_row!(
     "UPDATE idem_records \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output = $5::jsonb \
+     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5 \
      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
     "state = 'pending' AND fence = $4"
 );
@@ -177,23 +196,56 @@ pub(crate) enum Commit {
     Async,
 }
 
-/// `$4`: the holder's fence; `$5`: the new lease in microseconds.
+/// `$4`: the holder's fence; `$5`: the new lease in microseconds. Only a
+/// claim that has a lease is extended: one made without holds until it is
+/// resolved, and must never become expirable.
 const EXTEND: PerRow = per_row!(
     "UPDATE idem_records SET lease_expires_at = now() + $5 * interval '1 microsecond'",
-    "state = 'pending' AND fence = $4"
+    "state = 'pending' AND fence = $4 AND lease_expires_at IS NOT NULL"
 );
 
 /// Takes over a pending claim whose lease ran out, if it is still the one
 /// that was seen (`$4`, its fence): exactly one of several takers wins, and
 /// the fence it gets back (from the sequence) outranks every earlier one.
-/// `$5`: the new lease in microseconds, or NULL; `$6`: the new fingerprint.
+/// The row keeps its lineage (the fence it began with). `$5`: the new lease
+/// in microseconds, or NULL; `$6`: the new fingerprint.
 const TAKE_OVER: PerRow = per_row!(
     "UPDATE idem_records \
      SET fence = nextval('idem_records_fence_seq'), created_at = now(), fingerprint = $6, \
+         first_fence = coalesce(first_fence, fence), \
          lease_expires_at = now() + $5 * interval '1 microsecond'",
     "state = 'pending' AND fence = $4 AND lease_expires_at < now()";
-    "RETURNING fence"
+    "RETURNING fence, first_fence AS lineage"
 );
+
+/// Records the success of a holder whose claim is no longer its own (taken
+/// over, or released and claimed anew) over the pending row that replaced
+/// it, if that is still the one that was seen (`$4`, its fence). A success
+/// that happened is a fact the slot must keep: without this, the new
+/// holder's release would free the slot and a retry would run the action
+/// once more. The row keeps its fence, so the new holder's own settle or
+/// release finds it settled. `$5`: the output; `$6`: the fingerprint of the
+/// payload the output belongs to.
+const SETTLE_OVER: PerRow = per_row!(
+    "UPDATE idem_records \
+     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
+         fingerprint = $6",
+    "state = 'pending' AND fence = $4"
+);
+
+/// Records the success of a holder whose claim was released (by the holder
+/// that took it over, or by an operator) while nobody holds the slot: a
+/// settled row, as if claimed and settled at once. `$4`: the identity;
+/// `$5`: the fingerprint; `$6`: the output.
+const SETTLE_VACANT: PerRow = PerRow {
+    without_namespace: SETTLE_VACANT_STATEMENT,
+    within_namespace: SETTLE_VACANT_STATEMENT,
+};
+
+const SETTLE_VACANT_STATEMENT: &str = "INSERT INTO idem_records \
+       (account, kind, address, namespace, state, identity, fingerprint, settled_at, output_json) \
+     VALUES ($1, 'claim', $2, $3, 'success', $4, $5, now(), $6) \
+     ON CONFLICT DO NOTHING";
 
 impl PerRow {
     fn query<'q>(&self, scope: Scope<'q>, address: &'q str) -> Query<'q, Postgres, PgArguments> {
@@ -205,6 +257,21 @@ impl PerRow {
             .bind(scope.account)
             .bind(address)
             .bind(scope.namespace)
+    }
+}
+
+impl Existing {
+    /// Reads the columns named by `existing_columns!` and `output`.
+    fn from_row(row: &PgRow) -> Result<Existing, sqlx::Error> {
+        Ok(Existing {
+            settled: row.try_get("settled")?,
+            identity: row.try_get("identity")?,
+            fingerprint: row.try_get("fingerprint")?,
+            fence: row.try_get("fence")?,
+            lineage: row.try_get("lineage")?,
+            lease_expired: row.try_get("lease_expired")?,
+            output: row.try_get("output")?,
+        })
     }
 }
 
@@ -227,17 +294,10 @@ pub(crate) async fn claim<'e>(
     let Some(row) = row else {
         return Ok(Claimed::Hidden);
     };
-    if row.try_get::<bool, _>(0)? {
-        return Ok(Claimed::Won(row.try_get(1)?));
+    if row.try_get::<bool, _>("won")? {
+        return Ok(Claimed::Won(row.try_get("fence")?));
     }
-    Ok(Claimed::Held(Existing {
-        fence: row.try_get(1)?,
-        settled: row.try_get(2)?,
-        identity: row.try_get(3)?,
-        fingerprint: row.try_get(4)?,
-        lease_expired: row.try_get(5)?,
-        output: row.try_get(6)?,
-    }))
+    Existing::from_row(&row).map(Claimed::Held)
 }
 
 /// The row holding a slot, if any is still there.
@@ -247,22 +307,14 @@ pub(crate) async fn lookup<'e>(
     address: &str,
     with_output: bool,
 ) -> Result<Option<Existing>, sqlx::Error> {
-    let row = LOOKUP
+    LOOKUP
         .query(scope, address)
         .bind(with_output)
         .fetch_optional(executor)
-        .await?;
-    row.map(|row| {
-        Ok(Existing {
-            settled: row.try_get(0)?,
-            identity: row.try_get(1)?,
-            fingerprint: row.try_get(2)?,
-            fence: row.try_get(3)?,
-            lease_expired: row.try_get(4)?,
-            output: row.try_get(5)?,
-        })
-    })
-    .transpose()
+        .await?
+        .as_ref()
+        .map(Existing::from_row)
+        .transpose()
 }
 
 /// Marks a pending claim settled, keeping `output`. `false`: the row is no
@@ -326,15 +378,22 @@ pub(crate) async fn extend<'e>(
     Ok(done.rows_affected() == 1)
 }
 
-/// Takes over an expired claim last seen with fence `seen`. `Some(fence)`:
-/// this call now holds it, with a fence higher than any before.
+/// A claim won by taking an expired one over.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TakenOver {
+    pub fence: i64,
+    pub lineage: i64,
+}
+
+/// Takes over an expired claim last seen with fence `seen`. `Some`: this
+/// call now holds it, with a fence higher than any before.
 pub(crate) async fn take_over<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
     seen: i64,
     claim: NewClaim<'_>,
-) -> Result<Option<i64>, sqlx::Error> {
+) -> Result<Option<TakenOver>, sqlx::Error> {
     TAKE_OVER
         .query(scope, address)
         .bind(seen)
@@ -342,6 +401,57 @@ pub(crate) async fn take_over<'e>(
         .bind(claim.fingerprint)
         .fetch_optional(executor)
         .await?
-        .map(|row| row.try_get(0))
+        .map(|row| {
+            Ok(TakenOver {
+                fence: row.try_get("fence")?,
+                lineage: row.try_get("lineage")?,
+            })
+        })
         .transpose()
+}
+
+/// What a late success needs to be recorded in a slot that is no longer its
+/// holder's: the payload it belongs to, and the value to keep.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LateSuccess<'a> {
+    pub identity: &'a [u8],
+    pub fingerprint: Option<&'a [u8]>,
+    pub output: Option<&'a str>,
+}
+
+/// Settles the pending row last seen with fence `seen` with a late success
+/// ([`SETTLE_OVER`]). `false`: the row changed since it was seen.
+pub(crate) async fn settle_over<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    seen: i64,
+    late: LateSuccess<'_>,
+) -> Result<bool, sqlx::Error> {
+    let done = SETTLE_OVER
+        .query(scope, address)
+        .bind(seen)
+        .bind(late.output)
+        .bind(late.fingerprint)
+        .execute(executor)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Records a late success in a vacant slot ([`SETTLE_VACANT`]). `false`:
+/// someone claimed the slot meanwhile.
+pub(crate) async fn settle_vacant<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    late: LateSuccess<'_>,
+) -> Result<bool, sqlx::Error> {
+    let done = SETTLE_VACANT
+        .query(scope, address)
+        .bind(late.identity)
+        .bind(late.fingerprint)
+        .bind(late.output)
+        .execute(executor)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }

@@ -106,6 +106,27 @@ pub async fn gate_on(pool: PgPool) -> Gate {
     }
 }
 
+/// Runs `future` and returns its output with what the gate decided inside it,
+/// in order: for a history of invocations, each observed on its own.
+///
+/// ```no_run
+/// # async fn demo() {
+/// use idem_runtime::{GateEvent, Identity, Rejected, testing};
+///
+/// let gate = testing::gate().await;
+/// let id = Identity::new("charge").part("ord_8");
+/// let (result, events) = testing::observe(gate.run(&id, async { Ok::<_, Rejected>(()) })).await;
+/// assert!(result.is_ok());
+/// assert!(matches!(events[..], [GateEvent::Won, GateEvent::Settled]));
+/// # }
+/// ```
+pub async fn observe<F: Future>(future: F) -> (F::Output, Vec<GateEvent>) {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let output = observe::collecting(events.clone(), future).await;
+    let events = std::mem::take(&mut *events.lock().unwrap_or_else(PoisonError::into_inner));
+    (output, events)
+}
+
 /// Fires `n` invocations made by `invoke` at the same instant and reports
 /// what the gate decided for each.
 ///

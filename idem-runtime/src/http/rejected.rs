@@ -71,24 +71,45 @@ impl From<&Rejected> for Problem {
                 "This Idempotency-Key maps to the same record as a different request, so this \
                  one was not run. Send it again under a new key.",
             ),
-            // The body may have run and its outcome is not recorded: a
-            // server-side failure, and blind retries could repeat the effect.
+            // The body ran while the server no longer held the key alone, so
+            // the effect may have happened twice: a server-side failure, and
+            // the client should look before it acts. A success is kept in the
+            // record, so a retry is answered from it and runs nothing.
             Rejected::ClaimLost { .. } | Rejected::LeaseLost { .. } => Problem::idem(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "outcome-unknown",
                 "Outcome unknown",
-                "The request may have taken effect, but the server could not record its outcome. \
-                 Check whether it did before retrying it.",
+                "The request ran, but the server lost its hold on this Idempotency-Key while it \
+                 ran, so another attempt may have run it too. Check its effect before acting on \
+                 this answer; a retry with the same key does not run it again once it succeeded.",
+            ),
+            // Neither is the client's doing, and retrying cannot help until
+            // the server is fixed: a 500, not a 503, and no Retry-After.
+            Rejected::StoreRefused { .. } => Problem::idem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store-refused",
+                "Idempotency store refused the request",
+                "The server's idempotency store refused to record this request, so it was not \
+                 run. This is a fault in the server's set-up, not an outage: retrying will not \
+                 help until it is fixed.",
+            ),
+            Rejected::InvalidOption { .. } => Problem::idem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "invalid-option",
+                "Idempotency misconfigured",
+                "The server's idempotency settings for this operation are invalid, so the \
+                 request was not run. This is a fault in the server, not in the request.",
             ),
             // The account or namespace comes from the request (a path
-            // segment can decode to NUL; a header cannot hold one).
-            Rejected::InvalidScope { scope, .. } => Problem::idem(
+            // segment can decode to NUL, and to any length; a header cannot
+            // hold NUL). Say which rule the name broke.
+            Rejected::InvalidScope { scope, reason, .. } => Problem::idem(
                 StatusCode::BAD_REQUEST,
                 "invalid-scope",
                 "Invalid account or namespace",
                 format!(
-                    "The {scope} name of this request contains a NUL character, which cannot be \
-                     stored, so the request was not run. Do not retry it under that name."
+                    "The {scope} name of this request cannot be stored: {reason}. The request \
+                     was not run. Do not retry it under that name."
                 ),
             ),
         }

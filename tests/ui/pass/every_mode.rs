@@ -24,6 +24,12 @@ async fn leased(gate: &Gate, id: u64) -> Result<(), Rejected> {
     Ok(())
 }
 
+// The longest lease, Mode::MAX_LEASE.
+#[idempotent(key = "id", lease = "100y")]
+async fn longest_lease(gate: &Gate, id: u64) -> Result<(), Rejected> {
+    Ok(())
+}
+
 #[idempotent(key = "id", on_unavailable = "refuse", outcome_commit = "durable")]
 async fn strict(gate: &Gate, id: u64) -> Result<(), Rejected> {
     Ok(())
@@ -51,6 +57,7 @@ async fn exercise(gate: &Gate, tx: &mut Transaction<'_, Postgres>, conn: &mut Pg
     replayed(gate, 1).await?;
     fingerprinted(gate, 1, 5, "EUR").await?;
     leased(gate, 1).await?;
+    longest_lease(gate, 1).await?;
     strict(gate, 1).await?;
     async_outcome(gate, 1).await?;
     in_transaction(gate, tx, 1, 5).await?;

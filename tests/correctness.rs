@@ -1,0 +1,429 @@
+//! Defects where a body ran twice, a success was lost, or the caller was
+//! misled (issue 13), each pinned by a test that failed before its fix.
+//! Faults on the wire (replies lost after commit) are in
+//! `tests/lost_replies.rs`; the random search for the rest is
+//! `tests/history.rs`.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::sqlx;
+use idem::testing;
+use idem::{Gate, Identity, Mode, OnUnavailable, Rejected, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+enum JobError {
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    #[error("the body failed, as the test asked")]
+    Failed,
+}
+
+fn refusal<T: std::fmt::Debug>(result: &Result<T, JobError>) -> &Rejected {
+    match result {
+        Err(JobError::Rejected(rejected)) => rejected,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Counts the bodies that ran.
+#[derive(Default)]
+struct Runs(AtomicUsize);
+
+impl Runs {
+    fn run(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+// ------------------------------------- 1. a value the store cannot hold
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Note {
+    text: String,
+}
+
+/// serde_json writes `\u0000` for NUL, which `jsonb` refuses: the stored
+/// form must hold any value serde_json can write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_value_holding_nul_is_settled_and_replayed() {
+    let gate = testing::gate().await;
+    let id = Identity::new("nul_value").part(1);
+    let runs = Runs::default();
+    let note = Note {
+        text: "before\0after \u{1}\u{fffd} \\u0000".into(),
+    };
+    let body = || async {
+        runs.run();
+        Ok::<_, JobError>(note.clone())
+    };
+    let first = gate.run_replayed(&id, &Mode::new(), body()).await;
+    assert_eq!(first.expect("the body's value"), note);
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success"),
+        "the success is recorded"
+    );
+    let again = gate.run_replayed(&id, &Mode::new(), body()).await;
+    assert_eq!(again.expect("replayed"), note, "byte for byte");
+    assert_eq!(runs.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_lease_a_value_holding_nul_never_lets_the_body_run_twice() {
+    let gate = testing::gate().await;
+    let id = Identity::new("nul_value_leased").part(1);
+    let mode = Mode::new().lease(Duration::from_millis(200));
+    let runs = Runs::default();
+    let body = || async {
+        runs.run();
+        Ok::<_, JobError>(Note { text: "\0".into() })
+    };
+    gate.run_replayed(&id, &mode, body())
+        .await
+        .expect("the body's value");
+    // Past the lease: were the claim still pending, this would take it over.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = gate.run_replayed(&id, &mode, body()).await;
+    assert_eq!(again.expect("replayed").text, "\0");
+    assert_eq!(runs.count(), 1, "the body ran once");
+}
+
+/// A value the store refuses for any reason (here: larger than PostgreSQL
+/// takes in one field, 1 GB) settles without it: the success is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_the_store_refuses_settles_without_it_and_the_success_is_kept() {
+    let gate = testing::gate().await;
+    let id = Identity::new("refused_value").part(1);
+    let mode = Mode::new().lease(Duration::from_millis(300));
+    // A trigger refuses any stored output, as a value too large would be.
+    let table = "idem_records";
+    let function = testing::unique_name("refuse_output");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF NEW.account = '{account}' AND (to_jsonb(NEW) ->> 'output_json') IS NOT NULL THEN \
+             RAISE EXCEPTION 'value too large' USING ERRCODE = '54000'; END IF; \
+           IF NEW.account = '{account}' AND (to_jsonb(NEW) ->> 'output') IS NOT NULL THEN \
+             RAISE EXCEPTION 'value too large' USING ERRCODE = '54000'; END IF; \
+           RETURN NEW; END $$; \
+         CREATE TRIGGER {function} BEFORE UPDATE ON {table} \
+           FOR EACH ROW EXECUTE FUNCTION {function}();",
+        account = gate.account_name()
+    )))
+    .execute(gate.pool())
+    .await
+    .expect("install the refusing trigger");
+    let runs = Runs::default();
+    let body = || async {
+        runs.run();
+        Ok::<_, JobError>(Note { text: "big".into() })
+    };
+    let first = gate.run_replayed(&id, &mode, body()).await;
+    let again = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        gate.run_replayed(&id, &mode, body()).await
+    }
+    .await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TRIGGER {function} ON {table}; DROP FUNCTION {function}();"
+    )))
+    .execute(gate.pool())
+    .await
+    .expect("remove the trigger");
+    assert_eq!(first.expect("the body's value").text, "big");
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success"),
+        "settled without the value"
+    );
+    assert!(
+        matches!(refusal(&again), Rejected::AlreadyDone),
+        "no value to replay: {again:?}"
+    );
+    assert_eq!(runs.count(), 1, "the lease never expired into a second run");
+}
+
+// ---------------------------------------- 2. extend without a lease
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extending_a_claim_without_a_lease_never_makes_it_expirable() {
+    let gate = testing::gate().await;
+    let id = Identity::new("extend_unleased").part(1);
+    let claim = gate.claim(&id).await.expect("claimed without a lease");
+    claim
+        .extend(Duration::from_millis(10))
+        .await
+        .expect("nothing to extend is not an error");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let duplicate = gate.claim(&id).await;
+    assert!(
+        matches!(duplicate, Err(Rejected::InFlight)),
+        "a claim without a lease holds until resolved: {duplicate:?}"
+    );
+    claim.settle().await.expect("the holder settles");
+}
+
+// ----------------------- 3. errors of the request are not outages
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_the_database_cannot_hold_is_refused_and_never_fails_open() {
+    let gate = testing::gate().await;
+    let runs = Runs::default();
+    for lease in [Duration::MAX, Duration::ZERO] {
+        let id = Identity::new("huge_lease").part(lease.as_secs());
+        let mode = Mode::new().lease(lease).on_unavailable(OnUnavailable::Run);
+        let result = gate
+            .run_with(&id, &mode, async {
+                runs.run();
+                Ok::<_, JobError>(())
+            })
+            .await;
+        let rejected = refusal(&result);
+        assert_eq!(rejected.reason(), "invalid_option", "{rejected}");
+        assert!(!rejected.is_retryable());
+        let message = rejected.to_string();
+        assert!(message.contains("lease"), "{message}");
+        assert!(message.contains("did not run"), "{message}");
+    }
+    assert_eq!(runs.count(), 0, "the body never ran unguarded");
+
+    // The longest lease, from the attribute and from Mode, is one the
+    // database holds.
+    longest_lease(&gate, 1)
+        .await
+        .expect("lease = \"100y\" claims and settles");
+    let longest = Mode::new().lease(Mode::MAX_LEASE);
+    gate.run_with(&Identity::new("max_lease").part(1), &longest, async {
+        Ok::<_, JobError>(())
+    })
+    .await
+    .expect("Mode::MAX_LEASE claims and settles");
+
+    // Claim::extend checks the same bounds, and changes nothing.
+    let id = Identity::new("huge_extension").part(1);
+    let mode = Mode::new().lease(Duration::from_secs(30));
+    let claim = gate.claim_with(&id, &mode).await.expect("claimed");
+    let extended = claim.extend(Duration::MAX).await;
+    assert!(
+        matches!(&extended, Err(r) if r.reason() == "invalid_option"),
+        "{extended:?}"
+    );
+    claim.settle().await.expect("still ours");
+}
+
+#[idempotent(key = "job", lease = "100y")]
+async fn longest_lease(gate: &Gate, job: u32) -> Result<u32, JobError> {
+    Ok(job)
+}
+
+/// A role that may read idem_records but not write it.
+async fn read_only_gate() -> (Gate, String) {
+    let admin = testing::pool_with(1).await;
+    let role = testing::unique_name("idem_ro");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN; GRANT SELECT ON idem_records TO {role}; \
+         GRANT USAGE ON SEQUENCE idem_records_fence_seq TO {role}; \
+         GRANT SELECT ON idem_schema_version TO {role};"
+    )))
+    .execute(&admin)
+    .await
+    .expect("create a read-only role");
+    let options = common::options_in("public").username(&role);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .expect("connect as the read-only role");
+    let gate = Gate::connect_without_setup(pool)
+        .await
+        .expect("a read-only role passes verification")
+        .account(testing::unique_name("ro"));
+    (gate, role)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_denied_is_an_error_of_the_request_that_never_fails_open() {
+    let (gate, role) = read_only_gate().await;
+    let runs = Runs::default();
+    let id = Identity::new("no_insert").part(1);
+    let fail_open = Mode::new().on_unavailable(OnUnavailable::Run);
+    let result = gate
+        .run_with(&id, &fail_open, async {
+            runs.run();
+            Ok::<_, JobError>(())
+        })
+        .await;
+    let rejected = refusal(&result).clone();
+    gate.pool().close().await;
+    let admin = testing::pool_with(1).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "REVOKE ALL ON idem_records, idem_records_fence_seq, idem_schema_version FROM {role}; \
+         DROP ROLE {role};"
+    )))
+    .execute(&admin)
+    .await
+    .expect("drop the role");
+    assert_eq!(runs.count(), 0, "permission denied is not an outage");
+    assert_eq!(rejected.reason(), "store_refused", "{rejected}");
+    assert!(!rejected.is_retryable());
+    let message = rejected.to_string();
+    assert!(message.contains("did not run"), "{message}");
+    assert!(message.contains("GRANT"), "says what to fix: {message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_an_error_of_the_request_not_an_outage() {
+    let (schema, pool) = common::fresh_schema(2).await;
+    let gate = Gate::connect(pool).await.expect("set up in its own schema");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE {schema}.idem_records"
+    )))
+    .execute(gate.pool())
+    .await
+    .expect("drop the table under the gate");
+    let runs = Runs::default();
+    let mode = Mode::new().on_unavailable(OnUnavailable::Run);
+    let result = gate
+        .run_with(&Identity::new("gone").part(1), &mode, async {
+            runs.run();
+            Ok::<_, JobError>(())
+        })
+        .await;
+    let rejected = refusal(&result);
+    assert_eq!(rejected.reason(), "store_refused", "{rejected}");
+    assert!(
+        rejected.to_string().contains("idem migrate"),
+        "says how to fix it: {rejected}"
+    );
+    assert_eq!(runs.count(), 0);
+}
+
+// ----------------------------- 4. what became of a claim, truthfully
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_released_by_an_operator_and_claimed_anew_is_lost_not_a_lost_lease() {
+    let gate = testing::gate().await;
+    let id = Identity::new("operator_release").part(1);
+    for mode in [Mode::new(), Mode::new().lease(Duration::from_secs(60))] {
+        let id = id.clone().part(mode.lease_duration().is_some());
+        let first = gate.claim_with(&id, &mode).await.expect("first holder");
+        // What `idem claims release` does.
+        sqlx::query("DELETE FROM idem_records WHERE account = $1 AND address = $2")
+            .bind(gate.account_name())
+            .bind(id.address())
+            .execute(gate.pool())
+            .await
+            .expect("operator releases the claim");
+        let second = gate.claim_with(&id, &mode).await.expect("claimed anew");
+        let late = first.settle().await;
+        assert!(
+            matches!(late, Err(Rejected::ClaimLost { .. })),
+            "{mode:?}: {late:?}"
+        );
+        second.settle().await.expect("the new holder settles");
+    }
+}
+
+// --------------------- 5. a stale holder learns, and its success stays
+
+#[idempotent(key = "job", action = "stale_holder", lease = "300ms")]
+async fn leased(gate: &Gate, job: u32, pause: Duration, fail: bool) -> Result<u32, JobError> {
+    tokio::time::sleep(pause).await;
+    if fail { Err(JobError::Failed) } else { Ok(job) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holder_is_told_lease_lost_and_its_success_is_never_forgotten() {
+    let gate = testing::gate().await;
+    // The first holder outlives its lease; the second takes over, then fails.
+    let stale = leased(&gate, 7, Duration::from_millis(900), false);
+    let taker = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        leased(&gate, 7, Duration::from_millis(600), true).await
+    };
+    let (stale, taker) = tokio::join!(stale, taker);
+    assert!(
+        matches!(refusal(&stale), Rejected::LeaseLost { .. }),
+        "the stale holder learns it was fenced off: {stale:?}"
+    );
+    assert!(matches!(taker, Err(JobError::Failed)), "{taker:?}");
+    let id = Identity::new("stale_holder").part(7_u32);
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success"),
+        "the first body's success is recorded, though the new holder failed"
+    );
+    let retry = leased(&gate, 7, Duration::ZERO, false).await;
+    assert!(
+        matches!(refusal(&retry), Rejected::AlreadyDone),
+        "no third run: {retry:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_gate_run_a_stale_holder_is_told_lease_lost_too() {
+    let gate = testing::gate().await;
+    let id = Identity::new("stale_run").part(1);
+    let mode = Mode::new().lease(Duration::from_millis(200));
+    let stale = gate.run_with(&id, &mode, async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        Ok::<_, JobError>("first")
+    });
+    let taker = async {
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        gate.run_with(&id, &mode, async { Ok::<_, JobError>("second") })
+            .await
+    };
+    let (stale, taker) = tokio::join!(stale, taker);
+    assert_eq!(taker.expect("the new holder ran"), "second");
+    assert!(
+        matches!(refusal(&stale), Rejected::LeaseLost { .. }),
+        "{stale:?}"
+    );
+}
+
+// ------------------------------ 8. replays and names, both directions
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_stored_with_a_fingerprint_never_replays_to_a_caller_without_one() {
+    let gate = testing::gate().await;
+    let with = Mode::new().fingerprint(idem::Fingerprint::new().part(4_999));
+    let without = Mode::new();
+    for (first, second) in [(&with, &without), (&without, &with)] {
+        let id = Identity::new("fingerprint_both_ways").part(first == &with);
+        gate.run_replayed(&id, first, async { Ok::<_, JobError>(1_u32) })
+            .await
+            .expect("first run");
+        let duplicate = gate
+            .run_replayed(&id, second, async { Ok::<_, JobError>(2_u32) })
+            .await;
+        assert!(
+            matches!(refusal(&duplicate), Rejected::AlreadyDone),
+            "{first:?} then {second:?}: {duplicate:?}"
+        );
+    }
+}
+
+#[idempotent(key = "job")]
+async fn r#move(gate: &Gate, job: u32) -> Result<u32, JobError> {
+    Ok(job)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_identifier_s_action_is_its_name_without_r_hash() {
+    let gate = testing::gate().await;
+    r#move(&gate, 1).await.expect("ran");
+    let plain = Identity::new("move").part(1_u32);
+    assert_eq!(
+        common::row_state(&gate, &plain.address()).await.as_deref(),
+        Some("success"),
+        "the action is \"move\""
+    );
+}
