@@ -652,6 +652,25 @@ async fn each_refusal_maps_to_its_status_retry_after_and_problem_type() {
             None,
             "invalid-scope",
         ),
+        (
+            Rejected::StoreRefused {
+                fix: "grant the role a privilege",
+                source: Arc::new(sqlx::Error::PoolTimedOut),
+            },
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            "store-refused",
+        ),
+        (
+            Rejected::InvalidOption {
+                option: "lease",
+                value: "0ns".into(),
+                reason: "a lease of zero expires at once",
+            },
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            "invalid-option",
+        ),
     ];
     for (rejected, status, retry_after, slug) in cases {
         let answer = answer_of(rejected.clone().into_response()).await;
@@ -664,5 +683,32 @@ async fn each_refusal_maps_to_its_status_retry_after_and_problem_type() {
             );
         }
         assert!(!answer.replayed());
+    }
+}
+
+/// The 400 for an invalid scope says which rule the name broke, as the
+/// gate found it: a NUL character, or a name too long to index.
+#[tokio::test]
+async fn an_invalid_scope_s_400_names_the_real_cause() {
+    let gate = idem::testing::gate().await;
+    let id = Identity::new("scoped").part(1);
+    for (name, cause, not_the_cause) in [
+        (
+            "x".repeat(Gate::MAX_SCOPE_NAME_BYTES + 1),
+            "longer than 1024 bytes",
+            "NUL",
+        ),
+        ("a\0b".to_owned(), "NUL character", "longer than"),
+    ] {
+        let refused = gate
+            .account(&name)
+            .run(&id, async { Ok::<_, Rejected>(()) })
+            .await
+            .expect_err("an unstorable account is refused");
+        let answer = answer_of(refused.into_response()).await;
+        let detail = answer.assert_problem(StatusCode::BAD_REQUEST, "invalid-scope");
+        assert!(detail.contains(cause), "{detail}");
+        assert!(!detail.contains(not_the_cause), "{detail}");
+        assert!(!detail.contains(&name), "the name is not echoed: {detail}");
     }
 }
