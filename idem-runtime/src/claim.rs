@@ -18,7 +18,7 @@ use crate::gate::Gate;
 use crate::identity::Identity;
 use crate::mode::{self, Mode, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
-use crate::retry::{SERIALIZATION_BACKOFF, retry_after, retry_after_serialization_failure};
+use crate::retry::{self, SERIALIZATION_BACKOFF};
 use crate::store::{self, Commit, LateSuccess, NewClaim};
 
 /// How often a claim re-tries, without `wait`, when the slot it lost is free
@@ -38,6 +38,17 @@ const RECORD_BACKOFF: [Duration; 2] = [Duration::from_millis(25), Duration::from
 /// bodies are short, and backs off to spare the store.
 const WAIT_FIRST_POLL: Duration = Duration::from_millis(10);
 const WAIT_LONGEST_POLL: Duration = Duration::from_millis(250);
+
+/// The pauses before repeating a statement that is safe to repeat (matched
+/// on a fence, or a read) after a transient failure; none inside the
+/// caller's transaction, which a failed statement has aborted.
+fn record_backoff(via: &Via<'_>) -> &'static [Duration] {
+    if via.in_transaction() {
+        &[]
+    } else {
+        &RECORD_BACKOFF
+    }
+}
 
 /// A tracing event about one slot, with the fields every gate event carries
 /// (account, namespace, action, address), then any others and the message.
@@ -177,25 +188,25 @@ impl Gate {
         // somebody else's invocation in flight). Inside the caller's
         // transaction a failed statement aborts it, so only the caller can
         // retry (the whole transaction).
-        let mut backoff = if via.in_transaction() {
-            [].iter()
+        let backoff: &[Duration] = if via.in_transaction() {
+            &[]
         } else {
-            SERIALIZATION_BACKOFF.iter()
+            &SERIALIZATION_BACKOFF
+        };
+        let on_repeat = |error: &sqlx::Error, pause: Duration| {
+            slot_event!(debug, self, identity, address, error = %error, ?pause,
+                "claim rolled back by a serialization failure; trying again"
+            );
+            observe::record(GateEvent::Retried);
         };
         loop {
-            let attempt = self
-                .attempt(via, &address, identity, new, want_output)
-                .await;
-            if let Some(pause) = retry_after_serialization_failure(&attempt, &mut backoff) {
-                if let Err(error) = &attempt {
-                    slot_event!(debug, self, identity, address, error = %error, ?pause,
-                        "claim rolled back by a serialization failure; trying again"
-                    );
-                }
-                observe::record(GateEvent::Retried);
-                tokio::time::sleep(pause).await;
-                continue;
-            }
+            let attempt = retry::repeat!(
+                backoff,
+                retry::is_serialization_failure,
+                on_repeat,
+                self.attempt(via, &address, identity, new, want_output)
+                    .await,
+            );
             let attempt = match attempt {
                 Ok(attempt) => attempt,
                 // Only an outage may fail open: an error of the request would
@@ -525,19 +536,23 @@ impl Claim {
         if !held.leased {
             return Ok(());
         }
-        let mut backoff = RECORD_BACKOFF.iter();
-        let extended = loop {
-            let attempt = async {
+        let extended = retry::repeat!(
+            RECORD_BACKOFF,
+            retry::is_transient,
+            |_, _| {},
+            async {
                 let mut conn = held.gate.pool().acquire().await?;
-                let scope = held.gate.scope();
-                store::extend(&mut *conn, scope, &held.address, held.fence, micros).await
+                store::extend(
+                    &mut *conn,
+                    held.gate.scope(),
+                    &held.address,
+                    held.fence,
+                    micros,
+                )
+                .await
             }
-            .await;
-            match retry_after(&attempt, &mut backoff) {
-                Some(pause) => tokio::time::sleep(pause).await,
-                None => break attempt,
-            }
-        };
+            .await,
+        );
         match extended {
             Ok(true) => {
                 *held
@@ -637,8 +652,9 @@ impl Held {
                 Err(error) if fault::classify(&error) != Fault::Outage => {
                     self.event(
                         tracing::Level::ERROR,
-                        "the store refused the Ok value kept for replay; settling without it, \
-                         so duplicates are refused as already done",
+                        "the settle carrying the Ok value for replay was refused (not an \
+                         outage); settling without the value, so that the success is kept and \
+                         duplicates are refused as already done",
                         Some(&Rejected::from_store(error)),
                     );
                     self.record_once(Outcome::Success { output: None }, via)
@@ -662,40 +678,25 @@ impl Held {
         outcome: Outcome<'_>,
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let scope = self.gate.scope();
-        // Inside a transaction a failed statement aborts it: no retry.
-        let mut backoff = if via.in_transaction() {
-            [].iter()
-        } else {
-            RECORD_BACKOFF.iter()
-        };
-        loop {
-            let attempt = async {
+        let (scope, address, fence, commit) =
+            (self.gate.scope(), &*self.address, self.fence, self.commit);
+        retry::repeat!(
+            record_backoff(via),
+            retry::is_transient,
+            |_, _| {},
+            async {
                 let mut conn = via.connection().await?;
                 match outcome {
                     Outcome::Success { output } => {
-                        store::settle(
-                            &mut *conn,
-                            scope,
-                            &self.address,
-                            self.fence,
-                            output,
-                            self.commit,
-                        )
-                        .await
+                        store::settle(&mut *conn, scope, address, fence, output, commit).await
                     }
                     Outcome::Failure => {
-                        store::release(&mut *conn, scope, &self.address, self.fence, self.commit)
-                            .await
+                        store::release(&mut *conn, scope, address, fence, commit).await
                     }
                 }
             }
-            .await;
-            match retry_after(&attempt, &mut backoff) {
-                Some(pause) => tokio::time::sleep(pause).await,
-                None => return attempt,
-            }
-        }
+            .await,
+        )
     }
 
     /// The settle or release matched no pending row under this fence: find
@@ -776,17 +777,23 @@ impl Held {
             fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
             output,
         };
-        let written = async {
-            let mut conn = via.connection().await?;
-            match seen {
-                Some(seen) => {
-                    store::settle_over(&mut *conn, scope, &self.address, seen, late).await
+        let address = &*self.address;
+        // Both are safe to repeat: the first is matched on the fence seen,
+        // the second inserts only into a vacant slot.
+        let written: Result<bool, sqlx::Error> = retry::repeat!(
+            record_backoff(via),
+            retry::is_transient,
+            |_, _| {},
+            async {
+                let mut conn = via.connection().await?;
+                match seen {
+                    Some(seen) => store::settle_over(&mut *conn, scope, address, seen, late).await,
+                    None => store::settle_vacant(&mut *conn, scope, address, late).await,
                 }
-                None => store::settle_vacant(&mut *conn, scope, &self.address, late).await,
             }
-        }
-        .await
-        .map_err(Rejected::from_store)?;
+            .await,
+        );
+        let written = written.map_err(Rejected::from_store)?;
         if written {
             self.event(
                 tracing::Level::WARN,
@@ -800,10 +807,15 @@ impl Held {
 
     /// The row in the slot now, if any.
     async fn look(&self, via: &mut Via<'_>) -> Result<Option<store::Existing>, Rejected> {
-        let scope = self.gate.scope();
-        async { store::lookup(&mut *via.connection().await?, scope, &self.address, false).await }
-            .await
-            .map_err(Rejected::from_store)
+        let (scope, address) = (self.gate.scope(), &*self.address);
+        let row: Result<_, sqlx::Error> = retry::repeat!(
+            record_backoff(via),
+            retry::is_transient,
+            |_, _| {},
+            async { store::lookup(&mut *via.connection().await?, scope, address, false).await }
+                .await,
+        );
+        row.map_err(Rejected::from_store)
     }
 
     /// Whether the lease has run out by this process's clock.

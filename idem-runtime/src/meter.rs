@@ -47,7 +47,7 @@ use sqlx::Row;
 use crate::error::Error;
 use crate::gate::Gate;
 use crate::identity::{Identity, KeyPart};
-use crate::retry::{SERIALIZATION_BACKOFF, retry_after_serialization_failure};
+use crate::retry::{self, SERIALIZATION_BACKOFF};
 
 /// The action name under which event identifiers are encoded. Part of every
 /// event's address: stable forever, like the identity encoding.
@@ -416,14 +416,12 @@ impl Meter {
                 None => query,
             }
         };
-        let mut backoff = SERIALIZATION_BACKOFF.iter();
-        let rows = loop {
-            let attempt = query().fetch_all(self.gate.pool()).await;
-            match retry_after_serialization_failure(&attempt, &mut backoff) {
-                Some(pause) => tokio::time::sleep(pause).await,
-                None => break attempt?,
-            }
-        };
+        let rows = retry::repeat!(
+            SERIALIZATION_BACKOFF,
+            retry::is_serialization_failure,
+            |_, _| {},
+            query().fetch_all(self.gate.pool()).await,
+        )?;
         let mut stored = HashMap::with_capacity(rows.len());
         for row in rows {
             let address: String = row.try_get(0)?;

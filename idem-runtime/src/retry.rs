@@ -11,24 +11,41 @@
 
 use std::time::Duration;
 
-/// When to retry an idempotent store operation (settle, release, extend):
-/// after the next pause of `backoff`, when the statement failed
-/// transiently ([`is_transient`]); not when the pool was closed on purpose,
-/// and not once the pauses are used up.
-pub(crate) fn retry_after<T>(
-    attempt: &Result<T, sqlx::Error>,
-    backoff: &mut std::slice::Iter<'_, Duration>,
-) -> Option<Duration> {
-    match attempt {
-        Err(error) if is_transient(error) => backoff.next().copied(),
-        _ => None,
-    }
+/// Evaluates `$statement` (an expression that awaits one store statement)
+/// until it succeeds, fails in a way `$repeatable` does not accept, or the
+/// pauses of `$backoff` are used up: the one retry loop of the store's
+/// callers. `$on_repeat` hears of each failure that is repeated and of the
+/// pause before the repeat.
+///
+/// A macro rather than a function taking an async closure: the statement
+/// borrows the caller's connection mutably on every attempt, and a future
+/// built from an async closure that does so is not provably `Send`, which
+/// every guarded function's future must be.
+macro_rules! repeat {
+    ($backoff:expr, $repeatable:expr, $on_repeat:expr, $statement:expr $(,)?) => {{
+        let mut pauses = $backoff.iter();
+        loop {
+            match $statement {
+                Err(error) if $repeatable(&error) => match pauses.next() {
+                    Some(&pause) => {
+                        $on_repeat(&error, pause);
+                        tokio::time::sleep(pause).await;
+                    }
+                    None => break Err(error),
+                },
+                done => break done,
+            }
+        }
+    }};
 }
+pub(crate) use repeat;
 
-/// Errors that a fresh connection, or a fresh snapshot, may not meet again.
+/// Errors that a fresh connection, or a fresh snapshot, may not meet again:
+/// worth repeating a statement that is safe to repeat (matched on its
+/// fence, or a plain read). Not a pool timeout: the pool has already waited
+/// its whole acquire timeout.
 pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
     match error {
-        // Not PoolTimedOut: the pool has already waited its whole acquire timeout.
         sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 57P01-57P03: shutdown, crash, starting up;
@@ -40,7 +57,8 @@ pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
 }
 
 /// Pauses between attempts of a statement rolled back by a serialization
-/// failure or deadlock (a claim, a metering batch). The first retry is
+/// failure or deadlock (a claim, a metering batch), repeated only after
+/// [`is_serialization_failure`]. The first retry is
 /// immediate: a serialization failure means the conflicting write has
 /// committed, so a new statement (with a new snapshot) sees it at once.
 pub(crate) const SERIALIZATION_BACKOFF: [Duration; 3] = [
@@ -48,19 +66,6 @@ pub(crate) const SERIALIZATION_BACKOFF: [Duration; 3] = [
     Duration::from_millis(10),
     Duration::from_millis(50),
 ];
-
-/// When to send a statement again that may only be repeated after a
-/// serialization failure or deadlock ([`is_serialization_failure`]): after
-/// the next pause of `backoff`, until the pauses are used up.
-pub(crate) fn retry_after_serialization_failure<T>(
-    attempt: &Result<T, sqlx::Error>,
-    backoff: &mut std::slice::Iter<'_, Duration>,
-) -> Option<Duration> {
-    match attempt {
-        Err(error) if is_serialization_failure(error) => backoff.next().copied(),
-        _ => None,
-    }
-}
 
 /// A serialization failure (40001) or deadlock (40P01): PostgreSQL rolled the
 /// statement back whole, so repeating it cannot apply it twice.
