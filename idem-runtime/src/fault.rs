@@ -82,8 +82,13 @@ pub(crate) fn classify(error: &sqlx::Error) -> Fault {
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => Fault::Outage,
+        // Closed on purpose, by the application: no reason to run a body
+        // unguarded, and no retry will find the pool open again.
+        sqlx::Error::PoolClosed => Fault::Request {
+            fix: "the gate's pool was closed (PgPool::close): claim before closing it, or \
+                  give the gate an open pool",
+        },
         sqlx::Error::Database(db) => match db.code() {
             Some(code) if is_outage_code(&code) => Fault::Outage,
             Some(code) => Fault::Request {
@@ -152,6 +157,10 @@ mod tests {
             classify(&sqlx::Error::PoolTimedOut),
             Fault::Outage,
             "the pool waited its whole acquire timeout"
+        );
+        assert!(
+            matches!(classify(&sqlx::Error::PoolClosed), Fault::Request { .. }),
+            "a pool the application closed is no outage to fail open on"
         );
     }
 }

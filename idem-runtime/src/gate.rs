@@ -203,9 +203,14 @@ impl Gate {
     ///
     /// The body is not polled unless the claim is won. If it panics, or its
     /// future is dropped, the claim stays pending: the outcome is unknown, so
-    /// retries are refused (fail closed). If recording the success fails, the
-    /// body's `Ok` value is still returned, the claim stays pending, and a
-    /// tracing error says so.
+    /// retries are refused (fail closed). If the store fails to record the
+    /// success, the body's `Ok` value is still returned, the claim stays
+    /// pending, and a tracing error says so. If the claim was no longer this
+    /// call's when the body succeeded (its lease ran out and another call
+    /// took it over, or someone released it), the success is still kept in
+    /// the slot, but the call returns [`Rejected::LeaseLost`] or
+    /// [`Rejected::ClaimLost`] instead of the value: another call may have
+    /// run the action too, so check the side effect before acting on it.
     pub async fn run<T, E, F>(&self, identity: &Identity, body: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
@@ -228,10 +233,15 @@ impl Gate {
     /// without running the body. A duplicate while the first is in flight is
     /// still refused (or waits, with [`Mode::wait`]).
     ///
-    /// A value that fails to serialize never loses the success: the claim is
-    /// settled without a value, a tracing error says so, and duplicates are
-    /// refused with [`Rejected::AlreadyDone`]. So is a duplicate whose stored
-    /// value no longer deserializes into `T`.
+    /// The value is kept as the text `serde_json` writes, so any value it can
+    /// write is kept (NUL characters too). A value that fails to serialize,
+    /// or that the store refuses (larger than PostgreSQL takes), never loses
+    /// the success: the claim is settled without a value, a tracing error
+    /// says so, and duplicates are refused with [`Rejected::AlreadyDone`].
+    /// So is a duplicate whose stored value no longer deserializes into `T`,
+    /// and one whose fingerprint differs in presence from the stored one (a
+    /// value goes only to a caller that gave the same fingerprint, or that
+    /// gave none when none was stored).
     pub async fn run_replayed<T, E, F>(
         &self,
         identity: &Identity,
