@@ -193,6 +193,9 @@ async fn a_lease_the_database_cannot_hold_is_refused_and_never_fails_open() {
         assert!(message.contains("did not run"), "{message}");
     }
     assert_eq!(runs.count(), 0, "the body never ran unguarded");
+    // Where it is set, for those who configure modes at start-up.
+    let refused = Mode::new().try_lease(Duration::MAX).expect_err("refused");
+    assert_eq!(refused.reason(), "invalid_option");
 
     // The longest lease, from the attribute and from Mode, is one the
     // database holds.

@@ -103,11 +103,29 @@ impl Mode {
     /// [`Mode::MAX_LEASE`]; otherwise every claim with this mode is refused
     /// with [`Rejected::InvalidOption`](crate::Rejected::InvalidOption)
     /// before any statement runs (never as an outage, so never failing
-    /// open).
+    /// open). [`try_lease`](Mode::try_lease) checks it here instead.
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Mode {
         self.lease = Some(lease);
         self
+    }
+
+    /// [`lease`](Mode::lease), checked where it is set: the same
+    /// [`Rejected::InvalidOption`](crate::Rejected::InvalidOption) a claim
+    /// with an unusable lease gets, but at configuration time, before any
+    /// invocation.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_runtime::Mode;
+    ///
+    /// assert!(Mode::new().try_lease(Duration::from_secs(30)).is_ok());
+    /// let refused = Mode::new().try_lease(Duration::MAX).unwrap_err();
+    /// assert_eq!(refused.reason(), "invalid_option");
+    /// ```
+    pub fn try_lease(self, lease: Duration) -> Result<Mode, Rejected> {
+        lease_micros(lease)?;
+        Ok(self.lease(lease))
     }
 
     /// A duplicate that finds the slot in flight waits up to `wait` for it to
