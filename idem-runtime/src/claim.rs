@@ -27,8 +27,10 @@ const CLAIM_ATTEMPTS: usize = 3;
 
 /// How often a holder whose claim is no longer its own tries to record its
 /// success in the slot, when the slot changes under it between the look and
-/// the write.
-const LATE_SUCCESS_ATTEMPTS: usize = 3;
+/// the write. Each miss means another claim or release of this very slot
+/// landed within one round trip, so a few are plenty; should every one miss,
+/// the error says the success could not be kept.
+const LATE_SUCCESS_ATTEMPTS: usize = 8;
 
 /// Pauses between attempts to record an outcome (settle or release), which
 /// are idempotent and worth a retry when a pooled connection died under them.
@@ -759,6 +761,12 @@ impl Held {
                 Outcome::Failure => return Err(lost),
             }
         }
+        self.event(
+            tracing::Level::ERROR,
+            "the slot changed under every attempt to keep this success after the claim was \
+             lost: it is not recorded, and a retry may run the action again",
+            None,
+        );
         Err(self.claim_lost())
     }
 
