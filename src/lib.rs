@@ -54,6 +54,13 @@
 //! | release | the body returned `Err` | the row is deleted, so a retry can run |
 //! | (nothing) | settle failed, the body panicked, or its future was dropped | the row stays `pending`: the outcome is unknown, so retries are refused |
 //!
+//! A success is never lost: a settle never fails because of the value it
+//! carries, and a holder whose claim was taken over or released while its
+//! body ran still records its success in the slot, and is told
+//! [`Rejected::LeaseLost`] or [`Rejected::ClaimLost`]. Only an outage is
+//! [`Rejected::Unavailable`]; the store refusing the request (a permission,
+//! a missing table) is [`Rejected::StoreRefused`], which never fails open.
+//!
 //! Uniqueness lives in two partial unique indexes split on
 //! `namespace IS NULL`, because a unique index over a nullable column
 //! enforces nothing for the rows where it is NULL. [`Gate::connect`] sets the
@@ -76,9 +83,9 @@
 //! | `namespace` | an expression whose `Display` form names the namespace | the gate's namespace |
 //! | `replay` | (a flag) keep the `Ok` value (serde) and return it to later duplicates | off |
 //! | `fingerprint` | a string of expressions making up the payload; another payload under the same key is [`Rejected::KeyReused`] | none |
-//! | `lease` | a duration (`"30s"`, `"5m"`): a pending claim expires and is taken over with a higher fence | holds until resolved |
+//! | `lease` | a duration (`"30s"`, `"5m"`, at most `"100y"`): a pending claim expires and is taken over with a higher fence; a stale holder is told [`Rejected::LeaseLost`] | holds until resolved |
 //! | `wait` | a duration: an in-flight duplicate waits for the outcome instead of being refused | no waiting |
-//! | `on_unavailable` | `"refuse"` or `"run"` (fail open, for harmless duplicates) | `"refuse"` |
+//! | `on_unavailable` | `"refuse"` or `"run"` (fail open on an outage, for harmless duplicates) | `"refuse"` |
 //! | `tx` | a `&mut Transaction<'_, Postgres>` or `&mut PgConnection` parameter: claim and settle inside it | own statements |
 //!
 //! The README's "choosing a mode" table says what each mode guarantees and
