@@ -87,6 +87,7 @@
 //! | `wait` | a duration: an in-flight duplicate waits for the outcome instead of being refused | no waiting |
 //! | `on_unavailable` | `"refuse"` or `"run"` (fail open on an outage, for harmless duplicates) | `"refuse"` |
 //! | `tx` | a `&mut Transaction<'_, Postgres>` or `&mut PgConnection` parameter: claim and settle inside it | own statements |
+//! | `outcome_commit` | `"durable"` or `"async"`: settle and release commit without waiting for the disk ([`OutcomeCommit::Async`]); not with `lease` or `tx` | `"durable"` |
 //!
 //! The README's "choosing a mode" table says what each mode guarantees and
 //! costs.
