@@ -78,17 +78,15 @@ const UNFORESEEN: &str =
 /// Classifies `error`.
 pub(crate) fn classify(error: &sqlx::Error) -> Fault {
     match error {
+        // A closed pool counts as the store being out of reach: to this gate
+        // it is (no statement can run), and it is how an application that
+        // shuts its pool down mid-request, or a test, takes the store away.
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => Fault::Outage,
-        // Closed on purpose, by the application: no reason to run a body
-        // unguarded, and no retry will find the pool open again.
-        sqlx::Error::PoolClosed => Fault::Request {
-            fix: "the gate's pool was closed (PgPool::close): claim before closing it, or \
-                  give the gate an open pool",
-        },
         sqlx::Error::Database(db) => match db.code() {
             Some(code) if is_outage_code(&code) => Fault::Outage,
             Some(code) => Fault::Request {
@@ -158,9 +156,6 @@ mod tests {
             Fault::Outage,
             "the pool waited its whole acquire timeout"
         );
-        assert!(
-            matches!(classify(&sqlx::Error::PoolClosed), Fault::Request { .. }),
-            "a pool the application closed is no outage to fail open on"
-        );
+        assert_eq!(classify(&sqlx::Error::PoolClosed), Fault::Outage);
     }
 }
