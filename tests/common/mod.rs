@@ -1,6 +1,14 @@
 //! Shared by the integration tests: fresh PostgreSQL schemas, a TCP proxy
-//! that can cut the database off, and a tracing capture.
+//! that injects faults, a throwaway cluster, a tracing capture, and the
+//! history recorder and checker of the randomized tests.
 #![allow(dead_code)] // each test binary uses a different subset
+
+pub mod cluster;
+pub mod fault_proxy;
+pub mod history;
+
+#[allow(unused_imports)] // for the tests that cut the database off
+pub use fault_proxy::Proxy;
 
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -8,8 +16,6 @@ use std::time::Duration;
 
 use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem::sqlx::{self, PgPool};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 
 /// Options for the test database, with `search_path` set to `schema`.
 pub fn options_in(schema: &str) -> PgConnectOptions {
@@ -36,111 +42,6 @@ pub async fn fresh_schema(max_connections: u32) -> (String, PgPool) {
         .await
         .unwrap_or_else(|e| panic!("cannot connect into schema {schema}: {e}"));
     (schema, pool)
-}
-
-/// A TCP proxy in front of the test database. [`Proxy::cut`] closes every
-/// connection and refuses new ones: to the gate, the server is gone.
-pub struct Proxy {
-    pub port: u16,
-    tasks: Arc<Mutex<JoinSet<()>>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    pub async fn start() -> Proxy {
-        let url = idem::testing::database_url();
-        let options = PgConnectOptions::from_str(&url)
-            .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"));
-        let upstream = format!("{}:{}", options.get_host(), options.get_port());
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a local port");
-        let port = listener.local_addr().expect("local address").port();
-        let tasks = Arc::new(Mutex::new(JoinSet::new()));
-        let accept = tokio::spawn({
-            let tasks = tasks.clone();
-            async move {
-                while let Ok((mut client, _)) = listener.accept().await {
-                    let upstream = upstream.clone();
-                    tasks.lock().expect("proxy tasks").spawn(async move {
-                        if let Ok(mut server) = TcpStream::connect(&upstream).await {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        }
-                    });
-                }
-            }
-        });
-        Proxy {
-            port,
-            tasks,
-            accept,
-        }
-    }
-
-    /// Connection options for the test database, through this proxy.
-    pub fn options(&self) -> PgConnectOptions {
-        let url = idem::testing::database_url();
-        PgConnectOptions::from_str(&url)
-            .expect("a PostgreSQL URL")
-            .host("127.0.0.1")
-            .port(self.port)
-    }
-
-    /// A pool through the proxy that gives up quickly once it is cut.
-    pub async fn pool(&self, max_connections: u32) -> PgPool {
-        PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(1))
-            .connect_with(self.options())
-            .await
-            .expect("connect through the proxy")
-    }
-
-    /// Closes every proxied connection and stops accepting new ones; returns
-    /// once no byte can pass any more.
-    pub async fn cut(&self) {
-        self.accept.abort();
-        let mut tasks = std::mem::take(&mut *self.tasks.lock().expect("proxy tasks"));
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
-    }
-}
-
-impl Proxy {
-    /// After [`Proxy::cut`]: accepts connections on the same port again, so
-    /// pools that were cut off reconnect, as when a server comes back.
-    pub async fn resume(&mut self) {
-        let url = idem::testing::database_url();
-        let options = PgConnectOptions::from_str(&url)
-            .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"));
-        let upstream = format!("{}:{}", options.get_host(), options.get_port());
-        // SO_REUSEADDR: the cut connections linger in TIME_WAIT on this port.
-        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
-        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
-        socket
-            .bind(([127, 0, 0, 1], self.port).into())
-            .unwrap_or_else(|e| panic!("re-bind the proxy's port {}: {e}", self.port));
-        let listener = socket.listen(128).expect("listen on the proxy's port");
-        let tasks = self.tasks.clone();
-        self.accept.abort();
-        self.accept = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                let upstream = upstream.clone();
-                tasks.lock().expect("proxy tasks").spawn(async move {
-                    if let Ok(mut server) = TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
-            }
-        });
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.tasks.lock().expect("proxy tasks").abort_all();
-    }
 }
 
 /// A pool whose connections carry `application_name`, so a test can find

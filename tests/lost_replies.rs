@@ -1,0 +1,152 @@
+//! Replies lost on the wire after the server committed: the statement took
+//! effect, and the client saw its connection die. What each caller is told
+//! must match what happened (issue 13, items 4b, 6 and 9).
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::fault_proxy::{Proxy, Statement};
+use idem::meter::{Event, EventOutcome};
+use idem::sqlx::{self, postgres::PgPoolOptions};
+use idem::testing;
+use idem::{Gate, Identity, Rejected};
+
+/// A gate whose pool goes through `proxy`, each statement's SQL in its own
+/// Parse message (no statement cache) so the proxy can recognise it.
+async fn gate_through(proxy: &Proxy) -> Gate {
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(proxy.options().statement_cache_capacity(0))
+        .await
+        .expect("connect through the proxy");
+    testing::gate_on(pool).await
+}
+
+fn lost(proxy: &Proxy) -> Vec<Statement> {
+    proxy
+        .take_lost_replies()
+        .into_iter()
+        .map(|lost| lost.statement)
+        .collect()
+}
+
+/// A release commits, its reply is lost, and the slot is claimed anew
+/// before the release is retried: the release happened, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_is_lost_after_the_slot_was_claimed_anew_reports_released() {
+    let proxy = Proxy::start().await;
+    let gate = gate_through(&proxy).await;
+    let id = Identity::new("lost_release").part(1);
+    // Claimed anew by someone else in the very transaction of the delete,
+    // so it is there whenever the retry comes: a trigger stands in for a
+    // second process that is fast.
+    let function = testing::unique_name("claim_anew");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF OLD.account = '{account}' AND OLD.kind = 'claim' THEN \
+             INSERT INTO idem_records (account, kind, address, namespace, state, identity) \
+             VALUES (OLD.account, 'claim', OLD.address, OLD.namespace, 'pending', OLD.identity); \
+           END IF; RETURN OLD; END $$; \
+         CREATE TRIGGER {function} AFTER DELETE ON idem_records \
+           FOR EACH ROW EXECUTE FUNCTION {function}();",
+        account = gate.account_name()
+    )))
+    .execute(&testing::pool_with(1).await)
+    .await
+    .expect("install the trigger");
+    let claim = gate.claim(&id).await.expect("claimed");
+    assert!(proxy.lose_next_reply(Statement::Release));
+    let released = claim.release().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TRIGGER {function} ON idem_records; DROP FUNCTION {function}();"
+    )))
+    .execute(&testing::pool_with(1).await)
+    .await
+    .expect("remove the trigger");
+    assert_eq!(lost(&proxy), [Statement::Release], "the reply was lost");
+    assert!(
+        released.is_ok(),
+        "the release happened (then someone claimed the slot): {released:?}"
+    );
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await.as_deref(),
+        Some("pending"),
+        "the new claim is untouched"
+    );
+}
+
+/// A settle commits and its reply is lost: the retry finds its own success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_whose_reply_is_lost_is_recognised_as_done() {
+    let proxy = Proxy::start().await;
+    let gate = gate_through(&proxy).await;
+    let id = Identity::new("lost_settle").part(1);
+    assert!(proxy.lose_next_reply(Statement::Settle));
+    let result = gate.run(&id, async { Ok::<_, Rejected>("done") }).await;
+    assert_eq!(lost(&proxy), [Statement::Settle]);
+    assert_eq!(result.expect("the body's value"), "done");
+    let again = gate.run(&id, async { Ok::<_, Rejected>("again") }).await;
+    assert!(matches!(again, Err(Rejected::AlreadyDone)), "{again:?}");
+}
+
+/// A claim commits and its reply is lost: the caller is told the store was
+/// unavailable and the body does not run; the row stays pending, and
+/// without a lease refuses every retry until an operator releases it (as
+/// `Rejected::Unavailable` documents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_is_lost_refuses_retries_until_released() {
+    let proxy = Proxy::start().await;
+    let gate = gate_through(&proxy).await;
+    let id = Identity::new("lost_claim").part(1);
+    assert!(proxy.lose_next_reply(Statement::Claim));
+    let first = gate.run(&id, async { Ok::<_, Rejected>("ran") }).await;
+    assert_eq!(lost(&proxy), [Statement::Claim]);
+    assert!(
+        matches!(first, Err(Rejected::Unavailable { .. })),
+        "{first:?}"
+    );
+    let retry = gate.run(&id, async { Ok::<_, Rejected>("ran") }).await;
+    assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await.as_deref(),
+        Some("pending")
+    );
+}
+
+/// A metering batch commits and its reply is lost: the call fails, yet the
+/// batch is stored; re-sent, every event is reported deduplicated, and the
+/// totals count each event once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metering_batch_whose_reply_is_lost_is_stored_and_a_resend_deduplicates() {
+    let proxy = Proxy::start().await;
+    let gate = gate_through(&proxy).await;
+    let meter = gate.meter();
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+    let events: Vec<Event> = (0..5)
+        .map(|n| Event::new(format!("evt_{n}"), "api_calls", 2, at))
+        .collect();
+    assert!(proxy.lose_next_reply(Statement::Meter));
+    let first = meter.record(&events).await;
+    assert_eq!(lost(&proxy), [Statement::Meter]);
+    let error = first.expect_err("the call saw its connection die");
+    assert!(error.is_outage(), "{error}");
+    let again = meter.record(&events).await.expect("the re-send");
+    assert!(
+        again
+            .outcomes
+            .iter()
+            .all(|outcome| matches!(outcome, EventOutcome::Deduplicated)),
+        "the failed call had stored the batch: {again:?}"
+    );
+    let totals = meter
+        .total("api_calls", SystemTime::UNIX_EPOCH..SystemTime::now())
+        .await
+        .expect("totals");
+    assert_eq!(
+        (totals.events, totals.quantity),
+        (5, 10),
+        "each event counted once"
+    );
+}
