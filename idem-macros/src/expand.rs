@@ -4,7 +4,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt as _;
 use syn::spanned::Spanned;
-use syn::{Ident, ItemFn, LitStr, ReturnType};
+use syn::{AttrStyle, Ident, ItemFn, LitStr, ReturnType};
 
 use crate::args::Args;
 use crate::signature::{self, Parameters};
@@ -358,9 +358,16 @@ impl Checked {
             }
         };
 
+        // syn keeps the body's inner attributes (`#![allow(..)]` as its first
+        // line) with the item's: they open the generated body, where they
+        // apply to the function as written, and never precede the signature.
+        let (inner, outer): (Vec<_>, Vec<_>) = attrs
+            .into_iter()
+            .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
         quote! {
-            #(#attrs)*
+            #(#outer)*
             #vis #sig {
+                #(#inner)*
                 let #identity_var = ::idem::__private::Identity::new(#action) #(#parts)*;
                 let #gate_var = #gate_of;
                 #account
