@@ -87,6 +87,7 @@
 //! | `wait` | a duration: an in-flight duplicate waits for the outcome instead of being refused | no waiting |
 //! | `on_unavailable` | `"refuse"` or `"run"` (fail open on an outage, for harmless duplicates) | `"refuse"` |
 //! | `tx` | a `&mut Transaction<'_, Postgres>` or `&mut PgConnection` parameter: claim and settle inside it | own statements |
+//! | `crate` | the path to idem as your crate names it, e.g. `"idem1"` after `idem1 = { package = "idem", ... }` in Cargo.toml, or a re-export such as `"::my_app::deps::idem"`: the generated code goes through it | `::idem` |
 //! | `outcome_commit` | `"durable"` or `"async"`: settle and release commit without waiting for the disk ([`OutcomeCommit::Async`]); not with `lease` or `tx` | `"durable"` |
 //!
 //! The README's "choosing a mode" table says what each mode guarantees and

@@ -34,6 +34,7 @@ pub(crate) const OPTIONS: &[&str] = &[
     "on_unavailable",
     "outcome_commit",
     "tx",
+    "crate",
 ];
 
 /// The parsed options. Mistakes that do not stop parsing are collected in
@@ -56,6 +57,8 @@ pub(crate) struct Args {
     /// written), `Some(None)` for an explicit `"durable"`, the default.
     pub outcome_commit: Option<Option<Span>>,
     pub tx: Option<Expr>,
+    /// `crate = "..."`: the path to idem where it is renamed.
+    pub krate: Option<syn::Path>,
     pub errors: Errors,
 }
 
@@ -120,6 +123,7 @@ impl Parse for Args {
             on_unavailable: None,
             outcome_commit: None,
             tx: None,
+            krate: None,
             errors: Errors::default(),
         };
         while !input.is_empty() {
@@ -238,6 +242,13 @@ impl Parse for Args {
                 let name: kw::tx = input.parse()?;
                 let value = parse_value(input, name.span, "tx", "tx = tx")?;
                 args.set(name.span, "tx", value, |a| &mut a.tx);
+            } else if lookahead.peek(Token![crate]) {
+                let name: Token![crate] = input.parse()?;
+                let example = "crate = \"idem\"";
+                let value = parse_value(input, name.span, "crate", example)?;
+                let value = value.and_then(|value| args.check_string(value, "crate", example));
+                let value = value.and_then(|literal| args.check_crate(literal));
+                args.set(name.span, "crate", value, |a| &mut a.krate);
             } else if input.peek(Ident) {
                 let name: Ident = input.parse()?;
                 let hint = match closest(&name.to_string(), OPTIONS.iter().copied()) {
@@ -395,6 +406,25 @@ impl Args {
         }
     }
 
+    /// `crate = "..."`: a path, as the user's crate names idem.
+    fn check_crate(&mut self, literal: LitStr) -> Option<syn::Path> {
+        match literal.parse::<syn::Path>() {
+            Ok(path) => Some(path),
+            Err(_) => {
+                self.errors.push(syn::Error::new_spanned(
+                    &literal,
+                    format!(
+                        "`crate` takes the path to idem as your crate names it, e.g. \
+                         crate = \"idem1\" after `idem1 = {{ package = \"idem\", ... }}` in \
+                         Cargo.toml; {:?} is not a path",
+                        literal.value()
+                    ),
+                ));
+                None
+            }
+        }
+    }
+
     fn check_action(&mut self, literal: LitStr) -> Option<LitStr> {
         if literal.value().trim().is_empty() {
             self.errors.push(syn::Error::new_spanned(
@@ -460,6 +490,12 @@ mod tests {
         assert!(errors(r#"key = "a", action = """#).contains("`action` is empty"));
         assert!(errors(r#"key = "a", lease = "101y""#).contains("at most 100 years"));
         assert!(parse(r#"key = "a", lease = "100y""#).is_ok());
+        let renamed = parse(r#"key = "a", crate = "::my_app::deps::idem""#).expect("a path");
+        assert_eq!(
+            renamed.krate.map(|path| quote::quote!(#path).to_string()),
+            Some(":: my_app :: deps :: idem".to_owned())
+        );
+        assert!(errors(r#"key = "a", crate = "not a path""#).contains("`crate` takes the path"));
     }
 
     #[test]

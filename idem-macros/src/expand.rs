@@ -33,6 +33,19 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+/// `path` with every token at `span`: the glue path of a call the compiler
+/// may report on, so that its error points at the user's token alone, as
+/// it would were the path spelt inside `quote_spanned!`.
+fn respanned(path: &TokenStream, span: Span) -> TokenStream {
+    path.clone()
+        .into_iter()
+        .map(|mut token| {
+            token.set_span(span);
+            token
+        })
+        .collect()
+}
+
 fn with_errors(item: TokenStream, error: syn::Error) -> TokenStream {
     let errors = error.into_compile_error();
     quote!(#item #errors)
@@ -47,6 +60,9 @@ struct Checked {
     account: Option<syn::Expr>,
     namespace: Option<syn::Expr>,
     modes: Modes,
+    /// Where the facade's glue is: `::idem::__private`, or under the path
+    /// given as `crate = "..."`.
+    private: TokenStream,
 }
 
 /// The opt-in modes, checked.
@@ -75,6 +91,7 @@ impl Checked {
             on_unavailable,
             outcome_commit,
             tx,
+            krate,
             mut errors,
         } = args;
         let signature = &function.sig;
@@ -244,6 +261,10 @@ impl Checked {
                 async_outcome: async_outcome.is_some(),
                 tx,
             },
+            private: match krate {
+                Some(path) => quote!(#path::__private),
+                None => quote!(::idem::__private),
+            },
         })
     }
 
@@ -262,6 +283,7 @@ impl Checked {
             account,
             namespace,
             modes,
+            private,
         } = self;
 
         // Names only the expansion can see.
@@ -272,15 +294,19 @@ impl Checked {
             .iter()
             .map(|part| quote_spanned!(key_span=> .part(&(#part))));
         let gate_span = gate.span();
-        let gate_of = quote_spanned!(gate_span=> ::idem::__private::gate_of(&(#gate)));
+        let glue_at = |span: Span| respanned(&private, span);
+        let gate_glue = glue_at(gate_span);
+        let gate_of = quote_spanned!(gate_span=> #gate_glue::gate_of(&(#gate)));
         let account = account.map(|account| {
+            let glue = glue_at(account.span());
             quote_spanned!(account.span()=>
-                let #gate_var = ::idem::__private::in_account(#gate_var, &(#account));
+                let #gate_var = #glue::in_account(#gate_var, &(#account));
             )
         });
         let namespace = namespace.map(|namespace| {
+            let glue = glue_at(namespace.span());
             quote_spanned!(namespace.span()=>
-                let #gate_var = ::idem::__private::in_namespace(#gate_var, &(#namespace));
+                let #gate_var = #glue::in_namespace(#gate_var, &(#namespace));
             )
         });
 
@@ -305,7 +331,10 @@ impl Checked {
             ReturnType::Type(_, ty) if !signature::mentions_impl_trait(ty) => {
                 let fake = Ident::new("__idem_fake_return", Span::mixed_site());
                 (
-                    quote_spanned!(ty.span()=> ::idem::__private::#outcome_of::<#ty>()),
+                    {
+                        let glue = glue_at(ty.span());
+                        quote_spanned!(ty.span()=> #glue::#outcome_of::<#ty>())
+                    },
                     quote! {
                         #[allow(
                             unreachable_code,
@@ -321,12 +350,12 @@ impl Checked {
                     },
                 )
             }
-            _ => (quote!(::idem::__private::#outcome_of()), TokenStream::new()),
+            _ => (quote!(#private::#outcome_of()), TokenStream::new()),
         };
-        let mode = modes.mode();
+        let mode = modes.mode(&private);
         let call = match &modes.tx {
             None => quote! {
-                ::idem::__private::run_with(&#gate_var, &#identity_var, &#mode, #outcome, async move {
+                #private::run_with(&#gate_var, &#identity_var, &#mode, #outcome, async move {
                     #output_hint
                     #block
                 })
@@ -338,11 +367,13 @@ impl Checked {
                 let outcome_var = Ident::new("__idem_outcome", Span::mixed_site());
                 let claim_var = Ident::new("__idem_claim", Span::mixed_site());
                 let output_var = Ident::new("__idem_output", Span::mixed_site());
-                let connection =
-                    quote_spanned!(tx.span()=> ::idem::__private::connection_of(&mut *#tx));
+                let connection = {
+                    let glue = glue_at(tx.span());
+                    quote_spanned!(tx.span()=> #glue::connection_of(&mut *#tx))
+                };
                 quote! {
                     let #outcome_var = #outcome;
-                    let #claim_var = match ::idem::__private::begin_in(
+                    let #claim_var = match #private::begin_in(
                         &#gate_var, &#identity_var, &#mode, &#outcome_var, #connection,
                     ).await {
                         ::core::ops::ControlFlow::Continue(claim) => claim,
@@ -353,7 +384,7 @@ impl Checked {
                         #block
                     }
                     .await;
-                    ::idem::__private::finish_in(#claim_var, &#outcome_var, #output_var, #connection).await
+                    #private::finish_in(#claim_var, &#outcome_var, #output_var, #connection).await
                 }
             }
         };
@@ -368,7 +399,7 @@ impl Checked {
             #(#outer)*
             #vis #sig {
                 #(#inner)*
-                let #identity_var = ::idem::__private::Identity::new(#action) #(#parts)*;
+                let #identity_var = #private::Identity::new(#action) #(#parts)*;
                 let #gate_var = #gate_of;
                 #account
                 #namespace
@@ -380,11 +411,11 @@ impl Checked {
 
 impl Modes {
     /// The runtime `Mode` these options describe.
-    fn mode(&self) -> TokenStream {
-        let mut mode = quote!(::idem::__private::Mode::new());
+    fn mode(&self, private: &TokenStream) -> TokenStream {
+        let mut mode = quote!(#private::Mode::new());
         let nanos = |duration: std::time::Duration| {
             let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-            quote!(::idem::__private::Duration::from_nanos(#nanos))
+            quote!(#private::Duration::from_nanos(#nanos))
         };
         if let Some(lease) = self.lease {
             let lease = nanos(lease);
@@ -395,16 +426,16 @@ impl Modes {
             mode.extend(quote!(.wait(#wait)));
         }
         if self.fail_open {
-            mode.extend(quote!(.on_unavailable(::idem::__private::OnUnavailable::Run)));
+            mode.extend(quote!(.on_unavailable(#private::OnUnavailable::Run)));
         }
         if self.async_outcome {
-            mode.extend(quote!(.outcome_commit(::idem::__private::OutcomeCommit::Async)));
+            mode.extend(quote!(.outcome_commit(#private::OutcomeCommit::Async)));
         }
         if let Some((parts, span)) = &self.fingerprint {
             let parts = parts
                 .iter()
                 .map(|part| quote_spanned!(*span=> .part(&(#part))));
-            mode.extend(quote!(.fingerprint(::idem::__private::Fingerprint::new() #(#parts)*)));
+            mode.extend(quote!(.fingerprint(#private::Fingerprint::new() #(#parts)*)));
         }
         mode
     }

@@ -173,9 +173,10 @@ fn expand_answers(args: TokenStream) -> Result<(), TestCaseError> {
             "a parse error did not become a compile error: {output}"
         );
     }
-    // Either the function was guarded, or the user is told why not.
+    // Either the function was guarded (through the facade's glue, under
+    // `::idem` or the path given as `crate`), or the user is told why not.
     prop_assert!(
-        output.contains("compile_error") || output.contains(":: idem :: __private"),
+        output.contains("compile_error") || output.contains(":: __private :: Identity :: new"),
         "neither an expansion nor a compile error: {output}"
     );
     Ok(())
@@ -229,6 +230,48 @@ fn vocabulary() -> Vec<&'static str> {
 
 fn soup(words: Vec<&'static str>) -> impl Strategy<Value = String> {
     prop::collection::vec(prop::sample::select(words), 0..24).prop_map(|words| words.join(" "))
+}
+
+/// `crate = "..."` points every path of the expansion, in every mode, at
+/// the renamed dependency: none is left that needs a crate named `idem`.
+#[test]
+fn crate_points_every_path_of_the_expansion_at_the_renamed_dependency() {
+    let modes = [
+        (quote!(key = "order", crate = "renamed"), "renamed"),
+        (
+            quote!(
+                key = "order",
+                crate = "renamed",
+                replay,
+                fingerprint = "amount",
+                lease = "30s",
+                wait = "1s",
+                on_unavailable = "run",
+                account = order,
+                namespace = "live"
+            ),
+            "renamed",
+        ),
+        (
+            quote!(
+                key = "order",
+                crate = "::app::deps::idem",
+                outcome_commit = "async"
+            ),
+            ":: app :: deps :: idem",
+        ),
+        (
+            quote!(key = "order", crate = "renamed", tx = tx, replay),
+            "renamed",
+        ),
+    ];
+    for (args, path) in modes {
+        let output = crate::expand::idempotent(args.clone(), item()).to_string();
+        assert!(!output.contains("compile_error"), "{args}: {output}");
+        let glue = output.matches(":: __private ::").count();
+        let through_path = output.matches(&format!("{path} :: __private ::")).count();
+        assert!(glue > 0 && glue == through_path, "{args}: {output}");
+    }
 }
 
 proptest! {
