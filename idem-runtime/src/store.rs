@@ -455,3 +455,124 @@ pub(crate) async fn settle_vacant<'e>(
         .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// Every statement that finds a claim by its address must be served by one
+/// of the two partial unique indexes, in both of its forms: a namespace
+/// test folded into `IS NOT DISTINCT FROM`, or a predicate the index's does
+/// not imply, would turn each call into a scan of the whole table.
+#[cfg(test)]
+mod index_use {
+    use sqlx::{AssertSqlSafe, Row};
+
+    use super::*;
+
+    /// A parameter after the scope (`$1`-`$3`), typed as the statement binds it.
+    enum Param {
+        Text(&'static str),
+        Bytes,
+        Int(i64),
+        Bool(bool),
+    }
+
+    fn statements() -> [(&'static str, &'static PerRow, Vec<Param>); 9] {
+        use Param::{Bool, Bytes, Int, Text};
+        [
+            ("claim", &CLAIM, vec![Bytes, Bytes, Int(1_000), Bool(true)]),
+            ("lookup", &LOOKUP, vec![Bool(true)]),
+            ("settle", &SETTLE, vec![Int(1), Text("{}")]),
+            ("settle_async", &SETTLE_ASYNC, vec![Int(1), Text("{}")]),
+            ("release", &RELEASE, vec![Int(1)]),
+            ("release_async", &RELEASE_ASYNC, vec![Int(1)]),
+            ("extend", &EXTEND, vec![Int(1), Int(1_000)]),
+            ("take_over", &TAKE_OVER, vec![Int(1), Int(1_000), Bytes]),
+            ("settle_over", &SETTLE_OVER, vec![Int(1), Text("{}"), Bytes]),
+        ]
+    }
+
+    /// The indexes a plan in text form scans, and whether it scans a table.
+    fn scans(plan: &[String]) -> (Vec<String>, bool) {
+        let mut indexes = Vec::new();
+        let mut sequential = false;
+        for line in plan {
+            sequential |= line.contains("Seq Scan");
+            for marker in [
+                "Index Scan using ",
+                "Index Only Scan using ",
+                "Bitmap Index Scan on ",
+            ] {
+                if let Some((_, rest)) = line.split_once(marker) {
+                    indexes.extend(rest.split_whitespace().next().map(str::to_owned));
+                }
+            }
+        }
+        (indexes, sequential)
+    }
+
+    #[tokio::test]
+    async fn every_statement_that_finds_a_claim_by_address_uses_a_partial_unique_index() {
+        let pool = crate::testing::pool_with(1).await;
+        crate::schema::set_up(&pool)
+            .await
+            .expect("set the schema up");
+        let mut conn = pool.acquire().await.expect("a connection");
+        // Not to force the index: a scan is still chosen when no index can
+        // serve the statement. It keeps a small table from being scanned
+        // merely because that is cheaper.
+        sqlx::query("SET enable_seqscan = off")
+            .execute(&mut *conn)
+            .await
+            .expect("set enable_seqscan");
+        for (name, statement, params) in statements() {
+            for namespace in [None, Some("live")] {
+                let scope = Scope {
+                    account: "acme",
+                    namespace,
+                };
+                let text = match namespace {
+                    None => statement.without_namespace,
+                    Some(_) => statement.within_namespace,
+                };
+                let mut query = sqlx::query(AssertSqlSafe(format!("EXPLAIN {text}")))
+                    .bind(scope.account)
+                    .bind("claim_0123456789abcdef01234567")
+                    .bind(scope.namespace);
+                for param in &params {
+                    query = match param {
+                        Param::Text(text) => query.bind(*text),
+                        Param::Bytes => query.bind(&b"\x00"[..]),
+                        Param::Int(n) => query.bind(*n),
+                        Param::Bool(b) => query.bind(*b),
+                    };
+                }
+                let plan: Vec<String> = query
+                    .fetch_all(&mut *conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("EXPLAIN {name}: {e}"))
+                    .iter()
+                    .map(|row| row.get(0))
+                    .collect();
+                let (indexes, sequential) = scans(&plan);
+                let plan = plan.join("\n");
+                assert!(
+                    !sequential && !indexes.is_empty(),
+                    "{name} ({namespace:?}) scans the table:\n{plan}"
+                );
+                for index in indexes {
+                    let definition: String =
+                        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
+                            .bind(&index)
+                            .fetch_one(&mut *conn)
+                            .await
+                            .unwrap_or_else(|e| panic!("the definition of {index}: {e}"));
+                    let partial_unique = definition.starts_with("CREATE UNIQUE INDEX")
+                        && (definition.ends_with("WHERE (namespace IS NULL)")
+                            || definition.ends_with("WHERE (namespace IS NOT NULL)"));
+                    assert!(
+                        partial_unique,
+                        "{name} ({namespace:?}) uses {definition}:\n{plan}"
+                    );
+                }
+            }
+        }
+    }
+}
