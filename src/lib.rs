@@ -108,8 +108,10 @@
 //!
 //! # Testing your guarded functions
 //!
-//! [`testing::race`] fires invocations at the same instant and reports what
-//! the gate decided; [`race_test!`] turns that into a whole test:
+//! With the `testing` feature (in your dev-dependencies:
+//! `idem = { version = "0.1", features = ["testing"] }`), `testing::race`
+//! fires invocations at the same instant and reports what the gate decided;
+//! `race_test!` turns that into a whole test:
 //!
 //! ```
 //! # use idem::{idempotent, Gate, Rejected};
@@ -134,8 +136,14 @@ pub use idem_macros::idempotent;
 pub use idem_runtime::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Fingerprint, Gate, GateEvent, Identity,
     KeyPart, Mode, NotCanonical, OnUnavailable, OutcomeCommit, PartWriter, PartWritten, Rejected,
-    SchemaProblem, SchemaProblems, meter, schema, sqlx, testing,
+    SchemaProblem, SchemaProblems, meter, schema, sqlx,
 };
+
+/// Test helpers (feature `testing`): a real database, isolated gates, and
+/// invocations fired at the same instant with a report of what the gate
+/// decided. See also [`race_test!`].
+#[cfg(feature = "testing")]
+pub use idem_runtime::testing;
 
 /// The `Idempotency-Key` header for axum services (feature `axum`).
 ///
@@ -213,6 +221,7 @@ pub use idem_runtime::http as axum;
 #[doc(hidden)]
 pub mod __private {
     pub use idem_runtime::expansion::*;
+    #[cfg(feature = "testing")]
     pub use tokio;
 }
 
@@ -233,6 +242,7 @@ pub mod __private {
 /// The setup runs once; the invocation expression is evaluated once per
 /// racer and may borrow what the setup made. The test runs on a
 /// multi-threaded runtime.
+#[cfg(feature = "testing")]
 #[macro_export]
 macro_rules! race_test {
     (

@@ -23,6 +23,7 @@ mod observe;
 mod retry;
 pub mod schema;
 mod store;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use claim::Claim;

@@ -1,6 +1,6 @@
 //! What the gate did, told to a race harness running in the same task.
 //!
-//! [`testing::race`](crate::testing::race) needs to know, for each invocation
+//! `testing::race` (feature `testing`) needs to know, for each invocation
 //! it fired, whether the gate let it run or refused it, whatever the guarded
 //! function turned the refusal into. The gate reports to a task-local list
 //! when one is in scope; outside a race, reporting is one failed lookup.
@@ -57,6 +57,7 @@ pub(crate) fn record(event: GateEvent) {
 }
 
 /// Runs `future` with `events` collecting what the gate decides inside it.
+#[cfg(feature = "testing")]
 pub(crate) async fn collecting<F: Future>(events: Events, future: F) -> F::Output {
     EVENTS.scope(events, future).await
 }

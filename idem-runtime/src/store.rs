@@ -460,7 +460,7 @@ pub(crate) async fn settle_vacant<'e>(
 /// of the two partial unique indexes, in both of its forms: a namespace
 /// test folded into `IS NOT DISTINCT FROM`, or a predicate the index's does
 /// not imply, would turn each call into a scan of the whole table.
-#[cfg(test)]
+#[cfg(all(test, feature = "testing"))]
 mod index_use {
     use sqlx::{AssertSqlSafe, Row};
 
