@@ -334,6 +334,39 @@ async fn a_claim_released_by_an_operator_and_claimed_anew_is_lost_not_a_lost_lea
     }
 }
 
+/// An operator released the claim and a colliding identity (same address,
+/// another identity) claimed the slot: this holder's release has nothing
+/// left to delete, so it happened; it is not a lost claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_a_colliding_identity_took_the_slot_reports_released() {
+    let gate = testing::gate().await;
+    let id = Identity::new("release_collided").part(1);
+    let claim = gate.claim(&id).await.expect("claimed");
+    sqlx::query("DELETE FROM idem_records WHERE account = $1 AND address = $2")
+        .bind(gate.account_name())
+        .bind(id.address())
+        .execute(gate.pool())
+        .await
+        .expect("operator releases the claim");
+    sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, state, identity) \
+         VALUES ($1, 'claim', $2, 'pending', $3)",
+    )
+    .bind(gate.account_name())
+    .bind(id.address())
+    .bind(Identity::new("other").canonical())
+    .execute(gate.pool())
+    .await
+    .expect("a colliding identity claims the slot");
+    let released = claim.release().await;
+    assert!(released.is_ok(), "the release happened: {released:?}");
+    assert_eq!(
+        common::row_state(&gate, &id.address()).await.as_deref(),
+        Some("pending"),
+        "the other identity's claim is untouched"
+    );
+}
+
 // --------------------- 5. a stale holder learns, and its success stays
 
 #[idempotent(key = "job", action = "stale_holder", lease = "300ms")]

@@ -41,15 +41,11 @@ const RECORD_BACKOFF: [Duration; 2] = [Duration::from_millis(25), Duration::from
 const WAIT_FIRST_POLL: Duration = Duration::from_millis(10);
 const WAIT_LONGEST_POLL: Duration = Duration::from_millis(250);
 
-/// The pauses before repeating a statement that is safe to repeat (matched
-/// on a fence, or a read) after a transient failure; none inside the
-/// caller's transaction, which a failed statement has aborted.
-fn record_backoff(via: &Via<'_>) -> &'static [Duration] {
-    if via.in_transaction() {
-        &[]
-    } else {
-        &RECORD_BACKOFF
-    }
+/// The pauses before repeating a statement sent through `via`: `pauses`,
+/// or none inside the caller's transaction, which a failed statement has
+/// aborted (only the caller can retry it, whole).
+fn backoff(via: &Via<'_>, pauses: &'static [Duration]) -> &'static [Duration] {
+    if via.in_transaction() { &[] } else { pauses }
 }
 
 /// A tracing event about one slot, with the fields every gate event carries
@@ -190,11 +186,6 @@ impl Gate {
         // somebody else's invocation in flight). Inside the caller's
         // transaction a failed statement aborts it, so only the caller can
         // retry (the whole transaction).
-        let backoff: &[Duration] = if via.in_transaction() {
-            &[]
-        } else {
-            &SERIALIZATION_BACKOFF
-        };
         let on_repeat = |error: &sqlx::Error, pause: Duration| {
             slot_event!(debug, self, identity, address, error = %error, ?pause,
                 "claim rolled back by a serialization failure; trying again"
@@ -203,7 +194,7 @@ impl Gate {
         };
         loop {
             let attempt = retry::repeat!(
-                backoff,
+                backoff(via, &SERIALIZATION_BACKOFF),
                 retry::is_serialization_failure,
                 on_repeat,
                 self.attempt(via, &address, identity, new, want_output)
@@ -683,7 +674,7 @@ impl Held {
         let (scope, address, fence, commit) =
             (self.gate.scope(), &*self.address, self.fence, self.commit);
         retry::repeat!(
-            record_backoff(via),
+            backoff(via, &RECORD_BACKOFF),
             retry::is_transient,
             |_, _| {},
             async {
@@ -708,57 +699,67 @@ impl Held {
         outcome: Outcome<'_>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
+        match outcome {
+            Outcome::Failure => {
+                let row = self.look(via).await?;
+                self.release_matched_nothing(row.as_ref())
+            }
+            Outcome::Success { output } => self.keep_success(output, via).await,
+        }
+    }
+
+    /// A release matched no pending row of ours: it happened (by an earlier
+    /// attempt whose reply was lost, or by someone else, the slot then maybe
+    /// claimed anew by this or a colliding identity), or it is moot (a late
+    /// success of a holder before us settled our row), unless the claim was
+    /// taken over: then the new holder decides.
+    fn release_matched_nothing(&self, row: Option<&store::Existing>) -> Result<(), Rejected> {
+        match row {
+            Some(row)
+                if row.identity == self.identity.canonical()
+                    && row.lineage == self.lineage
+                    && row.fence != self.fence =>
+            {
+                Err(self.lease_lost())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A settle matched no pending row of ours: unless an earlier attempt of
+    /// it committed, write the success into the slot anyway (over the pending
+    /// row that replaced ours, or into the vacant slot), and say what became
+    /// of the claim.
+    async fn keep_success(&self, output: Option<&str>, via: &mut Via<'_>) -> Result<(), Rejected> {
         for _ in 0..LATE_SUCCESS_ATTEMPTS {
-            let row = self.look(via).await?;
-            let Some(row) = row else {
-                return match outcome {
-                    // Released: by an earlier attempt of ours whose reply was
-                    // lost, or by someone else. Either way the slot is free.
-                    Outcome::Failure => Ok(()),
-                    // Released under us while the body ran (by the holder that
-                    // took it over, or by someone else): the success goes into
-                    // the vacant slot, unless someone claims it first.
-                    Outcome::Success { output } => {
-                        if self.keep_late_success(via, None, output).await? {
-                            return Err(if self.lease_ran_out() {
-                                self.lease_lost()
-                            } else {
-                                self.claim_lost()
-                            });
-                        }
-                        continue;
-                    }
-                };
-            };
-            if row.identity != self.identity.canonical() {
+            let (seen, lost) = match self.look(via).await? {
+                // Released under us while the body ran, by the holder that
+                // took it over or by someone else.
+                None if self.lease_ran_out() => (None, self.lease_lost()),
+                None => (None, self.claim_lost()),
                 // A colliding identity claimed the vacant slot: the success
                 // cannot be written there. Said loudly by `finish`.
-                return Err(self.claim_lost());
-            }
-            let lost = if row.lineage == self.lineage {
-                self.lease_lost()
-            } else {
-                self.claim_lost()
-            };
-            match outcome {
+                Some(row) if row.identity != self.identity.canonical() => {
+                    return Err(self.claim_lost());
+                }
                 // An earlier attempt of this very settle committed.
-                Outcome::Success { .. } if row.fence == self.fence && row.settled => return Ok(()),
-                // Settled already (by a holder after us, or by a late success
-                // of one before us): nothing to add.
-                Outcome::Success { .. } if row.settled => return Err(lost),
-                Outcome::Success { output } => {
-                    if self.keep_late_success(via, Some(row.fence), output).await? {
+                Some(row) if row.settled && row.fence == self.fence => return Ok(()),
+                Some(row) => {
+                    let lost = if row.lineage == self.lineage {
+                        self.lease_lost()
+                    } else {
+                        self.claim_lost()
+                    };
+                    // Settled already (by a holder after us, or by a late
+                    // success of one before us): nothing to add.
+                    if row.settled {
                         return Err(lost);
                     }
+                    (Some(row.fence), lost)
                 }
-                // Settled by the late success of a holder before us while
-                // ours ran: the action is done; there is nothing to release.
-                Outcome::Failure if row.settled && row.fence == self.fence => return Ok(()),
-                // Released (by us or someone) and claimed anew since: the
-                // release happened.
-                Outcome::Failure if row.lineage != self.lineage => return Ok(()),
-                // Taken over: the new holder decides.
-                Outcome::Failure => return Err(lost),
+            };
+            if self.keep_late_success(via, seen, output).await? {
+                return Err(lost);
             }
         }
         self.event(
@@ -789,7 +790,7 @@ impl Held {
         // Both are safe to repeat: the first is matched on the fence seen,
         // the second inserts only into a vacant slot.
         let written: Result<bool, sqlx::Error> = retry::repeat!(
-            record_backoff(via),
+            backoff(via, &RECORD_BACKOFF),
             retry::is_transient,
             |_, _| {},
             async {
@@ -817,7 +818,7 @@ impl Held {
     async fn look(&self, via: &mut Via<'_>) -> Result<Option<store::Existing>, Rejected> {
         let (scope, address) = (self.gate.scope(), &*self.address);
         let row: Result<_, sqlx::Error> = retry::repeat!(
-            record_backoff(via),
+            backoff(via, &RECORD_BACKOFF),
             retry::is_transient,
             |_, _| {},
             async { store::lookup(&mut *via.connection().await?, scope, address, false).await }

@@ -275,6 +275,15 @@ impl Existing {
     }
 }
 
+/// Runs `query` (a statement matched on one row's address and fence, or an
+/// insert into one slot); `true` when it changed exactly that row.
+async fn changed_one<'e>(
+    query: Query<'_, Postgres, PgArguments>,
+    executor: impl PgExecutor<'e>,
+) -> Result<bool, sqlx::Error> {
+    Ok(query.execute(executor).await?.rows_affected() == 1)
+}
+
 /// Claims the slot, or finds who holds it, in one statement ([`CLAIM`]).
 pub(crate) async fn claim<'e>(
     executor: impl PgExecutor<'e>,
@@ -331,13 +340,11 @@ pub(crate) async fn settle<'e>(
         Commit::Durable => &SETTLE,
         Commit::Async => &SETTLE_ASYNC,
     };
-    let done = statement
-        .query(scope, address)
-        .bind(fence)
-        .bind(output)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    changed_one(
+        statement.query(scope, address).bind(fence).bind(output),
+        executor,
+    )
+    .await
 }
 
 /// Deletes a pending claim. `false`: the row is no longer pending under
@@ -353,12 +360,7 @@ pub(crate) async fn release<'e>(
         Commit::Durable => &RELEASE,
         Commit::Async => &RELEASE_ASYNC,
     };
-    let done = statement
-        .query(scope, address)
-        .bind(fence)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    changed_one(statement.query(scope, address).bind(fence), executor).await
 }
 
 /// Renews a pending claim's lease. `false`: the claim was lost.
@@ -369,13 +371,11 @@ pub(crate) async fn extend<'e>(
     fence: i64,
     lease_micros: i64,
 ) -> Result<bool, sqlx::Error> {
-    let done = EXTEND
-        .query(scope, address)
-        .bind(fence)
-        .bind(lease_micros)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    changed_one(
+        EXTEND.query(scope, address).bind(fence).bind(lease_micros),
+        executor,
+    )
+    .await
 }
 
 /// A claim won by taking an expired one over.
@@ -428,14 +428,15 @@ pub(crate) async fn settle_over<'e>(
     seen: i64,
     late: LateSuccess<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let done = SETTLE_OVER
-        .query(scope, address)
-        .bind(seen)
-        .bind(late.output)
-        .bind(late.fingerprint)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    changed_one(
+        SETTLE_OVER
+            .query(scope, address)
+            .bind(seen)
+            .bind(late.output)
+            .bind(late.fingerprint),
+        executor,
+    )
+    .await
 }
 
 /// Records a late success in a vacant slot ([`SETTLE_VACANT`]). `false`:
@@ -446,14 +447,15 @@ pub(crate) async fn settle_vacant<'e>(
     address: &str,
     late: LateSuccess<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let done = SETTLE_VACANT
-        .query(scope, address)
-        .bind(late.identity)
-        .bind(late.fingerprint)
-        .bind(late.output)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    changed_one(
+        SETTLE_VACANT
+            .query(scope, address)
+            .bind(late.identity)
+            .bind(late.fingerprint)
+            .bind(late.output),
+        executor,
+    )
+    .await
 }
 
 /// Every statement that finds a claim by its address must be served by one
