@@ -1,29 +1,26 @@
-//! Winning a slot, and recording what became of it.
+//! The handle of a won slot, and recording what became of it.
 //!
-//! A claim is won by the insert. On conflict, one lookup tells the caller why
-//! (in flight, done, someone else's payload), and may find a lease that ran
-//! out, which is then taken over with a compare-and-swap on its fence.
+//! A [`Claim`] settles (success, kept forever) or releases (failure, the
+//! slot freed for a retry). Either is matched on the claim's fence; when it
+//! matches nothing, the claim is no longer this holder's, and a success is
+//! still written into the slot (a success that happened is never forgotten)
+//! while the holder is told what became of its claim.
 
 use std::fmt;
-use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool};
 
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
-use crate::gate::Gate;
 use crate::identity::Identity;
-use crate::mode::{self, Mode, OnUnavailable, OutcomeCommit};
+use crate::mode;
 use crate::observe::{self, GateEvent};
-use crate::retry::{self, SERIALIZATION_BACKOFF};
-use crate::store::{self, Commit, LateSuccess, NewClaim};
-
-/// How often a claim re-tries, without `wait`, when the slot it lost is free
-/// again by the time it looks (the holder failed and released in between).
-const CLAIM_ATTEMPTS: usize = 3;
+use crate::retry;
+use crate::slots::Slots;
+use crate::store::{self, Commit, LateSuccess};
+use crate::via::Via;
 
 /// How often a holder whose claim is no longer its own tries to record its
 /// success in the slot, when the slot changes under it between the look and
@@ -36,377 +33,42 @@ const LATE_SUCCESS_ATTEMPTS: usize = 8;
 /// are idempotent and worth a retry when a pooled connection died under them.
 const RECORD_BACKOFF: [Duration; 2] = [Duration::from_millis(25), Duration::from_millis(100)];
 
-/// Polling interval of a waiting duplicate: it starts short, since most
-/// bodies are short, and backs off to spare the store.
-const WAIT_FIRST_POLL: Duration = Duration::from_millis(10);
-const WAIT_LONGEST_POLL: Duration = Duration::from_millis(250);
-
-/// The pauses before repeating a statement sent through `via`: `pauses`,
-/// or none inside the caller's transaction, which a failed statement has
-/// aborted (only the caller can retry it, whole).
-fn backoff(via: &Via<'_>, pauses: &'static [Duration]) -> &'static [Duration] {
-    if via.in_transaction() { &[] } else { pauses }
-}
-
-/// A tracing event about one slot, with the fields every gate event carries
-/// (account, namespace, action, address), then any others and the message.
-macro_rules! slot_event {
-    ($level:ident, $gate:expr, $identity:expr, $address:expr, $($rest:tt)+) => {
-        tracing::$level!(
-            target: "idem",
-            account = $gate.account_name(),
-            namespace = $gate.namespace_name(),
-            action = $identity.action(),
-            address = %$address,
-            $($rest)+
+/// Runs one statement of a holder on a connection of `$via`, repeated after
+/// a transient failure while [`RECORD_BACKOFF`] lasts (none inside the
+/// caller's transaction). For statements matched on the claim's fence, or
+/// plain reads, which a repeat cannot apply twice.
+macro_rules! repeat_recording {
+    ($via:expr, |$conn:ident| $statement:expr) => {
+        retry::repeat!(
+            $via.backoff(&RECORD_BACKOFF),
+            retry::is_transient,
+            |_, _| {},
+            async {
+                let mut $conn = $via.connection().await?;
+                $statement
+            }
+            .await,
         )
     };
 }
 
-/// Where the statements run: a pooled connection each (autocommit), or the
-/// caller's transaction.
-pub(crate) enum Via<'c> {
-    Pool(&'c PgPool),
-    Transaction(&'c mut PgConnection),
-}
-
-/// A connection for one statement.
-pub(crate) enum Conn<'a> {
-    Pooled(PoolConnection<Postgres>),
-    Borrowed(&'a mut PgConnection),
-}
-
-impl Via<'_> {
-    pub(crate) async fn connection(&mut self) -> Result<Conn<'_>, sqlx::Error> {
-        match self {
-            Via::Pool(pool) => pool.acquire().await.map(Conn::Pooled),
-            Via::Transaction(connection) => Ok(Conn::Borrowed(connection)),
-        }
-    }
-
-    fn in_transaction(&self) -> bool {
-        matches!(self, Via::Transaction(_))
-    }
-}
-
-impl Deref for Conn<'_> {
-    type Target = PgConnection;
-
-    fn deref(&self) -> &PgConnection {
-        match self {
-            Conn::Pooled(pooled) => pooled,
-            Conn::Borrowed(connection) => connection,
-        }
-    }
-}
-
-impl DerefMut for Conn<'_> {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        match self {
-            Conn::Pooled(pooled) => pooled,
-            Conn::Borrowed(connection) => connection,
-        }
-    }
-}
-
-/// The result of trying for a slot.
-pub(crate) enum Acquired {
-    /// This caller runs the body.
-    Won(Claim),
-    /// The action already succeeded; its stored value, when asked for and
-    /// kept (and the payload is known to match).
-    Settled(Option<String>),
-}
-
-/// A slot this caller now holds: its fence, and the lineage (the fence the
-/// claim began with, which a takeover keeps).
-#[derive(Debug, Clone, Copy)]
-struct Won {
-    fence: i64,
-    lineage: i64,
-    took_over: bool,
-}
-
-/// One claim statement (and, when a row it could not see stopped it, one
-/// lookup).
-enum Attempt {
-    Won(Won),
-    Settled(Option<String>),
-    /// Pending under someone else, lease (if any) not run out.
-    Held,
-    /// Gone between the insert and the lookup, or taken over by another.
-    Freed,
-    Refused(Rejected),
-}
-
-impl Gate {
-    /// Tries for the slot of `identity` as `mode` says.
-    pub(crate) async fn acquire(
-        &self,
-        identity: &Identity,
-        mode: &Mode,
-        want_output: bool,
-        via: &mut Via<'_>,
-    ) -> Result<Acquired, Rejected> {
-        if identity.is_absent() {
-            tracing::info!(
-                target: "idem",
-                account = self.account_name(),
-                namespace = self.namespace_name(),
-                action = identity.action(),
-                absent_part = identity.first_absent_part(),
-                "ungated: a key part is None, so there is no slot to claim and the body runs unguarded"
-            );
-            observe::record(GateEvent::Ungated);
-            return Ok(Acquired::Won(Claim { held: None }));
-        }
-        let address = identity.address();
-        let lease_micros = self
-            .check_scope()
-            .and_then(|()| mode.lease_micros())
-            .inspect_err(|rejected| self.refused(identity, &address, rejected))?;
-        let fingerprint = mode.payload_fingerprint().map(|f| f.digest());
-        let new = NewClaim {
-            identity: identity.canonical(),
-            fingerprint: fingerprint.as_ref().map(|f| f.as_slice()),
-            lease_micros,
-        };
-        // `None` inside: a wait too long for the clock to hold, so unbounded.
-        let deadline = mode
-            .wait_duration()
-            .map(|wait| Instant::now().checked_add(wait));
-        let waiting = |deadline: Option<Option<Instant>>| {
-            deadline.is_some_and(|until| until.is_none_or(|until| Instant::now() < until))
-        };
-        let mut poll = WAIT_FIRST_POLL;
-        let mut freed = 0;
-        // A claim rolled back by a serialization failure or deadlock is sent
-        // again; one whose connection died is not (its insert may have
-        // committed, and a retry would find its own row and report it as
-        // somebody else's invocation in flight). Inside the caller's
-        // transaction a failed statement aborts it, so only the caller can
-        // retry (the whole transaction).
-        let on_repeat = |error: &sqlx::Error, pause: Duration| {
-            slot_event!(debug, self, identity, address, error = %error, ?pause,
-                "claim rolled back by a serialization failure; trying again"
-            );
-            observe::record(GateEvent::Retried);
-        };
-        loop {
-            let attempt = retry::repeat!(
-                backoff(via, &SERIALIZATION_BACKOFF),
-                retry::is_serialization_failure,
-                on_repeat,
-                self.attempt(via, &address, identity, new, want_output)
-                    .await,
-            );
-            let attempt = match attempt {
-                Ok(attempt) => attempt,
-                // Only an outage may fail open: an error of the request would
-                // meet every call, and run every body unguarded.
-                Err(error)
-                    if mode.on_unavailable_policy() == OnUnavailable::Run
-                        && fault::classify(&error) == Fault::Outage =>
-                {
-                    slot_event!(warn, self, identity, address, error = %error,
-                        "store unavailable; failing open as on_unavailable = run says: the body runs unguarded"
-                    );
-                    observe::record(GateEvent::Ungated);
-                    return Ok(Acquired::Won(Claim { held: None }));
-                }
-                Err(error) => return Err(self.store_failed(identity, &address, error)),
-            };
-            match attempt {
-                Attempt::Won(won) => {
-                    let Won {
-                        fence,
-                        lineage,
-                        took_over,
-                    } = won;
-                    slot_event!(
-                        debug,
-                        self,
-                        identity,
-                        address,
-                        fence,
-                        took_over,
-                        "claim won"
-                    );
-                    if took_over {
-                        observe::record(GateEvent::TookOver);
-                    }
-                    observe::record(GateEvent::Won);
-                    return Ok(Acquired::Won(Claim {
-                        held: Some(Held {
-                            gate: self.clone(),
-                            identity: identity.clone(),
-                            fingerprint,
-                            address,
-                            fence,
-                            lineage,
-                            leased: mode.lease_duration().is_some(),
-                            lease_ends: Mutex::new(
-                                mode.lease_duration()
-                                    .and_then(|lease| Instant::now().checked_add(lease)),
-                            ),
-                            in_transaction: via.in_transaction(),
-                            // Never under a lease or in the caller's
-                            // transaction: see OutcomeCommit::Async.
-                            commit: match mode.outcome_commit_policy() {
-                                OutcomeCommit::Async
-                                    if mode.lease_duration().is_none() && !via.in_transaction() =>
-                                {
-                                    Commit::Async
-                                }
-                                _ => Commit::Durable,
-                            },
-                        }),
-                    }));
-                }
-                Attempt::Settled(Some(output)) => {
-                    slot_event!(
-                        debug,
-                        self,
-                        identity,
-                        address,
-                        "duplicate of a settled action: replaying its stored value"
-                    );
-                    observe::record(GateEvent::Replayed);
-                    return Ok(Acquired::Settled(Some(output)));
-                }
-                Attempt::Settled(None) => {
-                    self.refused(identity, &address, &Rejected::AlreadyDone);
-                    return Ok(Acquired::Settled(None));
-                }
-                Attempt::Refused(rejected) => {
-                    self.refused(identity, &address, &rejected);
-                    return Err(rejected);
-                }
-                // Freed: try again at once, a few times.
-                Attempt::Freed if freed + 1 < CLAIM_ATTEMPTS => {
-                    freed += 1;
-                }
-                // Held (or freed on every attempt) while a wait is not over:
-                // pause, then look again.
-                Attempt::Held | Attempt::Freed if waiting(deadline) => {
-                    freed = 0;
-                    let remaining = deadline
-                        .flatten()
-                        .map_or(poll, |d| d.saturating_duration_since(Instant::now()));
-                    tokio::time::sleep(poll.min(remaining)).await;
-                    poll = (poll * 2).min(WAIT_LONGEST_POLL);
-                }
-                // Still held, or the slot changed hands on every attempt.
-                Attempt::Held | Attempt::Freed => {
-                    self.refused(identity, &address, &Rejected::InFlight);
-                    return Err(Rejected::InFlight);
-                }
-            }
-        }
-    }
-
-    async fn attempt(
-        &self,
-        via: &mut Via<'_>,
-        address: &str,
-        identity: &Identity,
-        new: NewClaim<'_>,
-        want_output: bool,
-    ) -> Result<Attempt, sqlx::Error> {
-        let scope = self.scope();
-        // One connection for the whole attempt: every acquire may cost a
-        // round trip of its own (the pool's liveness check).
-        let mut conn = via.connection().await?;
-        let existing = match store::claim(&mut *conn, scope, address, new, want_output).await? {
-            store::Claimed::Won(fence) => {
-                return Ok(Attempt::Won(Won {
-                    fence,
-                    lineage: fence,
-                    took_over: false,
-                }));
-            }
-            store::Claimed::Held(existing) => existing,
-            // Stopped by a row the statement could not see: look again,
-            // with a new snapshot, to tell the caller why.
-            store::Claimed::Hidden => {
-                match store::lookup(&mut *conn, scope, address, want_output).await? {
-                    Some(existing) => existing,
-                    // The holder failed and released in between: the slot
-                    // is free again.
-                    None => return Ok(Attempt::Freed),
-                }
-            }
-        };
-        if existing.identity != identity.canonical() {
-            return Ok(Attempt::Refused(Rejected::Collision {
-                address: address.to_owned(),
-            }));
-        }
-        // A stored value goes only to a caller whose payload is known to
-        // match: both gave the same fingerprint, or neither gave one. Either
-        // side without one makes the payloads incomparable: the duplicate is
-        // told the action is done, and is not handed the value.
-        let replayable = match (new.fingerprint, existing.fingerprint.as_deref()) {
-            (Some(ours), Some(theirs)) if ours != theirs => {
-                return Ok(Attempt::Refused(Rejected::KeyReused));
-            }
-            (ours, theirs) => ours.is_some() == theirs.is_some(),
-        };
-        if existing.settled {
-            return Ok(Attempt::Settled(existing.output.filter(|_| replayable)));
-        }
-        if existing.lease_expired {
-            let taken = store::take_over(&mut *conn, scope, address, existing.fence, new).await?;
-            return Ok(match taken {
-                Some(taken) => {
-                    slot_event!(
-                        warn,
-                        self,
-                        identity,
-                        address,
-                        previous_fence = existing.fence,
-                        fence = taken.fence,
-                        "lease ran out: claim taken over from its previous holder"
-                    );
-                    Attempt::Won(Won {
-                        fence: taken.fence,
-                        lineage: taken.lineage,
-                        took_over: true,
-                    })
-                }
-                None => Attempt::Freed,
-            });
-        }
-        Ok(Attempt::Held)
-    }
-
-    pub(crate) fn refused(&self, identity: &Identity, address: &str, rejected: &Rejected) {
-        slot_event!(
-            info,
-            self,
-            identity,
-            address,
-            reason = rejected.reason(),
-            "claim refused: {rejected}"
-        );
-        observe::record(GateEvent::Refused(rejected.clone()));
-    }
-
-    /// A claim statement failed: an outage, or an error of the request.
-    fn store_failed(&self, identity: &Identity, address: &str, error: sqlx::Error) -> Rejected {
-        let rejected = Rejected::from_store(error);
-        if rejected.is_outage() {
-            slot_event!(error, self, identity, address, error = %rejected,
-                "store unavailable; failing closed, the body does not run"
-            );
-        } else {
-            slot_event!(error, self, identity, address, error = %rejected,
-                "store refused the claim (not an outage); the body does not run"
-            );
-        }
-        observe::record(GateEvent::Refused(rejected.clone()));
-        rejected
-    }
+/// A slot just won, as [`acquire`](crate::acquire) hands it over.
+pub(crate) struct Won {
+    pub(crate) slots: Slots,
+    pub(crate) identity: Identity,
+    /// The payload's fingerprint, kept with a late success.
+    pub(crate) fingerprint: Option<[u8; 20]>,
+    pub(crate) address: String,
+    pub(crate) fence: i64,
+    /// The fence the claim began with: ours, or the one of the claim we took
+    /// over. A row that still carries it was taken over, not released.
+    pub(crate) lineage: i64,
+    pub(crate) lease: Option<Duration>,
+    /// Inside the caller's transaction, the transaction decides: a dropped
+    /// claim is rolled back with it, so there is nothing to warn about.
+    pub(crate) in_transaction: bool,
+    /// How the outcome commits.
+    pub(crate) commit: Commit,
 }
 
 /// A won slot (or, for an absent identity or a fail-open run, no slot at
@@ -420,24 +82,18 @@ pub struct Claim {
 }
 
 struct Held {
-    gate: Gate,
+    slots: Slots,
     identity: Identity,
-    /// The payload's fingerprint, kept with a late success.
     fingerprint: Option<[u8; 20]>,
     address: String,
     fence: i64,
-    /// The fence the claim began with: ours, or the one of the claim we took
-    /// over. A row that still carries it was taken over, not released.
     lineage: i64,
     leased: bool,
     /// When the lease runs out, by this process's clock (`None`: no lease).
     /// Only to tell, when the claim is gone, a lease that ran out (and was
     /// taken over, then released) from a claim removed under a live lease.
     lease_ends: Mutex<Option<Instant>>,
-    /// Inside the caller's transaction, the transaction decides: a dropped
-    /// claim is rolled back with it, so there is nothing to warn about.
     in_transaction: bool,
-    /// How the outcome commits.
     commit: Commit,
 }
 
@@ -449,6 +105,41 @@ enum Outcome<'a> {
 }
 
 impl Claim {
+    /// The claim of a slot just won.
+    pub(crate) fn won(won: Won) -> Claim {
+        let Won {
+            slots,
+            identity,
+            fingerprint,
+            address,
+            fence,
+            lineage,
+            lease,
+            in_transaction,
+            commit,
+        } = won;
+        Claim {
+            held: Some(Held {
+                slots,
+                identity,
+                fingerprint,
+                address,
+                fence,
+                lineage,
+                leased: lease.is_some(),
+                lease_ends: Mutex::new(lease.and_then(|lease| Instant::now().checked_add(lease))),
+                in_transaction,
+                commit,
+            }),
+        }
+    }
+
+    /// No slot at all: an absent identity, or a store down under a mode that
+    /// fails open. Settling or releasing it does nothing.
+    pub(crate) fn ungated() -> Claim {
+        Claim { held: None }
+    }
+
     /// `false` when nothing was claimed (an absent identity, or the store was
     /// down and the mode fails open).
     pub fn is_gated(&self) -> bool {
@@ -529,23 +220,11 @@ impl Claim {
         if !held.leased {
             return Ok(());
         }
-        let extended = retry::repeat!(
-            RECORD_BACKOFF,
-            retry::is_transient,
-            |_, _| {},
-            async {
-                let mut conn = held.gate.pool().acquire().await?;
-                store::extend(
-                    &mut *conn,
-                    held.gate.scope(),
-                    &held.address,
-                    held.fence,
-                    micros,
-                )
-                .await
-            }
-            .await,
-        );
+        let (scope, address, fence) = (held.slots.scope(), &*held.address, held.fence);
+        let via = &mut Via::Pool(held.slots.pool());
+        let extended = repeat_recording!(via, |conn| {
+            store::extend(&mut *conn, scope, address, fence, micros).await
+        });
         match extended {
             Ok(true) => {
                 *held
@@ -571,7 +250,7 @@ impl Claim {
 
     /// The pool of the gate that made this claim, if anything was claimed.
     fn pool(&self) -> Option<PgPool> {
-        self.held.as_ref().map(|held| held.gate.pool().clone())
+        self.held.as_ref().map(|held| held.slots.pool().clone())
     }
 
     /// Settles the claim, keeping `output` (the `Ok` value for replay).
@@ -672,24 +351,13 @@ impl Held {
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
         let (scope, address, fence, commit) =
-            (self.gate.scope(), &*self.address, self.fence, self.commit);
-        retry::repeat!(
-            backoff(via, &RECORD_BACKOFF),
-            retry::is_transient,
-            |_, _| {},
-            async {
-                let mut conn = via.connection().await?;
-                match outcome {
-                    Outcome::Success { output } => {
-                        store::settle(&mut *conn, scope, address, fence, output, commit).await
-                    }
-                    Outcome::Failure => {
-                        store::release(&mut *conn, scope, address, fence, commit).await
-                    }
-                }
+            (self.slots.scope(), &*self.address, self.fence, self.commit);
+        repeat_recording!(via, |conn| match outcome {
+            Outcome::Success { output } => {
+                store::settle(&mut *conn, scope, address, fence, output, commit).await
             }
-            .await,
-        )
+            Outcome::Failure => store::release(&mut *conn, scope, address, fence, commit).await,
+        })
     }
 
     /// The settle or release matched no pending row under this fence: find
@@ -780,7 +448,7 @@ impl Held {
         seen: Option<i64>,
         output: Option<&str>,
     ) -> Result<bool, Rejected> {
-        let scope = self.gate.scope();
+        let scope = self.slots.scope();
         let late = LateSuccess {
             identity: self.identity.canonical(),
             fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
@@ -789,19 +457,10 @@ impl Held {
         let address = &*self.address;
         // Both are safe to repeat: the first is matched on the fence seen,
         // the second inserts only into a vacant slot.
-        let written: Result<bool, sqlx::Error> = retry::repeat!(
-            backoff(via, &RECORD_BACKOFF),
-            retry::is_transient,
-            |_, _| {},
-            async {
-                let mut conn = via.connection().await?;
-                match seen {
-                    Some(seen) => store::settle_over(&mut *conn, scope, address, seen, late).await,
-                    None => store::settle_vacant(&mut *conn, scope, address, late).await,
-                }
-            }
-            .await,
-        );
+        let written: Result<bool, sqlx::Error> = repeat_recording!(via, |conn| match seen {
+            Some(seen) => store::settle_over(&mut *conn, scope, address, seen, late).await,
+            None => store::settle_vacant(&mut *conn, scope, address, late).await,
+        });
         let written = written.map_err(Rejected::from_store)?;
         if written {
             self.event(
@@ -816,14 +475,10 @@ impl Held {
 
     /// The row in the slot now, if any.
     async fn look(&self, via: &mut Via<'_>) -> Result<Option<store::Existing>, Rejected> {
-        let (scope, address) = (self.gate.scope(), &*self.address);
-        let row: Result<_, sqlx::Error> = retry::repeat!(
-            backoff(via, &RECORD_BACKOFF),
-            retry::is_transient,
-            |_, _| {},
-            async { store::lookup(&mut *via.connection().await?, scope, address, false).await }
-                .await,
-        );
+        let (scope, address) = (self.slots.scope(), &*self.address);
+        let row: Result<_, sqlx::Error> = repeat_recording!(via, |conn| {
+            store::lookup(&mut *conn, scope, address, false).await
+        });
         row.map_err(Rejected::from_store)
     }
 
@@ -848,8 +503,8 @@ impl Held {
     }
 
     fn event(&self, level: tracing::Level, message: &str, rejected: Option<&Rejected>) {
-        let account = self.gate.account_name();
-        let namespace = self.gate.namespace_name();
+        let account = self.slots.account();
+        let namespace = self.slots.namespace();
         let action = self.identity.action();
         let address = &*self.address;
         let fence = self.fence;

@@ -1,16 +1,23 @@
-//! The gate: claim before the body, settle after success, release after failure.
+//! The gate: the public face of the claim loop. Claim before the body,
+//! settle after success, release after failure.
+//!
+//! The reading path goes down from here: [`run`](crate::run) (the loop),
+//! [`acquire`](crate::acquire) (winning a slot), [`claim`](crate::claim)
+//! (the won slot's handle), [`store`](crate::store) (the SQL).
 
 use std::fmt;
-use std::sync::Arc;
 
 use sqlx::PgPool;
 
-use crate::claim::{Acquired, Claim, Via};
+use crate::acquire::{Acquired, acquire};
+use crate::claim::Claim;
 use crate::error::{Error, Rejected};
 use crate::identity::Identity;
 use crate::mode::Mode;
+use crate::run::{self, outcome_of, replayed_outcome_of};
 use crate::schema;
-use crate::store::Scope;
+use crate::slots::{self, Slots};
+use crate::via::Via;
 
 /// Runs actions at most once per identity, with PostgreSQL as the arbiter.
 ///
@@ -32,9 +39,7 @@ use crate::store::Scope;
 /// ```
 #[derive(Clone)]
 pub struct Gate {
-    pool: PgPool,
-    account: Arc<str>,
-    namespace: Option<Arc<str>>,
+    slots: Slots,
 }
 
 impl Gate {
@@ -45,7 +50,7 @@ impl Gate {
     /// indexes, whose entries PostgreSQL caps at about 2.7 kB; a longer name
     /// could never be claimed, so it is refused as
     /// [`Rejected::InvalidScope`] rather than reported as an outage.
-    pub const MAX_SCOPE_NAME_BYTES: usize = 1024;
+    pub const MAX_SCOPE_NAME_BYTES: usize = slots::MAX_NAME_BYTES;
 
     /// Sets up idem's schema if needed, verifies it, and returns a gate in the
     /// default account with no namespace.
@@ -66,9 +71,7 @@ impl Gate {
             return Err(Error::Schema(problems));
         }
         Ok(Gate {
-            pool,
-            account: Arc::from(Gate::DEFAULT_ACCOUNT),
-            namespace: None,
+            slots: Slots::new(pool, Gate::DEFAULT_ACCOUNT),
         })
     }
 
@@ -77,8 +80,7 @@ impl Gate {
     #[must_use = "`account` returns a scoped copy and leaves this gate as it was"]
     pub fn account(&self, account: impl AsRef<str>) -> Gate {
         Gate {
-            account: Arc::from(account.as_ref()),
-            ..self.clone()
+            slots: self.slots.in_account(account.as_ref()),
         }
     }
 
@@ -86,8 +88,7 @@ impl Gate {
     #[must_use = "`namespace` returns a scoped copy and leaves this gate as it was"]
     pub fn namespace(&self, namespace: impl AsRef<str>) -> Gate {
         Gate {
-            namespace: Some(Arc::from(namespace.as_ref())),
-            ..self.clone()
+            slots: self.slots.in_namespace(Some(namespace.as_ref())),
         }
     }
 
@@ -95,55 +96,34 @@ impl Gate {
     #[must_use = "`without_namespace` returns a scoped copy and leaves this gate as it was"]
     pub fn without_namespace(&self) -> Gate {
         Gate {
-            namespace: None,
-            ..self.clone()
+            slots: self.slots.in_namespace(None),
         }
     }
 
     /// The account this gate claims in.
     pub fn account_name(&self) -> &str {
-        &self.account
+        self.slots.account()
     }
 
     /// The namespace this gate claims in, if any.
     pub fn namespace_name(&self) -> Option<&str> {
-        self.namespace.as_deref()
+        self.slots.namespace()
     }
 
     /// The pool the gate uses.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.slots.pool()
     }
 
-    pub(crate) fn scope(&self) -> Scope<'_> {
-        Scope {
-            account: &self.account,
-            namespace: self.namespace.as_deref(),
-        }
+    /// Where this gate claims, for the run loop and the glue.
+    pub(crate) fn slots(&self) -> &Slots {
+        &self.slots
     }
 
-    /// PostgreSQL `text` cannot hold NUL; everything else is a fine name.
+    /// Refuses an account or namespace no claim could be made under
+    /// ([`Rejected::InvalidScope`]).
     pub(crate) fn check_scope(&self) -> Result<(), Rejected> {
-        let names = [
-            ("account", Some(&*self.account)),
-            ("namespace", self.namespace.as_deref()),
-        ];
-        for (scope, name) in names {
-            let Some(name) = name else { continue };
-            let reason = if name.contains('\0') {
-                "it contains a NUL character, which PostgreSQL text cannot hold"
-            } else if name.len() > Gate::MAX_SCOPE_NAME_BYTES {
-                "it is longer than 1024 bytes, more than a unique index entry can hold"
-            } else {
-                continue;
-            };
-            return Err(Rejected::InvalidScope {
-                scope,
-                name: name.to_owned(),
-                reason,
-            });
-        }
-        Ok(())
+        self.slots.check()
     }
 
     /// Claims the slot of `identity`: inserts a pending row, autocommitted.
@@ -163,9 +143,14 @@ impl Gate {
     /// [`Rejected::AlreadyDone`]; to get its stored value instead, use
     /// [`run_replayed`](Gate::run_replayed).
     pub async fn claim_with(&self, identity: &Identity, mode: &Mode) -> Result<Claim, Rejected> {
-        match self
-            .acquire(identity, mode, false, &mut Via::Pool(&self.pool))
-            .await?
+        match acquire(
+            &self.slots,
+            identity,
+            mode,
+            false,
+            &mut Via::Pool(self.pool()),
+        )
+        .await?
         {
             Acquired::Won(claim) => Ok(claim),
             Acquired::Settled(_) => Err(Rejected::AlreadyDone),
@@ -187,10 +172,8 @@ impl Gate {
         identity: &Identity,
         mode: &Mode,
     ) -> Result<Claim, Rejected> {
-        match self
-            .acquire(identity, mode, false, &mut Via::Transaction(connection))
-            .await?
-        {
+        let via = &mut Via::Transaction(connection);
+        match acquire(&self.slots, identity, mode, false, via).await? {
             Acquired::Won(claim) => Ok(claim),
             Acquired::Settled(_) => Err(Rejected::AlreadyDone),
         }
@@ -216,7 +199,7 @@ impl Gate {
         F: Future<Output = Result<T, E>>,
         E: From<Rejected>,
     {
-        crate::expansion::run(self, identity, body).await
+        run::run(&self.slots, identity, &Mode::new(), outcome_of(), body).await
     }
 
     /// [`run`](Gate::run) with the opt-in modes of `mode`.
@@ -225,7 +208,7 @@ impl Gate {
         F: Future<Output = Result<T, E>>,
         E: From<Rejected>,
     {
-        crate::expansion::run_with(self, identity, mode, crate::expansion::outcome_of(), body).await
+        run::run(&self.slots, identity, mode, outcome_of(), body).await
     }
 
     /// [`run_with`](Gate::run_with), keeping the `Ok` value (as JSON, in the
@@ -253,22 +236,15 @@ impl Gate {
         T: serde::Serialize + serde::de::DeserializeOwned,
         E: From<Rejected>,
     {
-        crate::expansion::run_with(
-            self,
-            identity,
-            mode,
-            crate::expansion::replayed_outcome_of(),
-            body,
-        )
-        .await
+        run::run(&self.slots, identity, mode, replayed_outcome_of(), body).await
     }
 }
 
 impl fmt::Debug for Gate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gate")
-            .field("account", &self.account)
-            .field("namespace", &self.namespace)
+            .field("account", &self.account_name())
+            .field("namespace", &self.namespace_name())
             .finish_non_exhaustive()
     }
 }

@@ -9,8 +9,11 @@
 // Library code never unwraps: bad input gets an error that says what to do.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+// The reading path, top down: gate → run → acquire → claim → store.
+mod acquire;
 mod claim;
 mod error;
+#[doc(hidden)]
 pub mod expansion;
 mod fault;
 mod gate;
@@ -21,10 +24,13 @@ pub mod meter;
 mod mode;
 mod observe;
 mod retry;
+mod run;
 pub mod schema;
+mod slots;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod via;
 
 pub use claim::Claim;
 pub use error::{Error, Rejected, SchemaProblem, SchemaProblems};

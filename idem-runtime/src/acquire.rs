@@ -1,0 +1,337 @@
+//! Trying for a slot: the insert, and what to do when it loses.
+//!
+//! A slot is won by the insert. On conflict, one lookup tells the caller why
+//! (in flight, done, someone else's payload), and may find a lease that ran
+//! out, which is then taken over with a compare-and-swap on its fence. A
+//! duplicate told to wait polls until the slot is decided or its wait is over.
+
+use std::time::{Duration, Instant};
+
+use crate::claim::{Claim, Won};
+use crate::error::Rejected;
+use crate::fault::{self, Fault};
+use crate::identity::Identity;
+use crate::mode::{Mode, OnUnavailable, OutcomeCommit};
+use crate::observe::{self, GateEvent};
+use crate::retry::{self, SERIALIZATION_BACKOFF};
+use crate::slots::Slots;
+use crate::store::{self, Commit, NewClaim};
+use crate::via::Via;
+
+/// How often a claim re-tries, without `wait`, when the slot it lost is free
+/// again by the time it looks (the holder failed and released in between).
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// Polling interval of a waiting duplicate: it starts short, since most
+/// bodies are short, and backs off to spare the store.
+const WAIT_FIRST_POLL: Duration = Duration::from_millis(10);
+const WAIT_LONGEST_POLL: Duration = Duration::from_millis(250);
+
+/// A tracing event about the contended slot, with the fields every gate
+/// event carries (account, namespace, action, address), then any others and
+/// the message.
+macro_rules! slot_event {
+    ($level:ident, $contender:expr, $($rest:tt)+) => {
+        tracing::$level!(
+            target: "idem",
+            account = $contender.slots.account(),
+            namespace = $contender.slots.namespace(),
+            action = $contender.identity.action(),
+            address = %$contender.address,
+            $($rest)+
+        )
+    };
+}
+
+/// The result of trying for a slot.
+pub(crate) enum Acquired {
+    /// This caller runs the body.
+    Won(Claim),
+    /// The action already succeeded; its stored value, when asked for and
+    /// kept (and the payload is known to match).
+    Settled(Option<String>),
+}
+
+/// Tries for the slot of `identity` in `slots` as `mode` says, running the
+/// statements through `via`. `want_output`: a duplicate of a settled action
+/// is handed its stored value (replay).
+pub(crate) async fn acquire(
+    slots: &Slots,
+    identity: &Identity,
+    mode: &Mode,
+    want_output: bool,
+    via: &mut Via<'_>,
+) -> Result<Acquired, Rejected> {
+    if identity.is_absent() {
+        tracing::info!(
+            target: "idem",
+            account = slots.account(),
+            namespace = slots.namespace(),
+            action = identity.action(),
+            absent_part = identity.first_absent_part(),
+            "ungated: a key part is None, so there is no slot to claim and the body runs unguarded"
+        );
+        observe::record(GateEvent::Ungated);
+        return Ok(Acquired::Won(Claim::ungated()));
+    }
+    let contender = Contender {
+        slots,
+        identity,
+        address: identity.address(),
+    };
+    let lease_micros = slots
+        .check()
+        .and_then(|()| mode.lease_micros())
+        .inspect_err(|rejected| contender.refused(rejected))?;
+    let fingerprint = mode.payload_fingerprint().map(|f| f.digest());
+    let new = NewClaim {
+        identity: identity.canonical(),
+        fingerprint: fingerprint.as_ref().map(|f| f.as_slice()),
+        lease_micros,
+    };
+    // `None` inside: a wait too long for the clock to hold, so unbounded.
+    let deadline = mode
+        .wait_duration()
+        .map(|wait| Instant::now().checked_add(wait));
+    let waiting = |deadline: Option<Option<Instant>>| {
+        deadline.is_some_and(|until| until.is_none_or(|until| Instant::now() < until))
+    };
+    let mut poll = WAIT_FIRST_POLL;
+    let mut freed = 0;
+    // A claim rolled back by a serialization failure or deadlock is sent
+    // again; one whose connection died is not (its insert may have
+    // committed, and a retry would find its own row and report it as
+    // somebody else's invocation in flight). Inside the caller's
+    // transaction a failed statement aborts it, so only the caller can
+    // retry (the whole transaction).
+    let on_repeat = |error: &sqlx::Error, pause: Duration| {
+        slot_event!(debug, contender, error = %error, ?pause,
+            "claim rolled back by a serialization failure; trying again"
+        );
+        observe::record(GateEvent::Retried);
+    };
+    loop {
+        let attempt = retry::repeat!(
+            via.backoff(&SERIALIZATION_BACKOFF),
+            retry::is_serialization_failure,
+            on_repeat,
+            contender.attempt(via, new, want_output).await,
+        );
+        let attempt = match attempt {
+            Ok(attempt) => attempt,
+            // Only an outage may fail open: an error of the request would
+            // meet every call, and run every body unguarded.
+            Err(error)
+                if mode.on_unavailable_policy() == OnUnavailable::Run
+                    && fault::classify(&error) == Fault::Outage =>
+            {
+                slot_event!(warn, contender, error = %error,
+                    "store unavailable; failing open as on_unavailable = run says: the body runs unguarded"
+                );
+                observe::record(GateEvent::Ungated);
+                return Ok(Acquired::Won(Claim::ungated()));
+            }
+            Err(error) => return Err(contender.store_failed(error)),
+        };
+        match attempt {
+            Attempt::Won(fenced) => {
+                let Fenced {
+                    fence,
+                    lineage,
+                    took_over,
+                } = fenced;
+                slot_event!(debug, contender, fence, took_over, "claim won");
+                if took_over {
+                    observe::record(GateEvent::TookOver);
+                }
+                observe::record(GateEvent::Won);
+                let in_transaction = via.in_transaction();
+                return Ok(Acquired::Won(Claim::won(Won {
+                    slots: slots.clone(),
+                    identity: identity.clone(),
+                    fingerprint,
+                    address: contender.address,
+                    fence,
+                    lineage,
+                    lease: mode.lease_duration(),
+                    in_transaction,
+                    // Never under a lease or in the caller's transaction:
+                    // see OutcomeCommit::Async.
+                    commit: match mode.outcome_commit_policy() {
+                        OutcomeCommit::Async
+                            if mode.lease_duration().is_none() && !in_transaction =>
+                        {
+                            Commit::Async
+                        }
+                        _ => Commit::Durable,
+                    },
+                })));
+            }
+            Attempt::Settled(Some(output)) => {
+                slot_event!(
+                    debug,
+                    contender,
+                    "duplicate of a settled action: replaying its stored value"
+                );
+                observe::record(GateEvent::Replayed);
+                return Ok(Acquired::Settled(Some(output)));
+            }
+            Attempt::Settled(None) => {
+                contender.refused(&Rejected::AlreadyDone);
+                return Ok(Acquired::Settled(None));
+            }
+            Attempt::Refused(rejected) => {
+                contender.refused(&rejected);
+                return Err(rejected);
+            }
+            // Freed: try again at once, a few times.
+            Attempt::Freed if freed + 1 < CLAIM_ATTEMPTS => {
+                freed += 1;
+            }
+            // Held (or freed on every attempt) while a wait is not over:
+            // pause, then look again.
+            Attempt::Held | Attempt::Freed if waiting(deadline) => {
+                freed = 0;
+                let remaining = deadline
+                    .flatten()
+                    .map_or(poll, |d| d.saturating_duration_since(Instant::now()));
+                tokio::time::sleep(poll.min(remaining)).await;
+                poll = (poll * 2).min(WAIT_LONGEST_POLL);
+            }
+            // Still held, or the slot changed hands on every attempt.
+            Attempt::Held | Attempt::Freed => {
+                contender.refused(&Rejected::InFlight);
+                return Err(Rejected::InFlight);
+            }
+        }
+    }
+}
+
+/// One caller trying for the slot of one identity.
+struct Contender<'a> {
+    slots: &'a Slots,
+    identity: &'a Identity,
+    address: String,
+}
+
+/// A slot this caller now holds: its fence, and the lineage (the fence the
+/// claim began with, which a takeover keeps).
+#[derive(Debug, Clone, Copy)]
+struct Fenced {
+    fence: i64,
+    lineage: i64,
+    took_over: bool,
+}
+
+/// One claim statement (and, when a row it could not see stopped it, one
+/// lookup).
+enum Attempt {
+    Won(Fenced),
+    Settled(Option<String>),
+    /// Pending under someone else, lease (if any) not run out.
+    Held,
+    /// Gone between the insert and the lookup, or taken over by another.
+    Freed,
+    Refused(Rejected),
+}
+
+impl Contender<'_> {
+    /// One claim statement, and what it found.
+    async fn attempt(
+        &self,
+        via: &mut Via<'_>,
+        new: NewClaim<'_>,
+        want_output: bool,
+    ) -> Result<Attempt, sqlx::Error> {
+        let (scope, address) = (self.slots.scope(), &*self.address);
+        // One connection for the whole attempt: every acquire may cost a
+        // round trip of its own (the pool's liveness check).
+        let mut conn = via.connection().await?;
+        let existing = match store::claim(&mut *conn, scope, address, new, want_output).await? {
+            store::Claimed::Won(fence) => {
+                return Ok(Attempt::Won(Fenced {
+                    fence,
+                    lineage: fence,
+                    took_over: false,
+                }));
+            }
+            store::Claimed::Held(existing) => existing,
+            // Stopped by a row the statement could not see: look again,
+            // with a new snapshot, to tell the caller why.
+            store::Claimed::Hidden => {
+                match store::lookup(&mut *conn, scope, address, want_output).await? {
+                    Some(existing) => existing,
+                    // The holder failed and released in between: the slot
+                    // is free again.
+                    None => return Ok(Attempt::Freed),
+                }
+            }
+        };
+        if existing.identity != self.identity.canonical() {
+            return Ok(Attempt::Refused(Rejected::Collision {
+                address: address.to_owned(),
+            }));
+        }
+        // A stored value goes only to a caller whose payload is known to
+        // match: both gave the same fingerprint, or neither gave one. Either
+        // side without one makes the payloads incomparable: the duplicate is
+        // told the action is done, and is not handed the value.
+        let replayable = match (new.fingerprint, existing.fingerprint.as_deref()) {
+            (Some(ours), Some(theirs)) if ours != theirs => {
+                return Ok(Attempt::Refused(Rejected::KeyReused));
+            }
+            (ours, theirs) => ours.is_some() == theirs.is_some(),
+        };
+        if existing.settled {
+            return Ok(Attempt::Settled(existing.output.filter(|_| replayable)));
+        }
+        if existing.lease_expired {
+            let taken = store::take_over(&mut *conn, scope, address, existing.fence, new).await?;
+            return Ok(match taken {
+                Some(taken) => {
+                    slot_event!(
+                        warn,
+                        self,
+                        previous_fence = existing.fence,
+                        fence = taken.fence,
+                        "lease ran out: claim taken over from its previous holder"
+                    );
+                    Attempt::Won(Fenced {
+                        fence: taken.fence,
+                        lineage: taken.lineage,
+                        took_over: true,
+                    })
+                }
+                None => Attempt::Freed,
+            });
+        }
+        Ok(Attempt::Held)
+    }
+
+    /// Says why the claim was refused: to tracing, and to a race harness.
+    fn refused(&self, rejected: &Rejected) {
+        slot_event!(
+            info,
+            self,
+            reason = rejected.reason(),
+            "claim refused: {rejected}"
+        );
+        observe::record(GateEvent::Refused(rejected.clone()));
+    }
+
+    /// A claim statement failed: an outage, or an error of the request.
+    fn store_failed(&self, error: sqlx::Error) -> Rejected {
+        let rejected = Rejected::from_store(error);
+        if rejected.is_outage() {
+            slot_event!(error, self, error = %rejected,
+                "store unavailable; failing closed, the body does not run"
+            );
+        } else {
+            slot_event!(error, self, error = %rejected,
+                "store refused the claim (not an outage); the body does not run"
+            );
+        }
+        observe::record(GateEvent::Refused(rejected.clone()));
+        rejected
+    }
+}

@@ -1,0 +1,231 @@
+//! The run loop: claim, run the body only if the claim was won, then record
+//! what the body returned (settle a success, release a failure).
+//!
+//! [`Gate::run`](crate::Gate::run) and its variants call it, and so does
+//! every `#[idempotent]` function, through the glue in
+//! [`expansion`](crate::expansion). What a body's output means (a success or
+//! not; for `replay`, the value to keep) is told by an [`OutcomeOf`], built
+//! from the traits [`Outcome`] and [`ReplayOutcome`].
+
+use std::ops::ControlFlow;
+
+use sqlx::PgConnection;
+
+use crate::acquire::{Acquired, acquire};
+use crate::claim::Claim;
+use crate::error::Rejected;
+use crate::identity::Identity;
+use crate::mode::Mode;
+use crate::slots::Slots;
+use crate::via::Via;
+
+/// The return type of a guarded function: a `Result` whose error can carry a
+/// [`Rejected`].
+#[diagnostic::on_unimplemented(
+    message = "an #[idempotent] function must return `Result<T, E>` where `E: From<idem::Rejected>`; `{Self}` is not such a type",
+    label = "a refused duplicate must be able to return `Err(E::from(Rejected))` here",
+    note = "return a `Result` whose error type implements `From<idem::Rejected>`: with thiserror, add a variant `#[error(transparent)] Rejected(#[from] idem::Rejected)`; by hand, `impl From<idem::Rejected> for MyError`"
+)]
+pub trait Outcome: Sized {
+    /// The value a refused invocation returns.
+    fn rejected(rejected: Rejected) -> Self;
+    /// `true` when the claim should be settled, `false` when released.
+    fn is_success(&self) -> bool;
+}
+
+// Not recommended in diagnostics: a `Result` whose error lacks
+// `From<Rejected>` is then reported through `Outcome`'s own message above,
+// which says how to fix it, rather than as a bare unmet `From` bound.
+#[diagnostic::do_not_recommend]
+impl<T, E: From<Rejected>> Outcome for Result<T, E> {
+    fn rejected(rejected: Rejected) -> Self {
+        Err(E::from(rejected))
+    }
+
+    fn is_success(&self) -> bool {
+        self.is_ok()
+    }
+}
+
+/// The return type of a guarded function in `replay` mode: a `Result` whose
+/// `Ok` value can be stored as JSON and read back.
+#[diagnostic::on_unimplemented(
+    message = "`replay` keeps the `Ok` value for later duplicates, so it must be `serde::Serialize + serde::de::DeserializeOwned`; `{Self}` is not such a `Result`",
+    label = "the `Ok` type here must be Serialize + DeserializeOwned",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for the `Ok` type, or drop `replay` (duplicates then get `Rejected::AlreadyDone`)"
+)]
+pub trait ReplayOutcome: Outcome {
+    /// The `Ok` value as JSON; `Ok(None)` for an `Err`.
+    fn encode(&self) -> Result<Option<String>, serde_json::Error>;
+    /// A stored `Ok` value, read back.
+    fn decode(json: &str) -> Result<Self, serde_json::Error>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T, E> ReplayOutcome for Result<T, E>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+    E: From<Rejected>,
+{
+    fn encode(&self) -> Result<Option<String>, serde_json::Error> {
+        self.as_ref().ok().map(serde_json::to_string).transpose()
+    }
+
+    fn decode(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json).map(Ok)
+    }
+}
+
+/// How to treat a guarded function's return type `R`: the [`Outcome`]
+/// methods (and, in `replay` mode, the [`ReplayOutcome`] ones) as plain
+/// function pointers.
+///
+/// The expansion obtains it with [`outcome_of`] or [`replayed_outcome_of`],
+/// whose single trait bound is the only place a wrong return type can fail,
+/// so the user sees one error, at the return type, rather than one per use.
+pub struct OutcomeOf<R> {
+    rejected: fn(Rejected) -> R,
+    is_success: fn(&R) -> bool,
+    replay: Option<Replay<R>>,
+}
+
+struct Replay<R> {
+    encode: fn(&R) -> Result<Option<String>, serde_json::Error>,
+    decode: fn(&str) -> Result<R, serde_json::Error>,
+}
+
+/// The [`OutcomeOf`] a return type that implements [`Outcome`].
+pub fn outcome_of<R: Outcome>() -> OutcomeOf<R> {
+    OutcomeOf {
+        rejected: R::rejected,
+        is_success: R::is_success,
+        replay: None,
+    }
+}
+
+/// The [`OutcomeOf`] a return type whose `Ok` value is replayed.
+pub fn replayed_outcome_of<R: ReplayOutcome>() -> OutcomeOf<R> {
+    OutcomeOf {
+        rejected: R::rejected,
+        is_success: R::is_success,
+        replay: Some(Replay {
+            encode: R::encode,
+            decode: R::decode,
+        }),
+    }
+}
+
+impl<R> OutcomeOf<R> {
+    /// What a duplicate of a settled action returns: its stored value, or
+    /// `AlreadyDone` when there is none to give (or it no longer reads back).
+    fn settled(&self, identity: &Identity, stored: Option<String>) -> R {
+        if let (Some(replay), Some(json)) = (&self.replay, stored) {
+            match (replay.decode)(&json) {
+                Ok(output) => return output,
+                Err(error) => tracing::warn!(
+                    target: "idem",
+                    action = identity.action(),
+                    error = %error,
+                    "the stored value no longer reads back as this function's Ok type; \
+                     refusing the duplicate as already done"
+                ),
+            }
+        }
+        (self.rejected)(Rejected::AlreadyDone)
+    }
+
+    /// Settles or releases `claim` by what the body returned, and returns
+    /// what the caller gets.
+    ///
+    /// The body's own output, with one exception: a success whose claim was
+    /// no longer this holder's ([`Rejected::LeaseLost`],
+    /// [`Rejected::ClaimLost`]: another invocation may have run the action
+    /// too) is returned as that refusal, so the holder learns it was fenced
+    /// off. Its success is still kept in the slot, so a retry is refused
+    /// (or, with `replay`, handed the value). A success the store failed to
+    /// record keeps the body's value: the slot stays pending (fail closed)
+    /// and a tracing error says so.
+    async fn record(&self, claim: Claim, output: R, via: &mut Via<'_>) -> R {
+        if !(self.is_success)(&output) {
+            // The body's error is what its caller needs; a failed release is
+            // reported by tracing and leaves the slot pending.
+            let _released = claim.release_via(via).await;
+            return output;
+        }
+        let json = match self.replay.as_ref().map(|replay| (replay.encode)(&output)) {
+            Some(Ok(json)) => json,
+            Some(Err(error)) => {
+                tracing::error!(
+                    target: "idem",
+                    address = claim.address(),
+                    error = %error,
+                    "the Ok value could not be serialized for replay; settling without it, \
+                     so duplicates are refused as already done"
+                );
+                None
+            }
+            None => None,
+        };
+        match claim.settle_with(json.as_deref(), via).await {
+            Err(lost @ (Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. })) => {
+                (self.rejected)(lost)
+            }
+            _ => output,
+        }
+    }
+}
+
+/// Claims `identity` in `slots`, runs `body` only if the claim was won, then
+/// settles (success) or releases (failure), as `outcome` says of what the
+/// body returned. See [`Gate::run`](crate::Gate::run).
+pub(crate) async fn run<R, F>(
+    slots: &Slots,
+    identity: &Identity,
+    mode: &Mode,
+    outcome: OutcomeOf<R>,
+    body: F,
+) -> R
+where
+    F: Future<Output = R>,
+{
+    let mut via = Via::Pool(slots.pool());
+    let claim = match acquire(slots, identity, mode, outcome.replay.is_some(), &mut via).await {
+        Ok(Acquired::Won(claim)) => claim,
+        Ok(Acquired::Settled(stored)) => return outcome.settled(identity, stored),
+        Err(rejected) => return (outcome.rejected)(rejected),
+    };
+    let output = body.await;
+    outcome.record(claim, output, &mut via).await
+}
+
+/// In-transaction mode, before the body: claims inside the caller's
+/// transaction. `Break` carries what the function returns instead of running
+/// its body (a refusal, or a replayed value).
+pub(crate) async fn begin_in<R>(
+    slots: &Slots,
+    identity: &Identity,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+    connection: &mut PgConnection,
+) -> ControlFlow<R, Claim> {
+    let mut via = Via::Transaction(connection);
+    match acquire(slots, identity, mode, outcome.replay.is_some(), &mut via).await {
+        Ok(Acquired::Won(claim)) => ControlFlow::Continue(claim),
+        Ok(Acquired::Settled(stored)) => ControlFlow::Break(outcome.settled(identity, stored)),
+        Err(rejected) => ControlFlow::Break((outcome.rejected)(rejected)),
+    }
+}
+
+/// In-transaction mode, after the body: settles or releases inside the
+/// caller's transaction, so the claim commits or rolls back with the body's
+/// own writes.
+pub(crate) async fn finish_in<R>(
+    claim: Claim,
+    outcome: &OutcomeOf<R>,
+    output: R,
+    connection: &mut PgConnection,
+) -> R {
+    outcome
+        .record(claim, output, &mut Via::Transaction(connection))
+        .await
+}

@@ -1,0 +1,95 @@
+//! Where a gate claims: a pool, an account and an optional namespace.
+//!
+//! The gate's public API, its run loop and every claim it hands out carry
+//! one of these. It sits below them all, so that none of them needs the
+//! [`Gate`](crate::Gate) type itself to reach the store.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use crate::error::Rejected;
+use crate::store::Scope;
+
+/// The longest account or namespace name, in bytes. Both lead the unique
+/// indexes, whose entries PostgreSQL caps at about 2.7 kB; a longer name
+/// could never be claimed.
+pub(crate) const MAX_NAME_BYTES: usize = 1024;
+
+/// A pool plus the scope claims are made in. Cloning is cheap.
+#[derive(Clone)]
+pub(crate) struct Slots {
+    pool: PgPool,
+    account: Arc<str>,
+    namespace: Option<Arc<str>>,
+}
+
+impl Slots {
+    pub(crate) fn new(pool: PgPool, account: &str) -> Slots {
+        Slots {
+            pool,
+            account: Arc::from(account),
+            namespace: None,
+        }
+    }
+
+    pub(crate) fn in_account(&self, account: &str) -> Slots {
+        Slots {
+            account: Arc::from(account),
+            ..self.clone()
+        }
+    }
+
+    pub(crate) fn in_namespace(&self, namespace: Option<&str>) -> Slots {
+        Slots {
+            namespace: namespace.map(Arc::from),
+            ..self.clone()
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub(crate) fn account(&self) -> &str {
+        &self.account
+    }
+
+    pub(crate) fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// The scope as the store's statements take it.
+    pub(crate) fn scope(&self) -> Scope<'_> {
+        Scope {
+            account: &self.account,
+            namespace: self.namespace.as_deref(),
+        }
+    }
+
+    /// Refuses names no claim could be made under, as an error of the
+    /// request ([`Rejected::InvalidScope`]) rather than a store outage:
+    /// PostgreSQL `text` cannot hold NUL, and an index entry has a size cap.
+    pub(crate) fn check(&self) -> Result<(), Rejected> {
+        let names = [
+            ("account", Some(self.account())),
+            ("namespace", self.namespace()),
+        ];
+        for (scope, name) in names {
+            let Some(name) = name else { continue };
+            let reason = if name.contains('\0') {
+                "it contains a NUL character, which PostgreSQL text cannot hold"
+            } else if name.len() > MAX_NAME_BYTES {
+                "it is longer than 1024 bytes, more than a unique index entry can hold"
+            } else {
+                continue;
+            };
+            return Err(Rejected::InvalidScope {
+                scope,
+                name: name.to_owned(),
+                reason,
+            });
+        }
+        Ok(())
+    }
+}
