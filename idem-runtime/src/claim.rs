@@ -191,7 +191,7 @@ impl Claim {
     }
 
     /// [`settle`](Claim::settle) inside the caller's transaction (for a claim
-    /// made with [`Gate::claim_in`]): it takes effect when that commits.
+    /// made with [`Gate::claim_in`](crate::Gate::claim_in)): it takes effect when that commits.
     pub async fn settle_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
         self.finish(
             Outcome::Success { output: None },
@@ -210,7 +210,7 @@ impl Claim {
     ///
     /// A claim made without a lease holds until it is resolved: there is
     /// nothing to renew, and it stays unexpirable. `lease` is checked as
-    /// [`Mode::lease`] checks it ([`Rejected::InvalidOption`]).
+    /// [`Mode::lease`](crate::Mode::lease) checks it ([`Rejected::InvalidOption`]).
     /// [`Rejected::LeaseLost`] if the claim was taken over meanwhile.
     pub async fn extend(&self, lease: Duration) -> Result<(), Rejected> {
         let Some(held) = &self.held else {

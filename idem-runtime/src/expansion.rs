@@ -1,6 +1,6 @@
 //! The glue `#[idempotent]` expands to: adapters from what the user wrote
 //! (a gate expression, a transaction parameter, a return type) to the run
-//! loop in [`run`](crate::run), and the names the generated code spells.
+//! loop (the private module `run`), and the names the generated code spells.
 //!
 //! Glue only: the macro evaluates the key parts and the gate expression,
 //! then hands everything to the plain functions here, which forward to the

@@ -561,6 +561,7 @@ nonzero_key_parts!(
 );
 
 #[cfg(feature = "uuid")]
+#[cfg_attr(docsrs, doc(cfg(feature = "uuid")))]
 impl KeyPart for uuid::Uuid {
     fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
         out.uuid(*self.as_bytes())

@@ -6,6 +6,8 @@
 //! whose address is derived from its [`Identity`]; a unique index that
 //! PostgreSQL enforces lets exactly one concurrent insert win.
 
+// docs.rs: mark what a feature brings (`--cfg docsrs`, set by its metadata).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Library code never unwraps: bad input gets an error that says what to do.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -18,6 +20,7 @@ pub mod expansion;
 mod fault;
 mod gate;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod http;
 mod identity;
 pub mod meter;
@@ -29,6 +32,7 @@ pub mod schema;
 mod slots;
 mod store;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 mod via;
 
