@@ -19,8 +19,8 @@ mod error;
 pub mod expansion;
 mod fault;
 mod gate;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod identity;
 pub mod meter;

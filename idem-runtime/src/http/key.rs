@@ -1,12 +1,9 @@
-//! The `Idempotency-Key` request header, validated, as an axum extractor.
+//! The `Idempotency-Key` request header, validated.
 
 use std::fmt;
 use std::str::FromStr;
 
-use axum::extract::{FromRequestParts, OptionalFromRequestParts};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, StatusCode};
 
 use super::{IDEMPOTENCY_KEY, Problem};
 use crate::identity::{KeyPart, PartWriter, PartWritten};
@@ -75,8 +72,10 @@ impl IdempotencyKey {
         &self.0
     }
 
-    /// The key of a request's headers: `Ok(None)` without the header.
-    fn of(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyRejection> {
+    /// The key of a request's headers: `Ok(None)` without the header, an
+    /// error when it is repeated or malformed. What every framework's
+    /// extractor calls.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyRejection> {
         let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
         let Some(value) = values.next() else {
             return Ok(None);
@@ -115,25 +114,6 @@ impl KeyPart for IdempotencyKey {
     /// The key as text: the same slot as the `&str` it holds.
     fn write_key_part(&self, out: PartWriter<'_>) -> PartWritten {
         out.text(&self.0)
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
-    type Rejection = KeyRejection;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, KeyRejection> {
-        IdempotencyKey::of(&parts.headers)?.ok_or(KeyRejection::Missing)
-    }
-}
-
-impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
-    type Rejection = KeyRejection;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        _state: &S,
-    ) -> Result<Option<Self>, KeyRejection> {
-        IdempotencyKey::of(&parts.headers)
     }
 }
 
@@ -198,12 +178,6 @@ impl From<&KeyRejection> for Problem {
             _ => ("invalid-idempotency-key", "Idempotency-Key invalid"),
         };
         Problem::idem(StatusCode::BAD_REQUEST, slug, title, rejection.to_string())
-    }
-}
-
-impl IntoResponse for KeyRejection {
-    fn into_response(self) -> Response {
-        Problem::from(&self).into_response()
     }
 }
 

@@ -66,7 +66,14 @@ mod problem;
 mod rejected;
 mod stored;
 
-use axum::http::HeaderName;
+// One file per web framework, each only adapters of the neutral types
+// above: an extractor for the key, and each response type as the
+// framework's response. A second framework goes beside it, behind a
+// feature of its own that enables `http`.
+#[cfg(feature = "axum")]
+mod axum;
+
+use http::HeaderName;
 
 pub use key::{IdempotencyKey, KeyRejection};
 pub use problem::{PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem};

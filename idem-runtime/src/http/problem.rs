@@ -4,9 +4,8 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
 
 /// The media type of a problem details body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -25,9 +24,8 @@ pub const PROBLEM_TYPE_BASE: &str = "https://idem.dev/problems/";
 ///
 /// ```
 /// use std::time::Duration;
-/// use axum::http::StatusCode;
-/// use axum::response::IntoResponse;
 /// use idem_runtime::http::Problem;
+/// use http::{Response, StatusCode};
 ///
 /// let declined = Problem::new(
 ///     StatusCode::PAYMENT_REQUIRED,
@@ -35,7 +33,8 @@ pub const PROBLEM_TYPE_BASE: &str = "https://idem.dev/problems/";
 ///     "Card declined",
 ///     "The card was declined; ask the customer for another one.",
 /// );
-/// let response = declined.with_retry_after(Duration::from_millis(1500)).into_response();
+/// // With axum: `declined.into_response()`; here, the framework-neutral form.
+/// let response = Response::from(declined.with_retry_after(Duration::from_millis(1500)));
 /// assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
 /// assert_eq!(response.headers()["retry-after"], "2"); // whole seconds, rounded up
 /// ```
@@ -131,12 +130,15 @@ impl Problem {
     }
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, self.body()).into_response();
+impl From<Problem> for Response<String> {
+    /// The response: its status, `Content-Type: application/problem+json`,
+    /// `Retry-After` when set, and the JSON body.
+    fn from(problem: Problem) -> Response<String> {
+        let mut response = Response::new(problem.body());
+        *response.status_mut() = problem.status;
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if let Some(seconds) = self.retry_after_secs {
+        if let Some(seconds) = problem.retry_after_secs {
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
@@ -178,13 +180,14 @@ mod tests {
 
     #[test]
     fn the_response_is_problem_json_with_retry_after_only_when_set() {
-        let plain = Problem::new(StatusCode::BAD_REQUEST, "t", "t", "d").into_response();
+        let plain = Response::from(Problem::new(StatusCode::BAD_REQUEST, "t", "t", "d"));
         assert_eq!(plain.status(), StatusCode::BAD_REQUEST);
         assert_eq!(plain.headers()[CONTENT_TYPE], PROBLEM_JSON);
         assert!(!plain.headers().contains_key(RETRY_AFTER));
-        let later = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "t", "t", "d")
-            .with_retry_after(Duration::from_secs(5))
-            .into_response();
+        let later = Response::from(
+            Problem::new(StatusCode::SERVICE_UNAVAILABLE, "t", "t", "d")
+                .with_retry_after(Duration::from_secs(5)),
+        );
         assert_eq!(later.headers()[RETRY_AFTER], "5");
     }
 }

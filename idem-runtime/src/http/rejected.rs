@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 
 use super::Problem;
 use crate::error::Rejected;
@@ -113,14 +112,5 @@ impl From<&Rejected> for Problem {
                 ),
             ),
         }
-    }
-}
-
-impl IntoResponse for Rejected {
-    /// The [`Problem`] for this refusal (see the table in
-    /// [`idem::axum`](super)). The store's own error never reaches the
-    /// client: the gate has already logged it.
-    fn into_response(self) -> Response {
-        Problem::from(&self).into_response()
     }
 }

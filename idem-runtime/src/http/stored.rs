@@ -3,12 +3,10 @@
 
 use std::borrow::Cow;
 
-use axum::body::Body;
-use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -31,7 +29,7 @@ use super::IDEMPOTENT_REPLAYED;
 /// same `Ok` as the first time, so the handler cannot tell. A
 /// `StoredResponse` can: the only way one is ever deserialized is the gate
 /// reading it back from the store, so one that was deserialized is a
-/// replay, and [`into_response`](IntoResponse::into_response) marks it.
+/// replay, and its conversion into a response marks it.
 /// Nothing else (no middleware, no task-local) is needed.
 ///
 /// **Stored form** (JSON, in the claim row's `output` column):
@@ -43,7 +41,7 @@ use super::IDEMPOTENT_REPLAYED;
 /// every byte a header may hold, the non-ASCII ones included.
 ///
 /// ```
-/// use axum::http::{StatusCode, header::LOCATION, HeaderValue};
+/// use http::{StatusCode, header::LOCATION, HeaderValue};
 /// use idem_runtime::http::StoredResponse;
 ///
 /// #[derive(serde::Serialize)]
@@ -124,14 +122,15 @@ impl StoredResponse {
     }
 }
 
-impl IntoResponse for StoredResponse {
-    fn into_response(self) -> Response {
-        // Built from nothing rather than from `(status, body)`, which would
-        // add a `Content-Type` the handler did not choose.
-        let mut response = Response::new(Body::from(self.body));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers;
-        if self.replayed {
+impl From<StoredResponse> for Response<Vec<u8>> {
+    /// The response as kept: status, headers and body, nothing added but
+    /// `Idempotent-Replayed: true` on a replay (no `Content-Type` the
+    /// handler did not choose).
+    fn from(stored: StoredResponse) -> Response<Vec<u8>> {
+        let mut response = Response::new(stored.body);
+        *response.status_mut() = stored.status;
+        *response.headers_mut() = stored.headers;
+        if stored.replayed {
             response
                 .headers_mut()
                 .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -222,7 +221,7 @@ fn bytes_of_latin1(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::header::{LOCATION, SET_COOKIE};
+    use http::header::{LOCATION, SET_COOKIE};
 
     fn round_trip(response: &StoredResponse) -> (String, StoredResponse) {
         let json = serde_json::to_string(response).unwrap();
@@ -281,10 +280,10 @@ mod tests {
     fn only_a_replay_is_marked_as_one() {
         let response = StoredResponse::new(StatusCode::ACCEPTED).with_body("ok");
         let (_, back) = round_trip(&response);
-        let first = response.into_response();
+        let first = Response::from(response);
         assert_eq!(first.status(), StatusCode::ACCEPTED);
         assert!(!first.headers().contains_key(IDEMPOTENT_REPLAYED));
-        let replayed = back.into_response();
+        let replayed = Response::from(back);
         assert_eq!(replayed.status(), StatusCode::ACCEPTED);
         assert_eq!(replayed.headers()[IDEMPOTENT_REPLAYED], "true");
     }
