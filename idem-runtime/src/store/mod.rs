@@ -75,14 +75,14 @@ pub(crate) enum Commit {
 /// for: one for rows without a namespace (`namespace IS NULL`), one for rows
 /// in a namespace (`namespace = $n`). Each form's `WHERE` implies its
 /// index's predicate, so each can be served by that index.
-pub(crate) struct SplitOnNamespace {
-    pub(crate) without_namespace: &'static str,
-    pub(crate) within_namespace: &'static str,
+struct SplitOnNamespace {
+    without_namespace: &'static str,
+    within_namespace: &'static str,
 }
 
 impl SplitOnNamespace {
     /// The form for rows in `namespace` (`None`: without one).
-    pub(crate) fn for_namespace(&self, namespace: Option<&str>) -> &'static str {
+    fn for_namespace(&self, namespace: Option<&str>) -> &'static str {
         match namespace {
             None => self.without_namespace,
             Some(_) => self.within_namespace,
@@ -93,11 +93,7 @@ impl SplitOnNamespace {
     /// row shares bound: `$1` the account, `$2` the address, `$3` the
     /// namespace (NULL, and tested as NULL, in the form without one, so that
     /// later parameters are numbered alike in both forms).
-    pub(crate) fn for_row<'q>(
-        &self,
-        scope: Scope<'q>,
-        address: &'q str,
-    ) -> Query<'q, Postgres, PgArguments> {
+    fn for_row<'q>(&self, scope: Scope<'q>, address: &'q str) -> Query<'q, Postgres, PgArguments> {
         sqlx::query(self.for_namespace(scope.namespace))
             .bind(scope.account)
             .bind(address)
@@ -125,4 +121,4 @@ macro_rules! per_row {
         }
     };
 }
-pub(crate) use per_row;
+use per_row;
