@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use idem_runtime::operations::ClaimState;
 use jiff::Timestamp;
 
 use crate::output::Format;
@@ -137,12 +138,11 @@ pub enum StateArg {
     Success,
 }
 
-impl StateArg {
-    /// As stored in `idem_records.state`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StateArg::Pending => "pending",
-            StateArg::Success => "success",
+impl From<StateArg> for ClaimState {
+    fn from(state: StateArg) -> ClaimState {
+        match state {
+            StateArg::Pending => ClaimState::Pending,
+            StateArg::Success => ClaimState::Success,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Runs one parsed command: connect, do the work, render the result.
 
+use idem_runtime::operations::ClaimState;
+
 use crate::audit;
-use crate::claims::{self, ListFilter, NamespaceFilter, Scope};
+use crate::claims::{self, ListFilter, NamespaceFilter, ScopeFilter};
 use crate::cli::{ClaimsCommand, Command, ScopeArgs};
 use crate::connect::connect;
 use crate::error::CliError;
@@ -67,8 +69,8 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             claims::ensure_table(&pool).await?;
             let filter = ListFilter {
                 scope: scope(&args.scope),
-                state: args.state.map(|s| s.as_str()),
-                older_than_seconds: args.older_than.map(|d| d.as_secs_f64()),
+                state: args.state.map(ClaimState::from),
+                older_than: args.older_than,
                 limit: args.limit,
             };
             let found = claims::list(&pool, &filter).await?;
@@ -132,8 +134,8 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
     }
 }
 
-fn scope(args: &ScopeArgs) -> Scope<'_> {
-    Scope {
+fn scope(args: &ScopeArgs) -> ScopeFilter<'_> {
+    ScopeFilter {
         account: args.account.as_deref(),
         namespace: match (&args.namespace, args.no_namespace) {
             (Some(name), _) => NamespaceFilter::Named(name),

@@ -73,6 +73,16 @@ impl CliError {
         move |source| CliError::Database { doing, source }
     }
 
+    /// Maps an error of the runtime's store to [`CliError::Database`] when
+    /// the database failed, and to [`CliError::Refused`] (its message says
+    /// why) otherwise, for `map_err`.
+    pub fn store(doing: &'static str) -> impl FnOnce(idem_runtime::Error) -> CliError {
+        move |error| match error {
+            idem_runtime::Error::Database(source) => CliError::Database { doing, source },
+            other => CliError::Refused(other.to_string()),
+        }
+    }
+
     /// The process exit status: 1 when the command ran and found nothing to
     /// act on or refused the target, 2 for usage, connection and database
     /// errors (the command could not do its job).

@@ -93,16 +93,13 @@ pub async fn migrate(
     let version = schema::current_version(&mut conn)
         .await
         .map_err(CliError::database("read idem's schema version"))?;
+    drop(conn);
     // Qualified even when the schema is on the search_path, so the report
     // says where the table is.
-    let table: Option<String> = sqlx::query_scalar(
-        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) \
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE c.oid = to_regclass('idem_records')",
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(CliError::database("find idem_records"))?;
+    let table = schema::locate(pool)
+        .await
+        .map_err(CliError::database("find idem_records"))?
+        .table;
     let mut problems: Vec<String> = problems
         .map(|p| p.problems.iter().map(ToString::to_string).collect())
         .unwrap_or_default();

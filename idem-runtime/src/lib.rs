@@ -44,6 +44,7 @@ pub use identity::{
 };
 pub use mode::{Fingerprint, Mode, OnUnavailable, OutcomeCommit};
 pub use observe::GateEvent;
+pub use store::operations;
 
 /// The sqlx this crate was built with, so users need not match versions.
 pub use sqlx;

@@ -42,12 +42,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::Row;
-
 use crate::error::Error;
 use crate::gate::Gate;
 use crate::identity::{Identity, KeyPart};
 use crate::retry::{self, SERIALIZATION_BACKOFF};
+use crate::store::Scope;
+use crate::store::metering::{self, EventColumns};
 
 /// The action name under which event identifiers are encoded. Part of every
 /// event's address: stable forever, like the identity encoding.
@@ -260,68 +260,6 @@ impl Recorded {
     }
 }
 
-/// The batch statement in its two scopes. Rows are written in address order
-/// so that concurrent batches lock shared rows in the same order.
-///
-/// `DO UPDATE` (a no-op write) rather than `DO NOTHING`, so a row that
-/// conflicts comes back too, locked and in its latest committed version, even
-/// when it committed after the statement's snapshot. A new row is told from
-/// a stored one by its fence: each candidate draws one from the sequence
-/// first, and only a row this statement inserted can carry it (`xmax = 0`
-/// would say the same on a plain table, but a partitioned one cannot return
-/// system columns).
-struct RecordStatement {
-    without_namespace: &'static str,
-    within_namespace: &'static str,
-}
-
-macro_rules! record_statement {
-    ($namespace:literal, $arbiter:literal) => {
-        concat!(
-            "WITH e AS MATERIALIZED ( \
-                 SELECT u.*, nextval('idem_records_fence_seq') AS fence \
-                 FROM unnest($2::text[], $3::bytea[], $4::text[], $5::bigint[], $6::bigint[]) \
-                      AS u(address, identity, meter, quantity, occurred_us) \
-             ), written AS ( \
-                 INSERT INTO idem_records AS r \
-                   (account, kind, address, namespace, state, identity, meter, quantity, \
-                    occurred_at, fence) \
-                 SELECT $1, 'meter_event', e.address, ",
-            $namespace,
-            ", 'recorded', e.identity, e.meter, e.quantity, \
-                        timestamptz 'epoch' + e.occurred_us * interval '1 microsecond', e.fence \
-                 FROM e \
-                 ORDER BY e.address \
-                 ON CONFLICT ",
-            $arbiter,
-            " DO UPDATE SET state = r.state \
-                 RETURNING r.address, r.fence, r.identity, r.meter, r.quantity, \
-                           round(extract(epoch FROM r.occurred_at) * 1000000)::bigint \
-                               AS occurred_us \
-             ) \
-             SELECT w.address, w.fence = e.fence AS inserted, w.identity, w.meter, w.quantity, \
-                    w.occurred_us \
-             FROM written w JOIN e ON e.address = w.address"
-        )
-    };
-}
-
-const RECORD: RecordStatement = RecordStatement {
-    without_namespace: record_statement!(
-        "NULL",
-        "(account, kind, address) WHERE namespace IS NULL"
-    ),
-    within_namespace: record_statement!(
-        "$7",
-        "(account, kind, address, namespace) WHERE namespace IS NOT NULL"
-    ),
-};
-
-const TOTAL_WHERE: &str = "account = $1 AND kind = 'meter_event' \
-     AND occurred_at >= timestamptz 'epoch' + $2 * interval '1 microsecond' \
-     AND occurred_at < timestamptz 'epoch' + $3 * interval '1 microsecond' \
-     AND namespace IS NOT DISTINCT FROM $4";
-
 impl Meter {
     /// Records a batch of events in one round trip and reports, per event,
     /// whether it was new, a re-send, or a conflict.
@@ -398,47 +336,27 @@ impl Meter {
         if batch.addresses.is_empty() {
             return Ok(HashMap::new());
         }
-        let namespace = self.gate.namespace_name();
-        let statement = match namespace {
-            None => RECORD.without_namespace,
-            Some(_) => RECORD.within_namespace,
-        };
-        let query = || {
-            let query = sqlx::query(statement)
-                .bind(self.gate.account_name())
-                .bind(&batch.addresses)
-                .bind(&batch.identities)
-                .bind(&batch.meters)
-                .bind(&batch.quantities)
-                .bind(&batch.occurred_micros);
-            match namespace {
-                Some(namespace) => query.bind(namespace),
-                None => query,
-            }
-        };
         let rows = retry::repeat!(
             SERIALIZATION_BACKOFF,
             retry::is_serialization_failure,
             |_, _| {},
-            query().fetch_all(self.gate.pool()).await,
+            metering::record(self.gate.pool(), self.scope(), batch.columns()).await,
         )?;
-        let mut stored = HashMap::with_capacity(rows.len());
-        for row in rows {
-            let address: String = row.try_get(0)?;
-            stored.insert(
-                address,
-                StoredRow {
-                    inserted: row.try_get(1)?,
-                    identity: row.try_get(2)?,
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let stored = StoredRow {
+                    inserted: row.inserted,
+                    identity: row.identity,
                     recorded: Recorded {
-                        meter: row.try_get(3)?,
-                        quantity: row.try_get(4)?,
-                        occurred_micros: row.try_get(5)?,
+                        meter: row.meter,
+                        quantity: row.quantity,
+                        occurred_micros: row.occurred_micros,
                     },
-                },
-            );
-        }
-        Ok(stored)
+                };
+                (row.address, stored)
+            })
+            .collect())
     }
 
     /// The sum of `meter`'s events that happened in `range` (start included,
@@ -459,40 +377,30 @@ impl Meter {
         range: Range<SystemTime>,
     ) -> Result<BTreeMap<String, Total>, Error> {
         let clamp = |time| micros_since_epoch(time).unwrap_or(EARLIEST_MICROS);
-        let sql = match meter {
-            Some(_) => sqlx::AssertSqlSafe(format!(
-                "SELECT meter, sum(quantity)::text, count(*) FROM idem_records \
-                 WHERE {TOTAL_WHERE} AND meter = $5 GROUP BY meter"
-            )),
-            None => sqlx::AssertSqlSafe(format!(
-                "SELECT meter, sum(quantity)::text, count(*) FROM idem_records \
-                 WHERE {TOTAL_WHERE} GROUP BY meter"
-            )),
-        };
-        let mut query = sqlx::query(sql)
-            .bind(self.gate.account_name())
-            .bind(clamp(range.start))
-            .bind(clamp(range.end))
-            .bind(self.gate.namespace_name());
-        if let Some(meter) = meter {
-            query = query.bind(meter);
+        let totals = metering::totals(
+            self.gate.pool(),
+            self.scope(),
+            meter,
+            clamp(range.start),
+            clamp(range.end),
+        )
+        .await?;
+        Ok(totals
+            .into_iter()
+            .map(|total| {
+                let events = u64::try_from(total.events).unwrap_or_default();
+                let quantity = total.quantity;
+                (total.meter, Total { quantity, events })
+            })
+            .collect())
+    }
+
+    /// The gate's account and namespace, as the store takes them.
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            account: self.gate.account_name(),
+            namespace: self.gate.namespace_name(),
         }
-        let mut totals = BTreeMap::new();
-        for row in query.fetch_all(self.gate.pool()).await? {
-            let sum: String = row.try_get(1)?;
-            let events: i64 = row.try_get(2)?;
-            let quantity = sum.parse::<i128>().map_err(|e| {
-                Error::Database(sqlx::Error::Decode(format!("sum {sum:?}: {e}").into()))
-            })?;
-            totals.insert(
-                row.try_get(0)?,
-                Total {
-                    quantity,
-                    events: u64::try_from(events).unwrap_or_default(),
-                },
-            );
-        }
-        Ok(totals)
     }
 }
 
@@ -513,6 +421,16 @@ impl Batch {
             meters: Vec::with_capacity(n),
             quantities: Vec::with_capacity(n),
             occurred_micros: Vec::with_capacity(n),
+        }
+    }
+
+    fn columns(&self) -> EventColumns<'_> {
+        EventColumns {
+            addresses: &self.addresses,
+            identities: &self.identities,
+            meters: &self.meters,
+            quantities: &self.quantities,
+            occurred_micros: &self.occurred_micros,
         }
     }
 

@@ -12,8 +12,8 @@ use std::fmt;
 
 use sqlx::{PgConnection, PgPool};
 
-use super::{begin_set_up, migrate_and_commit};
 use crate::error::Error;
+use crate::store::catalog;
 
 /// The most partitions [`set_up_partitioned`] creates. More buys nothing a
 /// claim can use (it touches one partition) and slows planning and DDL.
@@ -53,11 +53,11 @@ impl fmt::Display for Layout {
 /// own migration tool. Run it on a database where idem was never set up.
 pub fn partitioned_sql(partitions: u16) -> Result<String, Error> {
     check_count(partitions)?;
-    Ok(format!("{}\n{}", prelude(partitions), super::SCHEMA_SQL))
-}
-
-fn prelude(partitions: u16) -> String {
-    include_str!("../../sql/partitioned.sql").replace("{partitions}", &partitions.to_string())
+    Ok(format!(
+        "{}\n{}",
+        catalog::partitioned_prelude(partitions),
+        super::SCHEMA_SQL
+    ))
 }
 
 fn check_count(partitions: u16) -> Result<(), Error> {
@@ -88,18 +88,16 @@ pub async fn set_up_partitioned(pool: &PgPool, partitions: u16) -> Result<(), Er
         drop(conn);
         return super::set_up(pool).await.map_err(Error::from);
     }
-    let mut tx = begin_set_up(&mut conn).await?;
+    let mut tx = catalog::begin_set_up(&mut conn).await?;
     // Another process may have created it while we waited for the lock.
     match layout_of(&mut tx).await? {
         Some(existing) => check_matches(&existing, partitions)?,
         None => {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(prelude(partitions)))
-                .execute(&mut *tx)
-                .await?;
+            catalog::create_partitioned(&mut tx, partitions).await?;
             tracing::info!(target: "idem", partitions, "idem_records created, hash-partitioned on account");
         }
     }
-    migrate_and_commit(tx).await?;
+    catalog::migrate_and_commit(tx).await?;
     Ok(())
 }
 
@@ -126,19 +124,11 @@ pub async fn layout(pool: &PgPool) -> Result<Option<Layout>, sqlx::Error> {
 }
 
 pub(super) async fn layout_of(conn: &mut PgConnection) -> Result<Option<Layout>, sqlx::Error> {
-    let row: Option<(bool, Option<String>, i64)> = sqlx::query_as(
-        "SELECT c.relkind = 'p', \
-                CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END, \
-                (SELECT count(*) FROM pg_inherits h WHERE h.inhparent = c.oid) \
-         FROM pg_class c WHERE c.oid = to_regclass('idem_records')",
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(row.map(|(partitioned, key, partitions)| {
-        if partitioned {
+    Ok(catalog::layout(conn).await?.map(|found| {
+        if found.partitioned {
             Layout::Partitioned {
-                key: key.unwrap_or_default(),
-                partitions: usize::try_from(partitions).unwrap_or(usize::MAX),
+                key: found.partition_key.unwrap_or_default(),
+                partitions: usize::try_from(found.partitions).unwrap_or(usize::MAX),
             }
         } else {
             Layout::Plain
@@ -152,14 +142,7 @@ pub(super) async fn layout_of(conn: &mut PgConnection) -> Result<Option<Layout>,
 pub(super) async fn uncovered_hash_remainders(
     conn: &mut PgConnection,
 ) -> Result<Option<(u32, Vec<u32>)>, sqlx::Error> {
-    let bounds: Vec<String> = sqlx::query_scalar(
-        "SELECT pg_get_expr(c.relpartbound, c.oid) \
-         FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid \
-         JOIN pg_partitioned_table p ON p.partrelid = h.inhparent \
-         WHERE h.inhparent = to_regclass('idem_records') AND p.partstrat = 'h'",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let bounds = catalog::hash_partition_bounds(conn).await?;
     let bounds: Vec<(u32, u32)> = bounds.iter().filter_map(|b| hash_bound(b)).collect();
     Ok(missing_remainders(&bounds))
 }

@@ -1,21 +1,23 @@
-//! Claim rows in `idem_records`: the statements the gate runs, and nothing else.
+//! The claim path's statements over `idem_records` (`kind = 'claim'`):
+//! claim, lookup, take over, settle, release, extend, and the two ways a
+//! late success is recorded.
 //!
 //! By default every statement runs on its own pooled connection and commits
 //! on its own (autocommit): a claim is visible to every other process the
 //! moment it is won, so a losing duplicate is refused at once instead of
 //! waiting on the winner's transaction. In-transaction mode passes the
 //! caller's connection instead, and the caller's commit decides.
+//!
+//! Every statement but [`SETTLE_VACANT`] finds its row by address through
+//! the partial unique index its form's namespace test implies
+//! ([`SplitOnNamespace`]); the claim's and the vacant settle's inserts are
+//! arbitrated by the same two indexes.
 
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgExecutor, Postgres, Row};
 
-/// Where a claim lives, besides its address.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Scope<'a> {
-    pub account: &'a str,
-    pub namespace: Option<&'a str>,
-}
+use super::{Commit, Scope, SplitOnNamespace, per_row};
 
 /// What a new claim row carries besides its scope and address.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +45,8 @@ pub(crate) struct Existing {
     pub output: Option<String>,
 }
 
-/// The claim, and the whole gate: one statement, whose insert decides.
+/// The text of [`CLAIM`] with its namespace test: the claim, and the whole
+/// gate, in one statement whose insert decides.
 ///
 /// It looks first, in the same statement, so that a duplicate of a visible
 /// claim (the common duplicate: a retry of something settled or long in
@@ -59,6 +62,10 @@ pub(crate) struct Existing {
 /// `$1` account, `$2` address, `$3` namespace, `$4` identity, `$5`
 /// fingerprint, `$6` lease in microseconds (NULL: none), `$7` whether to
 /// return the stored output.
+///
+/// Its look is served by the partial unique index its namespace test
+/// implies; its insert is arbitrated by both (`ON CONFLICT DO NOTHING`
+/// names no index, so a conflict with either stops it).
 macro_rules! claim_statement {
     ($namespace_test:literal) => {
         concat!(
@@ -101,7 +108,9 @@ macro_rules! existing_columns {
     };
 }
 
-const CLAIM: PerRow = PerRow {
+/// Claims a slot, or finds the row that holds it, in one statement (see
+/// `claim_statement!`). Index: the partial unique index of its form.
+pub(super) const CLAIM: SplitOnNamespace = SplitOnNamespace {
     without_namespace: claim_statement!("namespace IS NULL AND $3::text IS NULL"),
     within_namespace: claim_statement!("namespace = $3"),
 };
@@ -117,55 +126,30 @@ pub(crate) enum Claimed {
     Hidden,
 }
 
-/// A statement over one claim row, in its two forms. The row is found
-/// through the partial index whose predicate its namespace satisfies, so the
-/// namespace test is spelled out (`IS NULL` or `= $3`) rather than folded
-/// into `IS NOT DISTINCT FROM`, which no index can serve. `$1` is the
-/// account, `$2` the address and `$3` the namespace in both forms (NULL and
-/// unused in the first), so further parameters are numbered alike.
-struct PerRow {
-    without_namespace: &'static str,
-    within_namespace: &'static str,
-}
-
-macro_rules! per_row {
-    ($statement:expr $(, $and:literal)? $(; $tail:literal)?) => {
-        PerRow {
-            without_namespace: concat!(
-                $statement,
-                " WHERE account = $1 AND kind = 'claim' AND address = $2 \
-                  AND namespace IS NULL AND $3::text IS NULL"
-                $(, " AND ", $and)? $(, " ", $tail)?
-            ),
-            within_namespace: concat!(
-                $statement,
-                " WHERE account = $1 AND kind = 'claim' AND address = $2 AND namespace = $3"
-                $(, " AND ", $and)? $(, " ", $tail)?
-            ),
-        }
-    };
-}
-
-/// `$4`: whether to return the stored output (it may be large).
-const LOOKUP: PerRow = per_row!(concat!(
+/// The row holding a slot, as [`Existing`] reads it. `$4`: whether to return
+/// the stored output (it may be large). Index: the partial unique index of
+/// its form, as for every [`per_row!`] statement.
+pub(super) const LOOKUP: SplitOnNamespace = per_row!(concat!(
     "SELECT ",
     existing_columns!(),
     ", CASE WHEN $4 THEN coalesce(output_json, output::text) END AS output \
          FROM idem_records"
 ));
 
-/// `$4`: the holder's fence; `$5`: the output to keep, or NULL. The output
+/// Marks the holder's pending claim settled. `$4`: the holder's fence; `$5`:
+/// the output to keep, or NULL. The output
 /// is kept as the text serde_json wrote, not as `jsonb`, which refuses some
 /// of what JSON can say (`\u0000`): a settle must never fail because of the
-/// value it carries.
-const SETTLE: PerRow = per_row!(
+/// value it carries. Index: the partial unique index of its form.
+pub(super) const SETTLE: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5",
     "state = 'pending' AND fence = $4"
 );
 
-/// `$4`: the holder's fence.
-const RELEASE: PerRow = per_row!(
+/// Deletes the holder's pending claim, freeing the slot. `$4`: the holder's
+/// fence. Index: the partial unique index of its form.
+pub(super) const RELEASE: SplitOnNamespace = per_row!(
     "DELETE FROM idem_records",
     "state = 'pending' AND fence = $4"
 );
@@ -173,33 +157,27 @@ const RELEASE: PerRow = per_row!(
 /// [`SETTLE`] committing without waiting for its WAL to reach the disk:
 /// `synchronous_commit` is set for its own transaction only, inside the
 /// statement (no extra round trip, nothing left on the pooled connection).
-const SETTLE_ASYNC: PerRow = per_row!(
+/// Index: the partial unique index of its form.
+pub(super) const SETTLE_ASYNC: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5 \
      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
     "state = 'pending' AND fence = $4"
 );
 
-/// [`RELEASE`], committing as [`SETTLE_ASYNC`] does.
-const RELEASE_ASYNC: PerRow = per_row!(
+/// [`RELEASE`], committing as [`SETTLE_ASYNC`] does. Index: the partial
+/// unique index of its form.
+pub(super) const RELEASE_ASYNC: SplitOnNamespace = per_row!(
     "DELETE FROM idem_records \
      USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
     "state = 'pending' AND fence = $4"
 );
 
-/// How a settle or release commits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Commit {
-    /// Waits for the WAL flush, as every commit does by default.
-    Durable,
-    /// Returns before the WAL flush (`synchronous_commit = off`).
-    Async,
-}
-
-/// `$4`: the holder's fence; `$5`: the new lease in microseconds. Only a
-/// claim that has a lease is extended: one made without holds until it is
-/// resolved, and must never become expirable.
-const EXTEND: PerRow = per_row!(
+/// Renews the holder's lease. `$4`: the holder's fence; `$5`: the new lease
+/// in microseconds. Only a claim that has a lease is extended: one made
+/// without holds until it is resolved, and must never become expirable.
+/// Index: the partial unique index of its form.
+pub(super) const EXTEND: SplitOnNamespace = per_row!(
     "UPDATE idem_records SET lease_expires_at = now() + $5 * interval '1 microsecond'",
     "state = 'pending' AND fence = $4 AND lease_expires_at IS NOT NULL"
 );
@@ -208,8 +186,9 @@ const EXTEND: PerRow = per_row!(
 /// that was seen (`$4`, its fence): exactly one of several takers wins, and
 /// the fence it gets back (from the sequence) outranks every earlier one.
 /// The row keeps its lineage (the fence it began with). `$5`: the new lease
-/// in microseconds, or NULL; `$6`: the new fingerprint.
-const TAKE_OVER: PerRow = per_row!(
+/// in microseconds, or NULL; `$6`: the new fingerprint. Index: the partial
+/// unique index of its form.
+pub(super) const TAKE_OVER: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET fence = nextval('idem_records_fence_seq'), created_at = now(), fingerprint = $6, \
          first_fence = coalesce(first_fence, fence), \
@@ -225,8 +204,9 @@ const TAKE_OVER: PerRow = per_row!(
 /// holder's release would free the slot and a retry would run the action
 /// once more. The row keeps its fence, so the new holder's own settle or
 /// release finds it settled. `$5`: the output; `$6`: the fingerprint of the
-/// payload the output belongs to.
-const SETTLE_OVER: PerRow = per_row!(
+/// payload the output belongs to. Index: the partial unique index of its
+/// form.
+pub(super) const SETTLE_OVER: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
          fingerprint = $6",
@@ -236,29 +216,19 @@ const SETTLE_OVER: PerRow = per_row!(
 /// Records the success of a holder whose claim was released (by the holder
 /// that took it over, or by an operator) while nobody holds the slot: a
 /// settled row, as if claimed and settled at once. `$4`: the identity;
-/// `$5`: the fingerprint; `$6`: the output.
-const SETTLE_VACANT: PerRow = PerRow {
+/// `$5`: the fingerprint; `$6`: the output. One text serves both forms: it
+/// finds no row, it inserts one, and the insert is arbitrated by whichever
+/// partial unique index the new row's namespace falls under.
+pub(super) const SETTLE_VACANT: SplitOnNamespace = SplitOnNamespace {
     without_namespace: SETTLE_VACANT_STATEMENT,
     within_namespace: SETTLE_VACANT_STATEMENT,
 };
 
+/// The text of [`SETTLE_VACANT`].
 const SETTLE_VACANT_STATEMENT: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, settled_at, output_json) \
      VALUES ($1, 'claim', $2, $3, 'success', $4, $5, now(), $6) \
      ON CONFLICT DO NOTHING";
-
-impl PerRow {
-    fn query<'q>(&self, scope: Scope<'q>, address: &'q str) -> Query<'q, Postgres, PgArguments> {
-        let statement = match scope.namespace {
-            None => self.without_namespace,
-            Some(_) => self.within_namespace,
-        };
-        sqlx::query(statement)
-            .bind(scope.account)
-            .bind(address)
-            .bind(scope.namespace)
-    }
-}
 
 impl Existing {
     /// Reads the columns named by `existing_columns!` and `output`.
@@ -293,7 +263,7 @@ pub(crate) async fn claim<'e>(
     with_output: bool,
 ) -> Result<Claimed, sqlx::Error> {
     let row = CLAIM
-        .query(scope, address)
+        .for_row(scope, address)
         .bind(claim.identity)
         .bind(claim.fingerprint)
         .bind(claim.lease_micros)
@@ -317,7 +287,7 @@ pub(crate) async fn lookup<'e>(
     with_output: bool,
 ) -> Result<Option<Existing>, sqlx::Error> {
     LOOKUP
-        .query(scope, address)
+        .for_row(scope, address)
         .bind(with_output)
         .fetch_optional(executor)
         .await?
@@ -341,7 +311,7 @@ pub(crate) async fn settle<'e>(
         Commit::Async => &SETTLE_ASYNC,
     };
     changed_one(
-        statement.query(scope, address).bind(fence).bind(output),
+        statement.for_row(scope, address).bind(fence).bind(output),
         executor,
     )
     .await
@@ -360,7 +330,7 @@ pub(crate) async fn release<'e>(
         Commit::Durable => &RELEASE,
         Commit::Async => &RELEASE_ASYNC,
     };
-    changed_one(statement.query(scope, address).bind(fence), executor).await
+    changed_one(statement.for_row(scope, address).bind(fence), executor).await
 }
 
 /// Renews a pending claim's lease. `false`: the claim was lost.
@@ -372,7 +342,10 @@ pub(crate) async fn extend<'e>(
     lease_micros: i64,
 ) -> Result<bool, sqlx::Error> {
     changed_one(
-        EXTEND.query(scope, address).bind(fence).bind(lease_micros),
+        EXTEND
+            .for_row(scope, address)
+            .bind(fence)
+            .bind(lease_micros),
         executor,
     )
     .await
@@ -395,7 +368,7 @@ pub(crate) async fn take_over<'e>(
     claim: NewClaim<'_>,
 ) -> Result<Option<TakenOver>, sqlx::Error> {
     TAKE_OVER
-        .query(scope, address)
+        .for_row(scope, address)
         .bind(seen)
         .bind(claim.lease_micros)
         .bind(claim.fingerprint)
@@ -430,7 +403,7 @@ pub(crate) async fn settle_over<'e>(
 ) -> Result<bool, sqlx::Error> {
     changed_one(
         SETTLE_OVER
-            .query(scope, address)
+            .for_row(scope, address)
             .bind(seen)
             .bind(late.output)
             .bind(late.fingerprint),
@@ -449,132 +422,11 @@ pub(crate) async fn settle_vacant<'e>(
 ) -> Result<bool, sqlx::Error> {
     changed_one(
         SETTLE_VACANT
-            .query(scope, address)
+            .for_row(scope, address)
             .bind(late.identity)
             .bind(late.fingerprint)
             .bind(late.output),
         executor,
     )
     .await
-}
-
-/// Every statement that finds a claim by its address must be served by one
-/// of the two partial unique indexes, in both of its forms: a namespace
-/// test folded into `IS NOT DISTINCT FROM`, or a predicate the index's does
-/// not imply, would turn each call into a scan of the whole table.
-#[cfg(all(test, feature = "testing"))]
-mod index_use {
-    use sqlx::{AssertSqlSafe, Row};
-
-    use super::*;
-
-    /// A parameter after the scope (`$1`-`$3`), typed as the statement binds it.
-    enum Param {
-        Text(&'static str),
-        Bytes,
-        Int(i64),
-        Bool(bool),
-    }
-
-    fn statements() -> [(&'static str, &'static PerRow, Vec<Param>); 9] {
-        use Param::{Bool, Bytes, Int, Text};
-        [
-            ("claim", &CLAIM, vec![Bytes, Bytes, Int(1_000), Bool(true)]),
-            ("lookup", &LOOKUP, vec![Bool(true)]),
-            ("settle", &SETTLE, vec![Int(1), Text("{}")]),
-            ("settle_async", &SETTLE_ASYNC, vec![Int(1), Text("{}")]),
-            ("release", &RELEASE, vec![Int(1)]),
-            ("release_async", &RELEASE_ASYNC, vec![Int(1)]),
-            ("extend", &EXTEND, vec![Int(1), Int(1_000)]),
-            ("take_over", &TAKE_OVER, vec![Int(1), Int(1_000), Bytes]),
-            ("settle_over", &SETTLE_OVER, vec![Int(1), Text("{}"), Bytes]),
-        ]
-    }
-
-    /// The indexes a plan in text form scans, and whether it scans a table.
-    fn scans(plan: &[String]) -> (Vec<String>, bool) {
-        let mut indexes = Vec::new();
-        let mut sequential = false;
-        for line in plan {
-            sequential |= line.contains("Seq Scan");
-            for marker in [
-                "Index Scan using ",
-                "Index Only Scan using ",
-                "Bitmap Index Scan on ",
-            ] {
-                if let Some((_, rest)) = line.split_once(marker) {
-                    indexes.extend(rest.split_whitespace().next().map(str::to_owned));
-                }
-            }
-        }
-        (indexes, sequential)
-    }
-
-    #[tokio::test]
-    async fn every_statement_that_finds_a_claim_by_address_uses_a_partial_unique_index() {
-        let pool = crate::testing::pool_with(1).await;
-        crate::schema::set_up(&pool)
-            .await
-            .expect("set the schema up");
-        let mut conn = pool.acquire().await.expect("a connection");
-        // Not to force the index: a scan is still chosen when no index can
-        // serve the statement. It keeps a small table from being scanned
-        // merely because that is cheaper.
-        sqlx::query("SET enable_seqscan = off")
-            .execute(&mut *conn)
-            .await
-            .expect("set enable_seqscan");
-        for (name, statement, params) in statements() {
-            for namespace in [None, Some("live")] {
-                let scope = Scope {
-                    account: "acme",
-                    namespace,
-                };
-                let text = match namespace {
-                    None => statement.without_namespace,
-                    Some(_) => statement.within_namespace,
-                };
-                let mut query = sqlx::query(AssertSqlSafe(format!("EXPLAIN {text}")))
-                    .bind(scope.account)
-                    .bind("claim_0123456789abcdef01234567")
-                    .bind(scope.namespace);
-                for param in &params {
-                    query = match param {
-                        Param::Text(text) => query.bind(*text),
-                        Param::Bytes => query.bind(&b"\x00"[..]),
-                        Param::Int(n) => query.bind(*n),
-                        Param::Bool(b) => query.bind(*b),
-                    };
-                }
-                let plan: Vec<String> = query
-                    .fetch_all(&mut *conn)
-                    .await
-                    .unwrap_or_else(|e| panic!("EXPLAIN {name}: {e}"))
-                    .iter()
-                    .map(|row| row.get(0))
-                    .collect();
-                let (indexes, sequential) = scans(&plan);
-                let plan = plan.join("\n");
-                assert!(
-                    !sequential && !indexes.is_empty(),
-                    "{name} ({namespace:?}) scans the table:\n{plan}"
-                );
-                for index in indexes {
-                    let definition: String =
-                        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE indexname = $1")
-                            .bind(&index)
-                            .fetch_one(&mut *conn)
-                            .await
-                            .unwrap_or_else(|e| panic!("the definition of {index}: {e}"));
-                    let partial_unique = definition.starts_with("CREATE UNIQUE INDEX")
-                        && (definition.ends_with("WHERE (namespace IS NULL)")
-                            || definition.ends_with("WHERE (namespace IS NOT NULL)"));
-                    assert!(
-                        partial_unique,
-                        "{name} ({namespace:?}) uses {definition}:\n{plan}"
-                    );
-                }
-            }
-        }
-    }
 }

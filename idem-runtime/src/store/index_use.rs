@@ -1,0 +1,313 @@
+//! Every statement that finds a row by its address must be served by one of
+//! the two partial unique indexes, in both of its forms: a namespace test
+//! folded into `IS NOT DISTINCT FROM`, or a predicate the index's does not
+//! imply, would turn each call into a scan of the whole table. This test
+//! runs `EXPLAIN` on each, with a NULL and with a named namespace (and on
+//! the metering totals, which read a range and must not scan the table).
+//!
+//! It needs a PostgreSQL (`DATABASE_URL`, or the local default) and fails
+//! when none answers: a skipped check would let a scan ship. It sets the
+//! schema up through [`catalog`] in a schema of its own, and drops it after.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres, Row};
+
+use super::operations::{self, NamespaceFilter, ScopeFilter};
+use super::{SplitOnNamespace, catalog, claims, metering};
+
+/// Where the test looks for PostgreSQL when `DATABASE_URL` is not set.
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+const ACCOUNT: &str = "acme";
+const ADDRESS: &str = "claim_0123456789abcdef01234567";
+
+/// A parameter, typed as the statement binds it.
+#[derive(Debug, Clone, Copy)]
+enum Param {
+    Text(Option<&'static str>),
+    Bytes,
+    Int(i64),
+    Bool(bool),
+    TextArray,
+    BytesArray,
+    IntArray,
+}
+
+/// What the plan of a statement must show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// It finds a row by address: it scans (or arbitrates its insert on) one
+    /// of the two partial unique indexes, and never scans the table.
+    PartialUniqueIndex,
+    /// It looks nothing up: an insert whose conflicts every unique index
+    /// arbitrates (`ON CONFLICT DO NOTHING`), and no scan of the table.
+    ArbitratedInsert,
+    /// It reads a range, not a row: through some index (which one is the
+    /// planner's choice, on an empty table), never a scan of the table.
+    SomeIndex,
+}
+
+/// One statement in one form, with its parameters.
+struct Case {
+    name: &'static str,
+    namespace: Option<&'static str>,
+    text: String,
+    params: Vec<Param>,
+    expect: Expect,
+}
+
+/// `$1` account, `$2` address, `$3` namespace, as every per-row statement
+/// begins.
+fn row_params(namespace: Option<&'static str>) -> Vec<Param> {
+    vec![
+        Param::Text(Some(ACCOUNT)),
+        Param::Text(Some(ADDRESS)),
+        Param::Text(namespace),
+    ]
+}
+
+/// Every statement that finds a row by address, in the form for
+/// `namespace`.
+fn cases(namespace: Option<&'static str>) -> Vec<Case> {
+    use Param::{Bool, Bytes, BytesArray, Int, IntArray, Text, TextArray};
+    let per_row = |name, statement: &SplitOnNamespace, extra: &[Param], expect| Case {
+        name,
+        namespace,
+        text: statement.for_namespace(namespace).to_owned(),
+        params: [row_params(namespace), extra.to_vec()].concat(),
+        expect,
+    };
+    let lookup = Expect::PartialUniqueIndex;
+    let output = Text(Some("{}"));
+    let scope = ScopeFilter {
+        account: Some(ACCOUNT),
+        namespace: namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named),
+    };
+    let mut record_params = vec![
+        Text(Some(ACCOUNT)),
+        TextArray,
+        BytesArray,
+        TextArray,
+        IntArray,
+        IntArray,
+    ];
+    record_params.extend(namespace.map(|name| Text(Some(name))));
+    let total_params = vec![Text(Some(ACCOUNT)), Int(0), Int(1), Text(namespace)];
+    vec![
+        per_row(
+            "claim",
+            &claims::CLAIM,
+            &[Bytes, Bytes, Int(1_000), Bool(true)],
+            lookup,
+        ),
+        per_row("lookup", &claims::LOOKUP, &[Bool(true)], lookup),
+        per_row("settle", &claims::SETTLE, &[Int(1), output], lookup),
+        per_row(
+            "settle_async",
+            &claims::SETTLE_ASYNC,
+            &[Int(1), output],
+            lookup,
+        ),
+        per_row("release", &claims::RELEASE, &[Int(1)], lookup),
+        per_row("release_async", &claims::RELEASE_ASYNC, &[Int(1)], lookup),
+        per_row("extend", &claims::EXTEND, &[Int(1), Int(1_000)], lookup),
+        per_row(
+            "take_over",
+            &claims::TAKE_OVER,
+            &[Int(1), Int(1_000), Bytes],
+            lookup,
+        ),
+        per_row(
+            "settle_over",
+            &claims::SETTLE_OVER,
+            &[Int(1), output, Bytes],
+            lookup,
+        ),
+        per_row(
+            "settle_vacant",
+            &claims::SETTLE_VACANT,
+            &[Bytes, Bytes, output],
+            Expect::ArbitratedInsert,
+        ),
+        Case {
+            name: "metering record",
+            namespace,
+            text: metering::RECORD.for_namespace(namespace).to_owned(),
+            params: record_params,
+            expect: lookup,
+        },
+        Case {
+            name: "metering totals",
+            namespace,
+            text: metering::TOTALS.for_namespace(namespace).to_owned(),
+            params: total_params.clone(),
+            expect: Expect::SomeIndex,
+        },
+        Case {
+            name: "metering total of a meter",
+            namespace,
+            text: metering::TOTAL_OF_METER.for_namespace(namespace).to_owned(),
+            params: [total_params, vec![Text(Some("api_calls"))]].concat(),
+            expect: Expect::SomeIndex,
+        },
+        Case {
+            name: "operations show",
+            namespace,
+            text: operations::find_statement(&scope),
+            params: vec![Text(Some(ACCOUNT)), Text(namespace), Text(Some(ADDRESS))],
+            expect: lookup,
+        },
+        per_row(
+            "operations release",
+            &operations::RELEASE_PENDING,
+            &[],
+            lookup,
+        ),
+    ]
+}
+
+fn bind<'q>(
+    mut query: Query<'q, Postgres, PgArguments>,
+    params: &[Param],
+) -> Query<'q, Postgres, PgArguments> {
+    for param in params {
+        query = match *param {
+            Param::Text(text) => query.bind(text),
+            Param::Bytes => query.bind(&b"\x00"[..]),
+            Param::Int(n) => query.bind(n),
+            Param::Bool(b) => query.bind(b),
+            Param::TextArray => query.bind(vec![ADDRESS.to_owned()]),
+            Param::BytesArray => query.bind(vec![vec![0_u8]]),
+            Param::IntArray => query.bind(vec![1_i64]),
+        };
+    }
+    query
+}
+
+/// What a plan in text form touches.
+#[derive(Debug, Default)]
+struct Plan {
+    /// The indexes it scans, or names as its insert's conflict arbiters.
+    indexes: Vec<String>,
+    /// It scans a table sequentially.
+    sequential: bool,
+    /// It inserts with `ON CONFLICT`.
+    on_conflict: bool,
+}
+
+fn read_plan(lines: &[String]) -> Plan {
+    let mut plan = Plan::default();
+    for line in lines {
+        plan.sequential |= line.contains("Seq Scan");
+        plan.on_conflict |= line.contains("Conflict Resolution:");
+        for marker in [
+            "Index Scan using ",
+            "Index Only Scan using ",
+            "Bitmap Index Scan on ",
+        ] {
+            if let Some((_, rest)) = line.split_once(marker) {
+                plan.indexes
+                    .extend(rest.split_whitespace().next().map(str::to_owned));
+            }
+        }
+        if let Some((_, arbiters)) = line.split_once("Conflict Arbiter Indexes: ") {
+            plan.indexes
+                .extend(arbiters.split(", ").map(|name| name.trim().to_owned()));
+        }
+    }
+    plan
+}
+
+/// Why `case`'s plan falls short, if it does.
+async fn shortfall(conn: &mut PgConnection, case: &Case) -> Option<String> {
+    let what = format!("{} ({:?})", case.name, case.namespace);
+    let explain = format!("EXPLAIN {}", case.text);
+    let lines: Vec<String> = match bind(sqlx::query(AssertSqlSafe(explain)), &case.params)
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(rows) => rows.iter().map(|row| row.get(0)).collect(),
+        Err(error) => return Some(format!("EXPLAIN {what}: {error}")),
+    };
+    let plan = read_plan(&lines);
+    let shown = lines.join("\n");
+    if plan.sequential {
+        return Some(format!("{what} scans the table:\n{shown}"));
+    }
+    match case.expect {
+        Expect::PartialUniqueIndex if plan.indexes.is_empty() => {
+            return Some(format!("{what} uses no index:\n{shown}"));
+        }
+        Expect::ArbitratedInsert if !plan.on_conflict => {
+            return Some(format!("{what} is not an ON CONFLICT insert:\n{shown}"));
+        }
+        Expect::SomeIndex if plan.indexes.is_empty() => {
+            return Some(format!("{what} uses no index:\n{shown}"));
+        }
+        Expect::SomeIndex => return None,
+        _ => {}
+    }
+    for index in &plan.indexes {
+        let definition: Result<String, _> =
+            sqlx::query_scalar("SELECT pg_get_indexdef(to_regclass($1))")
+                .bind(index)
+                .fetch_one(&mut *conn)
+                .await;
+        let definition = match definition {
+            Ok(definition) => definition,
+            Err(error) => return Some(format!("the definition of {index}: {error}")),
+        };
+        let partial_unique = definition.starts_with("CREATE UNIQUE INDEX")
+            && (definition.ends_with("WHERE (namespace IS NULL)")
+                || definition.ends_with("WHERE (namespace IS NOT NULL)"));
+        if !partial_unique {
+            return Some(format!("{what} uses {definition}:\n{shown}"));
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index() {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    let mut conn = PgConnection::connect(&url).await.unwrap_or_else(|error| {
+        panic!(
+            "this test needs PostgreSQL and none answered at {url} ({error}); start one, or \
+             point DATABASE_URL at one"
+        )
+    });
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let schema = format!("idem_index_use_{}_{nanos}", std::process::id());
+    conn.execute(AssertSqlSafe(format!(
+        "CREATE SCHEMA {schema}; SET search_path TO {schema}"
+    )))
+    .await
+    .expect("create a schema of the test's own");
+
+    let mut failures = Vec::new();
+    match catalog::set_up(&mut conn).await {
+        Err(error) => failures.push(format!("set the schema up: {error}")),
+        Ok(()) => {
+            // Not to force an index: a scan is still chosen when no index
+            // can serve the statement. It keeps a small table from being
+            // scanned merely because that is cheaper.
+            conn.execute("SET enable_seqscan = off")
+                .await
+                .expect("set enable_seqscan");
+            for namespace in [None, Some("live")] {
+                for case in cases(namespace) {
+                    failures.extend(shortfall(&mut conn, &case).await);
+                }
+            }
+        }
+    }
+    conn.execute(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .await
+        .expect("drop the test's schema");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

@@ -1,0 +1,124 @@
+//! The one SQL layer: every statement idem runs against its own tables
+//! (`idem_records`, `idem_schema_version`) and the catalog queries about
+//! them, and nothing else. The modules above it (the gate, the meter, the
+//! schema set-up, the CLI through [`operations`]) decide what to do; this
+//! layer says it to PostgreSQL and reads the answer back.
+//!
+//! | module | its statements |
+//! |---|---|
+//! | `claims` | the claim path: claim, lookup, take over, settle, release, extend, late successes |
+//! | `metering` | usage events: record a batch, total a meter |
+//! | [`operations`] | what operators do (the `idem` command): list, show, release, prune |
+//! | `catalog` | schema set-up, its version, the verification and partition queries |
+//!
+//! # Rules every statement follows
+//!
+//! - **Named.** Each statement is a `const` (or, where it must vary, a named
+//!   function that joins fixed pieces) whose doc comment says what it does,
+//!   what its parameters are, and which index serves it.
+//! - **Found through a partial unique index.** A row is found by its address
+//!   through one of the two partial unique indexes, `(account, kind,
+//!   address) WHERE namespace IS NULL` and `(account, kind, address,
+//!   namespace) WHERE namespace IS NOT NULL`. PostgreSQL uses a partial
+//!   index only when the statement's own `WHERE` implies the index's
+//!   predicate, so the namespace test is spelled out: every such statement
+//!   comes in two forms ([`SplitOnNamespace`]), one with `namespace IS NULL`
+//!   and one with `namespace = $n`, chosen by the caller's namespace. Never
+//!   `namespace IS NOT DISTINCT FROM $n` or `($n IS NULL AND namespace IS
+//!   NULL) OR namespace = $n`: neither implies either predicate, and each
+//!   turns a lookup into a scan of the whole table. The `index_use` test
+//!   runs `EXPLAIN` on each of them and fails on a plan that does not use
+//!   one of the two indexes.
+//! - **Decoded by column name.** Rows are read with `row.try_get("fence")`,
+//!   never by position, so a select list can be reordered, or a row shared
+//!   by two statements, without shifting one field into another.
+//! - **One statement, one round trip.** Nothing here opens a transaction of
+//!   its own except the schema set-up: a claim commits the moment it is won.
+//! - **The bottom layer.** Nothing here imports the gate, the claim, the
+//!   expansion, the meter, the schema module or the test helpers; they
+//!   import this.
+
+pub(crate) mod catalog;
+mod claims;
+pub(crate) mod metering;
+pub mod operations;
+
+#[cfg(test)]
+mod index_use;
+
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+
+pub(crate) use claims::{
+    Claimed, Existing, LateSuccess, NewClaim, claim, extend, lookup, release, settle, settle_over,
+    settle_vacant, take_over,
+};
+
+/// Where a claim (or a usage event) lives, besides its address.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scope<'a> {
+    pub account: &'a str,
+    pub namespace: Option<&'a str>,
+}
+
+/// How a settle or release commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Commit {
+    /// Waits for the WAL flush, as every commit does by default.
+    Durable,
+    /// Returns before the WAL flush (`synchronous_commit = off`).
+    Async,
+}
+
+/// A statement in the two forms that the two partial unique indexes call
+/// for: one for rows without a namespace (`namespace IS NULL`), one for rows
+/// in a namespace (`namespace = $n`). Each form's `WHERE` implies its
+/// index's predicate, so each can be served by that index.
+struct SplitOnNamespace {
+    without_namespace: &'static str,
+    within_namespace: &'static str,
+}
+
+impl SplitOnNamespace {
+    /// The form for rows in `namespace` (`None`: without one).
+    fn for_namespace(&self, namespace: Option<&str>) -> &'static str {
+        match namespace {
+            None => self.without_namespace,
+            Some(_) => self.within_namespace,
+        }
+    }
+
+    /// The form for `scope`, with the parameters every statement over one
+    /// row shares bound: `$1` the account, `$2` the address, `$3` the
+    /// namespace (NULL, and tested as NULL, in the form without one, so that
+    /// later parameters are numbered alike in both forms).
+    fn for_row<'q>(&self, scope: Scope<'q>, address: &'q str) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(self.for_namespace(scope.namespace))
+            .bind(scope.account)
+            .bind(address)
+            .bind(scope.namespace)
+    }
+}
+
+/// A statement over one row found by its address, in both forms: `$1`
+/// account, `$2` address, `$3` namespace ([`SplitOnNamespace::for_row`]),
+/// then `AND $and` and a `$tail` (a `RETURNING` list) if given.
+macro_rules! per_row {
+    ($statement:expr $(, $and:literal)? $(; $tail:expr)?) => {
+        $crate::store::SplitOnNamespace {
+            without_namespace: concat!(
+                $statement,
+                " WHERE account = $1 AND kind = 'claim' AND address = $2 \
+                  AND namespace IS NULL AND $3::text IS NULL"
+                $(, " AND ", $and)? $(, " ", $tail)?
+            ),
+            within_namespace: concat!(
+                $statement,
+                " WHERE account = $1 AND kind = 'claim' AND address = $2 AND namespace = $3"
+                $(, " AND ", $and)? $(, " ", $tail)?
+            ),
+        }
+    };
+}
+use per_row;

@@ -1,0 +1,407 @@
+//! What operators do to claims, outside any gate: list them, show one,
+//! release a pending one, prune settled ones. The `idem` command
+//! (`idem claims list | show | release`, `idem prune`) is built on these,
+//! and writes no SQL of its own.
+//!
+//! Only two deletions exist, each guarded in its own `WHERE`:
+//! [`release_pending`] deletes one claim only while it is `pending`, and
+//! [`prune`] deletes only `success` claims settled before a given instant.
+//! Deciding whether to run them (and asking for confirmation) is the
+//! caller's business.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
+//! use std::time::Duration;
+//! use idem_runtime::operations::{self, ClaimState, ListFilter, NamespaceFilter, ScopeFilter};
+//!
+//! // Pending claims of acme older than ten minutes: crashed holders, perhaps.
+//! let stuck = operations::list(&pool, &ListFilter {
+//!     scope: ScopeFilter { account: Some("acme"), namespace: NamespaceFilter::Any },
+//!     state: Some(ClaimState::Pending),
+//!     older_than: Some(Duration::from_secs(600)),
+//!     limit: 100,
+//! })
+//! .await?;
+//! for claim in &stuck {
+//!     // Once sure that its holder is gone:
+//!     operations::release_pending(&pool, claim.slot()).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, PgPool, Row};
+
+use super::{Scope, SplitOnNamespace, per_row};
+use crate::error::Error;
+
+/// Which claims, by account and namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct ScopeFilter<'a> {
+    /// Only this account; `None`: every account.
+    pub account: Option<&'a str>,
+    /// Which namespaces.
+    pub namespace: NamespaceFilter<'a>,
+}
+
+/// A filter on the namespace, which most claims do not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamespaceFilter<'a> {
+    /// Any namespace, or none.
+    Any,
+    /// Only claims without a namespace.
+    Without,
+    /// Only claims in this namespace.
+    Named(&'a str),
+}
+
+/// The state of a claim, as stored in `idem_records.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimState {
+    /// Claimed, outcome not recorded yet: running, or its holder crashed.
+    Pending,
+    /// Settled: the action succeeded, and the slot stays taken.
+    Success,
+}
+
+impl ClaimState {
+    /// As stored: `"pending"`, `"success"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimState::Pending => "pending",
+            ClaimState::Success => "success",
+        }
+    }
+}
+
+/// Which claims [`list`] returns.
+#[derive(Debug, Clone, Copy)]
+pub struct ListFilter<'a> {
+    /// Account and namespace.
+    pub scope: ScopeFilter<'a>,
+    /// Only claims in this state.
+    pub state: Option<ClaimState>,
+    /// Only claims created longer ago than this, by the database's clock.
+    pub older_than: Option<Duration>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// Which settled claims [`prune`] deletes.
+#[derive(Debug, Clone, Copy)]
+pub struct PruneFilter<'a> {
+    /// Only claims settled before this instant.
+    pub settled_before: SystemTime,
+    /// Only this account; `None`: every account.
+    pub account: Option<&'a str>,
+}
+
+/// Where one claim lives: the row [`release_pending`] deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot<'a> {
+    /// Its account.
+    pub account: &'a str,
+    /// Its namespace; `None` for a claim without one.
+    pub namespace: Option<&'a str>,
+    /// `claim_` + 24 hex digits.
+    pub address: &'a str,
+}
+
+/// One claim row, as operators see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimRow {
+    /// Tenant scope.
+    pub account: String,
+    /// Narrower scope, usually none.
+    pub namespace: Option<String>,
+    /// Always `claim` here.
+    pub kind: String,
+    /// `claim_` + 24 hex digits.
+    pub address: String,
+    /// As stored: [`ClaimState::as_str`] names the states this build
+    /// writes; a row written by a later version may hold another.
+    pub state: String,
+    /// The canonical identity encoding
+    /// ([`Identity::from_canonical`](crate::Identity::from_canonical) reads
+    /// it back).
+    pub identity: Vec<u8>,
+    /// `created_at`, in microseconds since the Unix epoch.
+    pub created_micros: i64,
+    /// `settled_at`, in microseconds since the Unix epoch.
+    pub settled_micros: Option<i64>,
+    /// Seconds since `created_at`, by the database's clock.
+    pub age_seconds: i64,
+    /// Every other column of the row (later schema versions add some), as
+    /// PostgreSQL renders it in JSON.
+    pub other_columns: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ClaimRow {
+    /// Where this claim lives, to [`release_pending`] it.
+    pub fn slot(&self) -> Slot<'_> {
+        Slot {
+            account: &self.account,
+            namespace: self.namespace.as_deref(),
+            address: &self.address,
+        }
+    }
+
+    /// Reads the columns `claim_columns!` selects.
+    fn from_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
+        let other: String = row.try_get("other_columns")?;
+        let other_columns = match serde_json::from_str(&other) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        Ok(ClaimRow {
+            account: row.try_get("account")?,
+            namespace: row.try_get("namespace")?,
+            kind: row.try_get("kind")?,
+            address: row.try_get("address")?,
+            state: row.try_get("state")?,
+            identity: row.try_get("identity")?,
+            created_micros: row.try_get("created_micros")?,
+            settled_micros: row.try_get("settled_micros")?,
+            age_seconds: row.try_get("age_seconds")?,
+            other_columns,
+        })
+    }
+}
+
+/// The select list of a [`ClaimRow`], over `idem_records r`, by the names
+/// [`ClaimRow::from_row`] reads.
+macro_rules! claim_columns {
+    () => {
+        "r.account, r.namespace, r.kind, r.address, r.state, r.identity, \
+         floor(extract(epoch FROM r.created_at) * 1000000)::int8 AS created_micros, \
+         floor(extract(epoch FROM r.settled_at) * 1000000)::int8 AS settled_micros, \
+         floor(extract(epoch FROM now() - r.created_at))::int8 AS age_seconds, \
+         (to_jsonb(r) - ARRAY['account', 'namespace', 'kind', 'address', 'state', 'identity', \
+                              'created_at', 'settled_at'])::text AS other_columns"
+    };
+}
+
+/// The test that selects the claims of a [`ScopeFilter`], over
+/// `idem_records r`: `$1` the account, `$2` the namespace. Each parameter
+/// the filter does not use is bound NULL and tested as NULL, so that both
+/// keep their numbers and types; each one it uses is tested spelled out
+/// (`r.namespace IS NULL`, `r.namespace = $2`), so that a statement which
+/// also names the kind and address can be served by the partial unique
+/// index whose predicate that implies.
+fn scope_test(scope: &ScopeFilter<'_>) -> &'static str {
+    match (scope.account.is_some(), scope.namespace) {
+        (true, NamespaceFilter::Any) => "r.account = $1 AND $2::text IS NULL",
+        (true, NamespaceFilter::Without) => {
+            "r.account = $1 AND r.namespace IS NULL AND $2::text IS NULL"
+        }
+        (true, NamespaceFilter::Named(_)) => "r.account = $1 AND r.namespace = $2",
+        (false, NamespaceFilter::Any) => "$1::text IS NULL AND $2::text IS NULL",
+        (false, NamespaceFilter::Without) => {
+            "$1::text IS NULL AND r.namespace IS NULL AND $2::text IS NULL"
+        }
+        (false, NamespaceFilter::Named(_)) => "$1::text IS NULL AND r.namespace = $2",
+    }
+}
+
+impl ScopeFilter<'_> {
+    /// The values of `$1` and `$2` in [`scope_test`].
+    fn params(&self) -> (Option<&str>, Option<&str>) {
+        let namespace = match self.namespace {
+            NamespaceFilter::Named(name) => Some(name),
+            NamespaceFilter::Any | NamespaceFilter::Without => None,
+        };
+        (self.account, namespace)
+    }
+}
+
+/// Lists the claims of a scope, newest first. `$1`, `$2` the scope
+/// ([`scope_test`]); `$3` the state or NULL; `$4` the minimum age in
+/// seconds or NULL; `$5` the limit. Index: none serves the order; within an
+/// account, the partial unique indexes' leading `(account, kind)` narrows
+/// the rows read.
+fn list_statement(scope: &ScopeFilter<'_>) -> String {
+    format!(
+        "SELECT {columns} FROM idem_records r \
+         WHERE r.kind = 'claim' AND {scope} \
+           AND ($3::text IS NULL OR r.state = $3) \
+           AND ($4::float8 IS NULL OR r.created_at < now() - make_interval(secs => $4::float8)) \
+         ORDER BY r.created_at DESC, r.account, r.namespace NULLS FIRST, r.address \
+         LIMIT $5",
+        columns = claim_columns!(),
+        scope = scope_test(scope),
+    )
+}
+
+/// The claims at one address in a scope (several when the scope leaves the
+/// account or the namespace open). `$1`, `$2` the scope ([`scope_test`]);
+/// `$3` the address. Index: with the account and a namespace filter
+/// (`Without` or `Named`), the partial unique index that filter implies;
+/// with either left open, a scan.
+pub(super) fn find_statement(scope: &ScopeFilter<'_>) -> String {
+    format!(
+        "SELECT {columns} FROM idem_records r \
+         WHERE r.kind = 'claim' AND r.address = $3 AND {scope} \
+         ORDER BY r.account, r.namespace NULLS FIRST",
+        columns = claim_columns!(),
+        scope = scope_test(scope),
+    )
+}
+
+/// Deletes a claim only while it is pending (it may have settled since it
+/// was read), and returns it. `$1` account, `$2` address, `$3` namespace.
+/// Index: the partial unique index of its form.
+pub(super) const RELEASE_PENDING: SplitOnNamespace = per_row!(
+    "DELETE FROM idem_records r",
+    "state = 'pending'";
+    concat!("RETURNING ", claim_columns!())
+);
+
+/// The test shared by [`COUNT_PRUNABLE`] and [`PRUNE`]: claims settled
+/// before `$1` (microseconds since the Unix epoch), in account `$2` (NULL:
+/// every account).
+macro_rules! prunable {
+    () => {
+        "kind = 'claim' AND state = 'success' \
+         AND settled_at < timestamptz 'epoch' + $1 * interval '1 microsecond' \
+         AND ($2::text IS NULL OR account = $2)"
+    };
+}
+
+/// Counts what [`PRUNE`] would delete. Index: none; pruning reads the table.
+const COUNT_PRUNABLE: &str = concat!(
+    "SELECT count(*) AS claims FROM idem_records WHERE ",
+    prunable!()
+);
+
+/// Deletes settled claims. Index: none; pruning reads the table.
+const PRUNE: &str = concat!("DELETE FROM idem_records WHERE ", prunable!());
+
+/// The claims matching `filter`, newest first.
+pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow>, Error> {
+    let (account, namespace) = filter.scope.params();
+    let rows = sqlx::query(AssertSqlSafe(list_statement(&filter.scope)))
+        .bind(account)
+        .bind(namespace)
+        .bind(filter.state.map(ClaimState::as_str))
+        .bind(filter.older_than.map(|age| age.as_secs_f64()))
+        .bind(i64::from(filter.limit))
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(ClaimRow::from_row)
+        .collect::<Result<_, _>>()?)
+}
+
+/// Every claim at `address` in `scope`, by account then namespace: none,
+/// one, or several when `scope` leaves the account or the namespace open
+/// and the address is claimed in more than one.
+pub async fn find(
+    pool: &PgPool,
+    address: &str,
+    scope: &ScopeFilter<'_>,
+) -> Result<Vec<ClaimRow>, Error> {
+    let (account, namespace) = scope.params();
+    let rows = sqlx::query(AssertSqlSafe(find_statement(scope)))
+        .bind(account)
+        .bind(namespace)
+        .bind(address)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(ClaimRow::from_row)
+        .collect::<Result<_, _>>()?)
+}
+
+/// Releases (deletes) the claim in `slot` if it is still pending, and
+/// returns it as it was; `None` when there is no pending claim there (it
+/// settled, or was released, meanwhile). The next invocation with its
+/// identity runs the action again: release only a claim whose holder is
+/// gone.
+pub async fn release_pending(pool: &PgPool, slot: Slot<'_>) -> Result<Option<ClaimRow>, Error> {
+    let scope = Scope {
+        account: slot.account,
+        namespace: slot.namespace,
+    };
+    let row = RELEASE_PENDING
+        .for_row(scope, slot.address)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.as_ref().map(ClaimRow::from_row).transpose()?)
+}
+
+/// How many claims [`prune`] would delete now.
+pub async fn count_prunable(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
+    let row = sqlx::query(COUNT_PRUNABLE)
+        .bind(micros_rounded_up(filter.settled_before))
+        .bind(filter.account)
+        .fetch_one(pool)
+        .await?;
+    let claims: i64 = row.try_get("claims")?;
+    Ok(u64::try_from(claims).unwrap_or_default())
+}
+
+/// Deletes the settled claims `filter` selects, and says how many. A retry
+/// of a pruned action runs it again: prune only what can no longer be
+/// retried.
+pub async fn prune(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
+    Ok(sqlx::query(PRUNE)
+        .bind(micros_rounded_up(filter.settled_before))
+        .bind(filter.account)
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// `time` in microseconds since the Unix epoch, rounded up, so that
+/// `settled_at < $1` (a `timestamptz`, whole microseconds) holds exactly when
+/// `settled_at < time`. Saturates outside `i64`, where PostgreSQL refuses
+/// the instant as out of range.
+fn micros_rounded_up(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => {
+            let partial = u128::from(after.subsec_nanos() % 1_000 != 0);
+            i64::try_from(after.as_micros() + partial).unwrap_or(i64::MAX)
+        }
+        // The magnitude rounded down is the negative value rounded up.
+        Err(before) => i64::try_from(before.duration().as_micros()).map_or(i64::MIN, |m| -m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_are_rounded_up_to_whole_microseconds() {
+        let at = |nanos: i64| {
+            let magnitude = Duration::from_nanos(nanos.unsigned_abs());
+            if nanos >= 0 {
+                UNIX_EPOCH + magnitude
+            } else {
+                UNIX_EPOCH - magnitude
+            }
+        };
+        assert_eq!(micros_rounded_up(at(0)), 0);
+        assert_eq!(micros_rounded_up(at(1_000)), 1);
+        assert_eq!(micros_rounded_up(at(1_001)), 2);
+        assert_eq!(micros_rounded_up(at(-1_000)), -1);
+        assert_eq!(micros_rounded_up(at(-1_999)), -1);
+    }
+
+    #[test]
+    fn every_scope_filter_binds_both_parameters_with_a_type() {
+        let named = NamespaceFilter::Named("live");
+        for account in [None, Some("acme")] {
+            for namespace in [NamespaceFilter::Any, NamespaceFilter::Without, named] {
+                let test = scope_test(&ScopeFilter { account, namespace });
+                assert!(test.contains("$1") && test.contains("$2"), "{test}");
+                assert!(!test.contains("DISTINCT"), "{test}");
+            }
+        }
+    }
+}
