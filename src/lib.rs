@@ -1,5 +1,7 @@
 //! **idem** makes an async function run at most once per identity, even when
-//! retries arrive at the same instant.
+//! retries arrive at the same instant: put [`#[idempotent(key = "...")]`](macro@idempotent)
+//! on it, and a duplicate (concurrent or later) is refused instead of run.
+//! For payment, webhook, job and metering code on PostgreSQL.
 //!
 //! ```
 //! use idem::{idempotent, Gate, Rejected};
@@ -39,79 +41,88 @@
 //! # Ok(()) }
 //! ```
 //!
+//! | to read | where |
+//! |---|---|
+//! | the attribute, every option with an example | [`#[idempotent]`](macro@idempotent) |
+//! | connecting, scoping, claiming by hand | [`Gate`], [`Claim`], [`Mode`] |
+//! | what makes an action unique, and what can be a key | [`Identity`], [`KeyPart`] |
+//! | why a duplicate was refused, and what to do next | [`Rejected`] |
+//! | usage metering: a re-sent batch deduplicates | [`meter`] |
+//! | the schema, your own migrations, the partitioned layout | [`schema`] |
+//! | testing your guarded functions | `testing`, `race_test!` (feature `testing`) |
+//! | the `Idempotency-Key` header for axum | `axum` (feature `axum`) |
+//!
 //! # The insert is the lock
 //!
 //! Each guarded invocation inserts a claim row into `idem_records` at an
 //! address derived from its [`Identity`]: `claim_` followed by the first 24
-//! hex digits of the sha1 of the identity's canonical encoding. A unique index
-//! that PostgreSQL enforces lets exactly one concurrent insert win; the others
-//! are refused and their bodies do not run.
+//! hex digits of the sha1 of the identity's canonical encoding (its action
+//! and key parts). A unique index that PostgreSQL enforces lets exactly one
+//! concurrent insert win; the others are refused and their bodies do not
+//! run. No lock is held across the body, and the happy path is one
+//! statement for the claim and one for the outcome.
 //!
-//! | step | when | effect |
-//! |---|---|---|
-//! | claim | before the body | insert a `pending` row, autocommitted; a conflict refuses |
-//! | settle | the body returned `Ok` | the row becomes `success` and keeps the slot forever |
-//! | release | the body returned `Err` | the row is deleted, so a retry can run |
-//! | (nothing) | settle failed, the body panicked, or its future was dropped | the row stays `pending`: the outcome is unknown, so retries are refused |
+//! | step | when | effect in `idem_records` | a retry then |
+//! |---|---|---|---|
+//! | claim | before the body | a `pending` row is inserted, autocommitted; on conflict nothing is written | refused: [`InFlight`](Rejected::InFlight) |
+//! | settle | the body returned `Ok` | the row becomes `success`, forever | refused: [`AlreadyDone`](Rejected::AlreadyDone) (or, with `replay`, handed the value) |
+//! | release | the body returned `Err` | the row is deleted | runs |
+//! | unknown | the settle failed, the body panicked, or its future was dropped | the row stays `pending` | refused: `InFlight` (fail closed) |
+//! | store down | the claim cannot be written or read (an outage) | nothing | refused: [`Unavailable`](Rejected::Unavailable); the body never runs |
+//! | store refuses | a permission, a missing table, a value it cannot hold: an error of the request | nothing | refused: [`StoreRefused`](Rejected::StoreRefused), saying what to fix; never retryable, never fails open |
 //!
-//! A success is never lost: a settle never fails because of the value it
-//! carries, and a holder whose claim was taken over or released while its
-//! body ran still records its success in the slot, and is told
-//! [`Rejected::LeaseLost`] or [`Rejected::ClaimLost`]. Only an outage is
-//! [`Rejected::Unavailable`]; the store refusing the request (a permission,
-//! a missing table) is [`Rejected::StoreRefused`], which never fails open.
+//! - The row a duplicate finds tells `InFlight` from `AlreadyDone`, and its
+//!   stored canonical identity is re-checked: a digest collision is refused
+//!   ([`Rejected::Collision`]), never merged.
+//! - **A success is never lost.** If recording it fails because the store
+//!   fails, the caller still gets the body's `Ok` value, the row stays
+//!   `pending` (so no retry runs), and a tracing error says so. A settle
+//!   never fails because of the value it carries. A holder whose claim was
+//!   taken over or released while its body ran still records its success in
+//!   the slot (unless it is settled already), and its caller is told
+//!   [`Rejected::LeaseLost`] or [`Rejected::ClaimLost`] instead of the value:
+//!   another invocation may have run the action too, so check the side
+//!   effect.
+//! - A claim whose insert committed just before its connection died is
+//!   refused `Unavailable` (the body does not run), and its row stays
+//!   `pending`: without a lease it refuses every retry until an operator
+//!   releases it with the `idem` command.
+//! - Every decision is a `tracing` event on target `idem` ([`GateEvent`]
+//!   names them): claim won, refused (with the reason), settled, released,
+//!   ungated, store unavailable, store refused, a lease taken over, a success
+//!   kept after its claim was lost.
 //!
 //! Uniqueness lives in two partial unique indexes split on
 //! `namespace IS NULL`, because a unique index over a nullable column
 //! enforces nothing for the rows where it is NULL. [`Gate::connect`] sets the
-//! schema up (idempotently, under an advisory lock) and refuses to start when
-//! either index or its predicate is missing.
+//! schema up (idempotently, under an advisory lock, in its own
+//! `idem_schema_version` table, never sqlx's `_sqlx_migrations`) and refuses
+//! to start, naming what is missing, when either index or its predicate is
+//! not there. Running your own migrations? Apply [`schema::SCHEMA_SQL`] and
+//! use [`Gate::connect_without_setup`].
 //!
-//! # `#[idempotent]`
+//! # Modes
 //!
-//! ```text
-//! #[idempotent(key = "order.id, amount_cents")]
-//! #[idempotent(key = "order.id", action = "charge", gate = self.gate, account = tenant.id, namespace = "live")]
-//! ```
+//! The plain gate is the default. Each mode is one more option of
+//! [`#[idempotent]`](macro@idempotent) (or a [`Mode`] for [`Gate::run_with`]),
+//! opt-in, and they combine:
 //!
-//! | option | value | default |
-//! |---|---|---|
-//! | `key` | a string of comma-separated expressions, each starting from a parameter (or `self`); each must implement [`KeyPart`] | required |
-//! | `action` | a string naming the action | the function's name |
-//! | `gate` | an expression giving a `Gate`, `&Gate` or `Arc<Gate>` | the parameter named `gate` |
-//! | `account` | an expression whose `Display` form names the account (tenant) | the gate's account |
-//! | `namespace` | an expression whose `Display` form names the namespace | the gate's namespace |
-//! | `replay` | (a flag) keep the `Ok` value (serde) and return it to later duplicates | off |
-//! | `fingerprint` | a string of expressions making up the payload; another payload under the same key is [`Rejected::KeyReused`] | none |
-//! | `lease` | a duration (`"30s"`, `"5m"`, at most `"100y"`): a pending claim expires and is taken over with a higher fence; a stale holder is told [`Rejected::LeaseLost`] | holds until resolved |
-//! | `wait` | a duration: an in-flight duplicate waits for the outcome instead of being refused | no waiting |
-//! | `on_unavailable` | `"refuse"` or `"run"` (fail open on an outage, for harmless duplicates) | `"refuse"` |
-//! | `tx` | a `&mut Transaction<'_, Postgres>` or `&mut PgConnection` parameter: claim and settle inside it | own statements |
-//! | `crate` | the path to idem as your crate names it, e.g. `"idem1"` after `idem1 = { package = "idem", ... }` in Cargo.toml, or a re-export such as `"::my_app::deps::idem"`: the generated code goes through it | `::idem` |
-//! | `outcome_commit` | `"durable"` or `"async"`: settle and release commit without waiting for the disk ([`OutcomeCommit::Async`]); not with `lease` or `tx` | `"durable"` |
-//!
-//! The README's "choosing a mode" table says what each mode guarantees and
-//! costs.
-//!
-//! The function must be `async` and return `Result<T, E>` with
-//! `E: From<Rejected>`. Its signature, visibility, attributes, docs, generics,
-//! `where` clauses and receiver are kept as written. The key parts and the
-//! gate are evaluated before the body runs.
-//!
-//! **Name `action` for anything long-lived.** It defaults to the function's
-//! name, not its module path: moving the function keeps its slots, but
-//! renaming it starts afresh, and every settled action could run once more.
-//!
-//! A key part that is `None` makes the identity absent: that invocation runs
-//! ungated, deliberately, and a tracing event says so. Floats are not key
-//! parts: they have no canonical form, and the compile error says so.
+//! | option | what it adds |
+//! |---|---|
+//! | [`replay`](macro@idempotent#replay) | a duplicate of a settled action gets the stored `Ok` value back |
+//! | [`fingerprint`](macro@idempotent#fingerprint) | the same key with another payload is refused [`Rejected::KeyReused`] |
+//! | [`lease`](macro@idempotent#lease) | a pending claim whose holder crashed expires and is taken over, fenced |
+//! | [`wait`](macro@idempotent#wait) | a duplicate in flight waits for the outcome instead of being refused |
+//! | [`tx`](macro@idempotent#tx) | the claim and the settle commit with your transaction's writes |
+//! | [`outcome_commit = "async"`](macro@idempotent#outcome_commit) | settle and release do not wait for the disk |
+//! | [`on_unavailable = "run"`](macro@idempotent#on_unavailable) | fail open on an outage, for harmless duplicates |
 //!
 //! # Testing your guarded functions
 //!
-//! With the `testing` feature (in your dev-dependencies:
-//! `idem = { version = "0.1", features = ["testing"] }`), `testing::race`
-//! fires invocations at the same instant and reports what the gate decided;
-//! `race_test!` turns that into a whole test:
+//! With the `testing` feature (in your dev-dependencies, with
+//! `features = ["testing"]`), `testing::race` fires invocations at the same
+//! instant and reports what the gate decided; `race_test!` turns that into
+//! a whole test:
 //!
 //! ```
 //! # use idem::{idempotent, Gate, Rejected};
@@ -122,16 +133,41 @@
 //!     /// Sixteen simultaneous retries ship the order once.
 //!     ship_runs_once,
 //!     setup: {
-//!         let gate = idem::testing::gate().await;
+//!         let gate = idem::testing::gate().await; // isolated account, real PostgreSQL
 //!         let order = Order { id: 7 };
 //!     },
 //!     race(16): ship(&gate, &order),
 //! }
 //! ```
+//!
+//! `assert_exactly_once` names the cause when it fails: more than one winner
+//! means the unique constraint is missing or contains a nullable column; no
+//! winner means the schema was never set up or the gate points elsewhere.
+//!
+//! # Features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `uuid` | `uuid::Uuid` key parts |
+//! | `testing` | `idem::testing` and `idem::race_test!`: a real database, isolated gates, races fired at one instant; pulls tokio's multi-threaded runtime, so enable it in dev-dependencies only |
+//! | `axum` | `idem::axum`: the `Idempotency-Key` header, `Rejected` as an HTTP response, responses replayed byte for byte |
+//!
+//! The default feature set pulls no test-only dependency.
+//!
+//! # Beyond the API
+//!
+//! The repository's `docs/` holds what is not API: `operations.md` (set-up,
+//! privileges and row-level security, the `idem` command, partitioning,
+//! monitoring, stuck claims, outages), `reliability.md` (the faults tested
+//! and the history checker), `design-decisions.md`, `distributed-engines.md`
+//! (Citus, CockroachDB, YugabyteDB) and `development.md`. `BENCHMARKS.md`
+//! holds the load generator's report.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Library code never unwraps: bad input gets an error that says what to do.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+#[doc = include_str!("idempotent.md")]
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Fingerprint, Gate, GateEvent, Identity,
@@ -143,78 +179,12 @@ pub use idem_runtime::{
 /// invocations fired at the same instant with a report of what the gate
 /// decided. See also [`race_test!`].
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub use idem_runtime::testing;
 
-/// The `Idempotency-Key` header for axum services (feature `axum`).
-///
-/// A charge that runs once per key, whose retries get the first answer back
-/// byte for byte, and whose refusals are the IETF idempotency-key draft's
-/// 409, 422 and 503:
-///
-/// ```
-/// use axum::extract::State;
-/// use axum::http::StatusCode;
-/// use axum::response::{IntoResponse, Response};
-/// use axum::{Json, Router, routing::post};
-/// use idem::axum::{IdempotencyKey, StoredResponse};
-/// use idem::{Gate, Rejected, idempotent};
-///
-/// #[derive(serde::Deserialize)]
-/// struct NewCharge {
-///     amount_cents: i64,
-///     currency: String,
-/// }
-///
-/// #[derive(Debug, thiserror::Error)]
-/// enum ChargeError {
-///     #[error(transparent)]
-///     Rejected(#[from] Rejected),
-///     #[error(transparent)]
-///     Encoding(#[from] serde_json::Error),
-/// }
-///
-/// impl IntoResponse for ChargeError {
-///     fn into_response(self) -> Response {
-///         match self {
-///             ChargeError::Rejected(refused) => refused.into_response(), // 409, 422, 503, ...
-///             ChargeError::Encoding(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-///         }
-///     }
-/// }
-///
-/// /// Runs once per Idempotency-Key; a retry gets the first answer back.
-/// #[idempotent(key = "key", fingerprint = "charge.amount_cents, charge.currency", replay)]
-/// async fn create_charge(
-///     State(gate): State<Gate>,
-///     key: IdempotencyKey,
-///     Json(charge): Json<NewCharge>,
-/// ) -> Result<StoredResponse, ChargeError> {
-///     let receipt = serde_json::json!({ "charged": charge.amount_cents, "in": charge.currency });
-///     Ok(StoredResponse::json(StatusCode::CREATED, &receipt)?)
-/// }
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let url = idem::testing::database_url();
-/// # let pool = idem::sqlx::PgPool::connect(&url).await?;
-/// let gate = Gate::connect(pool).await?.account(idem::testing::unique_name("docs"));
-/// let app: Router = Router::new()
-///     .route("/charges", post(create_charge))
-///     .with_state(gate.clone());
-///
-/// // What the router does for two identical requests, by hand:
-/// let key: IdempotencyKey = "9f1c2e0a-7b4d-4c1e-8f3a-2d6b5e4c3a21".parse()?;
-/// let request = || Json(NewCharge { amount_cents: 4_999, currency: "EUR".into() });
-/// let first = create_charge(State(gate.clone()), key.clone(), request()).await.into_response();
-/// let retry = create_charge(State(gate.clone()), key.clone(), request()).await.into_response();
-/// assert_eq!(first.status(), StatusCode::CREATED);
-/// assert_eq!(retry.status(), StatusCode::CREATED);
-/// assert!(first.headers().get("idempotent-replayed").is_none());
-/// assert_eq!(retry.headers()["idempotent-replayed"], "true");
-/// # drop(app);
-/// # Ok(()) }
-/// ```
+#[doc = include_str!("axum.md")]
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use idem_runtime::http as axum;
 
 /// What `#[idempotent]` and `race_test!` expand to call. Not a stable API.
@@ -243,6 +213,7 @@ pub mod __private {
 /// racer and may borrow what the setup made. The test runs on a
 /// multi-threaded runtime.
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 #[macro_export]
 macro_rules! race_test {
     (

@@ -28,7 +28,7 @@ const FIXES: &[(&str, &str)] = &[
         "the role idem connects as lacks a privilege, or a row-level security policy refuses \
          this account: GRANT SELECT, INSERT, UPDATE, DELETE ON idem_records and GRANT USAGE ON \
          SEQUENCE idem_records_fence_seq to it, or claim in an account its policy allows \
-         (README, least privilege)",
+         (docs/operations.md, least privilege)",
     ),
     (
         "42P01",
@@ -47,7 +47,7 @@ const FIXES: &[(&str, &str)] = &[
     ),
     (
         "0A000",
-        "the database does not support a statement idem needs (docs/distributed-sql.md lists \
+        "the database does not support a statement idem needs (docs/distributed-engines.md lists \
          what each engine can run)",
     ),
     (
