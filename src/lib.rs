@@ -172,7 +172,7 @@ pub use idem_macros::idempotent;
 pub use idem_runtime::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Fingerprint, Gate, GateEvent, Identity,
     KeyPart, Mode, NotCanonical, OnUnavailable, OutcomeCommit, PartWriter, PartWritten, Rejected,
-    SchemaProblem, SchemaProblems, meter, schema, sqlx,
+    SchemaProblem, SchemaProblems, meter, operations, schema, sqlx,
 };
 
 /// Test helpers (feature `testing`): a real database, isolated gates, and

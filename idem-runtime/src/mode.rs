@@ -57,10 +57,9 @@ pub enum OutcomeCommit {
     Durable,
     /// Settle and release commit with `synchronous_commit = off`, set for
     /// their own transaction inside the statement: they return without
-    /// waiting for the disk. The gain is as large as a flush is dear: in
-    /// BENCHMARKS.md's full run, where a flush cost 3.5 round trips, 1.21x
-    /// the plain gate at concurrency 1 and 1.07x to 1.13x above; about 1.9x
-    /// at low concurrency where flushes cost more (pgbench, same machine).
+    /// waiting for the disk. The gain is as large as a flush is dear, and
+    /// largest at low concurrency, where no commit shares another's flush:
+    /// BENCHMARKS.md measures it against the plain gate.
     ///
     /// The trade-off: if the server crashes (not merely the client) within
     /// its WAL writer's delay (by default up to three times
