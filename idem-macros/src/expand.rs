@@ -286,6 +286,17 @@ impl Checked {
             private,
         } = self;
 
+        // The glue is imported once, under a name of the expansion's own,
+        // and named through it everywhere else: a `crate = "..."` path that
+        // resolves to nothing is then one error, at the path, rather than
+        // one at every place the glue is used.
+        let glue_import = {
+            let alias = Ident::new("__idem_glue", Span::call_site());
+            let import = quote!(use #private as #alias;);
+            (import, quote!(#alias))
+        };
+        let (glue_import, private) = glue_import;
+
         // Names only the expansion can see.
         let gate_var = Ident::new("__idem_gate", Span::mixed_site());
         let identity_var = Ident::new("__idem_identity", Span::mixed_site());
@@ -399,6 +410,7 @@ impl Checked {
             #(#outer)*
             #vis #sig {
                 #(#inner)*
+                #glue_import
                 let #identity_var = #private::Identity::new(#action) #(#parts)*;
                 let #gate_var = #gate_of;
                 #account
