@@ -5,10 +5,8 @@
 //! cargo run --example metering
 //! ```
 //!
-//! Finds a PostgreSQL as the quickstart does (see `support/postgres.rs`).
-
-#[path = "support/postgres.rs"]
-mod postgres;
+//! Finds a PostgreSQL as the quickstart does (see
+//! `idem-test-support/src/database.rs`).
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -16,25 +14,17 @@ use std::time::{Duration, SystemTime};
 
 use idem::Gate;
 use idem::meter::{BatchReport, Event, EventOutcome};
-use idem::sqlx::postgres::PgPoolOptions;
+use idem_test_support::database;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    // Errors are returned, not `exit`ed on, so a throwaway server is removed.
+    database::exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn Error>> {
-    let database = postgres::find().await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&database.url)
-        .await?;
+    let database = database::find().await?;
+    let pool = database.pool(4).await?;
     let gate = Gate::connect(pool).await?;
     // A fresh account per run: the same output every time.
     let meter = gate.account(idem::testing::unique_name("metering")).meter();

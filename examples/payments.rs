@@ -9,16 +9,12 @@
 //! `Idempotency-Key` header and `Authorization: Bearer <account>` (a
 //! stand-in for real authentication: the token is the account). The handler
 //! is guarded by `#[idempotent]` and writes each charge into a `charges`
-//! table; see `support/payments_app.rs`. The card network it calls takes a
+//! table; see `idem-test-support/src/payments.rs`, which `tests/http.rs`
+//! drives over HTTP. The card network it calls takes a
 //! second and declines charges above 1,000.00.
 //!
 //! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
-//! one (see `support/postgres.rs`). Ctrl-C stops it.
-
-#[path = "support/payments_app.rs"]
-mod payments_app;
-#[path = "support/postgres.rs"]
-mod postgres;
+//! one (see `idem-test-support/src/database.rs`). Ctrl-C stops it.
 
 use std::error::Error;
 use std::net::Ipv4Addr;
@@ -27,10 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::Gate;
-use idem::sqlx::postgres::PgPoolOptions;
+use idem_test_support::database;
+use idem_test_support::payments::{self, Payments};
 use tokio::net::TcpListener;
-
-use payments_app::Payments;
 
 /// Where the service listens unless `PORT` or an argument says otherwise.
 const DEFAULT_PORT: u16 = 3000;
@@ -44,27 +39,18 @@ async fn main() -> ExitCode {
         )
         .init();
     // Errors are returned, not `exit`ed on, so a throwaway server is removed.
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    database::exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn Error>> {
     let port = port()?;
     // Held to the end: dropping it stops a throwaway server, if one was started.
-    let database = postgres::find().await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .connect(&database.url)
-        .await?;
+    let database = database::find().await?;
+    let pool = database.pool(16).await?;
     let gate = Gate::connect(pool).await?;
-    payments_app::create_charges_table(gate.pool()).await?;
+    payments::create_charges_table(gate.pool()).await?;
     let pool = gate.pool().clone();
-    let app = payments_app::router(Arc::new(Payments::new(gate, Duration::from_secs(1))));
+    let app = payments::router(Arc::new(Payments::new(gate, Duration::from_secs(1))));
 
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
     let address = listener.local_addr()?;

@@ -5,22 +5,20 @@
 //! ```
 //!
 //! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
-//! one started from the local PostgreSQL binaries (see `support/postgres.rs`).
+//! one started from the local PostgreSQL binaries (see
+//! `idem-test-support/src/database.rs`). The guarded `charge` is in
+//! `idem-test-support/src/billing.rs`, where `tests/examples_race.rs` races
+//! it too.
 //! `RUST_LOG=idem=debug` shows every claim, settle and release.
-
-#[path = "support/billing.rs"]
-mod billing;
-#[path = "support/postgres.rs"]
-mod postgres;
 
 use std::error::Error;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
-use idem::sqlx::postgres::PgPoolOptions;
 use idem::{Gate, Rejected};
 
-use billing::{ChargeError, Order, Provider, charge};
+use idem_test_support::billing::{ChargeError, Order, Provider, charge};
+use idem_test_support::database;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -30,23 +28,14 @@ async fn main() -> ExitCode {
         )
         .init();
     // Errors are returned, not `exit`ed on, so a throwaway server is removed.
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    database::exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn Error>> {
     // Held to the end: dropping it stops a throwaway server, if one was started.
-    let database = postgres::find().await?;
+    let database = database::find().await?;
     // One connection per racer, so all 16 claims reach PostgreSQL at once.
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .connect(&database.url)
-        .await?;
+    let pool = database.pool(16).await?;
     // `Gate::connect` creates idem's table if needed and verifies its unique
     // indexes. A fresh account per run starts with no claims, so the output
     // is the same every time.

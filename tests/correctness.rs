@@ -4,23 +4,14 @@
 //! `tests/lost_replies.rs`; the random search for the rest is
 //! `tests/history.rs`.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem::sqlx;
 use idem::testing;
 use idem::{Gate, Identity, Mode, OnUnavailable, Rejected, idempotent};
+use idem_test_support::{JobError, rows, schemas};
 use serde::{Deserialize, Serialize};
-
-#[derive(Debug, thiserror::Error)]
-enum JobError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-    #[error("the body failed, as the test asked")]
-    Failed,
-}
 
 fn refusal<T: std::fmt::Debug>(result: &Result<T, JobError>) -> &Rejected {
     match result {
@@ -67,7 +58,7 @@ async fn a_replayed_value_holding_nul_is_settled_and_replayed() {
     let first = gate.run_replayed(&id, &Mode::new(), body()).await;
     assert_eq!(first.expect("the body's value"), note);
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("success"),
         "the success is recorded"
     );
@@ -139,7 +130,7 @@ async fn a_value_the_store_refuses_settles_without_it_and_the_success_is_kept() 
     .expect("remove the trigger");
     assert_eq!(first.expect("the body's value").text, "big");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("success"),
         "settled without the value"
     );
@@ -238,7 +229,7 @@ async fn read_only_gate() -> (Gate, String) {
     .execute(&admin)
     .await
     .expect("create a read-only role");
-    let options = common::options_in("public").username(&role);
+    let options = schemas::options_in("public").username(&role);
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect_with(options)
@@ -283,7 +274,7 @@ async fn permission_denied_is_an_error_of_the_request_that_never_fails_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_is_an_error_of_the_request_not_an_outage() {
-    let (schema, pool) = common::fresh_schema(2).await;
+    let (schema, pool) = schemas::fresh_schema(2).await;
     let gate = Gate::connect(pool).await.expect("set up in its own schema");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE {schema}.idem_records"
@@ -361,7 +352,7 @@ async fn a_release_after_a_colliding_identity_took_the_slot_reports_released() {
     let released = claim.release().await;
     assert!(released.is_ok(), "the release happened: {released:?}");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("pending"),
         "the other identity's claim is untouched"
     );
@@ -392,7 +383,7 @@ async fn a_stale_holder_is_told_lease_lost_and_its_success_is_never_forgotten() 
     assert!(matches!(taker, Err(JobError::Failed)), "{taker:?}");
     let id = Identity::new("stale_holder").part(7_u32);
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("success"),
         "the first body's success is recorded, though the new holder failed"
     );
@@ -458,7 +449,7 @@ async fn a_raw_identifier_s_action_is_its_name_without_r_hash() {
     r#move(&gate, 1).await.expect("ran");
     let plain = Identity::new("move").part(1_u32);
     assert_eq!(
-        common::row_state(&gate, &plain.address()).await.as_deref(),
+        rows::row_state(&gate, &plain.address()).await.as_deref(),
         Some("success"),
         "the action is \"move\""
     );

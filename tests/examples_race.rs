@@ -1,13 +1,9 @@
 //! The examples' guarded functions, raced with `idem::race_test!`: what a
 //! user writes to get a concurrency test for a function they just guarded.
 
-#[path = "../examples/support/billing.rs"]
-#[allow(dead_code)]
-mod billing;
-
 use std::sync::atomic::Ordering;
 
-use billing::{Order, Provider, charge};
+use idem_test_support::billing::{Order, Provider, charge};
 
 idem::race_test! {
     /// Sixteen simultaneous retries of one charge reach the provider once.

@@ -3,28 +3,21 @@
 //! is restarted mid-run (a throwaway cluster this test starts). The pool
 //! recovers, no body runs twice, and every refusal says why: the random
 //! runs are recorded as histories and held to the gate's promises by the
-//! shared checker (`common/history/`).
-
-mod common;
+//! shared checker (`idem-test-support/src/history/`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::XorShift;
-use common::history::{self, FaultKind, Faults, Inject, Left, Plans, Run, Target, Workload};
 use idem::sqlx::{self, PgPool};
 use idem::testing;
 use idem::{Gate, Identity, Rejected};
+use idem_test_support::connections::named_pool;
+use idem_test_support::history::{
+    self, FaultKind, Faults, Inject, Left, Plans, Run, Target, Workload,
+};
+use idem_test_support::{JobError, XorShift, rows};
 
 const SEED_VARIABLE: &str = "IDEM_FAULTS_SEED";
-
-#[derive(Debug, thiserror::Error)]
-enum JobError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-    #[error("the body failed, as the workload asked")]
-    Failed,
-}
 
 fn identity(n: usize) -> Identity {
     Identity::new("faults").part(n)
@@ -64,7 +57,7 @@ async fn kill_when_blocked(admin: &PgPool, name: &str) -> i64 {
 /// A gate whose connections are `name`d, and an admin pool to kill them.
 async fn named_gate(connections: u32) -> (Gate, String, PgPool) {
     let name = testing::unique_name("faults");
-    let gate = testing::gate_on(common::named_pool(&name, connections).await).await;
+    let gate = testing::gate_on(named_pool(&name, connections).await).await;
     (gate, name, testing::pool_with(2).await)
 }
 
@@ -102,7 +95,7 @@ async fn a_backend_killed_during_the_settle_retries_and_the_success_lands() {
     );
     assert_eq!(result.expect("the body's value"), "receipt");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("success"),
         "the settle was retried on a fresh connection"
     );
@@ -143,7 +136,7 @@ async fn a_backend_killed_during_the_release_retries_and_the_slot_frees() {
     );
     assert!(matches!(result, Err(JobError::Failed)), "{result:?}");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await,
+        rows::row_state(&gate, &id.address()).await,
         None,
         "released after a retry"
     );

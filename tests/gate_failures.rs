@@ -1,21 +1,12 @@
 //! Fail closed: when the store is down, a body panics, its future is
 //! dropped or its outcome cannot be recorded, no retry runs it again.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem::sqlx;
 use idem::testing::{self, race};
 use idem::{Gate, Identity, Rejected, idempotent};
-
-#[derive(Debug, thiserror::Error)]
-enum JobError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-    #[error("the job failed")]
-    Failed,
-}
+use idem_test_support::{Captured, JobError, Proxy, connections, rows};
 
 #[idempotent(key = "target")]
 async fn apply(gate: &Gate, target: &str, runs: &AtomicUsize) -> Result<(), JobError> {
@@ -60,7 +51,7 @@ async fn a_closed_pool_fails_closed_and_the_body_never_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_fails_closed_and_the_message_says_what_to_do() {
-    let proxy = common::Proxy::start().await;
+    let proxy = Proxy::start().await;
     let gate = testing::gate_on(proxy.pool(4).await).await;
     let runs = AtomicUsize::new(0);
     apply(&gate, "before", &runs)
@@ -97,7 +88,7 @@ async fn a_dropped_future_keeps_the_slot_held() {
         _ = started_rx => {} // the body runs: the claim is won. Drop the call.
     }
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("pending")
     );
     let retry = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
@@ -122,7 +113,7 @@ async fn a_panicking_body_keeps_the_slot_held() {
     });
     assert!(task.await.expect_err("the task panicked").is_panic());
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("pending")
     );
     let retry = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
@@ -131,7 +122,7 @@ async fn a_panicking_body_keeps_the_slot_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_settle_keeps_the_slot_held_and_returns_the_value() {
-    let proxy = common::Proxy::start().await;
+    let proxy = Proxy::start().await;
     let gate = testing::gate_on(proxy.pool(2).await).await;
     let id = Identity::new("settle_fails").part(1);
 
@@ -148,7 +139,7 @@ async fn a_failed_settle_keeps_the_slot_held_and_returns_the_value() {
     // Seen from a healthy connection: still pending, and retries are refused.
     let healthy = gate.clone_with_pool(testing::pool_with(2).await);
     assert_eq!(
-        common::row_state(&healthy, &id.address()).await.as_deref(),
+        rows::row_state(&healthy, &id.address()).await.as_deref(),
         Some("pending")
     );
     let retry = healthy.run(&id, async { Ok::<_, Rejected>("again") }).await;
@@ -157,7 +148,7 @@ async fn a_failed_settle_keeps_the_slot_held_and_returns_the_value() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_release_keeps_the_slot_held() {
-    let proxy = common::Proxy::start().await;
+    let proxy = Proxy::start().await;
     let gate = testing::gate_on(proxy.pool(2).await).await;
     let id = Identity::new("release_fails").part(1);
 
@@ -171,14 +162,14 @@ async fn a_failed_release_keeps_the_slot_held() {
 
     let healthy = gate.clone_with_pool(testing::pool_with(2).await);
     assert_eq!(
-        common::row_state(&healthy, &id.address()).await.as_deref(),
+        rows::row_state(&healthy, &id.address()).await.as_deref(),
         Some("pending")
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settle_by_hand_reports_an_unreachable_store() {
-    let proxy = common::Proxy::start().await;
+    let proxy = Proxy::start().await;
     let gate = testing::gate_on(proxy.pool(2).await).await;
     let claim = gate
         .claim(&Identity::new("by_hand").part(1))
@@ -274,8 +265,8 @@ async fn keys_of_any_content_work_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_decision_is_a_tracing_event() {
-    let captured = common::Captured::global();
-    let proxy = common::Proxy::start().await;
+    let captured = Captured::global();
+    let proxy = Proxy::start().await;
     let gate = testing::gate_on(proxy.pool(2).await).await;
     let id = Identity::new("traced").part(1);
     gate.run(&id, async { Ok::<_, Rejected>(()) })
@@ -330,7 +321,7 @@ impl CloneWithPool for Gate {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_recovers_after_its_connections_are_killed() {
     let name = testing::unique_name("killed");
-    let gate = testing::gate_on(common::named_pool(&name, 4).await).await;
+    let gate = testing::gate_on(connections::named_pool(&name, 4).await).await;
     let runs = AtomicUsize::new(0);
     race(4, || apply(&gate, "warm", &runs))
         .await

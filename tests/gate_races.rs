@@ -6,21 +6,12 @@
 //! nullable column; no winner means the schema was never set up or the gate
 //! points elsewhere.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem::testing::{self, race};
 use idem::{Gate, Identity, Rejected, idempotent};
-
-#[derive(Debug, thiserror::Error)]
-enum JobError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-    #[error("the job failed")]
-    Failed,
-}
+use idem_test_support::{JobError, rows};
 
 /// Counts how often a body really ran.
 #[derive(Default)]
@@ -105,8 +96,8 @@ async fn c_an_absent_identity_runs_ungated_every_time() {
         assert_eq!(report.ungated(), 8, "{report}");
         assert_eq!(ledger.runs(), 8 * round);
     }
-    assert_eq!(common::count_rows(&gate, "pending").await, 0);
-    assert_eq!(common::count_rows(&gate, "success").await, 0);
+    assert_eq!(rows::count_rows(&gate, "pending").await, 0);
+    assert_eq!(rows::count_rows(&gate, "success").await, 0);
     // Some(..) is gated as usual.
     race(8, || notify(&gate, Some("cus_1"), &ledger))
         .await
@@ -158,7 +149,7 @@ async fn e_a_sequential_retry_after_success_is_refused() {
     assert_eq!(ledger.runs(), 1);
     let address = Identity::new("apply").part("payout-9").address();
     assert_eq!(
-        common::row_state(&gate, &address).await.as_deref(),
+        rows::row_state(&gate, &address).await.as_deref(),
         Some("success")
     );
 }
@@ -173,7 +164,7 @@ async fn f_a_failure_is_released_and_its_retry_runs() {
     let failed = flaky(&gate, "job-1", true, &ledger).await;
     assert!(matches!(failed, Err(JobError::Failed)), "{failed:?}");
     assert_eq!(
-        common::row_state(&gate, &address).await,
+        rows::row_state(&gate, &address).await,
         None,
         "a failure must delete its claim"
     );
@@ -184,7 +175,7 @@ async fn f_a_failure_is_released_and_its_retry_runs() {
         .assert_exactly_once();
     assert_eq!(ledger.runs(), 2);
     assert_eq!(
-        common::row_state(&gate, &address).await.as_deref(),
+        rows::row_state(&gate, &address).await.as_deref(),
         Some("success")
     );
 }

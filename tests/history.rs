@@ -1,6 +1,7 @@
 //! Randomized histories of every mode under every fault, checked offline
-//! against the gate's promises (see `common/history/mod.rs` for the rules), and
-//! the checker itself proven able to fail on hand-made bad histories.
+//! against the gate's promises (see `idem-test-support/src/history/mod.rs`
+//! for the rules), and the checker itself proven able to fail on hand-made
+//! bad histories.
 //!
 //! Two short runs are the default: one against the test database through
 //! a fault proxy (backends terminated, connections cut, replies lost after
@@ -10,19 +11,17 @@
 //! `IDEM_HISTORY_TASKS` size it, and `IDEM_HISTORY_SEED` replays a run's
 //! choices (the interleaving and the faults' timing are the machine's).
 
-mod common;
-
 use std::time::Duration;
 
-use common::XorShift;
-use common::fault_proxy::Statement;
-use common::history::{
-    self, Entry, Event, FaultKind, Faults, Final, Got, Guard, History, Inject, Left, MeterAttempt,
-    MeterRow, Metered, Plans, Reported, Rule, Target, Workload, check, count_from_env,
-};
 use idem::meter::Event as MeterEvent;
 use idem::sqlx;
 use idem::{Identity, Mode, Rejected};
+use idem_test_support::fault_proxy::Statement;
+use idem_test_support::history::{
+    self, Entry, Event, FaultKind, Faults, Final, Got, Guard, History, Inject, Left, MeterAttempt,
+    MeterRow, Metered, Plans, Reported, Rule, Target, Workload, check, count_from_env,
+};
+use idem_test_support::{XorShift, rows};
 
 const SEED_VARIABLE: &str = "IDEM_HISTORY_SEED";
 
@@ -168,7 +167,7 @@ async fn the_proxy_loses_each_statement_s_reply_after_it_commits() {
     let proxy = target.proxy.clone().expect("a proxied target");
     let gate = &target.gate;
     let lease = Mode::new().lease(Duration::from_millis(50));
-    let state = |n| async move { common::row_state(gate, &lost(n).address()).await };
+    let state = |n| async move { rows::row_state(gate, &lost(n).address()).await };
 
     proxy.lose_next_reply(Statement::Claim);
     let claimed = gate.claim(&lost(1)).await;

@@ -3,9 +3,6 @@
 //! against a real PostgreSQL; then the extractor and the refusal responses
 //! on their own.
 
-#[path = "../examples/support/payments_app.rs"]
-mod payments_app;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -20,7 +17,7 @@ use idem::axum::{
 };
 use idem::sqlx;
 use idem::{Gate, Identity, Mode, Rejected};
-use payments_app::{LIMIT_CENTS, Payments};
+use idem_test_support::payments::{self, LIMIT_CENTS, Payments};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;
@@ -49,13 +46,13 @@ impl Service {
         let gate = Gate::connect(idem::testing::pool_with(12).await)
             .await
             .expect("idem's schema");
-        payments_app::create_charges_table(gate.pool())
+        payments::create_charges_table(gate.pool())
             .await
             .expect("the charges table");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let address = listener.local_addr().expect("its address");
         let payments = Arc::new(Payments::new(gate.clone(), network_latency));
-        let app = payments_app::router(payments.clone());
+        let app = payments::router(payments.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
         Service {
             base: format!("http://{address}"),

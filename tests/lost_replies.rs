@@ -2,15 +2,14 @@
 //! effect, and the client saw its connection die. What each caller is told
 //! must match what happened (issue 13, items 4b, 6 and 9).
 
-mod common;
-
 use std::time::{Duration, SystemTime};
 
-use common::fault_proxy::{Proxy, Statement};
 use idem::meter::{Event, EventOutcome};
 use idem::sqlx::{self, postgres::PgPoolOptions};
 use idem::testing;
 use idem::{Gate, Identity, Rejected};
+use idem_test_support::fault_proxy::{Proxy, Statement};
+use idem_test_support::rows;
 
 /// A gate whose pool goes through `proxy`, each statement's SQL in its own
 /// Parse message (no statement cache) so the proxy can recognise it.
@@ -71,7 +70,7 @@ async fn a_release_whose_reply_is_lost_after_the_slot_was_claimed_anew_reports_r
         "the release happened (then someone claimed the slot): {released:?}"
     );
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("pending"),
         "the new claim is untouched"
     );
@@ -110,7 +109,7 @@ async fn a_claim_whose_reply_is_lost_refuses_retries_until_released() {
     let retry = gate.run(&id, async { Ok::<_, Rejected>("ran") }).await;
     assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("pending")
     );
 }

@@ -1,13 +1,12 @@
 //! What `#[idempotent]` generates, exercised: methods, generics, lifetimes,
 //! `impl Trait`, options, and the order in which things are evaluated.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use idem::testing::{self, race};
 use idem::{Gate, Identity, KeyPart, Rejected, idempotent};
+use idem_test_support::rows;
 
 #[derive(Debug, thiserror::Error)]
 enum AppError {
@@ -118,7 +117,7 @@ async fn methods_use_self_gate_and_race_correctly() {
     // action = "billing.charge" names the slot.
     let address = Identity::new("billing.charge").part(42_u64).address();
     assert_eq!(
-        common::row_state(&billing.gate, &address).await.as_deref(),
+        rows::row_state(&billing.gate, &address).await.as_deref(),
         Some("success")
     );
 }
@@ -148,11 +147,11 @@ async fn account_and_namespace_options_scope_the_claim() {
     let scoped = gate.account(tenant.id.to_string()).namespace("live");
     let address = Identity::new("refund").part(false).part("cus_9").address();
     assert_eq!(
-        common::row_state(&scoped, &address).await.as_deref(),
+        rows::row_state(&scoped, &address).await.as_deref(),
         Some("success")
     );
     // Not in the gate's own account.
-    assert_eq!(common::row_state(&gate, &address).await, None);
+    assert_eq!(rows::row_state(&gate, &address).await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,12 @@
 //! Usage metering by address: re-sent batches deduplicate instead of double
 //! counting, against a real PostgreSQL.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::meter::{Event, EventOutcome, Total};
 use idem::testing;
+use idem_test_support::schemas;
 
 /// A fixed instant, so totals over time ranges are exact.
 fn at(seconds: u64) -> SystemTime {
@@ -340,7 +339,7 @@ async fn a_store_failure_stores_nothing_and_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_1_schema_is_migrated_for_metering() {
-    let (_, pool) = common::fresh_schema(2).await;
+    let (_, pool) = schemas::fresh_schema(2).await;
     idem::sqlx::raw_sql(idem::schema::MIGRATIONS[0].sql)
         .execute(&pool)
         .await

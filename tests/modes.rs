@@ -2,8 +2,6 @@
 //! replay, fingerprint, lease with fencing, in-transaction, wait, and
 //! failing open.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -11,17 +9,8 @@ use std::time::Duration;
 use idem::sqlx::{self, Postgres, Transaction};
 use idem::testing::{self, race};
 use idem::{Gate, Identity, Mode, Rejected, idempotent};
+use idem_test_support::{Captured, JobError, rows};
 use serde::{Deserialize, Serialize};
-
-#[derive(Debug, thiserror::Error)]
-enum PayError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-    #[error("declined")]
-    Declined,
-    #[error(transparent)]
-    Database(#[from] sqlx::Error),
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Receipt {
@@ -49,9 +38,9 @@ impl Provider {
     }
 }
 
-fn rejected(result: &Result<Receipt, PayError>) -> Option<&Rejected> {
+fn rejected(result: &Result<Receipt, JobError>) -> Option<&Rejected> {
     match result {
-        Err(PayError::Rejected(rejected)) => Some(rejected),
+        Err(JobError::Rejected(rejected)) => Some(rejected),
         _ => None,
     }
 }
@@ -64,7 +53,7 @@ async fn pay_replayed(
     order: &str,
     amount_cents: i64,
     provider: &Provider,
-) -> Result<Receipt, PayError> {
+) -> Result<Receipt, JobError> {
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(provider.charge(order, amount_cents))
 }
@@ -113,7 +102,7 @@ async fn replay_returns_the_stored_value_to_later_duplicates_and_refuses_in_flig
 struct Unwritable(BTreeMap<(u8, u8), u8>);
 
 #[idempotent(key = "order", replay)]
-async fn unwritable(gate: &Gate, order: &str, provider: &Provider) -> Result<Unwritable, PayError> {
+async fn unwritable(gate: &Gate, order: &str, provider: &Provider) -> Result<Unwritable, JobError> {
     provider.charge(order, 0);
     Ok(Unwritable(BTreeMap::from([((1, 2), 3)])))
 }
@@ -128,12 +117,12 @@ async fn a_value_that_fails_to_serialize_never_loses_the_success() {
     assert_eq!(value.0.len(), 1);
     let address = Identity::new("unwritable").part("ord_2").address();
     assert_eq!(
-        common::row_state(&gate, &address).await.as_deref(),
+        rows::row_state(&gate, &address).await.as_deref(),
         Some("success")
     );
     let duplicate = unwritable(&gate, "ord_2", &provider).await;
     assert!(
-        matches!(duplicate, Err(PayError::Rejected(Rejected::AlreadyDone))),
+        matches!(duplicate, Err(JobError::Rejected(Rejected::AlreadyDone))),
         "{duplicate:?}"
     );
     assert_eq!(provider.runs(), 1);
@@ -148,7 +137,7 @@ async fn pay_fingerprinted(
     amount_cents: i64,
     currency: &str,
     provider: &Provider,
-) -> Result<Receipt, PayError> {
+) -> Result<Receipt, JobError> {
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(provider.charge(order, amount_cents))
 }
@@ -251,7 +240,7 @@ async fn an_expired_lease_is_taken_over_once_with_a_higher_fence_and_the_old_hol
     let late = stale.settle().await;
     assert!(matches!(late, Err(Rejected::LeaseLost { .. })), "{late:?}");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("success")
     );
     assert!(matches!(
@@ -271,12 +260,12 @@ async fn a_late_release_by_a_fenced_off_holder_changes_nothing() {
     let late = stale.release().await;
     assert!(matches!(late, Err(Rejected::LeaseLost { .. })), "{late:?}");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("pending")
     );
     current.settle().await.expect("the new holder settles");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("success")
     );
 }
@@ -303,7 +292,7 @@ async fn extend_keeps_a_long_body_s_lease() {
 }
 
 #[idempotent(key = "job", lease = "1s")]
-async fn leased_job(gate: &Gate, job: u32, provider: &Provider) -> Result<Receipt, PayError> {
+async fn leased_job(gate: &Gate, job: u32, provider: &Provider) -> Result<Receipt, JobError> {
     Ok(provider.charge("job", i64::from(job)))
 }
 
@@ -335,7 +324,7 @@ async fn the_lease_option_takes_over_a_crashed_holder_s_claim() {
 // ------------------------------------------------------------------ wait
 
 #[idempotent(key = "order", replay, wait = "5s")]
-async fn pay_waiting(gate: &Gate, order: &str, provider: &Provider) -> Result<Receipt, PayError> {
+async fn pay_waiting(gate: &Gate, order: &str, provider: &Provider) -> Result<Receipt, JobError> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(provider.charge(order, 100))
 }
@@ -362,10 +351,10 @@ async fn flaky_waiting(
     order: &str,
     fail: bool,
     provider: &Provider,
-) -> Result<Receipt, PayError> {
+) -> Result<Receipt, JobError> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     if fail {
-        return Err(PayError::Declined);
+        return Err(JobError::Failed);
     }
     Ok(provider.charge(order, 1))
 }
@@ -378,7 +367,7 @@ async fn a_waiting_duplicate_runs_when_the_holder_fails_and_is_told_done_when_it
         tokio::time::sleep(Duration::from_millis(50)).await;
         flaky_waiting(&gate, "ord_5", false, &provider).await
     });
-    assert!(matches!(failed, Err(PayError::Declined)), "{failed:?}");
+    assert!(matches!(failed, Err(JobError::Failed)), "{failed:?}");
     assert_eq!(
         waited
             .expect("the waiter ran after the holder failed")
@@ -399,7 +388,7 @@ async fn a_waiting_duplicate_runs_when_the_holder_fails_and_is_told_done_when_it
 }
 
 #[idempotent(key = "order", wait = "300ms")]
-async fn short_wait(gate: &Gate, order: &str) -> Result<Receipt, PayError> {
+async fn short_wait(gate: &Gate, order: &str) -> Result<Receipt, JobError> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     Ok(Receipt {
         order: order.into(),
@@ -427,18 +416,18 @@ async fn a_wait_that_runs_out_is_refused_as_in_flight() {
 // --------------------------------------------------------- on_unavailable
 
 #[idempotent(key = "page", on_unavailable = "run")]
-async fn warm_cache(gate: &Gate, page: &str, provider: &Provider) -> Result<Receipt, PayError> {
+async fn warm_cache(gate: &Gate, page: &str, provider: &Provider) -> Result<Receipt, JobError> {
     Ok(provider.charge(page, 0))
 }
 
 #[idempotent(key = "page")]
-async fn strict(gate: &Gate, page: &str, provider: &Provider) -> Result<Receipt, PayError> {
+async fn strict(gate: &Gate, page: &str, provider: &Provider) -> Result<Receipt, JobError> {
     Ok(provider.charge(page, 0))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_open_runs_the_body_when_the_store_is_down_and_the_default_does_not() {
-    let captured = common::Captured::global();
+    let captured = Captured::global();
     let gate = testing::gate().await;
     let provider = Provider::default();
     warm_cache(&gate, "/home", &provider)
@@ -497,7 +486,7 @@ async fn charge_in(
     gate: &Gate,
     tx: &mut Transaction<'_, Postgres>,
     order_id: i64,
-) -> Result<i64, PayError> {
+) -> Result<i64, JobError> {
     sqlx::query("INSERT INTO idem_test_charges (account, order_id) VALUES ($1, $2)")
         .bind(gate.account_name())
         .bind(order_id)
@@ -517,7 +506,7 @@ async fn in_a_transaction_the_claim_commits_or_rolls_back_with_the_body_s_writes
     tx.rollback().await.expect("rollback");
     assert_eq!(charges(&gate, 1).await, 0);
     assert_eq!(
-        common::row_state(&gate, &Identity::new("charge_in").part(1_i64).address()).await,
+        rows::row_state(&gate, &Identity::new("charge_in").part(1_i64).address()).await,
         None
     );
 

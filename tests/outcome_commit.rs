@@ -3,19 +3,18 @@
 //! under a lease or inside the caller's transaction. A trigger records the
 //! setting each settle (UPDATE) and release (DELETE) commits under.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem::sqlx::{self, PgPool};
 use idem::testing::race;
 use idem::{Gate, Identity, Mode, OutcomeCommit, Rejected, idempotent};
+use idem_test_support::{JobError, schemas};
 
 /// A gate on a fresh schema whose `idem_records` logs, for every UPDATE and
 /// DELETE, the `synchronous_commit` in force.
 async fn logged_gate() -> (Gate, PgPool) {
     // One connection: what one statement sets, the next would inherit.
-    let (_schema, pool) = common::fresh_schema(1).await;
+    let (_schema, pool) = schemas::fresh_schema(1).await;
     let gate = Gate::connect(pool.clone()).await.expect("set up");
     sqlx::raw_sql(
         "CREATE TABLE commit_log (n serial, op text, synchronous_commit text);
@@ -143,14 +142,8 @@ async fn async_is_ignored_under_a_lease_and_inside_the_caller_s_transaction() {
     );
 }
 
-#[derive(Debug, thiserror::Error)]
-enum PayError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-}
-
 #[idempotent(key = "order", outcome_commit = "async")]
-async fn pay(gate: &Gate, order: u64, runs: &AtomicUsize) -> Result<u64, PayError> {
+async fn pay(gate: &Gate, order: u64, runs: &AtomicUsize) -> Result<u64, JobError> {
     runs.fetch_add(1, Ordering::SeqCst);
     Ok(order)
 }
@@ -165,6 +158,6 @@ async fn the_option_races_like_the_plain_gate() {
     assert_eq!(take_log(&pool).await, [entry("UPDATE", "off")]);
     assert!(matches!(
         pay(&gate, 7, &runs).await,
-        Err(PayError::Rejected(Rejected::AlreadyDone))
+        Err(JobError::Rejected(Rejected::AlreadyDone))
     ));
 }

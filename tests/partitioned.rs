@@ -3,8 +3,6 @@
 //! real PostgreSQL. (CI also runs the whole race suite against a partitioned
 //! database: scripts/test-partitioned.)
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
@@ -14,9 +12,10 @@ use idem::schema::{self, Layout};
 use idem::sqlx::{self, PgPool};
 use idem::testing::race;
 use idem::{Error, Gate, Identity, Rejected, SchemaProblem};
+use idem_test_support::schemas;
 
 async fn partitioned(partitions: u16, max_connections: u32) -> (String, PgPool, Gate) {
-    let (name, pool) = common::fresh_schema(max_connections).await;
+    let (name, pool) = schemas::fresh_schema(max_connections).await;
     schema::set_up_partitioned(&pool, partitions)
         .await
         .unwrap_or_else(|e| panic!("partitioned set-up: {e}"));
@@ -104,7 +103,7 @@ async fn shape(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_partitioned_table_has_exactly_the_plain_table_s_columns_and_constraints() {
-    let (_plain_schema, plain) = common::fresh_schema(1).await;
+    let (_plain_schema, plain) = schemas::fresh_schema(1).await;
     schema::set_up(&plain).await.expect("plain set-up");
     let (_name, partitioned, _gate) = partitioned(4, 1).await;
     let (plain_columns, plain_constraints) = shape(&plain).await;
@@ -116,7 +115,7 @@ async fn the_partitioned_table_has_exactly_the_plain_table_s_columns_and_constra
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_starting_at_once_create_one_partitioned_table() {
-    let (_name, pool) = common::fresh_schema(10).await;
+    let (_name, pool) = schemas::fresh_schema(10).await;
     let mut starts = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let pool = pool.clone();
@@ -142,7 +141,7 @@ async fn processes_starting_at_once_create_one_partitioned_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_existing_table_is_never_repartitioned() {
     // A plain table stays plain, and nothing changes.
-    let (_name, plain) = common::fresh_schema(1).await;
+    let (_name, plain) = schemas::fresh_schema(1).await;
     Gate::connect(plain.clone()).await.expect("plain set-up");
     let Err(Error::Setup(why)) = schema::set_up_partitioned(&plain, 16).await else {
         panic!("partitioning over a plain table must be refused");

@@ -9,8 +9,6 @@
 //! (trust authentication on 127.0.0.1, as the test server has), and drops
 //! both at the end, even when it fails.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -19,6 +17,7 @@ use idem::sqlx::postgres::PgPoolOptions;
 use idem::sqlx::{self, PgPool};
 use idem::testing;
 use idem::{Gate, Identity, Mode, Rejected};
+use idem_test_support::{rows, schemas};
 
 const GRANTS_SQL: &str = include_str!("../idem-runtime/sql/grants.sql");
 const ROW_LEVEL_SECURITY_SQL: &str = include_str!("../idem-runtime/sql/row_level_security.sql");
@@ -42,7 +41,7 @@ struct Sandbox {
 
 impl Sandbox {
     async fn new() -> Sandbox {
-        let (schema, owner) = common::fresh_schema(2).await;
+        let (schema, owner) = schemas::fresh_schema(2).await;
         Gate::connect(owner.clone())
             .await
             .expect("set idem up as the owner");
@@ -78,7 +77,7 @@ impl Sandbox {
         PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(common::options_in(&self.schema).username(role))
+            .connect_with(schemas::options_in(&self.schema).username(role))
             .await
             .unwrap_or_else(|e| panic!("log in as {role}: {e}"))
     }
@@ -163,7 +162,7 @@ async fn a_role_with_only_the_run_time_grants_claims_settles_and_releases() {
     let failed = Identity::new("charge").part(2);
     let _ = gate.run(&failed, body(false)).await;
     assert_eq!(
-        common::row_state(&gate, &failed.address()).await,
+        rows::row_state(&gate, &failed.address()).await,
         None,
         "released"
     );
@@ -412,7 +411,7 @@ async fn a_role_scoped_to_one_account_cannot_see_release_or_claim_another_s() {
 
     // The owner sees globex exactly as it was, and still resolves it.
     assert_eq!(
-        common::row_state(&owner_gate.account(&globex), &done.address())
+        rows::row_state(&owner_gate.account(&globex), &done.address())
             .await
             .as_deref(),
         Some("success")

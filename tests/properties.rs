@@ -6,13 +6,12 @@
 //! Case counts are modest so that CI stays fast; `PROPTEST_CASES=100000`
 //! runs more.
 
-mod common;
-
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem::sqlx;
 use idem::{Gate, Identity, KeyPart, PartWriter, PartWritten, Rejected};
+use idem_test_support::XorShift;
 use proptest::prelude::*;
 
 /// A key part as a test generates it: every kind of value `KeyPart` knows,
@@ -370,7 +369,7 @@ proptest! {
 async fn a_scope_name_too_long_to_index_is_refused_for_good() {
     let gate = idem::testing::gate().await;
     // Incompressible, so PostgreSQL cannot shrink it under the limit.
-    let mut rng = common::XorShift::new(7);
+    let mut rng = XorShift::new(7);
     let long: String = (0..3000)
         .map(|_| char::from(b'a' + rng.below(26) as u8))
         .collect();

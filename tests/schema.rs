@@ -2,11 +2,10 @@
 //! in its own version table, and verified at start-up; a gate refuses to
 //! start without both partial unique indexes.
 
-mod common;
-
 use idem::schema::{SCHEMA_SQL, SCHEMA_VERSION};
 use idem::sqlx::{self, AssertSqlSafe, PgPool};
 use idem::{Error, Gate, SchemaProblem};
+use idem_test_support::schemas;
 
 async fn exec(pool: &PgPool, sql: &str) {
     sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
@@ -36,7 +35,7 @@ fn schema_error(result: Result<Gate, Error>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_creates_the_table_both_partial_indexes_and_its_own_version() {
-    let (_, pool) = common::fresh_schema(2).await;
+    let (_, pool) = schemas::fresh_schema(2).await;
     Gate::connect(pool.clone())
         .await
         .expect("set up a fresh schema");
@@ -75,7 +74,7 @@ async fn connect_creates_the_table_both_partial_indexes_and_its_own_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_up_is_idempotent_and_safe_when_many_processes_start_at_once() {
     const STARTS: usize = 12;
-    let (_, pool) = common::fresh_schema(STARTS as u32).await;
+    let (_, pool) = schemas::fresh_schema(STARTS as u32).await;
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(STARTS));
     let mut starts = tokio::task::JoinSet::new();
     for _ in 0..STARTS {
@@ -105,7 +104,7 @@ async fn set_up_is_idempotent_and_safe_when_many_processes_start_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exported_sql_is_enough_for_users_who_run_their_own_migrations() {
-    let (_, pool) = common::fresh_schema(2).await;
+    let (_, pool) = schemas::fresh_schema(2).await;
     exec(&pool, SCHEMA_SQL).await;
     exec(&pool, SCHEMA_SQL).await; // idempotent
     Gate::connect_without_setup(pool.clone())
@@ -115,7 +114,7 @@ async fn the_exported_sql_is_enough_for_users_who_run_their_own_migrations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_is_named() {
-    let (schema, pool) = common::fresh_schema(2).await;
+    let (schema, pool) = schemas::fresh_schema(2).await;
     let message = schema_error(Gate::connect_without_setup(pool).await);
     assert!(message.contains("idem_records does not exist"), "{message}");
     assert!(
@@ -136,7 +135,7 @@ async fn a_missing_index_is_named_and_the_gate_refuses_to_start() {
             "WHERE namespace IS NOT NULL",
         ),
     ] {
-        let (_, pool) = common::fresh_schema(2).await;
+        let (_, pool) = schemas::fresh_schema(2).await;
         Gate::connect(pool.clone()).await.expect("set up");
         exec(&pool, &format!("DROP INDEX {dropped}")).await;
         // Gate::connect sees the version is current and only verifies.
@@ -150,7 +149,7 @@ async fn a_missing_index_is_named_and_the_gate_refuses_to_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unique_index_over_the_nullable_namespace_is_recognised_as_the_hole() {
-    let (_, pool) = common::fresh_schema(2).await;
+    let (_, pool) = schemas::fresh_schema(2).await;
     Gate::connect(pool.clone()).await.expect("set up");
     exec(
         &pool,
@@ -190,7 +189,7 @@ async fn a_unique_index_over_the_nullable_namespace_is_recognised_as_the_hole() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_predicate_or_a_non_unique_index_is_named() {
-    let (_, pool) = common::fresh_schema(2).await;
+    let (_, pool) = schemas::fresh_schema(2).await;
     Gate::connect(pool.clone()).await.expect("set up");
     exec(
         &pool,
@@ -215,7 +214,7 @@ async fn a_wrong_predicate_or_a_non_unique_index_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_nullable_column_is_named() {
-    let (_, pool) = common::fresh_schema(2).await;
+    let (_, pool) = schemas::fresh_schema(2).await;
     Gate::connect(pool.clone()).await.expect("set up");
     exec(
         &pool,
@@ -236,7 +235,7 @@ async fn a_missing_or_nullable_column_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_address_check_and_the_claim_states_are_enforced_by_postgres() {
-    let (_, pool) = common::fresh_schema(2).await;
+    let (_, pool) = schemas::fresh_schema(2).await;
     Gate::connect(pool.clone()).await.expect("set up");
     for (address, state) in [
         ("Claim_UPPER", "pending"),

@@ -9,8 +9,6 @@
 //! retried: the failure aborted that transaction, and only the caller can
 //! run it again; it surfaces as `Unavailable` with the 40001 as its source.
 
-mod common;
-
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -18,6 +16,7 @@ use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem::sqlx::{self, PgPool};
 use idem::testing::{self, race};
 use idem::{Gate, Identity, Mode, Rejected};
+use idem_test_support::{rows, schemas};
 
 /// A trigger that makes the first `failures` claim inserts fail with
 /// `errcode`, counted by a sequence (which a rollback does not undo).
@@ -62,7 +61,7 @@ fn sqlstate(rejected: &Rejected) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_serialization_failure_or_deadlock_in_the_claim_is_tried_again() {
     for errcode in ["40001", "40P01"] {
-        let (_schema, pool) = common::fresh_schema(2).await;
+        let (_schema, pool) = schemas::fresh_schema(2).await;
         let gate = Gate::connect(pool.clone()).await.expect("set up");
         failing_inserts(&pool, errcode, 2).await;
 
@@ -88,7 +87,7 @@ async fn a_serialization_failure_or_deadlock_in_the_claim_is_tried_again() {
         );
         assert_eq!(report.retried, 2, "{errcode}: {report}");
         assert_eq!(
-            common::row_state(&gate, &Identity::new("pay").part(1_i64).address()).await,
+            rows::row_state(&gate, &Identity::new("pay").part(1_i64).address()).await,
             Some("success".to_owned())
         );
     }
@@ -96,7 +95,7 @@ async fn a_serialization_failure_or_deadlock_in_the_claim_is_tried_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_serialization_failure_that_persists_fails_closed() {
-    let (_schema, pool) = common::fresh_schema(2).await;
+    let (_schema, pool) = schemas::fresh_schema(2).await;
     let gate = Gate::connect(pool.clone()).await.expect("set up");
     failing_inserts(&pool, "40001", i64::MAX).await;
 
@@ -119,7 +118,7 @@ async fn a_serialization_failure_that_persists_fails_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inside_the_caller_s_transaction_a_serialization_failure_is_the_caller_s_to_retry() {
-    let (_schema, pool) = common::fresh_schema(2).await;
+    let (_schema, pool) = schemas::fresh_schema(2).await;
     let gate = Gate::connect(pool.clone()).await.expect("set up");
     failing_inserts(&pool, "40001", 1).await;
     let id = Identity::new("pay").part(1_i64);
@@ -142,7 +141,7 @@ async fn inside_the_caller_s_transaction_a_serialization_failure_is_the_caller_s
     claim.settle_in(&mut tx).await.expect("settle");
     tx.commit().await.expect("commit");
     assert_eq!(
-        common::row_state(&gate, &id.address()).await,
+        rows::row_state(&gate, &id.address()).await,
         Some("success".to_owned())
     );
 }

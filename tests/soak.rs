@@ -3,8 +3,9 @@
 //! that succeed, fail or are cancelled mid-body at random. Every invocation
 //! is recorded in a history, which the shared checker holds to the gate's
 //! promises afterwards, against the final rows of `idem_records` (see
-//! `common/history/`): no body ran twice, every success was kept, every
-//! refusal was true, a `pending` row only where a body was cancelled.
+//! `idem-test-support/src/history/`): no body ran twice, every success was
+//! kept, every refusal was true, a `pending` row only where a body was
+//! cancelled.
 //!
 //! The default size (4,800 calls over 800 identities) takes about ten
 //! seconds. `IDEM_SOAK_CALLS` sets the number of calls (identities follow,
@@ -13,12 +14,10 @@
 //! 200,000 calls. Every run prints its seed, and `IDEM_SOAK_SEED` replays
 //! its choices (the interleaving is the scheduler's).
 
-mod common;
-
 use std::time::Duration;
 
-use common::XorShift;
-use common::history::{self, Entry, Plans, Target, Workload, count_from_env};
+use idem_test_support::XorShift;
+use idem_test_support::history::{self, Entry, Plans, Target, Workload, count_from_env};
 
 /// Concurrent invokers; twice the pool, so claims also queue for connections.
 const TASKS: usize = 32;

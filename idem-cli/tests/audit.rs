@@ -6,10 +6,10 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{
-    connect, create_schemas, database_url, drop_schemas, idem, idem_with, ident, run_sql,
-    unique_name,
-};
+use common::{idem, idem_with};
+use idem::testing::{database_url, unique_name};
+use idem_test_support::connections::connect;
+use idem_test_support::schemas::{create_schemas, drop_schemas, ident, run_sql};
 use serde_json::Value;
 use sqlx::PgConnection;
 

@@ -3,9 +3,12 @@
 
 mod common;
 
-use common::{Run, connect, create_schemas, drop_schemas, idem, ident, run_sql, unique_name};
+use common::{Run, idem};
+use idem::testing::unique_name;
 use idem_runtime::Identity;
 use idem_runtime::schema::{INDEX_WITHIN_NAMESPACE, INDEX_WITHOUT_NAMESPACE, SCHEMA_VERSION};
+use idem_test_support::connections::connect;
+use idem_test_support::schemas::{create_schemas, drop_schemas, ident, run_sql};
 use serde_json::Value;
 use sqlx::PgConnection;
 

@@ -1,0 +1,162 @@
+//! Load generator: what the gate costs per call, against the floor it cannot
+//! go below and the alternatives users would write instead, in one run
+//! against one PostgreSQL, so the figures that matter are ratios.
+//!
+//! ```text
+//! cargo run -p idem-bench --release --bin loadgen                  # the full run of BENCHMARKS.md
+//! cargo run -p idem-bench --release --bin loadgen -- --seconds 1 --concurrency 1,4 --prefill 0
+//! cargo run -p idem-bench --release --bin loadgen -- --list        # the scenarios, and their SQL costs
+//! ```
+//!
+//! Uses `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/postgres`.
+//! Everything it creates lives in a schema of its own (`--schema`,
+//! `idem_bench` by default), dropped and created afresh at start and dropped
+//! at the end, so the millions of history rows never touch anyone's tables.
+//! Every run uses the same kind of sqlx pool, prepared statements (sqlx
+//! caches them per connection), a fresh identity per operation and the same
+//! warm-up. Progress goes to stderr; the report (markdown) to stdout, to
+//! `--out FILE` as well, and with `--into BENCHMARKS.md` between that file's
+//! report markers.
+
+mod advisory;
+mod bench_db;
+mod body;
+mod brandur;
+mod drive;
+mod duplicates;
+mod environment;
+mod flags;
+mod floor;
+mod fused;
+mod gated;
+mod keys;
+mod report;
+mod scenarios;
+mod splice;
+mod workload;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use idem::Gate;
+
+use bench_db::BenchDb;
+use flags::Flags;
+use report::Row;
+use scenarios::{Run, Scenario};
+use workload::Workload;
+
+/// Any error, with its message: the load generator reports and stops.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    // Warnings and errors: the gate reports a failed settle through tracing
+    // alone. sqlx's slow-statement warnings are left out: the pre-fill and
+    // CHECKPOINT are slow by design.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,sqlx::query=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let flags = Flags::parse();
+    match run(&flags).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(flags: &Flags) -> Result<(), BoxError> {
+    let scenarios = scenarios::selected(flags)?;
+    // A file without its markers fails now, not after the run.
+    if let Some(path) = &flags.into {
+        splice::check(path)?;
+    }
+    if flags.list {
+        print!("{}", report::legend(&scenarios));
+        return Ok(());
+    }
+    let mut db = BenchDb::create(
+        &flags.database_url(),
+        &flags.schema,
+        flags.partitions,
+        flags.checkpoint,
+    )
+    .await?;
+    let outcome = measure_all(flags, &mut db, &scenarios).await;
+    if flags.keep_schema {
+        eprintln!("kept schema {} and its rows", flags.schema);
+    } else {
+        db.drop_schema().await?;
+    }
+    outcome
+}
+
+/// Runs every planned run, then prints (and writes) the report, also when a
+/// run failed part way: the rows measured so far are still worth reading.
+async fn measure_all(
+    flags: &Flags,
+    db: &mut BenchDb,
+    scenarios: &[Scenario],
+) -> Result<(), BoxError> {
+    let environment = environment::describe(db.admin(), flags).await?;
+    eprint!("{environment}");
+    let runs = scenarios::plan(scenarios, flags);
+    let began = Instant::now();
+    let mut rows = Vec::with_capacity(runs.len());
+    let mut failure = None;
+    for (done, run) in runs.iter().enumerate() {
+        match measure(flags, db, *run).await {
+            Ok(row) => {
+                eprintln!("[{}/{}] {}", done + 1, runs.len(), row.progress());
+                rows.push(row);
+            }
+            Err(error) => {
+                failure = Some(format!(
+                    "{} at concurrency {}: {error}",
+                    run.scenario.id(),
+                    run.concurrency
+                ));
+                break;
+            }
+        }
+    }
+    let report = report::render(&environment, began.elapsed(), &rows, scenarios, flags);
+    println!("{report}");
+    if let Some(path) = &flags.out {
+        std::fs::write(path, &report)?;
+    }
+    if let Some(path) = &flags.into {
+        splice::write(path, &report)?;
+    }
+    match failure {
+        Some(failure) => Err(failure.into()),
+        None => Ok(()),
+    }
+}
+
+/// One run: the tables as its group needs them, a fresh pool, the warm-up,
+/// the measured window.
+async fn measure(flags: &Flags, db: &mut BenchDb, run: Run) -> Result<Row, BoxError> {
+    let group = run.scenario.group;
+    db.prepare(group.contents(flags)).await?;
+    let pool = db.pool(run.pool, flags.ping_on_acquire).await?;
+    let gate = Gate::connect_without_setup(pool.clone()).await?;
+    let workload = Arc::new(Workload {
+        work: run.scenario.spec.work,
+        body: group.body(flags),
+        pool: pool.clone(),
+        gate,
+        settled: db.settled(),
+    });
+    let measured = drive::drive(workload, run.concurrency, flags.warmup, flags.measured).await;
+    pool.close().await;
+    Ok(Row::new(run, &measured?))
+}

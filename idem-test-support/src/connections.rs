@@ -1,0 +1,61 @@
+//! Connections to the test database that a test can tell apart: a single
+//! connection for set-up, and pools whose backends a test can find and kill.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use idem::sqlx::{self, Connection, PgConnection, PgPool};
+
+/// One connection to the test database ([`idem::testing::database_url`]).
+///
+/// # Panics
+/// When no PostgreSQL answers, saying how to start one.
+pub async fn connect() -> PgConnection {
+    let url = idem::testing::database_url();
+    let attempt = tokio::time::timeout(Duration::from_secs(10), PgConnection::connect(&url)).await;
+    let error = match attempt {
+        Ok(Ok(connection)) => return connection,
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => "no answer within 10 s".to_owned(),
+    };
+    panic!(
+        "these tests need a PostgreSQL, and none answered at {url}: {error}\n\
+         Start one: `scripts/ensure-postgres` (starts the machine's cluster, or a throwaway one, \
+         on 127.0.0.1:5432), or on Debian `pg_ctlcluster <version> main start`; or point \
+         DATABASE_URL at a server you have."
+    )
+}
+
+/// A pool whose connections carry `application_name`, so a test can find
+/// (and kill, with [`terminate_backends`]) exactly its own backends.
+///
+/// # Panics
+/// When no PostgreSQL answers.
+pub async fn named_pool(application_name: &str, max_connections: u32) -> PgPool {
+    let url = idem::testing::database_url();
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap_or_else(|e| panic!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"))
+        .application_name(application_name);
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// Terminates every backend whose `application_name` is `name` (see
+/// [`named_pool`]), from a connection of `admin`; returns how many died.
+///
+/// # Panics
+/// When the statement fails.
+pub async fn terminate_backends(admin: &PgPool, name: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(name)
+    .fetch_one(admin)
+    .await
+    .unwrap_or_else(|e| panic!("terminate the backends of {name}: {e}"))
+}

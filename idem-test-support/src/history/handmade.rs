@@ -1,0 +1,90 @@
+//! Hand-made histories: builders for the unit tests of the checker, which
+//! feed it a bad history and watch a rule fail.
+
+use super::{
+    BodyRun, ClaimRow, Entry, Event, Fault, FaultKind, Final, Got, Guard, History, Invocation,
+    Left, Micros, address,
+};
+
+impl History {
+    /// An empty history of identities guarded by `guards`.
+    pub fn of(guards: Vec<Guard>) -> History {
+        History {
+            guards,
+            ..History::default()
+        }
+    }
+
+    /// Appends an invocation of `identity` from `start` to `end` (its id is
+    /// its index) that got `Cancelled` until told otherwise.
+    pub fn call(&mut self, identity: usize, start: Micros, end: Micros) -> &mut Invocation {
+        let id = self.invocations.len() as u64;
+        self.invocations.push(Invocation {
+            id,
+            identity,
+            fingerprint: None,
+            entry: Entry::Run,
+            start,
+            end,
+            body: None,
+            got: Got::Cancelled,
+            events: Vec::new(),
+        });
+        self.invocations.last_mut().expect("just pushed")
+    }
+
+    /// Adds a fault.
+    pub fn fault(&mut self, kind: FaultKind, start: Micros, end: Micros) -> &mut History {
+        self.faults.push(Fault { kind, start, end });
+        self
+    }
+}
+
+impl Invocation {
+    /// Its body was entered at `start` and left at `end`, as `left` says.
+    pub fn body(&mut self, start: Micros, end: Micros, left: Left) -> &mut Invocation {
+        self.body = Some(BodyRun {
+            start,
+            end,
+            left,
+            extensions: Vec::new(),
+        });
+        self
+    }
+
+    /// Its caller got `got`.
+    pub fn got(&mut self, got: Got) -> &mut Invocation {
+        self.got = got;
+        self
+    }
+
+    /// The gate reported `events` inside it.
+    pub fn events(&mut self, events: &[Event]) -> &mut Invocation {
+        self.events = events.to_vec();
+        self
+    }
+
+    /// It carried payload `payload`.
+    pub fn fingerprint(&mut self, payload: u8) -> &mut Invocation {
+        self.fingerprint = Some(payload);
+        self
+    }
+}
+
+impl Final {
+    /// Claim rows by identity and state.
+    pub fn rows(rows: &[(usize, &str)]) -> Final {
+        let claims = rows
+            .iter()
+            .map(|&(identity, state)| ClaimRow {
+                identity: Some(identity),
+                address: address(identity),
+                state: state.to_owned(),
+            })
+            .collect();
+        Final {
+            claims,
+            ..Final::default()
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! One history of what happened and one checker of what was promised, for
+//! every randomized test of the gate: the soak, the fault tests and the
+//! history test.
+//!
+//! While a workload runs, every invocation is recorded: when it started and
+//! ended, whether its body was entered and how it left, what its caller got,
+//! and what the gate reported inside it ([`idem::testing::observe`]); so is
+//! every fault injected. Afterwards the final rows of `idem_records` are
+//! read, and [`check()`] holds the history to the gate's promises offline, as
+//! Jepsen's and Elle's checkers do: pure functions over data, so a unit test
+//! can feed them a hand-made bad history and watch each rule fail.
+//!
+//! The rules; every anomaly names its rule, the identity and an excerpt:
+//!
+//! 1. **Exclusive.** No two bodies of one identity run at once, unless one
+//!    ran ungated or the earlier one's lease could have run out before the
+//!    later one claimed (and no takeover happens sooner than that); no body
+//!    starts after a success of its identity was recorded.
+//! 2. **Kept.** At most one `success` row per identity, and only after a
+//!    body succeeded; every body that returned `Ok` is settled, or its
+//!    caller or its events say it was not (never silently lost); a stale
+//!    holder's success is kept in the slot.
+//! 3. **Done means done.** No body starts after a caller of its identity
+//!    was told `AlreadyDone` or handed a replayed value.
+//! 4. **True answers.** Every refusal names a true reason, every value is
+//!    the caller's own body's or a replay of a matching success, every
+//!    message says what to do, and only an outage fails open.
+//! 5. **Final rows.** A row stays `pending` only where a holder's outcome is
+//!    unknown (cancelled, panicked, its connection lost, its asynchronous
+//!    outcome lost in a crash); no claim is in any other state than
+//!    `pending` or `success`, and every row belongs to an identity.
+//! 6. **Metering.** Every event of an acknowledged batch is stored exactly
+//!    once with its quantity, and reported inserted at most once.
+//!
+//! Where a fault makes the truth unknowable the checker gives the benefit
+//! of the doubt, and only there: a claim refused as unavailable (or run
+//! ungated, failing open) may have committed, so it may hold the slot; a
+//! holder cancelled, panicked or unable to record its outcome holds it
+//! until its lease runs out (forever without a lease); an asynchronous
+//! outcome recorded before a crash may be lost; an outage may be reported
+//! up to the checker's `OUTAGE_GRACE` after its fault.
+//!
+//! The parts, in the order a run uses them: `record` (the recorder), `body`
+//! and `invoke` (one call through each entry point), `target`, `workload`,
+//! `context` and `drive` (the run), `faults` (the injector), `meter` (the
+//! metering task) and `final_state`; then `check` (a module per rule) and
+//! `figures`. `handmade` builds histories for the checker's unit tests.
+
+mod body;
+mod check;
+mod context;
+mod drive;
+mod faults;
+mod figures;
+mod final_state;
+mod handmade;
+mod invoke;
+mod meter;
+mod record;
+mod target;
+mod workload;
+
+// The public API, at the paths the tests use: `history::run`,
+// `history::Target`...
+pub use self::{
+    body::{Body, Plan},
+    check::{Anomaly, Rule, check},
+    drive::{Run, assert_recovers, run},
+    faults::{Faults, Inject},
+    figures::{Figures, assert_no_anomalies},
+    record::Recorder,
+    target::Target,
+    workload::{Plans, Workload, count_from_env},
+};
+
+use std::time::Duration;
+
+use idem::{Fingerprint, GateEvent, Identity, Mode, OnUnavailable, OutcomeCommit};
+
+use crate::fault_proxy::Statement;
+
+// ===================================================================== model
+
+/// Microseconds since the history began, on one monotonic clock.
+pub type Micros = u64;
+
+/// The action every identity of a history belongs to; an identity is
+/// `(ACTION, n)`, and each run has an account of its own.
+pub const ACTION: &str = "history";
+
+/// The lease of identities guarded by a short lease: shorter than most
+/// bodies' work, so takeovers happen.
+pub const SHORT_LEASE: Duration = Duration::from_millis(80);
+/// The lease of identities guarded by a long lease: longer than most
+/// bodies' work.
+pub const LONG_LEASE: Duration = Duration::from_millis(250);
+/// How long a waiting duplicate waits for the holder's outcome.
+pub const WAIT: Duration = Duration::from_millis(300);
+
+/// How an identity is guarded: every invocation of it uses this mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// The plain gate.
+    Plain,
+    /// `replay`: duplicates get the stored value.
+    Replay,
+    /// Replay, and a payload fingerprint: callers carry payload 1 or 2, or
+    /// none at all.
+    Fingerprint,
+    /// A lease of this length.
+    Lease(Duration),
+    /// `wait`: a duplicate waits for the holder's outcome.
+    Wait,
+    /// Claim and settle inside the caller's transaction; the body's effect
+    /// is a row it writes there.
+    Tx,
+    /// `outcome_commit = "async"`.
+    AsyncOutcome,
+    /// `on_unavailable = "run"`: an outage runs the body ungated.
+    FailOpen,
+}
+
+impl Guard {
+    /// Every guard, each lease length once.
+    pub const EVERY: [Guard; 9] = [
+        Guard::Plain,
+        Guard::Replay,
+        Guard::Fingerprint,
+        Guard::Lease(SHORT_LEASE),
+        Guard::Lease(LONG_LEASE),
+        Guard::Wait,
+        Guard::Tx,
+        Guard::AsyncOutcome,
+        Guard::FailOpen,
+    ];
+
+    /// Its name in figures and anomalies.
+    pub fn name(self) -> &'static str {
+        match self {
+            Guard::Plain => "plain",
+            Guard::Replay => "replay",
+            Guard::Fingerprint => "fingerprint",
+            Guard::Lease(_) => "lease",
+            Guard::Wait => "wait",
+            Guard::Tx => "tx",
+            Guard::AsyncOutcome => "async",
+            Guard::FailOpen => "fail_open",
+        }
+    }
+
+    /// Its lease, if it has one.
+    pub fn lease(self) -> Option<Duration> {
+        match self {
+            Guard::Lease(lease) => Some(lease),
+            _ => None,
+        }
+    }
+
+    fn replays(self) -> bool {
+        matches!(self, Guard::Replay | Guard::Fingerprint)
+    }
+
+    /// The mode an invocation passes to `Gate::run_with` and friends.
+    fn mode(self, fingerprint: Option<u8>) -> Mode {
+        let mode = match self {
+            Guard::Lease(lease) => Mode::new().lease(lease),
+            Guard::Wait => Mode::new().wait(WAIT),
+            Guard::AsyncOutcome => Mode::new().outcome_commit(OutcomeCommit::Async),
+            Guard::FailOpen => Mode::new().on_unavailable(OnUnavailable::Run),
+            Guard::Plain | Guard::Replay | Guard::Fingerprint | Guard::Tx => Mode::new(),
+        };
+        match fingerprint {
+            Some(payload) => mode.fingerprint(Fingerprint::new().part(payload)),
+            None => mode,
+        }
+    }
+}
+
+/// How an invocation reaches the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// An `#[idempotent]` function.
+    Attribute,
+    /// `Gate::run_with` (or `run_replayed`).
+    Run,
+    /// `Gate::claim_with` (or `claim_in`), then `settle` or `release`, with
+    /// `Claim::extend` under a lease.
+    Claim,
+}
+
+/// One invocation: a call of the guarded action, from start to end.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// Unique in the history; a successful body returns it as its value.
+    pub id: u64,
+    /// The identity's number.
+    pub identity: usize,
+    /// The payload it carried, for a fingerprinted identity.
+    pub fingerprint: Option<u8>,
+    /// How it reached the gate.
+    pub entry: Entry,
+    /// When the caller called.
+    pub start: Micros,
+    /// When the caller got its answer.
+    pub end: Micros,
+    /// Present when the body was entered.
+    pub body: Option<BodyRun>,
+    /// What the caller got.
+    pub got: Got,
+    /// What the gate reported inside the invocation, in order.
+    pub events: Vec<Event>,
+}
+
+/// A body that was entered.
+#[derive(Debug, Clone)]
+pub struct BodyRun {
+    /// When it was entered.
+    pub start: Micros,
+    /// When it returned, panicked or was dropped.
+    pub end: Micros,
+    /// How it left.
+    pub left: Left,
+    /// Lease renewals made while it ran.
+    pub extensions: Vec<Extension>,
+}
+
+/// A `Claim::extend` call.
+#[derive(Debug, Clone, Copy)]
+pub struct Extension {
+    /// When it was called.
+    pub start: Micros,
+    /// When it returned.
+    pub end: Micros,
+    /// It returned `Ok`: the lease was renewed.
+    pub renewed: bool,
+}
+
+/// How a body left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Left {
+    /// Returned `Ok` with this value.
+    Ok(u64),
+    /// Returned `Err`.
+    Err,
+    /// Panicked.
+    Panicked,
+    /// Dropped before it returned (its caller gave up on it).
+    Cancelled,
+}
+
+/// What the caller got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Got {
+    /// `Ok`: the body's value, or a replayed one.
+    Value(u64),
+    /// The body's own error.
+    Failed,
+    /// An [`idem::Rejected`], by [`idem::Rejected::reason`].
+    Refused {
+        /// [`idem::Rejected::reason`].
+        reason: &'static str,
+        /// Its message says that the body did not run (or that the side
+        /// effect needs checking) and what to do.
+        says_what_to_do: bool,
+    },
+    /// A database error outside the gate (a transaction that could not
+    /// begin or commit).
+    StoreError,
+    /// The invocation panicked (its body did).
+    Panicked,
+    /// The invocation was dropped before it answered.
+    Cancelled,
+}
+
+impl Got {
+    /// A refusal whose message says what to do.
+    pub fn refused(reason: &'static str) -> Got {
+        Got::Refused {
+            reason,
+            says_what_to_do: true,
+        }
+    }
+
+    fn reason(&self) -> Option<&'static str> {
+        match self {
+            Got::Refused { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+/// A [`GateEvent`], with refusals by their reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// [`GateEvent::Won`].
+    Won,
+    /// [`GateEvent::TookOver`].
+    TookOver,
+    /// [`GateEvent::Refused`], by reason.
+    Refused(&'static str),
+    /// [`GateEvent::Ungated`].
+    Ungated,
+    /// [`GateEvent::Replayed`].
+    Replayed,
+    /// [`GateEvent::Retried`].
+    Retried,
+    /// [`GateEvent::Settled`].
+    Settled,
+    /// [`GateEvent::Released`].
+    Released,
+    /// [`GateEvent::Unrecorded`], by reason.
+    Unrecorded(&'static str),
+    /// One this checker does not know.
+    Other(String),
+}
+
+impl From<&GateEvent> for Event {
+    fn from(event: &GateEvent) -> Event {
+        match event {
+            GateEvent::Won => Event::Won,
+            GateEvent::TookOver => Event::TookOver,
+            GateEvent::Refused(rejected) => Event::Refused(rejected.reason()),
+            GateEvent::Ungated => Event::Ungated,
+            GateEvent::Replayed => Event::Replayed,
+            GateEvent::Retried => Event::Retried,
+            GateEvent::Settled => Event::Settled,
+            GateEvent::Released => Event::Released,
+            GateEvent::Unrecorded(rejected) => Event::Unrecorded(rejected.reason()),
+            other => Event::Other(format!("{other:?}")),
+        }
+    }
+}
+
+/// A fault injected, from when it began to when it was over.
+#[derive(Debug, Clone, Copy)]
+pub struct Fault {
+    /// What it was.
+    pub kind: FaultKind,
+    /// When it began.
+    pub start: Micros,
+    /// When it was over.
+    pub end: Micros,
+}
+
+/// A kind of fault the injector knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `pg_terminate_backend` of the gate's connections: how many died.
+    BackendsTerminated(i64),
+    /// Every connection through the proxy cut, new ones turned away.
+    ConnectionsCut,
+    /// A statement committed and its reply was lost with its connection.
+    ReplyLost(Statement),
+    /// `pg_ctl restart -m fast`.
+    Restart,
+    /// `pg_ctl stop -m immediate`, then start.
+    Crash,
+}
+
+impl FaultKind {
+    /// Its name in figures and anomalies.
+    pub fn name(self) -> String {
+        match self {
+            FaultKind::BackendsTerminated(_) => "backends_terminated".to_owned(),
+            FaultKind::ConnectionsCut => "connections_cut".to_owned(),
+            FaultKind::ReplyLost(statement) => format!("reply_lost_{}", statement.name()),
+            FaultKind::Restart => "restart".to_owned(),
+            FaultKind::Crash => "crash".to_owned(),
+        }
+    }
+}
+
+/// One metered event: its identifier and quantity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metered {
+    /// The event's identifier.
+    pub event: u64,
+    /// Its quantity.
+    pub quantity: i64,
+}
+
+/// One attempt to record a batch.
+#[derive(Debug, Clone)]
+pub struct MeterAttempt {
+    /// The batch's number.
+    pub batch: usize,
+    /// When the attempt began.
+    pub start: Micros,
+    /// When it returned.
+    pub end: Micros,
+    /// Per event, in the batch's order; `None` when the attempt failed.
+    pub reported: Option<Vec<Reported>>,
+}
+
+/// What the meter reported for one event of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reported {
+    /// Stored by this attempt.
+    Inserted,
+    /// Already stored.
+    Deduplicated,
+    /// An outcome this checker does not know.
+    Other(String),
+}
+
+/// Everything recorded in one run.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// Per identity, by number.
+    pub guards: Vec<Guard>,
+    /// By id.
+    pub invocations: Vec<Invocation>,
+    /// Every fault injected.
+    pub faults: Vec<Fault>,
+    /// The metering batches, by number.
+    pub batches: Vec<Vec<Metered>>,
+    /// Every attempt to record a batch.
+    pub attempts: Vec<MeterAttempt>,
+}
+
+/// What the store holds once the run is over.
+#[derive(Debug, Clone, Default)]
+pub struct Final {
+    /// The run's claim rows.
+    pub claims: Vec<ClaimRow>,
+    /// Rows written by transaction-mode bodies: `(identity, invocation)`.
+    pub effects: Vec<(usize, u64)>,
+    /// The run's metering rows.
+    pub meter_rows: Vec<MeterRow>,
+}
+
+/// A claim row left in `idem_records`.
+#[derive(Debug, Clone)]
+pub struct ClaimRow {
+    /// `None`: the address is none of the history's identities.
+    pub identity: Option<usize>,
+    /// Its address.
+    pub address: String,
+    /// Its state.
+    pub state: String,
+}
+
+/// A metering row left in `idem_records`.
+#[derive(Debug, Clone)]
+pub struct MeterRow {
+    /// `None`: the address is no event the history sent.
+    pub event: Option<u64>,
+    /// Its quantity.
+    pub quantity: i64,
+}
+
+/// The address of identity `n`.
+pub fn address(n: usize) -> String {
+    identity(n).address()
+}
+
+fn identity(n: usize) -> Identity {
+    Identity::new(ACTION).part(n as u64)
+}

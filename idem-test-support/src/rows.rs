@@ -1,0 +1,38 @@
+//! Claim rows read straight from `idem_records`, behind the gate's back:
+//! what a test asserts the gate left there.
+
+use idem::Gate;
+use idem::sqlx;
+
+/// The state of a claim row of `gate`'s account and namespace: `None` when
+/// absent.
+///
+/// # Panics
+/// When the table cannot be read.
+pub async fn row_state(gate: &Gate, address: &str) -> Option<String> {
+    sqlx::query_scalar(
+        "SELECT state FROM idem_records WHERE account = $1 AND kind = 'claim' AND address = $2 \
+         AND namespace IS NOT DISTINCT FROM $3",
+    )
+    .bind(gate.account_name())
+    .bind(address)
+    .bind(gate.namespace_name())
+    .fetch_optional(gate.pool())
+    .await
+    .expect("read idem_records")
+}
+
+/// How many claim rows `gate`'s account holds in `state`.
+///
+/// # Panics
+/// When the table cannot be read.
+pub async fn count_rows(gate: &Gate, state: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM idem_records WHERE account = $1 AND kind = 'claim' AND state = $2",
+    )
+    .bind(gate.account_name())
+    .bind(state)
+    .fetch_one(gate.pool())
+    .await
+    .expect("count idem_records")
+}
