@@ -415,7 +415,7 @@ impl Args {
                     &literal,
                     format!(
                         "`crate` takes the path to idem as your crate names it, e.g. \
-                         crate = \"idem1\" after `idem1 = {{ package = \"idem\", ... }}` in \
+                         crate = \"idem1\" after `idem1 = {{ package = \"idem-pg\", ... }}` in \
                          Cargo.toml; {:?} is not a path",
                         literal.value()
                     ),

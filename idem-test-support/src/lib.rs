@@ -14,7 +14,7 @@
 //!   printed ([`Captured`]);
 //! - the examples' guarded domains, raced by the tests as a user would race
 //!   theirs: the quickstart's [`billing`], and the axum service's
-//!   `payments` (feature `axum`).
+//!   `payments`.
 
 pub mod billing;
 pub mod binaries;
@@ -25,7 +25,6 @@ pub mod database;
 pub mod error;
 pub mod fault_proxy;
 pub mod history;
-#[cfg(feature = "axum")]
 pub mod payments;
 pub mod process;
 pub mod rng;

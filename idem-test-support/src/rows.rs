@@ -1,5 +1,7 @@
 //! Claim rows read straight from `idem_records`, behind the gate's back:
-//! what a test asserts the gate left there.
+//! what a test asserts the gate left there. Deliberately not through the
+//! runtime's store (the code under test), and not on the claim path, so
+//! these reads need not be shaped for the partial unique indexes.
 
 use idem::Gate;
 use idem::sqlx;
