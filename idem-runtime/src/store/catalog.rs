@@ -7,7 +7,7 @@
 //! find the table the connection's `search_path` finds, as every other
 //! statement does.
 
-use sqlx::postgres::PgRow;
+use sqlx::FromRow;
 use sqlx::{Acquire, AssertSqlSafe, PgConnection, Postgres, Row, Transaction};
 
 /// The whole schema as one idempotent script, for users who run their own
@@ -228,8 +228,9 @@ pub(crate) async fn columns(conn: &mut PgConnection) -> Result<Vec<Column>, sqlx
         .collect()
 }
 
-/// An index on `idem_records` as the catalog describes it.
-#[derive(Debug)]
+/// An index on `idem_records` as the catalog describes it ([`INDEXES`]),
+/// decoded by column name.
+#[derive(Debug, sqlx::FromRow)]
 pub(crate) struct Index {
     pub name: String,
     pub is_unique: bool,
@@ -241,20 +242,6 @@ pub(crate) struct Index {
     pub columns: Vec<String>,
     /// Its predicate as PostgreSQL prints it: `(namespace IS NULL)`.
     pub predicate: Option<String>,
-}
-
-impl Index {
-    fn from_row(row: &PgRow) -> Result<Index, sqlx::Error> {
-        Ok(Index {
-            name: row.try_get("name")?,
-            is_unique: row.try_get("is_unique")?,
-            is_valid: row.try_get("is_valid")?,
-            is_immediate: row.try_get("is_immediate")?,
-            has_expressions: row.try_get("has_expressions")?,
-            columns: row.try_get("columns")?,
-            predicate: row.try_get("predicate")?,
-        })
-    }
 }
 
 /// The indexes on `idem_records` ([`INDEXES`]), by name.

@@ -13,7 +13,8 @@
 //! ([`SplitOnNamespace`]); the claim's and the vacant settle's inserts are
 //! arbitrated by the same two indexes.
 
-use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::FromRow;
+use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{PgExecutor, Postgres, Row};
 
@@ -28,8 +29,9 @@ pub(crate) struct NewClaim<'a> {
     pub lease_micros: Option<i64>,
 }
 
-/// A claim row found on conflict.
-#[derive(Debug)]
+/// A claim row found on conflict: the columns `existing_columns!` names
+/// and `output`, decoded by name.
+#[derive(Debug, sqlx::FromRow)]
 pub(crate) struct Existing {
     pub settled: bool,
     pub identity: Vec<u8>,
@@ -229,21 +231,6 @@ const SETTLE_VACANT_STATEMENT: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, settled_at, output_json) \
      VALUES ($1, 'claim', $2, $3, 'success', $4, $5, now(), $6) \
      ON CONFLICT DO NOTHING";
-
-impl Existing {
-    /// Reads the columns named by `existing_columns!` and `output`.
-    fn from_row(row: &PgRow) -> Result<Existing, sqlx::Error> {
-        Ok(Existing {
-            settled: row.try_get("settled")?,
-            identity: row.try_get("identity")?,
-            fingerprint: row.try_get("fingerprint")?,
-            fence: row.try_get("fence")?,
-            lineage: row.try_get("lineage")?,
-            lease_expired: row.try_get("lease_expired")?,
-            output: row.try_get("output")?,
-        })
-    }
-}
 
 /// Runs `query` (a statement matched on one row's address and fence, or an
 /// insert into one slot); `true` when it changed exactly that row.

@@ -4,7 +4,7 @@
 //! [`crate::meter`]'s business.
 
 use sqlx::postgres::PgRow;
-use sqlx::{PgExecutor, Row};
+use sqlx::{FromRow, PgExecutor, Row};
 
 use super::{Scope, SplitOnNamespace};
 
@@ -119,8 +119,9 @@ pub(crate) struct EventColumns<'a> {
     pub occurred_micros: &'a [i64],
 }
 
-/// An event's row as [`record`] returns it: what is stored at its address.
-#[derive(Debug)]
+/// An event's row as [`record`] returns it: what is stored at its address,
+/// decoded by column name.
+#[derive(Debug, sqlx::FromRow)]
 pub(crate) struct StoredEvent {
     pub address: String,
     /// This statement inserted the row (rather than finding it there).
@@ -129,20 +130,8 @@ pub(crate) struct StoredEvent {
     pub meter: String,
     pub quantity: i64,
     /// In microseconds since the Unix epoch.
+    #[sqlx(rename = "occurred_us")]
     pub occurred_micros: i64,
-}
-
-impl StoredEvent {
-    fn from_row(row: &PgRow) -> Result<StoredEvent, sqlx::Error> {
-        Ok(StoredEvent {
-            address: row.try_get("address")?,
-            inserted: row.try_get("inserted")?,
-            identity: row.try_get("identity")?,
-            meter: row.try_get("meter")?,
-            quantity: row.try_get("quantity")?,
-            occurred_micros: row.try_get("occurred_us")?,
-        })
-    }
 }
 
 /// Stores the events of a batch that are new ([`RECORD`]), and returns the

@@ -31,7 +31,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::postgres::PgRow;
+use sqlx::FromRow;
 use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use super::{Scope, SplitOnNamespace, per_row};
@@ -110,8 +110,8 @@ pub struct Slot<'a> {
     pub address: &'a str,
 }
 
-/// One claim row, as operators see it.
-#[derive(Debug, Clone, PartialEq)]
+/// One claim row, as operators see it (decoded by column name).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct ClaimRow {
     /// Tenant scope.
     pub account: String,
@@ -136,6 +136,7 @@ pub struct ClaimRow {
     pub age_seconds: i64,
     /// Every other column of the row (later schema versions add some), as
     /// PostgreSQL renders it in JSON.
+    #[sqlx(json)]
     pub other_columns: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -148,31 +149,10 @@ impl ClaimRow {
             address: &self.address,
         }
     }
-
-    /// Reads the columns `claim_columns!` selects.
-    fn from_row(row: &PgRow) -> Result<ClaimRow, sqlx::Error> {
-        let other: String = row.try_get("other_columns")?;
-        let other_columns = match serde_json::from_str(&other) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        };
-        Ok(ClaimRow {
-            account: row.try_get("account")?,
-            namespace: row.try_get("namespace")?,
-            kind: row.try_get("kind")?,
-            address: row.try_get("address")?,
-            state: row.try_get("state")?,
-            identity: row.try_get("identity")?,
-            created_micros: row.try_get("created_micros")?,
-            settled_micros: row.try_get("settled_micros")?,
-            age_seconds: row.try_get("age_seconds")?,
-            other_columns,
-        })
-    }
 }
 
 /// The select list of a [`ClaimRow`], over `idem_records r`, by the names
-/// [`ClaimRow::from_row`] reads.
+/// of its fields.
 macro_rules! claim_columns {
     () => {
         "r.account, r.namespace, r.kind, r.address, r.state, r.identity, \
@@ -180,7 +160,7 @@ macro_rules! claim_columns {
          floor(extract(epoch FROM r.settled_at) * 1000000)::int8 AS settled_micros, \
          floor(extract(epoch FROM now() - r.created_at))::int8 AS age_seconds, \
          (to_jsonb(r) - ARRAY['account', 'namespace', 'kind', 'address', 'state', 'identity', \
-                              'created_at', 'settled_at'])::text AS other_columns"
+                              'created_at', 'settled_at']) AS other_columns"
     };
 }
 
