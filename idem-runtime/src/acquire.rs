@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::claim::{Claim, Won};
+use crate::claim::{Claim, Held, Lease};
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
 use crate::identity::Identity;
@@ -146,14 +146,14 @@ pub(crate) async fn acquire(
                 }
                 observe::record(GateEvent::Won);
                 let in_transaction = via.in_transaction();
-                return Ok(Acquired::Won(Claim::won(Won {
+                return Ok(Acquired::Won(Claim::won(Held {
                     slots: slots.clone(),
                     identity: identity.clone(),
                     fingerprint,
                     address: contender.address,
                     fence,
                     lineage,
-                    lease: mode.lease_duration(),
+                    lease: Lease::from_now(mode.lease_duration()),
                     in_transaction,
                     // Never under a lease or in the caller's transaction:
                     // see OutcomeCommit::Async.

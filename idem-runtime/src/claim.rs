@@ -52,25 +52,6 @@ macro_rules! repeat_recording {
     };
 }
 
-/// A slot just won, as [`acquire`](crate::acquire) hands it over.
-pub(crate) struct Won {
-    pub(crate) slots: Slots,
-    pub(crate) identity: Identity,
-    /// The payload's fingerprint, kept with a late success.
-    pub(crate) fingerprint: Option<[u8; 20]>,
-    pub(crate) address: String,
-    pub(crate) fence: i64,
-    /// The fence the claim began with: ours, or the one of the claim we took
-    /// over. A row that still carries it was taken over, not released.
-    pub(crate) lineage: i64,
-    pub(crate) lease: Option<Duration>,
-    /// Inside the caller's transaction, the transaction decides: a dropped
-    /// claim is rolled back with it, so there is nothing to warn about.
-    pub(crate) in_transaction: bool,
-    /// How the outcome commits.
-    pub(crate) commit: Commit,
-}
-
 /// A won slot (or, for an absent identity or a fail-open run, no slot at
 /// all). Record the outcome with [`settle`](Claim::settle) or
 /// [`release`](Claim::release); dropping it unresolved leaves the row
@@ -81,20 +62,55 @@ pub struct Claim {
     held: Option<Held>,
 }
 
-struct Held {
-    slots: Slots,
-    identity: Identity,
-    fingerprint: Option<[u8; 20]>,
-    address: String,
-    fence: i64,
-    lineage: i64,
+/// A slot just won: what [`acquire`](crate::acquire) hands over, and what
+/// the claim needs to record its outcome.
+pub(crate) struct Held {
+    pub(crate) slots: Slots,
+    pub(crate) identity: Identity,
+    /// The payload's fingerprint, kept with a late success.
+    pub(crate) fingerprint: Option<[u8; 20]>,
+    pub(crate) address: String,
+    pub(crate) fence: i64,
+    /// The fence the claim began with: ours, or the one of the claim we took
+    /// over. A row that still carries it was taken over, not released.
+    pub(crate) lineage: i64,
+    pub(crate) lease: Lease,
+    /// Inside the caller's transaction, the transaction decides: a dropped
+    /// claim is rolled back with it, so there is nothing to warn about.
+    pub(crate) in_transaction: bool,
+    /// How the outcome commits.
+    pub(crate) commit: Commit,
+}
+
+/// The claim's lease, if it has one, by this process's clock: only to
+/// tell, when the claim is gone, a lease that ran out (and was taken over,
+/// then released) from a claim removed under a live lease.
+pub(crate) struct Lease {
     leased: bool,
-    /// When the lease runs out, by this process's clock (`None`: no lease).
-    /// Only to tell, when the claim is gone, a lease that ran out (and was
-    /// taken over, then released) from a claim removed under a live lease.
-    lease_ends: Mutex<Option<Instant>>,
-    in_transaction: bool,
-    commit: Commit,
+    /// `None`: no lease, or one too long for the clock to hold.
+    ends: Mutex<Option<Instant>>,
+}
+
+impl Lease {
+    /// A lease of `lease` (`None`: none) starting now.
+    pub(crate) fn from_now(lease: Option<Duration>) -> Lease {
+        Lease {
+            leased: lease.is_some(),
+            ends: Mutex::new(lease.and_then(|lease| Instant::now().checked_add(lease))),
+        }
+    }
+
+    fn renewed(&self, lease: Duration) {
+        *self.ends.lock().unwrap_or_else(PoisonError::into_inner) =
+            Instant::now().checked_add(lease);
+    }
+
+    fn ran_out(&self) -> bool {
+        self.ends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|ends| Instant::now() >= ends)
+    }
 }
 
 /// What a holder is recording.
@@ -106,32 +122,8 @@ enum Outcome<'a> {
 
 impl Claim {
     /// The claim of a slot just won.
-    pub(crate) fn won(won: Won) -> Claim {
-        let Won {
-            slots,
-            identity,
-            fingerprint,
-            address,
-            fence,
-            lineage,
-            lease,
-            in_transaction,
-            commit,
-        } = won;
-        Claim {
-            held: Some(Held {
-                slots,
-                identity,
-                fingerprint,
-                address,
-                fence,
-                lineage,
-                leased: lease.is_some(),
-                lease_ends: Mutex::new(lease.and_then(|lease| Instant::now().checked_add(lease))),
-                in_transaction,
-                commit,
-            }),
-        }
+    pub(crate) fn won(held: Held) -> Claim {
+        Claim { held: Some(held) }
     }
 
     /// No slot at all: an absent identity, or a store down under a mode that
@@ -217,7 +209,7 @@ impl Claim {
             return Ok(());
         };
         let micros = mode::lease_micros(lease)?;
-        if !held.leased {
+        if !held.lease.leased {
             return Ok(());
         }
         let (scope, address, fence) = (held.slots.scope(), &*held.address, held.fence);
@@ -227,10 +219,7 @@ impl Claim {
         });
         match extended {
             Ok(true) => {
-                *held
-                    .lease_ends
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Instant::now().checked_add(lease);
+                held.lease.renewed(lease);
                 Ok(())
             }
             Ok(false) => {
@@ -484,10 +473,7 @@ impl Held {
 
     /// Whether the lease has run out by this process's clock.
     fn lease_ran_out(&self) -> bool {
-        self.lease_ends
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some_and(|ends| Instant::now() >= ends)
+        self.lease.ran_out()
     }
 
     fn lease_lost(&self) -> Rejected {

@@ -18,7 +18,9 @@ use crate::gate::Gate;
 pub use crate::identity::Identity;
 pub use crate::mode::{Fingerprint, Mode, OnUnavailable, OutcomeCommit};
 use crate::run;
-pub use crate::run::{Outcome, OutcomeOf, ReplayOutcome, outcome_of, replayed_outcome_of};
+pub use crate::run::{
+    Outcome, OutcomeOf, ReplayOutcome, finish_in, outcome_of, replayed_outcome_of,
+};
 pub use std::time::Duration;
 
 /// Runs a guarded function's body on `gate` (see [`Gate::run`]).
@@ -46,18 +48,6 @@ pub async fn begin_in<R>(
     connection: &mut PgConnection,
 ) -> ControlFlow<R, Claim> {
     run::begin_in(gate.slots(), identity, mode, outcome, connection).await
-}
-
-/// In-transaction mode, after the body: settles or releases inside the
-/// caller's transaction, so the claim commits or rolls back with the body's
-/// own writes.
-pub async fn finish_in<R>(
-    claim: Claim,
-    outcome: &OutcomeOf<R>,
-    output: R,
-    connection: &mut PgConnection,
-) -> R {
-    run::finish_in(claim, outcome, output, connection).await
 }
 
 /// A connection a transaction-mode claim can run on: the `tx = ...`

@@ -219,7 +219,7 @@ pub(crate) async fn begin_in<R>(
 /// In-transaction mode, after the body: settles or releases inside the
 /// caller's transaction, so the claim commits or rolls back with the body's
 /// own writes.
-pub(crate) async fn finish_in<R>(
+pub async fn finish_in<R>(
     claim: Claim,
     outcome: &OutcomeOf<R>,
     output: R,

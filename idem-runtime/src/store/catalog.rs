@@ -36,24 +36,18 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
+impl Migration {
+    const fn new(version: i32, sql: &'static str) -> Migration {
+        Migration { version, sql }
+    }
+}
+
 /// Every schema version, oldest first.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        sql: include_str!("../../sql/v1.sql"),
-    },
-    Migration {
-        version: 2,
-        sql: include_str!("../../sql/v2.sql"),
-    },
-    Migration {
-        version: 3,
-        sql: include_str!("../../sql/v3.sql"),
-    },
-    Migration {
-        version: 4,
-        sql: include_str!("../../sql/v4.sql"),
-    },
+    Migration::new(1, include_str!("../../sql/v1.sql")),
+    Migration::new(2, include_str!("../../sql/v2.sql")),
+    Migration::new(3, include_str!("../../sql/v3.sql")),
+    Migration::new(4, include_str!("../../sql/v4.sql")),
 ];
 
 /// Serialises concurrent set-ups across processes ("idemschm" in ASCII).

@@ -262,18 +262,15 @@ const PRUNE: &str = concat!("DELETE FROM idem_records WHERE ", prunable!());
 /// The claims matching `filter`, newest first.
 pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow>, Error> {
     let (account, namespace) = filter.scope.params();
-    let rows = sqlx::query(AssertSqlSafe(list_statement(&filter.scope)))
+    let statement = list_statement(&filter.scope);
+    Ok(sqlx::query_as(AssertSqlSafe(statement))
         .bind(account)
         .bind(namespace)
         .bind(filter.state.map(ClaimState::as_str))
         .bind(filter.older_than.map(|age| age.as_secs_f64()))
         .bind(i64::from(filter.limit))
         .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .iter()
-        .map(ClaimRow::from_row)
-        .collect::<Result<_, _>>()?)
+        .await?)
 }
 
 /// Every claim at `address` in `scope`, by account then namespace: none,
@@ -285,16 +282,12 @@ pub async fn find(
     scope: &ScopeFilter<'_>,
 ) -> Result<Vec<ClaimRow>, Error> {
     let (account, namespace) = scope.params();
-    let rows = sqlx::query(AssertSqlSafe(find_statement(scope)))
+    Ok(sqlx::query_as(AssertSqlSafe(find_statement(scope)))
         .bind(account)
         .bind(namespace)
         .bind(address)
         .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .iter()
-        .map(ClaimRow::from_row)
-        .collect::<Result<_, _>>()?)
+        .await?)
 }
 
 /// Releases (deletes) the claim in `slot` if it is still pending, and

@@ -18,11 +18,7 @@ async fn replayed(gate: &Gate, id: u64) -> Result<u64, Rejected> {
     Ok(id)
 }
 
-#[allow(dead_code)]
-async fn exercise(gate: &Gate) -> Result<(), Rejected> {
-    charge(gate, 1).await?;
-    replayed(gate, 1).await?;
-    Ok(())
+fn main() {
+    // Named, so that neither is dead code under deny(warnings).
+    let _guarded = (charge, replayed);
 }
-
-fn main() {}
