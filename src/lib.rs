@@ -3,6 +3,9 @@
 //! on it, and a duplicate (concurrent or later) is refused instead of run.
 //! For payment, webhook, job and metering code on PostgreSQL.
 //!
+//! The package is `idem-pg` (`cargo add idem-pg`); its library is `idem`,
+//! which is what code and the generated paths name.
+//!
 //! ```
 //! use idem::{idempotent, Gate, Rejected};
 //!
