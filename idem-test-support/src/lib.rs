@@ -11,12 +11,11 @@
 //!   replies ([`fault_proxy`]), the history recorder and checker of the
 //!   randomized tests ([`history`]), a seeded generator ([`rng`]);
 //! - what guarded test functions return ([`JobError`]) and what `tracing`
-//!   printed ([`Captured`]);
-//! - the examples' guarded domains, raced by the tests as a user would race
-//!   theirs: the quickstart's [`billing`], and the axum service's
-//!   `payments`.
+//!   printed ([`Captured`]).
+//!
+//! The examples' own guarded code stays in the examples, with their tests
+//! (`examples/quickstart/`, `examples/payments/`).
 
-pub mod billing;
 pub mod binaries;
 pub mod capture;
 pub mod cluster;
@@ -25,7 +24,6 @@ pub mod database;
 pub mod error;
 pub mod fault_proxy;
 pub mod history;
-pub mod payments;
 pub mod process;
 pub mod rng;
 pub mod rows;

@@ -15,7 +15,7 @@
 //! A handler is an ordinary guarded function: `#[idempotent(key = "key",
 //! fingerprint = "...", replay)]` on an axum handler that takes `key:
 //! IdempotencyKey` and returns `Result<StoredResponse, E>` where `E` turns a
-//! [`Rejected`](crate::Rejected) into its response. `examples/payments.rs`
+//! [`Rejected`](crate::Rejected) into its response. `examples/payments/`
 //! is a whole service.
 //!
 //! | the gate says | status | `Retry-After` | problem `type` (after [`PROBLEM_TYPE_BASE`]) | the client should |

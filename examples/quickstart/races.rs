@@ -1,9 +1,9 @@
-//! The examples' guarded functions, raced with `idem::race_test!`: what a
-//! user writes to get a concurrency test for a function they just guarded.
+//! The quickstart's guarded charge, raced with `idem::race_test!`: what you
+//! write to get a concurrency test for a function you just guarded.
 
 use std::sync::atomic::Ordering;
 
-use idem_test_support::billing::{Order, Provider, charge};
+use crate::billing::{Order, Provider, charge};
 
 idem::race_test! {
     /// Sixteen simultaneous retries of one charge reach the provider once.

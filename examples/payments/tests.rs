@@ -1,5 +1,5 @@
 //! The `Idempotency-Key` layer (`idem::axum`, feature `axum`): the payments
-//! example's service started on 127.0.0.1 and hit by a real HTTP client,
+//! service started on 127.0.0.1 and hit by a real HTTP client,
 //! against a real PostgreSQL; then the extractor and the refusal responses
 //! on their own.
 
@@ -17,7 +17,7 @@ use idem::axum::{
 };
 use idem::sqlx;
 use idem::{Gate, Identity, Mode, Rejected};
-use idem_test_support::payments::{self, LIMIT_CENTS, Payments};
+use crate::service::{self as payments, LIMIT_CENTS, Payments};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;

@@ -1,7 +1,7 @@
-//! The payments service of `examples/payments.rs`: `POST /charges` with an
-//! `Idempotency-Key` header, guarded by `#[idempotent]`, writing one row per
-//! charge into a real `charges` table. Shared with `tests/http.rs`, which
-//! starts it on 127.0.0.1 and sends it real requests.
+//! The payments service: `POST /charges` with an `Idempotency-Key` header,
+//! guarded by `#[idempotent]`, writing one row per charge into a real
+//! `charges` table. `tests.rs` starts it on 127.0.0.1 and sends it real
+//! requests.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

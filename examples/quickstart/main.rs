@@ -7,9 +7,13 @@
 //! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
 //! one started from the local PostgreSQL binaries (see
 //! `idem-test-support/src/database.rs`). The guarded `charge` is in
-//! `idem-test-support/src/billing.rs`, where `tests/examples_race.rs` races
-//! it too.
-//! `RUST_LOG=idem=debug` shows every claim, settle and release.
+//! `billing.rs` beside this file; `races.rs` races it with
+//! `idem::race_test!`, as you would race yours (`cargo test --example
+//! quickstart`). `RUST_LOG=idem=debug` shows every claim, settle and release.
+
+mod billing;
+#[cfg(test)]
+mod races;
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -17,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use idem::{Gate, Rejected};
 
-use idem_test_support::billing::{ChargeError, Order, Provider, charge};
+use billing::{ChargeError, Order, Provider, charge};
 use idem_test_support::database;
 
 #[tokio::main]

@@ -1,5 +1,5 @@
-//! The quickstart's domain: a payment guarded by `#[idempotent]`. Shared by
-//! `examples/quickstart.rs` and the race test in `tests/examples_race.rs`.
+//! The quickstart's domain: a payment guarded by `#[idempotent]`, raced by
+//! `races.rs`.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;

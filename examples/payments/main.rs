@@ -9,12 +9,17 @@
 //! `Idempotency-Key` header and `Authorization: Bearer <account>` (a
 //! stand-in for real authentication: the token is the account). The handler
 //! is guarded by `#[idempotent]` and writes each charge into a `charges`
-//! table; see `idem-test-support/src/payments.rs`, which `tests/http.rs`
-//! drives over HTTP. The card network it calls takes a
-//! second and declines charges above 1,000.00.
+//! table: see `service.rs` beside this file, which `tests.rs` starts on
+//! 127.0.0.1 and drives over real HTTP (`cargo test --example payments
+//! --features axum`). The card network it calls takes a second and declines
+//! charges above 1,000.00.
 //!
 //! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
 //! one (see `idem-test-support/src/database.rs`). Ctrl-C stops it.
+
+mod service;
+#[cfg(test)]
+mod tests;
 
 use std::error::Error;
 use std::net::Ipv4Addr;
@@ -24,7 +29,7 @@ use std::time::Duration;
 
 use idem::Gate;
 use idem_test_support::database;
-use idem_test_support::payments::{self, Payments};
+use service::Payments;
 use tokio::net::TcpListener;
 
 /// Where the service listens unless `PORT` or an argument says otherwise.
@@ -48,9 +53,9 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let database = database::find().await?;
     let pool = database.pool(16).await?;
     let gate = Gate::connect(pool).await?;
-    payments::create_charges_table(gate.pool()).await?;
+    service::create_charges_table(gate.pool()).await?;
     let pool = gate.pool().clone();
-    let app = payments::router(Arc::new(Payments::new(gate, Duration::from_secs(1))));
+    let app = service::router(Arc::new(Payments::new(gate, Duration::from_secs(1))));
 
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
     let address = listener.local_addr()?;
