@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::service::{self as payments, LIMIT_CENTS, Payments};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Request, StatusCode};
@@ -17,7 +18,6 @@ use idem::axum::{
 };
 use idem::sqlx;
 use idem::{Gate, Identity, Mode, Rejected};
-use crate::service::{self as payments, LIMIT_CENTS, Payments};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;
