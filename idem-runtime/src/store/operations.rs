@@ -171,8 +171,10 @@ pub struct ClaimRow {
     /// it; `None` for pending and settled claims, and rows from before
     /// schema version 5.
     pub state_reason: Option<String>,
-    /// Every other column of the row (later schema versions add some), as
-    /// PostgreSQL renders it in JSON.
+    /// Every column of the row but the eight above `fence` (so `fence` and
+    /// `state_reason` too, and whatever later schema versions add), as
+    /// PostgreSQL renders it in JSON: what scripts that read it before
+    /// those two had fields of their own still find there.
     #[sqlx(json)]
     pub other_columns: serde_json::Map<String, serde_json::Value>,
 }
@@ -198,8 +200,7 @@ macro_rules! claim_columns {
          floor(extract(epoch FROM now() - r.created_at))::int8 AS age_seconds, \
          r.fence, r.state_reason, \
          (to_jsonb(r) - ARRAY['account', 'namespace', 'kind', 'address', 'state', 'identity', \
-                              'created_at', 'settled_at', 'fence', 'state_reason']) \
-           AS other_columns"
+                              'created_at', 'settled_at']) AS other_columns"
     };
 }
 
