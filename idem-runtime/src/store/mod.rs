@@ -45,6 +45,8 @@ pub mod operations;
 
 #[cfg(test)]
 mod index_use;
+#[cfg(test)]
+mod transitions;
 
 use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
