@@ -488,6 +488,30 @@ pub async fn resolve(
 /// back is exactly what was there and what it became, and a racing
 /// resolver, or the original holder's late settle, waits for the lock and
 /// then finds the claim resolved.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
+/// use idem_runtime::operations::{self, ClaimState, ListFilter, NamespaceFilter};
+/// use idem_runtime::operations::{Resolution, Resolved, Resolver, ScopeFilter};
+///
+/// let held = operations::list(&pool, &ListFilter {
+///     scope: ScopeFilter { account: Some("acme"), namespace: NamespaceFilter::Any },
+///     state: Some(ClaimState::InDoubt),
+///     older_than: None,
+///     limit: 100,
+/// })
+/// .await?;
+/// for claim in &held {
+///     // Asked the payment provider: the charge went through.
+///     let resolution = Resolution::Succeeded { output_json: Some(r#"{"receipt":"r_1"}"#) };
+///     let by = Resolver { reason: "reconciled", expected_fence: Some(claim.fence) };
+///     match operations::resolve_as(&pool, claim.slot(), resolution, by).await? {
+///         Resolved::Changed { .. } => {}  // resolved by this call, exactly once
+///         _ => {}                         // another resolver, or its holder, got there first
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 pub async fn resolve_as(
     pool: &PgPool,
     slot: Slot<'_>,
