@@ -13,8 +13,8 @@ use crate::timestamps::{parse_duration, parse_instant};
 /// operate idem's claims.
 ///
 /// Exit status: 0 done (or nothing found); 1 findings, schema problems, no
-/// such claim, or a refused release; 2 usage, connection or database errors,
-/// and destructive commands run without --yes.
+/// such claim, or a refused release or resolution; 2 usage, connection or
+/// database errors, and destructive commands run without --yes.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, max_term_width = 100)]
 pub struct Cli {
