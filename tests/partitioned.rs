@@ -256,3 +256,67 @@ async fn metering_deduplicates_on_a_partitioned_table() {
         .expect("total");
     assert_eq!((total.quantity, total.events), (7, 2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_4_partitioned_table_migrates_its_claim_states_on_every_partition() {
+    let (_name, pool, gate) = partitioned(4, 2).await;
+    gate.run(&Identity::new("settled").part(1), async {
+        Ok::<_, Rejected>(())
+    })
+    .await
+    .expect("a settled claim");
+    // Back to version 4's shape: its claim states, without the columns
+    // version 5 adds, and without version 5 recorded.
+    sqlx::raw_sql(
+        "ALTER TABLE idem_records DROP CONSTRAINT idem_records_claim_state; \
+         ALTER TABLE idem_records ADD CONSTRAINT idem_records_claim_state \
+           CHECK (kind <> 'claim' OR state IN ('pending', 'success')); \
+         ALTER TABLE idem_records DROP COLUMN state_reason, DROP COLUMN resolved_at; \
+         DELETE FROM idem_schema_version WHERE version = 5;",
+    )
+    .execute(&pool)
+    .await
+    .expect("make the table version 4's");
+
+    Gate::connect(pool.clone())
+        .await
+        .expect("connect migrates the partitioned table to the current version");
+    let settled: Vec<String> = sqlx::query_scalar("SELECT state FROM idem_records")
+        .fetch_all(&pool)
+        .await
+        .expect("read the rows");
+    assert_eq!(settled, ["success"], "the settled claim is untouched");
+    // Every partition carries the new CHECK: one account per partition
+    // would be slow to find, so the check is the catalog's.
+    let checks: Vec<(String, String)> = sqlx::query_as(
+        "SELECT c.conrelid::regclass::text, pg_get_constraintdef(c.oid) FROM pg_constraint c \
+         WHERE c.conname = 'idem_records_claim_state' \
+           AND (c.conrelid = to_regclass('idem_records') \
+                OR c.conrelid IN (SELECT inhrelid FROM pg_inherits \
+                                  WHERE inhparent = to_regclass('idem_records')))",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read the CHECKs");
+    assert_eq!(
+        checks.len(),
+        5,
+        "the table and its 4 partitions: {checks:#?}"
+    );
+    for (table, check) in &checks {
+        assert!(
+            check.contains("in_doubt") && check.contains("failed"),
+            "{table}: {check}"
+        );
+    }
+    for account in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+        sqlx::query(
+            "INSERT INTO idem_records (account, kind, address, state, identity) \
+             VALUES ($1, 'claim', 'claim_held', 'in_doubt', '\\x00')",
+        )
+        .bind(account)
+        .execute(&pool)
+        .await
+        .unwrap_or_else(|e| panic!("account {account}: in_doubt is a claim state: {e}"));
+    }
+}

@@ -242,6 +242,7 @@ async fn the_address_check_and_the_claim_states_are_enforced_by_postgres() {
         ("claim-dash", "pending"),
         ("", "pending"),
         ("claim_ok", "error"),
+        ("claim_ok", "in doubt"),
     ] {
         let inserted = sqlx::query(
             "INSERT INTO idem_records (account, kind, address, state, identity) \
@@ -256,4 +257,128 @@ async fn the_address_check_and_the_claim_states_are_enforced_by_postgres() {
             "({address:?}, {state:?}) must be refused by a CHECK"
         );
     }
+}
+
+/// The states a claim may be stored in since version 5.
+const CLAIM_STATES: [&str; 4] = ["pending", "success", "in_doubt", "failed"];
+
+async fn insert_claim(pool: &PgPool, address: &str, state: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, state, identity) \
+         VALUES ('migrated', 'claim', $1, $2, '\\x00')",
+    )
+    .bind(address)
+    .bind(state)
+    .execute(pool)
+    .await
+    .map(drop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_earlier_version_migrates_to_the_current_one_keeping_its_rows() {
+    for from in 1..SCHEMA_VERSION {
+        let (_, pool) = schemas::fresh_schema(2).await;
+        for migration in idem::schema::MIGRATIONS
+            .iter()
+            .filter(|m| m.version <= from)
+        {
+            exec(&pool, migration.sql).await;
+        }
+        // Rows as a process of that version wrote them: one in flight, one
+        // settled, with only the columns version 1 has.
+        insert_claim(&pool, "claim_in_flight", "pending")
+            .await
+            .expect("a pending claim");
+        insert_claim(&pool, "claim_settled", "success")
+            .await
+            .expect("a settled claim");
+        let refused = insert_claim(&pool, "claim_early", "in_doubt").await;
+        assert!(
+            refused.is_err(),
+            "version {from} knows no in_doubt state, so its CHECK refuses it"
+        );
+
+        Gate::connect(pool.clone())
+            .await
+            .unwrap_or_else(|e| panic!("connect migrates from version {from}: {e}"));
+        let version: i32 = sqlx::query_scalar("SELECT max(version) FROM idem_schema_version")
+            .fetch_one(&pool)
+            .await
+            .expect("version");
+        assert_eq!(version, SCHEMA_VERSION, "from version {from}");
+
+        let rows: Vec<(String, String, Option<String>, Option<i64>)> = sqlx::query_as(
+            "SELECT address, state, state_reason, \
+                    extract(epoch FROM resolved_at)::int8 \
+             FROM idem_records ORDER BY address",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("read the migrated rows");
+        assert_eq!(
+            rows,
+            [
+                (
+                    "claim_in_flight".to_owned(),
+                    "pending".to_owned(),
+                    None,
+                    None
+                ),
+                ("claim_settled".to_owned(), "success".to_owned(), None, None),
+            ],
+            "rows migrated from version {from} keep their state, and have no reason"
+        );
+
+        for state in CLAIM_STATES {
+            insert_claim(&pool, &format!("claim_now_{state}"), state)
+                .await
+                .unwrap_or_else(|e| panic!("{state} is a claim state once migrated: {e}"));
+        }
+        for state in ["error", "done", "IN_DOUBT", ""] {
+            assert!(
+                insert_claim(&pool, "claim_bad_state", state).await.is_err(),
+                "{state:?} must still be refused by the CHECK (migrated from version {from})"
+            );
+        }
+        let validated: bool = sqlx::query_scalar(
+            "SELECT convalidated FROM pg_constraint \
+             WHERE conname = 'idem_records_claim_state' \
+               AND conrelid = to_regclass('idem_records')",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("the claim-state CHECK exists once");
+        assert!(
+            validated,
+            "the CHECK holds for every row, old ones included"
+        );
+        pool.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_current_migration_runs_again_without_changing_anything() {
+    let (_, pool) = schemas::fresh_schema(2).await;
+    Gate::connect(pool.clone()).await.expect("set up");
+    insert_claim(&pool, "claim_held", "in_doubt")
+        .await
+        .expect("in_doubt is a claim state");
+    let latest = idem::schema::MIGRATIONS
+        .last()
+        .expect("at least one migration");
+    exec(&pool, latest.sql).await;
+    let constraints: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_constraint \
+         WHERE conname = 'idem_records_claim_state' AND conrelid = to_regclass('idem_records')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count the CHECKs");
+    assert_eq!(constraints, 1);
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM idem_records WHERE address = 'claim_held'")
+            .fetch_one(&pool)
+            .await
+            .expect("the row is still there");
+    assert_eq!(state, "in_doubt");
 }

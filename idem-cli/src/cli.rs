@@ -13,8 +13,8 @@ use crate::timestamps::{parse_duration, parse_instant};
 /// operate idem's claims.
 ///
 /// Exit status: 0 done (or nothing found); 1 findings, schema problems, no
-/// such claim, or a refused release; 2 usage, connection or database errors,
-/// and destructive commands run without --yes.
+/// such claim, or a refused release or resolution; 2 usage, connection or
+/// database errors, and destructive commands run without --yes.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, max_term_width = 100)]
 pub struct Cli {
@@ -36,7 +36,7 @@ pub enum Command {
     Audit(AuditArgs),
     /// Set up idem's schema (idempotent), then verify it.
     Migrate(MigrateArgs),
-    /// Inspect and release idem's claims.
+    /// Inspect, release and resolve idem's claims.
     #[command(subcommand)]
     Claims(ClaimsCommand),
     /// Delete settled claims: a retry of their actions will then run again.
@@ -113,6 +113,16 @@ pub enum ClaimsCommand {
     /// if it is still running, it loses its claim and a retry may run the
     /// action a second time. Settled claims are never released.
     Release(ReleaseArgs),
+    /// Settle a claim in doubt (or a stale pending one) by hand, once you
+    /// know what happened: it succeeded, it failed, or nothing happened.
+    ///
+    /// --succeeded keeps the slot forever as a success (with --output, the
+    /// value a replaying action returns to its retries); --failed keeps it
+    /// as a definite failure (retries are refused); --release deletes it
+    /// (the next retry runs the action). Only a claim that is in doubt or
+    /// pending is resolved, and only while its fence is the one shown:
+    /// never a success, never a kept failure.
+    Resolve(ResolveArgs),
 }
 
 /// Which account and namespace a claim lives in.
@@ -136,6 +146,12 @@ pub enum StateArg {
     Pending,
     /// Settled: the action succeeded.
     Success,
+    /// The outcome is unknown: held until a reconciler or `claims resolve`
+    /// settles it.
+    #[value(name = "in_doubt")]
+    InDoubt,
+    /// A definite failure, kept: retries are refused.
+    Failed,
 }
 
 impl From<StateArg> for ClaimState {
@@ -143,6 +159,8 @@ impl From<StateArg> for ClaimState {
         match state {
             StateArg::Pending => ClaimState::Pending,
             StateArg::Success => ClaimState::Success,
+            StateArg::InDoubt => ClaimState::InDoubt,
+            StateArg::Failed => ClaimState::Failed,
         }
     }
 }
@@ -190,6 +208,42 @@ pub struct ReleaseArgs {
     /// The claim's address (claim_ followed by 24 hex digits).
     pub address: String,
     /// Really release it; without this, only say what would be released.
+    #[arg(long)]
+    pub yes: bool,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub schema: IdemSchemaArgs,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+/// `idem claims resolve`.
+#[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("resolution")
+        .required(true)
+        .args(["succeeded", "failed", "release"])
+))]
+pub struct ResolveArgs {
+    /// The claim's address (claim_ followed by 24 hex digits).
+    pub address: String,
+    /// The action's effect happened: keep the slot as a success.
+    #[arg(long)]
+    pub succeeded: bool,
+    /// With --succeeded: the value to replay to retries, as JSON (what the
+    /// action would have returned), e.g. '{"receipt":"r_1"}'.
+    #[arg(long, value_name = "JSON", conflicts_with_all = ["failed", "release"])]
+    pub output: Option<String>,
+    /// It definitely failed: keep the slot as failed; retries are refused.
+    #[arg(long)]
+    pub failed: bool,
+    /// Nothing happened: delete the claim, so the next retry runs the action.
+    #[arg(long)]
+    pub release: bool,
+    /// Really resolve it; without this, only say what would be done.
     #[arg(long)]
     pub yes: bool,
     #[command(flatten)]

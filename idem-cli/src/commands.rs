@@ -111,6 +111,29 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
                 args.format.format,
             )?))
         }
+        Command::Claims(ClaimsCommand::Resolve(args)) => {
+            claims::check_address(&args.address)?;
+            let resolution = claims::resolution(&args)?;
+            let pool = connect(
+                args.database.database_url.as_deref(),
+                args.schema.schema.as_deref(),
+            )
+            .await?;
+            claims::ensure_table(&pool).await?;
+            let resolved = claims::resolve(
+                &pool,
+                &args.address,
+                &scope(&args.scope),
+                resolution,
+                args.yes,
+            )
+            .await?;
+            pool.close().await;
+            Ok(Done::clean(claims::render_resolved(
+                &resolved,
+                args.format.format,
+            )?))
+        }
         Command::Prune(args) => {
             let pool = connect(
                 args.database.database_url.as_deref(),

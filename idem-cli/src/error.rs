@@ -58,7 +58,8 @@ pub enum CliError {
     #[error("{0}")]
     NotFound(String),
 
-    /// The command refuses this target (a settled claim for `release`).
+    /// The command refuses this target (a settled claim for `release`, a
+    /// success or a kept failure for `resolve`).
     #[error("{0}")]
     Refused(String),
 

@@ -1,4 +1,4 @@
-//! `idem migrate`, `idem claims list | show | release` and `idem prune`
+//! `idem migrate`, `idem claims list | show | release | resolve` and `idem prune`
 //! against a real PostgreSQL, each in a schema of its own.
 
 mod common;
@@ -511,6 +511,313 @@ async fn claims_are_listed_shown_released_and_pruned() {
     )
     .expect_code(2);
     assert!(run.stderr.contains("write YYYY-MM-DD"), "{}", run.stderr);
+
+    run_sql(&mut conn, "RESET search_path").await;
+    drop_schemas(&mut conn, &[&schema]).await;
+}
+
+/// Inserts a claim of `charge(order)` in account acme, no namespace, made
+/// ten minutes ago.
+async fn claim(conn: &mut PgConnection, order: &str, state: &str) -> String {
+    insert(
+        conn,
+        Row {
+            account: "acme",
+            namespace: None,
+            identity: Identity::new("charge").part(order),
+            state,
+            age_seconds: 600.0,
+            settled_at: None,
+        },
+    )
+    .await
+}
+
+/// Holds the claim at `address` (account acme, no namespace) in `state`,
+/// saying why, as the runtime does when it leaves `pending` without a
+/// success.
+async fn hold(conn: &mut PgConnection, address: &str, state: &str, reason: &str) {
+    sqlx::query(
+        "UPDATE idem_records SET state = $2, state_reason = $3, \
+                settled_at = CASE WHEN $2 = 'failed' THEN now() END \
+         WHERE account = 'acme' AND kind = 'claim' AND address = $1 AND namespace IS NULL",
+    )
+    .bind(address)
+    .bind(state)
+    .bind(reason)
+    .execute(&mut *conn)
+    .await
+    .unwrap_or_else(|e| panic!("cannot hold the claim {state}: {e}"));
+}
+
+/// A claim's state, reason, output and whether it was resolved, as stored.
+async fn stored(
+    conn: &mut PgConnection,
+    address: &str,
+) -> Option<(String, Option<String>, Option<String>, bool)> {
+    sqlx::query_as(
+        "SELECT state, state_reason, output_json, resolved_at IS NOT NULL \
+         FROM idem_records WHERE address = $1",
+    )
+    .bind(address)
+    .fetch_optional(&mut *conn)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn claims_in_doubt_are_listed_shown_and_resolved_by_hand() {
+    let mut conn = connect().await;
+    let schema = unique_name("idem_resolve");
+    create_schemas(&mut conn, &[&schema]).await;
+    idem(&["migrate", "--schema", &schema]).expect_code(0);
+    run_sql(&mut conn, &format!("SET search_path = {}", ident(&schema))).await;
+    let timed_out = claim(&mut conn, "ord_timeout", "pending").await;
+    let declined = claim(&mut conn, "ord_declined", "pending").await;
+    let lost = claim(&mut conn, "ord_lost", "pending").await;
+    let stale = claim(&mut conn, "ord_stale", "pending").await;
+    let settled = claim(&mut conn, "ord_settled", "success").await;
+    hold(&mut conn, &timed_out, "in_doubt", "body_in_doubt").await;
+    hold(&mut conn, &declined, "in_doubt", "lease_expired").await;
+    hold(&mut conn, &lost, "failed", "kept_failure").await;
+
+    // list and show: the new states, and how a claim got there.
+    let listed = idem_in(
+        &schema,
+        &["claims", "list", "--state", "in_doubt", "--format", "json"],
+    )
+    .expect_code(0)
+    .json();
+    let mut in_doubt = addresses(&listed);
+    in_doubt.sort_unstable();
+    let mut expected = [timed_out.as_str(), declined.as_str()];
+    expected.sort_unstable();
+    assert_eq!(in_doubt, expected);
+    let failed = idem_in(
+        &schema,
+        &["claims", "list", "--state", "failed", "--format", "json"],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(addresses(&failed), [lost.as_str()]);
+    assert_eq!(failed[0]["state_reason"], "kept_failure");
+    assert!(failed[0]["fence"].as_i64().is_some(), "{failed}");
+
+    let run = idem_in(&schema, &["claims", "show", &timed_out]).expect_code(0);
+    for field in [
+        "state:            in_doubt\n",
+        "state_reason:     body_in_doubt\n",
+        "\nfence:            ",
+    ] {
+        assert!(
+            run.stdout.contains(field),
+            "no {field:?} in:\n{}",
+            run.stdout
+        );
+    }
+    assert_eq!(run.stdout.matches("\nfence:").count(), 1, "{}", run.stdout);
+
+    // resolve: one of --succeeded, --failed, --release; --output is JSON,
+    // and only with --succeeded.
+    let run = idem_in(&schema, &["claims", "resolve", &timed_out, "--yes"]).expect_code(2);
+    assert!(run.stderr.contains("--succeeded"), "{}", run.stderr);
+    let run = idem_in(
+        &schema,
+        &["claims", "resolve", &timed_out, "--failed", "--output", "1"],
+    )
+    .expect_code(2);
+    assert!(
+        run.stderr
+            .contains("'--failed' cannot be used with '--output <JSON>'"),
+        "{}",
+        run.stderr
+    );
+    let run = idem_in(
+        &schema,
+        &[
+            "claims",
+            "resolve",
+            &timed_out,
+            "--succeeded",
+            "--output",
+            "{receipt: r_1}",
+            "--yes",
+        ],
+    )
+    .expect_code(2);
+    assert!(
+        run.stderr.contains("--output must be JSON"),
+        "{}",
+        run.stderr
+    );
+
+    // Without --yes: what it would do, and nothing done.
+    let run = idem_in(
+        &schema,
+        &[
+            "claims",
+            "resolve",
+            &timed_out,
+            "--succeeded",
+            "--output",
+            r#"{"receipt":"r_1"}"#,
+        ],
+    )
+    .expect_code(2);
+    assert!(
+        run.stderr.contains(&format!(
+            "would resolve in_doubt claim {timed_out} (account acme, no namespace): \
+             charge [\"ord_timeout\"], created 10m00s ago, fence "
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(
+            "(body_in_doubt): as a success, replaying {\"receipt\":\"r_1\"}.\n\
+             Retries will not run the action again"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("Re-run with --yes"), "{}", run.stderr);
+    assert_eq!(
+        stored(&mut conn, &timed_out).await,
+        Some(("in_doubt".into(), Some("body_in_doubt".into()), None, false))
+    );
+
+    // --succeeded: a success, with the output to replay.
+    let run = idem_in(
+        &schema,
+        &[
+            "claims",
+            "resolve",
+            &timed_out,
+            "--succeeded",
+            "--output",
+            r#"{"receipt":"r_1"}"#,
+            "--account",
+            "acme",
+            "--yes",
+        ],
+    )
+    .expect_code(0);
+    assert_eq!(
+        run.stdout,
+        format!(
+            "resolved in_doubt claim {timed_out} (account acme, no namespace): \
+             charge [\"ord_timeout\"], created 10m00s ago: now success; retries get its outcome\n"
+        )
+    );
+    assert_eq!(
+        stored(&mut conn, &timed_out).await,
+        Some((
+            "success".into(),
+            Some("operator".into()),
+            Some(r#"{"receipt":"r_1"}"#.into()),
+            true
+        ))
+    );
+    // Never over a success: refused, and why.
+    let run = idem_in(
+        &schema,
+        &["claims", "resolve", &timed_out, "--release", "--yes"],
+    )
+    .expect_code(1);
+    assert!(
+        run.stderr.contains("it succeeded (settled 2")
+            && run.stderr.contains("a success is kept forever"),
+        "{}",
+        run.stderr
+    );
+    let run = idem_in(
+        &schema,
+        &["claims", "resolve", &settled, "--failed", "--yes"],
+    )
+    .expect_code(1);
+    assert!(
+        run.stderr.contains("a success is kept forever"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        stored(&mut conn, &settled).await.map(|row| row.0),
+        Some("success".into())
+    );
+
+    // --failed, in JSON: what it was, what it is.
+    let resolved = idem_in(
+        &schema,
+        &[
+            "claims", "resolve", &declined, "--failed", "--yes", "--format", "json",
+        ],
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(resolved["resolution"], "failed");
+    assert_eq!(resolved["state_before"], "in_doubt");
+    assert_eq!(resolved["state_after"], "failed");
+    assert_eq!(resolved["claim"]["address"], declined.as_str());
+    assert_eq!(resolved["claim"]["state_reason"], "lease_expired");
+    assert_eq!(
+        stored(&mut conn, &declined).await,
+        Some(("failed".into(), Some("operator".into()), None, true))
+    );
+    // A kept failure is resolved already.
+    let run = idem_in(&schema, &["claims", "resolve", &lost, "--release", "--yes"]).expect_code(1);
+    assert!(
+        run.stderr
+            .contains("it is a kept failure, already resolved"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(count(&mut conn, &lost).await, 1);
+
+    // --release of a stale pending claim: deleted, the next retry runs.
+    let run = idem_in(
+        &schema,
+        &["claims", "resolve", &stale, "--release", "--yes"],
+    )
+    .expect_code(0);
+    assert!(
+        run.stdout
+            .starts_with(&format!("resolved pending claim {stale} "))
+            && run
+                .stdout
+                .ends_with("released; the next retry runs the action\n"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(count(&mut conn, &stale).await, 0);
+
+    // release refuses a claim in doubt and points at resolve.
+    let held = claim(&mut conn, "ord_held", "pending").await;
+    hold(&mut conn, &held, "in_doubt", "body_in_doubt").await;
+    let run = idem_in(&schema, &["claims", "release", &held, "--yes"]).expect_code(1);
+    assert!(
+        run.stderr.contains("it is in doubt (body_in_doubt)")
+            && run.stderr.contains(&format!("idem claims resolve {held}")),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(count(&mut conn, &held).await, 1);
+
+    let run = idem_in(
+        &schema,
+        &[
+            "claims",
+            "resolve",
+            "claim_000000000000000000000000",
+            "--failed",
+            "--yes",
+        ],
+    )
+    .expect_code(1);
+    assert!(
+        run.stderr.contains("no claim has address"),
+        "{}",
+        run.stderr
+    );
 
     run_sql(&mut conn, "RESET search_path").await;
     drop_schemas(&mut conn, &[&schema]).await;

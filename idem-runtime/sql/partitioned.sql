@@ -31,7 +31,11 @@ CREATE TABLE idem_records (
     lease_expires_at timestamptz NULL,
     output_json      text        NULL,
     first_fence      bigint      NULL,
-    CONSTRAINT idem_records_claim_state CHECK (kind <> 'claim' OR state IN ('pending', 'success')),
+    state_reason     text        NULL,
+    resolved_at      timestamptz NULL,
+    CONSTRAINT idem_records_claim_state CHECK (
+        kind <> 'claim' OR state IN ('pending', 'success', 'in_doubt', 'failed')
+    ),
     CONSTRAINT idem_records_meter_event_complete CHECK (
         kind <> 'meter_event'
         OR (meter IS NOT NULL AND quantity IS NOT NULL AND occurred_at IS NOT NULL)

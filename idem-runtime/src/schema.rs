@@ -71,6 +71,8 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("output_json", false),
     ("first_fence", false),
     ("lease_expires_at", false),
+    ("state_reason", false),
+    ("resolved_at", false),
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.

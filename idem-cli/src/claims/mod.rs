@@ -1,28 +1,30 @@
-//! `idem claims list | show | release` and `idem prune`: reading and
-//! deleting claim rows (`kind = 'claim'`) through the runtime's
-//! [`operations`], which hold every statement; this module decides what to
-//! ask, what to refuse and what to say.
+//! `idem claims list | show | release | resolve` and `idem prune`: reading,
+//! resolving and deleting claim rows (`kind = 'claim'`) through the
+//! runtime's [`operations`], which hold every statement; this module decides
+//! what to ask, what to refuse and what to say.
 //!
-//! Only two deletions exist, each guarded in its own `WHERE`: `release`
-//! deletes one claim only while it is `pending`, and `prune` deletes only
-//! `success` claims settled before a given instant. Both refuse to run without
-//! `--yes` and then say what they would delete.
+//! Every change is guarded in its own `WHERE`: `release` deletes one claim
+//! only while it is `pending`, `resolve` changes one only while it is
+//! `pending` or `in_doubt` under the fence it showed, and `prune` deletes
+//! only `success` claims settled before a given instant. Each refuses to run
+//! without `--yes` and then says what it would do.
 
 mod render;
 
 use std::time::SystemTime;
 
-use idem_runtime::operations::{self, ClaimState, PruneFilter};
+use idem_runtime::operations::{self, ClaimState, PruneFilter, Resolution, Resolved, Resolver};
 use idem_runtime::schema;
 use jiff::Timestamp;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::cli::ResolveArgs;
 use crate::error::CliError;
 use crate::timestamps;
 
 pub use idem_runtime::operations::{ClaimRow, ListFilter, NamespaceFilter, ScopeFilter};
-pub use render::{render_claim, render_list, render_pruned, render_released};
+pub use render::{render_claim, render_list, render_pruned, render_released, render_resolved};
 
 /// Fails, saying what to do, when `idem_records` is not on the search path.
 pub async fn ensure_table(pool: &PgPool) -> Result<(), CliError> {
@@ -111,17 +113,29 @@ pub async fn release(
         render::summary(&claim),
         timestamps::age(claim.age_seconds),
     );
-    if claim.state != ClaimState::Pending.as_str() {
-        return Err(CliError::Refused(format!(
-            "{what}: it is settled ({}{}), and idem never releases a settled claim, because a \
-             retry would then run its action a second time. To forget settled claims, see \
-             `idem prune`.",
-            claim.state,
-            claim
-                .settled_micros
-                .map(|m| format!(" since {}", timestamps::instant_to_second(m)))
-                .unwrap_or_default(),
-        )));
+    match ClaimState::parse(&claim.state) {
+        Some(ClaimState::Pending) => {}
+        Some(ClaimState::InDoubt) => {
+            return Err(CliError::Refused(format!(
+                "{what}: it is in doubt{}: its action may have taken effect, and a release would \
+                 let a retry run it a second time. Find out what happened, then `idem claims \
+                 resolve {} --succeeded | --failed | --release`.",
+                reason_in_parentheses(&claim),
+                claim.address,
+            )));
+        }
+        _ => {
+            return Err(CliError::Refused(format!(
+                "{what}: it is settled ({}{}), and idem never releases a settled claim, because \
+                 a retry would then run its action a second time. To forget settled claims, see \
+                 `idem prune`.",
+                claim.state,
+                claim
+                    .settled_micros
+                    .map(|m| format!(" since {}", timestamps::instant_to_second(m)))
+                    .unwrap_or_default(),
+            )));
+        }
     }
     if !yes {
         return Err(CliError::NeedsConfirmation(format!(
@@ -141,6 +155,154 @@ pub async fn release(
             claim.address
         ))),
     }
+}
+
+/// The resolution `args` ask for; `--output` must be JSON.
+pub fn resolution(args: &ResolveArgs) -> Result<Resolution<'_>, CliError> {
+    if let Some(output) = &args.output
+        && let Err(error) = serde_json::from_str::<serde::de::IgnoredAny>(output)
+    {
+        return Err(CliError::Usage(format!(
+            "--output must be JSON, the value a replaying action returns to its retries \
+             (e.g. '{{\"receipt\":\"r_1\"}}', '\"text\"' or 'null'): {error}"
+        )));
+    }
+    Ok(match (args.succeeded, args.failed) {
+        (true, _) => Resolution::Succeeded {
+            output_json: args.output.as_deref(),
+        },
+        (false, true) => Resolution::Failed,
+        (false, false) => Resolution::Release,
+    })
+}
+
+/// What `claims resolve` did: the claim as it was, and what it became.
+#[derive(Debug)]
+pub struct ResolvedClaim {
+    /// The claim just before.
+    pub before: ClaimRow,
+    /// Its state now; `None`: released (deleted).
+    pub after: Option<ClaimState>,
+}
+
+/// Resolves the claim at `address` in `scope` as `resolution` says, after
+/// `yes`, only while it is pending or in doubt under the fence it had when
+/// we looked.
+pub async fn resolve(
+    pool: &PgPool,
+    address: &str,
+    scope: &ScopeFilter<'_>,
+    resolution: Resolution<'_>,
+    yes: bool,
+) -> Result<ResolvedClaim, CliError> {
+    let claim = find(pool, address, scope).await?;
+    let what = format!(
+        "{} claim {} ({}): {}, created {} ago, fence {}{}",
+        claim.state,
+        claim.address,
+        describe_scope(&claim.account, claim.namespace.as_deref()),
+        render::summary(&claim),
+        timestamps::age(claim.age_seconds),
+        claim.fence,
+        reason_in_parentheses(&claim),
+    );
+    if let Some(why) = unresolvable(&claim) {
+        return Err(CliError::Refused(format!("{what}: {why}")));
+    }
+    if !yes {
+        return Err(CliError::NeedsConfirmation(format!(
+            "would resolve {what}: {}.
+{} Re-run with --yes to resolve it.",
+            describe_resolution(&resolution),
+            consequence(&resolution),
+        )));
+    }
+    let resolver = Resolver {
+        reason: "operator",
+        expected_fence: Some(claim.fence),
+    };
+    let resolved = operations::resolve_as(pool, claim.slot(), resolution, resolver)
+        .await
+        .map_err(CliError::store("resolve the claim"))?;
+    let changed = |now: &str| {
+        CliError::Refused(format!(
+            "{what}, changed while we looked: {now}; nothing resolved. `idem claims show {}` \
+             shows it now",
+            claim.address
+        ))
+    };
+    match resolved {
+        Resolved::Changed { before, after } => Ok(ResolvedClaim { before, after }),
+        Resolved::Missing => Err(changed("it is gone (released, or resolved and released)")),
+        Resolved::NotResolvable(now) => Err(changed(&format!("it is {} now", now.state))),
+        Resolved::FenceMoved { current, .. } => Err(changed(&format!(
+            "its fence is {} now (taken over, or released and claimed anew)",
+            current.fence
+        ))),
+        other => Err(changed(&format!("{other:?}"))),
+    }
+}
+
+/// Why `claim` cannot be resolved, if it cannot: only claims in doubt or
+/// pending can.
+fn unresolvable(claim: &ClaimRow) -> Option<String> {
+    match ClaimState::parse(&claim.state) {
+        Some(state) if state.is_resolvable() => None,
+        Some(ClaimState::Success) => Some(format!(
+            "it succeeded{}, and a success is kept forever: there is nothing to resolve",
+            claim
+                .settled_micros
+                .map(|m| format!(" (settled {})", timestamps::instant_to_second(m)))
+                .unwrap_or_default(),
+        )),
+        Some(ClaimState::Failed) => Some(
+            "it is a kept failure, already resolved: retries of it are refused. There is \
+             nothing to resolve"
+                .to_owned(),
+        ),
+        _ => Some(format!(
+            "its state {:?} is not one this idem knows; only claims in doubt or pending are \
+             resolved",
+            claim.state
+        )),
+    }
+}
+
+/// "as a success, keeping output {...}" and its kin.
+fn describe_resolution(resolution: &Resolution<'_>) -> String {
+    match resolution {
+        Resolution::Succeeded {
+            output_json: Some(output),
+        } => format!("as a success, replaying {output}"),
+        Resolution::Succeeded { output_json: None } => "as a success, with no output".to_owned(),
+        Resolution::Failed => "as failed".to_owned(),
+        _ => "by releasing it".to_owned(),
+    }
+}
+
+/// What a resolution means for the retries of the claim's action.
+fn consequence(resolution: &Resolution<'_>) -> &'static str {
+    match resolution {
+        Resolution::Succeeded { .. } => {
+            "Retries will not run the action again: resolve it so only when its effect happened."
+        }
+        Resolution::Failed => {
+            "Retries will be refused, never run: resolve it so only when it definitely failed."
+        }
+        _ => {
+            "The next retry runs the action again: resolve it so only when its effect did not \
+             happen, or you would do it twice."
+        }
+    }
+}
+
+/// " (body_in_doubt)" when the claim says how it got to its state.
+fn reason_in_parentheses(claim: &ClaimRow) -> String {
+    claim
+        .state_reason
+        .as_deref()
+        .map(|reason| format!(" ({reason})"))
+        .unwrap_or_default()
 }
 
 /// How many settled claims `prune` removed (or would remove).

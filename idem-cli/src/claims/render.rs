@@ -1,16 +1,19 @@
 //! How claims look: the decoded identity, text tables and blocks, JSON.
 //!
 //! JSON objects for a claim have the same fields everywhere (`list`, `show`,
-//! `release`): `account`, `namespace`, `address`, `state`, `created_at`,
-//! `age_seconds`, `settled_at` (RFC 3339, UTC), `action`, `identity` (its
-//! `Debug`, long parts abbreviated), `identity_hex`,
-//! `address_matches_identity`, and `other_columns` (every further column of
-//! the row, as PostgreSQL renders it in JSON).
+//! `release`, and `claim` in `resolve`): `account`, `namespace`, `address`,
+//! `state`, `state_reason`, `fence`, `created_at`, `age_seconds`,
+//! `settled_at` (RFC 3339, UTC), `action`, `identity` (its `Debug`, long
+//! parts abbreviated), `identity_hex`, `address_matches_identity`, and
+//! `other_columns` (every column beyond the first eight, `fence` and
+//! `state_reason` included, as PostgreSQL renders it in JSON).
 
 use idem_runtime::Identity;
 use serde::Serialize;
 
-use super::{ClaimRow, Pruned, describe_scope};
+use idem_runtime::operations::ClaimState;
+
+use super::{ClaimRow, Pruned, ResolvedClaim, describe_scope};
 use crate::error::CliError;
 use crate::output::{self, Format};
 use crate::timestamps;
@@ -73,6 +76,8 @@ struct ClaimJson<'a> {
     namespace: Option<&'a str>,
     address: &'a str,
     state: &'a str,
+    state_reason: Option<&'a str>,
+    fence: i64,
     created_at: String,
     age_seconds: i64,
     settled_at: Option<String>,
@@ -89,6 +94,8 @@ fn to_json<'a>(claim: &'a ClaimRow, decoded: &'a Decoded) -> ClaimJson<'a> {
         namespace: claim.namespace.as_deref(),
         address: &claim.address,
         state: &claim.state,
+        state_reason: claim.state_reason.as_deref(),
+        fence: claim.fence,
         created_at: timestamps::instant(claim.created_micros),
         age_seconds: claim.age_seconds,
         settled_at: claim.settled_micros.map(timestamps::instant),
@@ -169,6 +176,11 @@ pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError
         ("kind".into(), claim.kind.clone()),
         ("state".into(), claim.state.clone()),
         (
+            "state_reason".into(),
+            claim.state_reason.clone().unwrap_or_else(|| "-".into()),
+        ),
+        ("fence".into(), claim.fence.to_string()),
+        (
             "created_at".into(),
             format!(
                 "{} ({} ago)",
@@ -200,6 +212,9 @@ pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError
         ),
     ];
     for (name, value) in &claim.other_columns {
+        if fields.iter().any(|(shown, _)| shown == name) {
+            continue;
+        }
         let shown = match value {
             serde_json::Value::Null => "-".to_owned(),
             serde_json::Value::String(text) => text.clone(),
@@ -225,6 +240,52 @@ pub fn render_released(claim: &ClaimRow, format: Format) -> Result<String, CliEr
             describe_scope(&claim.account, claim.namespace.as_deref()),
             decoded.summary(),
             timestamps::age(claim.age_seconds),
+        )),
+    }
+}
+
+/// A resolution for JSON output.
+#[derive(Debug, Serialize)]
+struct ResolvedJson<'a> {
+    /// `succeeded`, `failed` or `released`.
+    resolution: &'static str,
+    state_before: &'a str,
+    /// `null`: released (deleted).
+    state_after: Option<&'static str>,
+    /// The claim as it was just before.
+    claim: ClaimJson<'a>,
+}
+
+/// `claims resolve` output.
+pub fn render_resolved(resolved: &ResolvedClaim, format: Format) -> Result<String, CliError> {
+    let claim = &resolved.before;
+    let decoded = Decoded::of(claim);
+    let resolution = match resolved.after {
+        Some(ClaimState::Success) => "succeeded",
+        Some(ClaimState::Failed) => "failed",
+        None => "released",
+        Some(other) => other.as_str(),
+    };
+    match format {
+        Format::Json => output::json(&ResolvedJson {
+            resolution,
+            state_before: &claim.state,
+            state_after: resolved.after.map(ClaimState::as_str),
+            claim: to_json(claim, &decoded),
+        }),
+        Format::Text => Ok(format!(
+            "resolved {} claim {} ({}): {}, created {} ago: {}\n",
+            claim.state,
+            claim.address,
+            describe_scope(&claim.account, claim.namespace.as_deref()),
+            decoded.summary(),
+            timestamps::age(claim.age_seconds),
+            match resolved.after {
+                Some(ClaimState::Success) => "now success; retries get its outcome",
+                Some(ClaimState::Failed) => "now failed; retries are refused",
+                None => "released; the next retry runs the action",
+                Some(_) => "changed",
+            },
         )),
     }
 }
@@ -261,6 +322,8 @@ mod tests {
             created_micros: 1_714_564_800_000_000,
             settled_micros: None,
             age_seconds: 192,
+            fence: 7,
+            state_reason: None,
             other_columns: serde_json::Map::new(),
         }
     }
@@ -312,6 +375,8 @@ mod tests {
         let shown = render_claim(&row, Format::Text).unwrap_or_default();
         assert!(shown.contains("\nstate:            pending\n"), "{shown}");
         assert!(shown.contains("\nfence:            7\n"), "{shown}");
+        assert_eq!(shown.matches("\nfence:").count(), 1, "{shown}");
+        assert!(shown.contains("\nstate_reason:     -\n"), "{shown}");
         assert!(shown.contains("\nlease_expires_at: -\n"), "{shown}");
         assert!(shown.contains("created_at:       2024-05-01T12:00:00Z (3m12s ago)"));
     }

@@ -1,6 +1,13 @@
 //! The claim path's statements over `idem_records` (`kind = 'claim'`):
-//! claim, lookup, take over, settle, release, extend, and the two ways a
-//! late success is recorded.
+//! claim, lookup, take over, settle, release, extend, the two ways a late
+//! success is recorded, and the two ways a claim leaves `pending` without a
+//! success: kept as `failed`, or held `in_doubt`.
+//!
+//! Every statement that changes a holder's row is a compare-and-swap on
+//! `state = 'pending' AND fence = $4`: it changes the row only while it is
+//! still the pending claim that holder (or looker) saw, so of two racing
+//! writers exactly one changes it, and none ever writes over a success, a
+//! kept failure or a claim in doubt.
 //!
 //! By default every statement runs on its own pooled connection and commits
 //! on its own (autocommit): a claim is visible to every other process the
@@ -34,6 +41,13 @@ pub(crate) struct NewClaim<'a> {
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct Existing {
     pub settled: bool,
+    /// The row's state as stored: `pending`, `success`, `in_doubt`,
+    /// `failed` (or another, written by a later version).
+    #[allow(
+        dead_code,
+        reason = "the run loop of issue 15 calls it; it lands in a separate change"
+    )]
+    pub state: String,
     pub identity: Vec<u8>,
     pub fingerprint: Option<Vec<u8>>,
     pub fence: i64,
@@ -41,7 +55,8 @@ pub(crate) struct Existing {
     /// when the slot was released and claimed anew. A holder whose lineage
     /// still matches was taken over; one whose lineage is gone was released.
     pub lineage: i64,
-    /// A lease was set and has run out (by the database's clock).
+    /// A lease was set and has run out (by the database's clock), on a
+    /// claim still `pending`: a claim in doubt or failed never expires.
     pub lease_expired: bool,
     /// The stored `Ok` value, when asked for and present.
     pub output: Option<String>,
@@ -89,11 +104,12 @@ macro_rules! claim_statement {
                  RETURNING fence \
              ) \
              SELECT true AS won, fence, NULL::bigint AS lineage, NULL::boolean AS settled, \
-                    NULL::bytea AS identity, NULL::bytea AS fingerprint, \
+                    NULL::text AS state, NULL::bytea AS identity, NULL::bytea AS fingerprint, \
                     NULL::boolean AS lease_expired, NULL::text AS output \
              FROM claimed \
              UNION ALL \
-             SELECT false, fence, lineage, settled, identity, fingerprint, lease_expired, output \
+             SELECT false, fence, lineage, settled, state, identity, fingerprint, lease_expired, \
+                    output \
              FROM existing"
         )
     };
@@ -102,11 +118,13 @@ macro_rules! claim_statement {
 /// The columns of an [`Existing`] row, by the names [`Existing::from_row`]
 /// reads; `$7` (claim) or `$4` (lookup) says whether to return the stored
 /// output. A value settled before schema version 4 is still in `output`.
+/// Only a `pending` row's lease can have run out: the states a claim leaves
+/// `pending` for clear it, and the test says so regardless.
 macro_rules! existing_columns {
     () => {
-        "state = 'success' AS settled, identity, fingerprint, fence, \
+        "state = 'success' AS settled, state, identity, fingerprint, fence, \
          coalesce(first_fence, fence) AS lineage, \
-         coalesce(lease_expires_at < now(), false) AS lease_expired"
+         (state = 'pending' AND coalesce(lease_expires_at < now(), false)) AS lease_expired"
     };
 }
 
@@ -173,6 +191,62 @@ pub(super) const RELEASE_ASYNC: SplitOnNamespace = per_row!(
     "DELETE FROM idem_records \
      USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
     "state = 'pending' AND fence = $4"
+);
+
+/// Keeps the holder's pending claim as a definite failure: duplicates are
+/// refused, never run. `$4`: the holder's fence; `$5`: how it got there
+/// (`state_reason`). Index: the partial unique index of its form.
+#[allow(
+    dead_code,
+    reason = "the run loop of issue 15 calls it; it lands in a separate change"
+)]
+pub(super) const KEEP: SplitOnNamespace = per_row!(
+    "UPDATE idem_records \
+     SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5",
+    "state = 'pending' AND fence = $4"
+);
+
+/// [`KEEP`], committing as [`SETTLE_ASYNC`] does. Index: the partial unique
+/// index of its form.
+#[allow(
+    dead_code,
+    reason = "the run loop of issue 15 calls it; it lands in a separate change"
+)]
+pub(super) const KEEP_ASYNC: SplitOnNamespace = per_row!(
+    "UPDATE idem_records \
+     SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5 \
+     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
+    "state = 'pending' AND fence = $4"
+);
+
+/// Holds the holder's pending claim in doubt: its outcome is unknown, so
+/// nobody runs it until a reconciler or an operator resolves it. The lease
+/// is cleared, so it can never be taken over. `$4`: the holder's fence;
+/// `$5`: how it got there (`state_reason`). Index: the partial unique index
+/// of its form.
+#[allow(
+    dead_code,
+    reason = "the run loop of issue 15 calls it; it lands in a separate change"
+)]
+pub(super) const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
+    "UPDATE idem_records \
+     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5",
+    "state = 'pending' AND fence = $4"
+);
+
+/// Turns a pending claim whose lease ran out in doubt, if it is still the
+/// one that was seen (`$4`, its fence): for an action whose expiry means
+/// "the outcome is unknown", not "run it again". Of several lookers, one
+/// changes it; a holder that settles first wins, and this then changes
+/// nothing. Index: the partial unique index of its form.
+#[allow(
+    dead_code,
+    reason = "the run loop of issue 15 calls it; it lands in a separate change"
+)]
+pub(super) const EXPIRE_IN_DOUBT: SplitOnNamespace = per_row!(
+    "UPDATE idem_records \
+     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = 'lease_expired'",
+    "state = 'pending' AND fence = $4 AND lease_expires_at < now()"
 );
 
 /// Renews the holder's lease. `$4`: the holder's fence; `$5`: the new lease
@@ -318,6 +392,70 @@ pub(crate) async fn release<'e>(
         Commit::Async => &RELEASE_ASYNC,
     };
     changed_one(statement.for_row(scope, address).bind(fence), executor).await
+}
+
+/// Keeps a pending claim as a definite failure ([`KEEP`]), saying why in
+/// `reason`. `false`: the row is no longer pending under this fence.
+#[allow(
+    dead_code,
+    reason = "the run loop of issue 15 calls it; it lands in a separate change"
+)]
+pub(crate) async fn keep<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    fence: i64,
+    commit: Commit,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    let statement = match commit {
+        Commit::Durable => &KEEP,
+        Commit::Async => &KEEP_ASYNC,
+    };
+    changed_one(
+        statement.for_row(scope, address).bind(fence).bind(reason),
+        executor,
+    )
+    .await
+}
+
+/// Holds a pending claim in doubt ([`HOLD_IN_DOUBT`]), saying why in
+/// `reason`. `false`: the row is no longer pending under this fence.
+#[allow(
+    dead_code,
+    reason = "the run loop of issue 15 calls it; it lands in a separate change"
+)]
+pub(crate) async fn hold_in_doubt<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    fence: i64,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    changed_one(
+        HOLD_IN_DOUBT
+            .for_row(scope, address)
+            .bind(fence)
+            .bind(reason),
+        executor,
+    )
+    .await
+}
+
+/// Turns the expired pending claim last seen with fence `seen` in doubt
+/// ([`EXPIRE_IN_DOUBT`]). `false`: it changed since it was seen (settled,
+/// released, extended, taken over, or turned in doubt by another).
+#[allow(
+    dead_code,
+    reason = "the run loop of issue 15 calls it; it lands in a separate change"
+)]
+pub(crate) async fn expire_in_doubt<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    seen: i64,
+) -> Result<bool, sqlx::Error> {
+    changed_one(EXPIRE_IN_DOUBT.for_row(scope, address).bind(seen), executor).await
 }
 
 /// Renews a pending claim's lease. `false`: the claim was lost.

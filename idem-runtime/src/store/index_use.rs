@@ -82,6 +82,7 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
     };
     let lookup = Expect::PartialUniqueIndex;
     let output = Text(Some("{}"));
+    let reason = Text(Some("operator"));
     let scope = ScopeFilter {
         account: Some(ACCOUNT),
         namespace: namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named),
@@ -114,6 +115,20 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
         per_row("release", &claims::RELEASE, &[Int(1)], lookup),
         per_row("release_async", &claims::RELEASE_ASYNC, &[Int(1)], lookup),
         per_row("extend", &claims::EXTEND, &[Int(1), Int(1_000)], lookup),
+        per_row("keep", &claims::KEEP, &[Int(1), reason], lookup),
+        per_row("keep_async", &claims::KEEP_ASYNC, &[Int(1), reason], lookup),
+        per_row(
+            "hold_in_doubt",
+            &claims::HOLD_IN_DOUBT,
+            &[Int(1), reason],
+            lookup,
+        ),
+        per_row(
+            "expire_in_doubt",
+            &claims::EXPIRE_IN_DOUBT,
+            &[Int(1)],
+            lookup,
+        ),
         per_row(
             "take_over",
             &claims::TAKE_OVER,
@@ -164,6 +179,30 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             "operations release",
             &operations::RELEASE_PENDING,
             &[],
+            lookup,
+        ),
+        per_row(
+            "operations lock for resolve",
+            &operations::LOCK_FOR_RESOLVE,
+            &[],
+            lookup,
+        ),
+        per_row(
+            "operations resolve succeeded",
+            &operations::RESOLVE_SUCCEEDED,
+            &[Int(1), output, reason],
+            lookup,
+        ),
+        per_row(
+            "operations resolve failed",
+            &operations::RESOLVE_FAILED,
+            &[Int(1), reason],
+            lookup,
+        ),
+        per_row(
+            "operations resolve release",
+            &operations::RESOLVE_RELEASE,
+            &[Int(1)],
             lookup,
         ),
     ]

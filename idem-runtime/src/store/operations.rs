@@ -1,13 +1,14 @@
 //! What operators do to claims, outside any gate: list them, show one,
-//! release a pending one, prune settled ones. The `idem` command
-//! (`idem claims list | show | release`, `idem prune`) is built on these,
-//! and writes no SQL of its own.
+//! release a pending one, resolve one in doubt, prune settled ones. The
+//! `idem` command (`idem claims list | show | release | resolve`, `idem
+//! prune`) is built on these, and writes no SQL of its own.
 //!
-//! Only two deletions exist, each guarded in its own `WHERE`:
-//! [`release_pending`] deletes one claim only while it is `pending`, and
-//! [`prune`] deletes only `success` claims settled before a given instant.
-//! Deciding whether to run them (and asking for confirmation) is the
-//! caller's business.
+//! Every deletion and every resolution is guarded in its own `WHERE`:
+//! [`release_pending`] deletes one claim only while it is `pending`,
+//! [`resolve`] changes one only while it is `pending` or `in_doubt` (never a
+//! success, never a kept failure), and [`prune`] deletes only `success`
+//! claims settled before a given instant. Deciding whether to run them (and
+//! asking for confirmation) is the caller's business.
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
@@ -65,15 +66,41 @@ pub enum ClaimState {
     Pending,
     /// Settled: the action succeeded, and the slot stays taken.
     Success,
+    /// The outcome is unknown (the body said so, panicked or was dropped,
+    /// or its lease ran out): the slot is held, and nobody runs the action
+    /// until a reconciler or an operator [`resolve`]s it.
+    InDoubt,
+    /// A definite failure, kept: duplicates are refused, never run.
+    Failed,
 }
 
 impl ClaimState {
-    /// As stored: `"pending"`, `"success"`.
+    /// As stored: `"pending"`, `"success"`, `"in_doubt"`, `"failed"`.
     pub fn as_str(self) -> &'static str {
         match self {
             ClaimState::Pending => "pending",
             ClaimState::Success => "success",
+            ClaimState::InDoubt => "in_doubt",
+            ClaimState::Failed => "failed",
         }
+    }
+
+    /// The state stored as `text`, if this build knows it.
+    pub fn parse(text: &str) -> Option<ClaimState> {
+        [
+            ClaimState::Pending,
+            ClaimState::Success,
+            ClaimState::InDoubt,
+            ClaimState::Failed,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == text)
+    }
+
+    /// Whether [`resolve`] may change a claim in this state: `pending` or
+    /// `in_doubt`, never a success or a kept failure.
+    pub fn is_resolvable(self) -> bool {
+        matches!(self, ClaimState::Pending | ClaimState::InDoubt)
     }
 }
 
@@ -99,7 +126,8 @@ pub struct PruneFilter<'a> {
     pub account: Option<&'a str>,
 }
 
-/// Where one claim lives: the row [`release_pending`] deletes.
+/// Where one claim lives: the row [`release_pending`] deletes, or
+/// [`resolve`] changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot<'a> {
     /// Its account.
@@ -134,8 +162,19 @@ pub struct ClaimRow {
     pub settled_micros: Option<i64>,
     /// Seconds since `created_at`, by the database's clock.
     pub age_seconds: i64,
-    /// Every other column of the row (later schema versions add some), as
-    /// PostgreSQL renders it in JSON.
+    /// The fencing token of the claim's current holder: a takeover raises
+    /// it, so a resolution made against a fence that was seen
+    /// ([`Resolver::expected_fence`]) changes nothing once it moved on.
+    pub fence: i64,
+    /// How the claim got to its state (`body_in_doubt`, `lease_expired`,
+    /// `kept_failure`, `operator`, `reconciled`, ...), as the runtime wrote
+    /// it; `None` for pending and settled claims, and rows from before
+    /// schema version 5.
+    pub state_reason: Option<String>,
+    /// Every column of the row but the eight above `fence` (so `fence` and
+    /// `state_reason` too, and whatever later schema versions add), as
+    /// PostgreSQL renders it in JSON: what scripts that read it before
+    /// those two had fields of their own still find there.
     #[sqlx(json)]
     pub other_columns: serde_json::Map<String, serde_json::Value>,
 }
@@ -159,6 +198,7 @@ macro_rules! claim_columns {
          floor(extract(epoch FROM r.created_at) * 1000000)::int8 AS created_micros, \
          floor(extract(epoch FROM r.settled_at) * 1000000)::int8 AS settled_micros, \
          floor(extract(epoch FROM now() - r.created_at))::int8 AS age_seconds, \
+         r.fence, r.state_reason, \
          (to_jsonb(r) - ARRAY['account', 'namespace', 'kind', 'address', 'state', 'identity', \
                               'created_at', 'settled_at']) AS other_columns"
     };
@@ -239,6 +279,47 @@ pub(super) const RELEASE_PENDING: SplitOnNamespace = per_row!(
     concat!("RETURNING ", claim_columns!())
 );
 
+/// Locks the claim at one address for the rest of the transaction and
+/// returns it as it is now, so that [`resolve`] can say exactly what it
+/// found and what it changed. `$1` account, `$2` address, `$3` namespace.
+/// Index: the partial unique index of its form.
+pub(super) const LOCK_FOR_RESOLVE: SplitOnNamespace = per_row!(
+    concat!("SELECT ", claim_columns!(), " FROM idem_records r");
+    "FOR UPDATE"
+);
+
+/// Every resolution is a compare-and-swap matched on `state IN ('pending',
+/// 'in_doubt') AND fence = $4`: still pending or in doubt (never a success,
+/// never a kept failure) under the fence that was read.
+///
+/// Resolves a claim as a success: the slot keeps `$5` (the output to
+/// replay, as JSON text, or NULL) forever. `$4` the fence; `$6` how it got
+/// there (`state_reason`). Index: the partial unique index of its form.
+pub(super) const RESOLVE_SUCCEEDED: SplitOnNamespace = per_row!(
+    "UPDATE idem_records \
+     SET state = 'success', settled_at = now(), resolved_at = now(), lease_expires_at = NULL, \
+         output_json = $5, state_reason = $6",
+    "state IN ('pending', 'in_doubt') AND fence = $4"
+);
+
+/// Resolves a claim as a definite failure, kept: duplicates are refused.
+/// `$4` the fence; `$5` how it got there (`state_reason`). Index: the
+/// partial unique index of its form.
+pub(super) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
+    "UPDATE idem_records \
+     SET state = 'failed', settled_at = now(), resolved_at = now(), lease_expires_at = NULL, \
+         state_reason = $5",
+    "state IN ('pending', 'in_doubt') AND fence = $4"
+);
+
+/// Resolves a claim by deleting it: nothing happened, and the next
+/// invocation runs the action. `$4` the fence. Index: the partial unique
+/// index of its form.
+pub(super) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
+    "DELETE FROM idem_records",
+    "state IN ('pending', 'in_doubt') AND fence = $4"
+);
+
 /// The test shared by [`COUNT_PRUNABLE`] and [`PRUNE`]: claims settled
 /// before `$1` (microseconds since the Unix epoch), in account `$2` (NULL:
 /// every account).
@@ -305,6 +386,194 @@ pub async fn release_pending(pool: &PgPool, slot: Slot<'_>) -> Result<Option<Cla
         .fetch_optional(pool)
         .await?;
     Ok(row.as_ref().map(ClaimRow::from_row).transpose()?)
+}
+
+/// How a claim in doubt (or a stale pending one) turned out, as a
+/// reconciler's probe or an operator found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolution<'a> {
+    /// The action's effect happened: the claim becomes a `success` and the
+    /// slot is kept forever. `output_json`: the value to replay, as the
+    /// JSON text `serde_json` writes (`None`: no value, as for an action
+    /// that does not replay). It is stored as given: check it first.
+    Succeeded {
+        /// The `Ok` value to replay, as JSON text.
+        output_json: Option<&'a str>,
+    },
+    /// It definitely failed: the claim becomes `failed`, and duplicates
+    /// are refused, never run.
+    Failed,
+    /// Nothing happened: the claim is deleted, and the next invocation
+    /// with its identity runs the action.
+    Release,
+}
+
+impl Resolution<'_> {
+    /// The state the claim is left in; `None`: deleted.
+    pub fn state_after(&self) -> Option<ClaimState> {
+        match self {
+            Resolution::Succeeded { .. } => Some(ClaimState::Success),
+            Resolution::Failed => Some(ClaimState::Failed),
+            Resolution::Release => None,
+        }
+    }
+}
+
+/// Who resolves a claim, and what they saw of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolver<'a> {
+    /// Written to `state_reason`: `operator`, `reconciled`, ...
+    pub reason: &'a str,
+    /// Resolve only while the claim's fence is still this one (the fence
+    /// the resolver saw when it decided); `None`: whatever its fence.
+    pub expected_fence: Option<i64>,
+}
+
+impl Resolver<'static> {
+    /// An operator, by hand, whatever the claim's fence: what [`resolve`]
+    /// uses.
+    pub const OPERATOR: Resolver<'static> = Resolver {
+        reason: "operator",
+        expected_fence: None,
+    };
+}
+
+/// What [`resolve`] did.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Resolved {
+    /// The claim was resolved.
+    Changed {
+        /// The claim as it was just before.
+        before: ClaimRow,
+        /// Its state now; `None`: deleted (released).
+        after: Option<ClaimState>,
+    },
+    /// No claim is at that address in that scope (never claimed, released,
+    /// or pruned).
+    Missing,
+    /// The claim is neither pending nor in doubt (a success or a kept
+    /// failure, or a state of a later version): nothing was changed. Its
+    /// state is in the row.
+    NotResolvable(ClaimRow),
+    /// The claim's fence is no longer the one the resolver expected (it was
+    /// taken over, or released and claimed anew): nothing was changed.
+    FenceMoved {
+        /// The claim as it is now.
+        current: ClaimRow,
+        /// The fence the resolver expected.
+        expected: i64,
+    },
+}
+
+/// Resolves the claim in `slot` as an operator would: `state_reason`
+/// `operator`, whatever its fence ([`Resolver::OPERATOR`]). See
+/// [`resolve_as`].
+pub async fn resolve(
+    pool: &PgPool,
+    slot: Slot<'_>,
+    resolution: Resolution<'_>,
+) -> Result<Resolved, Error> {
+    resolve_as(pool, slot, resolution, Resolver::OPERATOR).await
+}
+
+/// Resolves the claim in `slot` as `resolution` says, only while it is
+/// `pending` or `in_doubt` (and, if `resolver` expects one, under that
+/// fence): exactly once, however many resolvers race, and never over a
+/// success or a kept failure.
+///
+/// The claim is locked and read, then changed by a statement matched on
+/// what was read (its state, its fence), in one transaction: what comes
+/// back is exactly what was there and what it became, and a racing
+/// resolver, or the original holder's late settle, waits for the lock and
+/// then finds the claim resolved.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
+/// use idem_runtime::operations::{self, ClaimState, ListFilter, NamespaceFilter};
+/// use idem_runtime::operations::{Resolution, Resolved, Resolver, ScopeFilter};
+///
+/// let held = operations::list(&pool, &ListFilter {
+///     scope: ScopeFilter { account: Some("acme"), namespace: NamespaceFilter::Any },
+///     state: Some(ClaimState::InDoubt),
+///     older_than: None,
+///     limit: 100,
+/// })
+/// .await?;
+/// for claim in &held {
+///     // Asked the payment provider: the charge went through.
+///     let resolution = Resolution::Succeeded { output_json: Some(r#"{"receipt":"r_1"}"#) };
+///     let by = Resolver { reason: "reconciled", expected_fence: Some(claim.fence) };
+///     match operations::resolve_as(&pool, claim.slot(), resolution, by).await? {
+///         Resolved::Changed { .. } => {}  // resolved by this call, exactly once
+///         _ => {}                         // another resolver, or its holder, got there first
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn resolve_as(
+    pool: &PgPool,
+    slot: Slot<'_>,
+    resolution: Resolution<'_>,
+    resolver: Resolver<'_>,
+) -> Result<Resolved, Error> {
+    let scope = Scope {
+        account: slot.account,
+        namespace: slot.namespace,
+    };
+    let mut tx = pool.begin().await?;
+    let found = LOCK_FOR_RESOLVE
+        .for_row(scope, slot.address)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(before) = found.as_ref().map(ClaimRow::from_row).transpose()? else {
+        return Ok(Resolved::Missing);
+    };
+    if !ClaimState::parse(&before.state).is_some_and(ClaimState::is_resolvable) {
+        return Ok(Resolved::NotResolvable(before));
+    }
+    if let Some(expected) = resolver.expected_fence
+        && expected != before.fence
+    {
+        return Ok(Resolved::FenceMoved {
+            current: before,
+            expected,
+        });
+    }
+    let statement = match resolution {
+        Resolution::Succeeded { output_json } => RESOLVE_SUCCEEDED
+            .for_row(scope, slot.address)
+            .bind(before.fence)
+            .bind(output_json)
+            .bind(resolver.reason),
+        Resolution::Failed => RESOLVE_FAILED
+            .for_row(scope, slot.address)
+            .bind(before.fence)
+            .bind(resolver.reason),
+        Resolution::Release => RESOLVE_RELEASE
+            .for_row(scope, slot.address)
+            .bind(before.fence),
+    };
+    // Under the lock, the row is the one just read: the match cannot miss.
+    // Were it to, nothing is committed, and the caller hears so.
+    if statement.execute(&mut *tx).await?.rows_affected() != 1 {
+        return Ok(Resolved::NotResolvable(before));
+    }
+    tx.commit().await?;
+    let after = resolution.state_after();
+    tracing::info!(
+        target: "idem",
+        account = slot.account,
+        namespace = slot.namespace,
+        address = slot.address,
+        fence = before.fence,
+        from = %before.state,
+        to = after.map_or("released", ClaimState::as_str),
+        reason = resolver.reason,
+        "idem claim resolved"
+    );
+    Ok(Resolved::Changed { before, after })
 }
 
 /// How many claims [`prune`] would delete now.

@@ -1,0 +1,253 @@
+//! The ways a claim leaves `pending` without a success, against a real
+//! PostgreSQL: kept `failed`, held `in_doubt`, or turned in doubt when its
+//! lease ran out. Each is a compare-and-swap on the pending row and its
+//! fence, and a row in either state never looks expired, so nothing on
+//! the claim path (settle, release, extend, take over) can touch it again.
+//!
+//! Like `index_use`, it needs a PostgreSQL (`DATABASE_URL`, or the local
+//! default), sets the schema up in a schema of its own, and drops it after.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+
+use super::claims::{self, Claimed, Existing, NewClaim};
+use super::{Commit, Scope, catalog};
+
+/// Where the test looks for PostgreSQL when `DATABASE_URL` is not set.
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+const SCOPE: Scope<'static> = Scope {
+    account: "acme",
+    namespace: None,
+};
+
+/// A connection whose `search_path` is a fresh schema with idem set up,
+/// and that schema's name.
+async fn scratch() -> (PgConnection, String) {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    let mut conn = PgConnection::connect(&url).await.unwrap_or_else(|error| {
+        panic!(
+            "this test needs PostgreSQL and none answered at {url} ({error}); start one, or \
+             point DATABASE_URL at one"
+        )
+    });
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let schema = format!("idem_transitions_{}_{nanos}", std::process::id());
+    conn.execute(AssertSqlSafe(format!(
+        "CREATE SCHEMA {schema}; SET search_path TO {schema}"
+    )))
+    .await
+    .expect("create a schema of the test's own");
+    catalog::set_up(&mut conn).await.expect("set the schema up");
+    (conn, schema)
+}
+
+async fn drop_scratch(mut conn: PgConnection, schema: &str) {
+    conn.execute(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .await
+        .expect("drop the test's schema");
+}
+
+/// Claims `address`, with a lease of `lease_micros` if given; its fence.
+async fn won(conn: &mut PgConnection, address: &str, lease_micros: Option<i64>) -> i64 {
+    let new = NewClaim {
+        identity: b"\x00",
+        fingerprint: None,
+        lease_micros,
+    };
+    match claims::claim(&mut *conn, SCOPE, address, new, false).await {
+        Ok(Claimed::Won(fence)) => fence,
+        other => panic!("a fresh slot is won: {other:?}"),
+    }
+}
+
+async fn look(conn: &mut PgConnection, address: &str) -> Existing {
+    claims::lookup(&mut *conn, SCOPE, address, false)
+        .await
+        .expect("lookup")
+        .expect("the row is there")
+}
+
+async fn reason(conn: &mut PgConnection, address: &str) -> (Option<String>, bool) {
+    sqlx::query_as(
+        "SELECT state_reason, settled_at IS NOT NULL FROM idem_records WHERE address = $1",
+    )
+    .bind(address)
+    .fetch_one(&mut *conn)
+    .await
+    .expect("read the row")
+}
+
+/// Every statement of the claim path that changes a pending row, under
+/// `fence`: none may change a row that is no longer pending.
+async fn claim_path_changes_nothing(conn: &mut PgConnection, address: &str, fence: i64) {
+    let new = NewClaim {
+        identity: b"\x00",
+        fingerprint: None,
+        lease_micros: Some(1_000_000),
+    };
+    assert!(
+        !claims::settle(&mut *conn, SCOPE, address, fence, None, Commit::Durable)
+            .await
+            .expect("settle")
+    );
+    assert!(
+        !claims::release(&mut *conn, SCOPE, address, fence, Commit::Durable)
+            .await
+            .expect("release")
+    );
+    assert!(
+        !claims::extend(&mut *conn, SCOPE, address, fence, 1_000_000)
+            .await
+            .expect("extend")
+    );
+    assert!(
+        claims::take_over(&mut *conn, SCOPE, address, fence, new)
+            .await
+            .expect("take over")
+            .is_none()
+    );
+    assert!(
+        !claims::keep(
+            &mut *conn,
+            SCOPE,
+            address,
+            fence,
+            Commit::Durable,
+            "kept_failure"
+        )
+        .await
+        .expect("keep")
+    );
+    assert!(
+        !claims::hold_in_doubt(&mut *conn, SCOPE, address, fence, "body_in_doubt")
+            .await
+            .expect("hold in doubt")
+    );
+    assert!(
+        !claims::expire_in_doubt(&mut *conn, SCOPE, address, fence)
+            .await
+            .expect("expire in doubt")
+    );
+}
+
+#[tokio::test]
+async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_path() {
+    let (mut conn, schema) = scratch().await;
+    let address = "claim_held";
+    let fence = won(&mut conn, address, None).await;
+    assert!(
+        !claims::hold_in_doubt(&mut conn, SCOPE, address, fence + 1, "body_in_doubt")
+            .await
+            .expect("hold in doubt"),
+        "another fence holds nothing"
+    );
+    assert!(
+        claims::hold_in_doubt(&mut conn, SCOPE, address, fence, "body_in_doubt")
+            .await
+            .expect("hold in doubt")
+    );
+    let held = look(&mut conn, address).await;
+    assert_eq!(held.state, "in_doubt");
+    assert!(!held.settled && !held.lease_expired);
+    assert_eq!(
+        reason(&mut conn, address).await,
+        (Some("body_in_doubt".into()), false)
+    );
+    claim_path_changes_nothing(&mut conn, address, fence).await;
+
+    // A duplicate's claim finds it held, in doubt, not expired.
+    let new = NewClaim {
+        identity: b"\x00",
+        fingerprint: None,
+        lease_micros: None,
+    };
+    match claims::claim(&mut conn, SCOPE, address, new, false).await {
+        Ok(Claimed::Held(existing)) => {
+            assert_eq!(existing.state, "in_doubt");
+            assert!(!existing.lease_expired);
+        }
+        other => panic!("the slot is held: {other:?}"),
+    }
+    drop_scratch(conn, &schema).await;
+}
+
+#[tokio::test]
+async fn a_kept_failure_is_settled_failed_and_never_over_a_success() {
+    let (mut conn, schema) = scratch().await;
+    for (address, commit) in [
+        ("claim_kept", Commit::Durable),
+        ("claim_kept_async", Commit::Async),
+    ] {
+        let fence = won(&mut conn, address, Some(60_000_000)).await;
+        assert!(
+            claims::keep(&mut conn, SCOPE, address, fence, commit, "kept_failure")
+                .await
+                .expect("keep")
+        );
+        let kept = look(&mut conn, address).await;
+        assert_eq!(kept.state, "failed");
+        assert!(!kept.settled && !kept.lease_expired);
+        assert_eq!(
+            reason(&mut conn, address).await,
+            (Some("kept_failure".into()), true)
+        );
+        claim_path_changes_nothing(&mut conn, address, fence).await;
+    }
+
+    let address = "claim_succeeded";
+    let fence = won(&mut conn, address, None).await;
+    assert!(
+        claims::settle(&mut conn, SCOPE, address, fence, None, Commit::Durable)
+            .await
+            .expect("settle")
+    );
+    claim_path_changes_nothing(&mut conn, address, fence).await;
+    assert_eq!(look(&mut conn, address).await.state, "success");
+    drop_scratch(conn, &schema).await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_turns_in_doubt_once_and_only_under_the_fence_seen() {
+    let (mut conn, schema) = scratch().await;
+    let address = "claim_expiring";
+    let fence = won(&mut conn, address, Some(1)).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let expired = look(&mut conn, address).await;
+    assert_eq!(expired.state, "pending");
+    assert!(expired.lease_expired);
+
+    assert!(
+        !claims::expire_in_doubt(&mut conn, SCOPE, address, fence + 1)
+            .await
+            .expect("expire in doubt"),
+        "a fence not seen matches nothing"
+    );
+    assert!(
+        claims::expire_in_doubt(&mut conn, SCOPE, address, fence)
+            .await
+            .expect("expire in doubt")
+    );
+    let held = look(&mut conn, address).await;
+    assert_eq!(held.state, "in_doubt");
+    assert!(!held.lease_expired, "a claim in doubt never expires");
+    assert_eq!(
+        reason(&mut conn, address).await,
+        (Some("lease_expired".into()), false)
+    );
+    claim_path_changes_nothing(&mut conn, address, fence).await;
+
+    // A lease that has not run out is not turned.
+    let address = "claim_leased";
+    let fence = won(&mut conn, address, Some(60_000_000)).await;
+    assert!(
+        !claims::expire_in_doubt(&mut conn, SCOPE, address, fence)
+            .await
+            .expect("expire in doubt")
+    );
+    assert_eq!(look(&mut conn, address).await.state, "pending");
+    drop_scratch(conn, &schema).await;
+}
