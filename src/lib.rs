@@ -119,6 +119,8 @@
 //! | [`tx`](macro@idempotent#tx) | the claim and the settle commit with your transaction's writes |
 //! | [`outcome_commit = "async"`](macro@idempotent#outcome_commit) | settle and release do not wait for the disk |
 //! | [`on_unavailable = "run"`](macro@idempotent#on_unavailable) | fail open on an outage, for harmless duplicates |
+//! | [`disposition`](macro@idempotent#disposition) | each `Err` released, kept as a definite failure ([`Rejected::AlreadyFailed`]), or held in doubt ([`Rejected::InDoubt`]), as your [`Disposition`] function says |
+//! | [`on_expiry = "in_doubt"`](macro@idempotent#on_expiry) | a claim whose lease ran out is held in doubt, never run again blindly |
 //!
 //! # Testing your guarded functions
 //!
@@ -173,9 +175,10 @@
 #[doc = include_str!("idempotent.md")]
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
-    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Error, Fingerprint, Gate, GateEvent, Identity,
-    KeyPart, Mode, NotCanonical, OnUnavailable, OutcomeCommit, PartWriter, PartWritten, Rejected,
-    SchemaProblem, SchemaProblems, meter, operations, schema, sqlx,
+    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Disposed, Disposition, Error, Fingerprint, Gate,
+    GateEvent, Identity, KeyPart, Mode, NotCanonical, OnExpiry, OnUnavailable, OutcomeCommit,
+    PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems, meter, operations, schema,
+    sqlx,
 };
 
 /// Test helpers (feature `testing`): a real database, isolated gates, and

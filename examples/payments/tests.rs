@@ -616,6 +616,18 @@ async fn each_refusal_maps_to_its_status_retry_after_and_problem_type() {
             "already-succeeded",
         ),
         (
+            Rejected::InDoubt,
+            StatusCode::CONFLICT,
+            Some("30"),
+            "outcome-in-doubt",
+        ),
+        (
+            Rejected::AlreadyFailed,
+            StatusCode::CONFLICT,
+            None,
+            "already-failed",
+        ),
+        (
             Rejected::Collision {
                 address: address.clone(),
             },

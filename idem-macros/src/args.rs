@@ -17,6 +17,8 @@ mod kw {
     syn::custom_keyword!(wait);
     syn::custom_keyword!(on_unavailable);
     syn::custom_keyword!(outcome_commit);
+    syn::custom_keyword!(disposition);
+    syn::custom_keyword!(on_expiry);
     syn::custom_keyword!(tx);
 }
 
@@ -33,6 +35,8 @@ pub(crate) const OPTIONS: &[&str] = &[
     "wait",
     "on_unavailable",
     "outcome_commit",
+    "disposition",
+    "on_expiry",
     "tx",
     "crate",
 ];
@@ -56,6 +60,11 @@ pub(crate) struct Args {
     /// `outcome_commit`: `Some(Some(span))` for `"async"` (where it was
     /// written), `Some(None)` for an explicit `"durable"`, the default.
     pub outcome_commit: Option<Option<Span>>,
+    /// `disposition = path`: a `fn(&E) -> Disposition`.
+    pub disposition: Option<Expr>,
+    /// `on_expiry`: `Some((Some(span), literal))` for `"in_doubt"`,
+    /// `Some((None, literal))` for an explicit `"take_over"`, the default.
+    pub on_expiry: Option<(Option<Span>, LitStr)>,
     pub tx: Option<Expr>,
     /// `crate = "..."`: the path to idem where it is renamed.
     pub krate: Option<syn::Path>,
@@ -122,6 +131,8 @@ impl Parse for Args {
             wait: None,
             on_unavailable: None,
             outcome_commit: None,
+            disposition: None,
+            on_expiry: None,
             tx: None,
             krate: None,
             errors: Errors::default(),
@@ -238,6 +249,33 @@ impl Parse for Args {
                 args.set(name.span, "outcome_commit", value, |a| {
                     &mut a.outcome_commit
                 });
+            } else if lookahead.peek(kw::disposition) {
+                let name: kw::disposition = input.parse()?;
+                let example = "disposition = ChargeError::disposition";
+                let value = parse_value(input, name.span, "disposition", example)?;
+                args.set(name.span, "disposition", value, |a| &mut a.disposition);
+            } else if lookahead.peek(kw::on_expiry) {
+                let name: kw::on_expiry = input.parse()?;
+                let example = "on_expiry = \"in_doubt\"";
+                let value = parse_value(input, name.span, "on_expiry", example)?;
+                let value = value.and_then(|value| args.check_string(value, "on_expiry", example));
+                let value = value.and_then(|literal| match literal.value().as_str() {
+                    "in_doubt" => Some((Some(literal.span()), literal)),
+                    "take_over" => Some((None, literal)),
+                    other => {
+                        args.errors.push(syn::Error::new_spanned(
+                            &literal,
+                            format!(
+                                "`on_expiry` is \"take_over\" (the default: the next claim takes \
+                                 an expired claim over and runs the body) or \"in_doubt\" (the \
+                                 expired claim is held in doubt until it is resolved, never run \
+                                 again blindly), not {other:?}"
+                            ),
+                        ));
+                        None
+                    }
+                });
+                args.set(name.span, "on_expiry", value, |a| &mut a.on_expiry);
             } else if lookahead.peek(kw::tx) {
                 let name: kw::tx = input.parse()?;
                 let value = parse_value(input, name.span, "tx", "tx = tx")?;

@@ -73,6 +73,10 @@ struct Modes {
     wait: Option<std::time::Duration>,
     fail_open: bool,
     async_outcome: bool,
+    /// `disposition = path`: what each `Err` means for the slot.
+    disposition: Option<syn::Expr>,
+    /// `on_expiry = "in_doubt"`.
+    expiry_in_doubt: bool,
     tx: Option<syn::Expr>,
 }
 
@@ -90,6 +94,8 @@ impl Checked {
             wait,
             on_unavailable,
             outcome_commit,
+            disposition,
+            on_expiry,
             tx,
             krate,
             mut errors,
@@ -173,6 +179,15 @@ impl Checked {
                     ));
                 }
             }
+        }
+
+        // Only a lease can expire.
+        if let (Some((_, literal)), None) = (&on_expiry, &lease) {
+            errors.push(syn::Error::new_spanned(
+                literal,
+                "`on_expiry` says what a claim whose lease ran out becomes, and this claim has no \
+                 lease: add one (e.g. lease = \"30s\") or drop `on_expiry`",
+            ));
         }
 
         // An outcome may commit asynchronously only where losing it in a
@@ -259,6 +274,8 @@ impl Checked {
                 wait: wait.map(|w| w.duration),
                 fail_open: fail_open.is_some(),
                 async_outcome: async_outcome.is_some(),
+                disposition,
+                expiry_in_doubt: on_expiry.is_some_and(|(in_doubt, _)| in_doubt.is_some()),
                 tx,
             },
             private: match krate {
@@ -363,6 +380,20 @@ impl Checked {
             }
             _ => (quote!(#private::#outcome_of()), TokenStream::new()),
         };
+        // `disposition = path`: a closure that captures nothing (so it is a
+        // plain fn pointer) hands each output to the user's function, whose
+        // type is checked where it is written.
+        let outcome = match &modes.disposition {
+            Some(disposition) => {
+                let glue = glue_at(disposition.span());
+                let output = Ident::new("__idem_output", Span::mixed_site());
+                let classify = quote_spanned!(disposition.span()=>
+                    |#output| #glue::disposition_of(#output, #disposition)
+                );
+                quote!(#outcome.disposed_by(#classify))
+            }
+            None => outcome,
+        };
         let mode = modes.mode(&private);
         let call = match &modes.tx {
             None => quote! {
@@ -436,6 +467,9 @@ impl Modes {
         if let Some(wait) = self.wait {
             let wait = nanos(wait);
             mode.extend(quote!(.wait(#wait)));
+        }
+        if self.expiry_in_doubt {
+            mode.extend(quote!(.on_expiry(#private::OnExpiry::InDoubt)));
         }
         if self.fail_open {
             mode.extend(quote!(.on_unavailable(#private::OnUnavailable::Run)));

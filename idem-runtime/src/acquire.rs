@@ -11,7 +11,7 @@ use crate::claim::{Claim, Held, Lease};
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
 use crate::identity::Identity;
-use crate::mode::{Mode, OnUnavailable, OutcomeCommit};
+use crate::mode::{Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::retry::{self, SERIALIZATION_BACKOFF};
 use crate::slots::Slots;
@@ -115,7 +115,9 @@ pub(crate) async fn acquire(
             via.backoff(&SERIALIZATION_BACKOFF),
             retry::is_serialization_failure,
             on_repeat,
-            contender.attempt(via, new, want_output).await,
+            contender
+                .attempt(via, new, want_output, mode.on_expiry_policy())
+                .await,
         );
         let attempt = match attempt {
             Ok(attempt) => attempt,
@@ -242,6 +244,7 @@ impl Contender<'_> {
         via: &mut Via<'_>,
         new: NewClaim<'_>,
         want_output: bool,
+        on_expiry: OnExpiry,
     ) -> Result<Attempt, sqlx::Error> {
         let (scope, address) = (self.slots.scope(), &*self.address);
         // One connection for the whole attempt: every acquire may cost a
@@ -284,6 +287,31 @@ impl Contender<'_> {
         };
         if existing.settled {
             return Ok(Attempt::Settled(existing.output.filter(|_| replayable)));
+        }
+        // Neither runs again: one may have taken effect, the other failed
+        // for good. (A state this build does not know is held, as pending.)
+        match existing.state.as_str() {
+            "in_doubt" => return Ok(Attempt::Refused(Rejected::InDoubt)),
+            "failed" => return Ok(Attempt::Refused(Rejected::AlreadyFailed)),
+            _ => {}
+        }
+        if existing.lease_expired && on_expiry == OnExpiry::InDoubt {
+            // The holder is gone and may have done the action: nobody runs
+            // it until its outcome is established.
+            let turned = store::expire_in_doubt(&mut *conn, scope, address, existing.fence).await?;
+            if turned {
+                slot_event!(
+                    warn,
+                    self,
+                    previous_fence = existing.fence,
+                    "lease ran out: the claim is in doubt, held until a reconciler or an \
+                     operator resolves it"
+                );
+                observe::record(GateEvent::InDoubt);
+                return Ok(Attempt::Refused(Rejected::InDoubt));
+            }
+            // Resolved, released or turned by another meanwhile: look again.
+            return Ok(Attempt::Freed);
         }
         if existing.lease_expired {
             let taken = store::take_over(&mut *conn, scope, address, existing.fence, new).await?;

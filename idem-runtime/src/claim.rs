@@ -15,7 +15,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
 use crate::identity::Identity;
-use crate::mode;
+use crate::mode::{self, Disposition};
 use crate::observe::{self, GateEvent};
 use crate::retry;
 use crate::slots::Slots;
@@ -116,8 +116,11 @@ impl Lease {
 /// What a holder is recording.
 #[derive(Debug, Clone, Copy)]
 enum Outcome<'a> {
-    Success { output: Option<&'a str> },
-    Failure,
+    Success {
+        output: Option<&'a str>,
+    },
+    /// A failure, and what it means for the slot.
+    Failure(Disposition),
 }
 
 impl Claim {
@@ -176,10 +179,28 @@ impl Claim {
     /// already (released by someone else, or by an earlier attempt of this
     /// release whose reply was lost) counts as released.
     pub async fn release(self) -> Result<(), Rejected> {
+        self.dispose(Disposition::Release).await
+    }
+
+    /// Records a failure as `disposition` says: [`Release`] deletes the row
+    /// (as [`release`](Claim::release) does), [`Keep`] keeps the slot as
+    /// `failed` (duplicates are refused [`Rejected::AlreadyFailed`]),
+    /// [`InDoubt`] holds it `in_doubt` (duplicates are refused
+    /// [`Rejected::InDoubt`] until a reconciler or an operator resolves it).
+    ///
+    /// As with a release, a store failure leaves the row `pending` (fail
+    /// closed), and a claim taken over meanwhile is left to its new holder
+    /// ([`Rejected::LeaseLost`]).
+    ///
+    /// [`Release`]: Disposition::Release
+    /// [`Keep`]: Disposition::Keep
+    /// [`InDoubt`]: Disposition::InDoubt
+    pub async fn dispose(self, disposition: Disposition) -> Result<(), Rejected> {
         let Some(pool) = self.pool() else {
             return Ok(());
         };
-        self.finish(Outcome::Failure, &mut Via::Pool(&pool)).await
+        self.finish(Outcome::Failure(disposition), &mut Via::Pool(&pool))
+            .await
     }
 
     /// [`settle`](Claim::settle) inside the caller's transaction (for a claim
@@ -194,8 +215,20 @@ impl Claim {
 
     /// [`release`](Claim::release) inside the caller's transaction.
     pub async fn release_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
-        self.finish(Outcome::Failure, &mut Via::Transaction(connection))
-            .await
+        self.dispose_in(connection, Disposition::Release).await
+    }
+
+    /// [`dispose`](Claim::dispose) inside the caller's transaction.
+    pub async fn dispose_in(
+        self,
+        connection: &mut PgConnection,
+        disposition: Disposition,
+    ) -> Result<(), Rejected> {
+        self.finish(
+            Outcome::Failure(disposition),
+            &mut Via::Transaction(connection),
+        )
+        .await
     }
 
     /// Renews the lease to `lease` from now, for bodies that run long.
@@ -251,9 +284,13 @@ impl Claim {
         self.finish(Outcome::Success { output }, via).await
     }
 
-    /// Releases the claim.
-    pub(crate) async fn release_via(self, via: &mut Via<'_>) -> Result<(), Rejected> {
-        self.finish(Outcome::Failure, via).await
+    /// Records a failure as `disposition` says.
+    pub(crate) async fn dispose_via(
+        self,
+        disposition: Disposition,
+        via: &mut Via<'_>,
+    ) -> Result<(), Rejected> {
+        self.finish(Outcome::Failure(disposition), via).await
     }
 
     /// Records `outcome` through `via`, and reports it.
@@ -267,7 +304,24 @@ impl Claim {
                 held.event(tracing::Level::DEBUG, "settled", None);
                 observe::record(GateEvent::Settled);
             }
-            (Ok(()), Outcome::Failure) => {
+            (Ok(()), Outcome::Failure(Disposition::Keep)) => {
+                held.event(
+                    tracing::Level::INFO,
+                    "failure kept: the slot is failed",
+                    None,
+                );
+                observe::record(GateEvent::Kept);
+            }
+            (Ok(()), Outcome::Failure(Disposition::InDoubt)) => {
+                held.event(
+                    tracing::Level::WARN,
+                    "outcome in doubt: the slot is held until a reconciler or an operator \
+                     resolves it",
+                    None,
+                );
+                observe::record(GateEvent::InDoubt);
+            }
+            (Ok(()), Outcome::Failure(_)) => {
                 held.event(tracing::Level::DEBUG, "released", None);
                 observe::record(GateEvent::Released);
             }
@@ -278,16 +332,18 @@ impl Claim {
                             "the claim was no longer this holder's when its success was recorded; \
                              the success is kept in the slot unless it was settled already"
                         }
-                        Outcome::Failure => {
-                            "the claim was taken over before its release: the new holder decides"
+                        Outcome::Failure(_) => {
+                            "the claim was taken over before its failure was recorded: the new \
+                             holder decides"
                         }
                     },
                     _ => match outcome {
                         Outcome::Success { .. } => {
                             "settle failed; the slot stays pending (fail closed) until resolved"
                         }
-                        Outcome::Failure => {
-                            "release failed; the slot stays pending (fail closed) until resolved"
+                        Outcome::Failure(_) => {
+                            "recording the failure failed; the slot stays pending (fail closed) \
+                             until resolved"
                         }
                     },
                 };
@@ -345,7 +401,13 @@ impl Held {
             Outcome::Success { output } => {
                 store::settle(&mut *conn, scope, address, fence, output, commit).await
             }
-            Outcome::Failure => store::release(&mut *conn, scope, address, fence, commit).await,
+            Outcome::Failure(Disposition::Keep) => {
+                store::keep(&mut *conn, scope, address, fence, commit, "kept_failure").await
+            }
+            Outcome::Failure(Disposition::InDoubt) => {
+                store::hold_in_doubt(&mut *conn, scope, address, fence, "body_in_doubt").await
+            }
+            Outcome::Failure(_) => store::release(&mut *conn, scope, address, fence, commit).await,
         })
     }
 
@@ -357,7 +419,7 @@ impl Held {
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
         match outcome {
-            Outcome::Failure => {
+            Outcome::Failure(_) => {
                 let row = self.look(via).await?;
                 self.release_matched_nothing(row.as_ref())
             }

@@ -30,6 +30,31 @@ pub enum Rejected {
     )]
     AlreadyDone,
 
+    /// The first invocation with the same identity may or may not have
+    /// taken effect (its body said so with [`Disposition::InDoubt`], or its
+    /// lease ran out under `on_expiry = "in_doubt"`), and the outcome is
+    /// being established by a reconciler or an operator. The body did not
+    /// run: running it again could do the action twice.
+    ///
+    /// [`Disposition::InDoubt`]: crate::Disposition::InDoubt
+    #[error(
+        "the outcome of the first invocation of this action with the same key is being \
+         established (it may or may not have taken effect); the body did not run; retry \
+         the same request later"
+    )]
+    InDoubt,
+
+    /// The first invocation with the same identity failed definitively and
+    /// its body kept the failure ([`Disposition::Keep`]). The body did not
+    /// run again: retrying the same request will fail the same way.
+    ///
+    /// [`Disposition::Keep`]: crate::Disposition::Keep
+    #[error(
+        "this action already failed definitively with the same key; the body did not run \
+         again; do not retry it: make a new request, under a new key, to try again"
+    )]
+    AlreadyFailed,
+
     /// The store could not be reached (connection refused or lost, pool
     /// timed out, server shutting down or starting up, out of resources),
     /// so the gate failed closed: the body did not run. Only this refusal
@@ -189,13 +214,15 @@ impl Rejected {
     }
 
     /// A short, stable name for logs and metrics: `"in_flight"`,
-    /// `"already_done"`, `"unavailable"`, `"store_refused"`,
+    /// `"already_done"`, `"in_doubt"`, `"already_failed"`, `"unavailable"`, `"store_refused"`,
     /// `"invalid_option"`, `"collision"`, `"key_reused"`, `"lease_lost"`,
     /// `"claim_lost"` or `"invalid_scope"`.
     pub fn reason(&self) -> &'static str {
         match self {
             Rejected::InFlight => "in_flight",
             Rejected::AlreadyDone => "already_done",
+            Rejected::InDoubt => "in_doubt",
+            Rejected::AlreadyFailed => "already_failed",
             Rejected::Unavailable { .. } => "unavailable",
             Rejected::StoreRefused { .. } => "store_refused",
             Rejected::InvalidOption { .. } => "invalid_option",
@@ -207,10 +234,13 @@ impl Rejected {
         }
     }
 
-    /// `true` when retrying the same call later may succeed (in flight, store
-    /// unavailable); never for an error of the request.
+    /// `true` when retrying the same call later may succeed (in flight, in
+    /// doubt, store unavailable); never for an error of the request.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Rejected::InFlight | Rejected::Unavailable { .. })
+        matches!(
+            self,
+            Rejected::InFlight | Rejected::InDoubt | Rejected::Unavailable { .. }
+        )
     }
 }
 

@@ -16,7 +16,9 @@ use sqlx::PgConnection;
 use crate::claim::Claim;
 use crate::gate::Gate;
 pub use crate::identity::Identity;
-pub use crate::mode::{Fingerprint, Mode, OnUnavailable, OutcomeCommit};
+pub use crate::mode::{
+    Disposed, Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit,
+};
 use crate::run;
 pub use crate::run::{
     Outcome, OutcomeOf, ReplayOutcome, finish_in, outcome_of, replayed_outcome_of,
@@ -141,4 +143,11 @@ pub fn in_account<A: Display + ?Sized>(gate: Gate, account: &A) -> Gate {
 /// `gate` scoped to the namespace named by `namespace`'s `Display` form.
 pub fn in_namespace<N: Display + ?Sized>(gate: Gate, namespace: &N) -> Gate {
     gate.namespace(namespace.to_string())
+}
+
+/// What a guarded function's `output` means for its slot, by the
+/// `disposition = path` of `#[idempotent]`: `classify` of its error, or
+/// [`Disposition::Release`] for an `Ok` (which is settled, never disposed).
+pub fn disposition_of<T, E>(output: &Result<T, E>, classify: fn(&E) -> Disposition) -> Disposition {
+    output.as_ref().err().map_or(Disposition::Release, classify)
 }

@@ -13,7 +13,7 @@ use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
 use crate::error::{Error, Rejected};
 use crate::identity::Identity;
-use crate::mode::Mode;
+use crate::mode::{Disposed, Mode};
 use crate::run::{self, outcome_of, replayed_outcome_of};
 use crate::schema;
 use crate::slots::{self, Slots};
@@ -209,6 +209,27 @@ impl Gate {
         E: From<Rejected>,
     {
         run::run(&self.slots, identity, mode, outcome_of(), body).await
+    }
+
+    /// [`run_with`](Gate::run_with), recording each failure as its error
+    /// says ([`Disposed`]): released (a retry runs), kept as a definite
+    /// failure (duplicates are refused [`Rejected::AlreadyFailed`]), or
+    /// held in doubt (duplicates are refused [`Rejected::InDoubt`] until a
+    /// reconciler or an operator resolves it). A panic or a dropped future
+    /// leaves the claim pending, which is in doubt too: retries are refused
+    /// until its lease (if any) runs out.
+    pub async fn run_disposed<T, E, F>(
+        &self,
+        identity: &Identity,
+        mode: &Mode,
+        body: F,
+    ) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: From<Rejected> + Disposed,
+    {
+        let outcome = outcome_of().disposed_by(run::disposition_by_trait::<T, E>);
+        run::run(&self.slots, identity, mode, outcome, body).await
     }
 
     /// [`run_with`](Gate::run_with), keeping the `Ok` value (as JSON, in the

@@ -42,7 +42,7 @@ pub use gate::Gate;
 pub use identity::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartWriter, PartWritten,
 };
-pub use mode::{Fingerprint, Mode, OnUnavailable, OutcomeCommit};
+pub use mode::{Disposed, Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 pub use observe::GateEvent;
 pub use store::operations;
 

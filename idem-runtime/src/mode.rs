@@ -27,6 +27,81 @@ pub struct Mode {
     on_unavailable: OnUnavailable,
     fingerprint: Option<Fingerprint>,
     outcome_commit: OutcomeCommit,
+    on_expiry: OnExpiry,
+}
+
+/// What an `Err` of a guarded body means for its slot. The function's
+/// author chooses it per error value: `#[idempotent(disposition = path)]`
+/// names a `fn(&E) -> Disposition`, and [`Gate::run_disposed`] takes one.
+/// Without one, every `Err` is [`Release`](Disposition::Release).
+///
+/// [`Gate::run_disposed`]: crate::Gate::run_disposed
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Disposition {
+    /// Nothing happened: the claim is deleted, and a retry runs the body.
+    /// The default, for errors that changed nothing (a validation error, a
+    /// connection refused before the request was sent).
+    #[default]
+    Release,
+    /// A definite failure (a card declined): the slot is kept as `failed`;
+    /// duplicates do not run and are refused with
+    /// [`Rejected::AlreadyFailed`](crate::Rejected::AlreadyFailed).
+    Keep,
+    /// The effect may have happened (a timeout after the request was sent):
+    /// the slot is held `in_doubt`; duplicates do not run and are refused
+    /// with [`Rejected::InDoubt`](crate::Rejected::InDoubt) until a
+    /// reconciler or an operator establishes the outcome.
+    InDoubt,
+}
+
+/// An error type that says, per value, what it means for its slot: the
+/// [`Disposition`] [`Gate::run_disposed`](crate::Gate::run_disposed)
+/// records. (`#[idempotent(disposition = path)]` takes any
+/// `fn(&E) -> Disposition` instead, such as `MyError::disposition`.)
+///
+/// ```
+/// use idem_runtime::{Disposed, Disposition};
+///
+/// enum ChargeError {
+///     Invalid,       // refused before the provider was called
+///     Declined,      // the provider said no: a definite failure
+///     Timeout,       // sent, no answer: it may have been charged
+/// }
+///
+/// impl Disposed for ChargeError {
+///     fn disposition(&self) -> Disposition {
+///         match self {
+///             ChargeError::Invalid => Disposition::Release,
+///             ChargeError::Declined => Disposition::Keep,
+///             ChargeError::Timeout => Disposition::InDoubt,
+///         }
+///     }
+/// }
+/// assert_eq!(ChargeError::Timeout.disposition(), Disposition::InDoubt);
+/// ```
+pub trait Disposed {
+    /// What this error means for the slot of the invocation that returned it.
+    fn disposition(&self) -> Disposition;
+}
+
+/// What a pending claim whose lease ran out becomes, when the next claim of
+/// its slot finds it (only with a lease).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnExpiry {
+    /// The next claim takes it over with a higher fencing token and runs
+    /// the body: right when running twice is safe (the effect is fenced by
+    /// the token, or idempotent downstream). The default, as leases always
+    /// behaved.
+    #[default]
+    TakeOver,
+    /// The expired claim turns `in_doubt`: nobody runs it until a
+    /// reconciler or an operator establishes what happened, and duplicates
+    /// are refused with [`Rejected::InDoubt`](crate::Rejected::InDoubt).
+    /// What money-moving code wants: a holder that crashed mid-charge may
+    /// have charged.
+    InDoubt,
 }
 
 /// What to do when the store cannot be reached.
@@ -157,6 +232,19 @@ impl Mode {
     pub fn outcome_commit(mut self, commit: OutcomeCommit) -> Mode {
         self.outcome_commit = commit;
         self
+    }
+
+    /// What a claim whose lease ran out becomes; see [`OnExpiry`]. Only
+    /// meaningful with a [`lease`](Mode::lease).
+    #[must_use]
+    pub fn on_expiry(mut self, on_expiry: OnExpiry) -> Mode {
+        self.on_expiry = on_expiry;
+        self
+    }
+
+    /// What a claim whose lease ran out becomes.
+    pub fn on_expiry_policy(&self) -> OnExpiry {
+        self.on_expiry
     }
 
     /// How settle and release commit, as asked ([`OutcomeCommit`] says when

@@ -33,6 +33,12 @@ pub enum GateEvent {
     Settled,
     /// The claim was deleted: a retry may run.
     Released,
+    /// A definite failure was kept: the slot is `failed`, and duplicates
+    /// are refused [`Rejected::AlreadyFailed`].
+    Kept,
+    /// The outcome is in doubt: the slot is held `in_doubt` (by the body's
+    /// disposition, or a lease that ran out under `on_expiry = "in_doubt"`).
+    InDoubt,
     /// The outcome could not be recorded as this holder's:
     /// [`Rejected::Unavailable`] or [`Rejected::StoreRefused`] (the row stays
     /// pending), [`Rejected::LeaseLost`] or [`Rejected::ClaimLost`] (the

@@ -15,7 +15,7 @@ use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
-use crate::mode::Mode;
+use crate::mode::{Disposed, Disposition, Mode};
 use crate::slots::Slots;
 use crate::via::Via;
 
@@ -87,6 +87,8 @@ pub struct OutcomeOf<R> {
     rejected: fn(Rejected) -> R,
     is_success: fn(&R) -> bool,
     replay: Option<Replay<R>>,
+    /// What a failure means for the slot; `None`: every failure releases it.
+    dispose: Option<fn(&R) -> Disposition>,
 }
 
 struct Replay<R> {
@@ -100,6 +102,7 @@ pub fn outcome_of<R: Outcome>() -> OutcomeOf<R> {
         rejected: R::rejected,
         is_success: R::is_success,
         replay: None,
+        dispose: None,
     }
 }
 
@@ -112,10 +115,19 @@ pub fn replayed_outcome_of<R: ReplayOutcome>() -> OutcomeOf<R> {
             encode: R::encode,
             decode: R::decode,
         }),
+        dispose: None,
     }
 }
 
 impl<R> OutcomeOf<R> {
+    /// Failures are recorded as `dispose` says of each (see
+    /// [`Disposition`]); without it, every failure releases the slot.
+    #[must_use]
+    pub fn disposed_by(mut self, dispose: fn(&R) -> Disposition) -> OutcomeOf<R> {
+        self.dispose = Some(dispose);
+        self
+    }
+
     /// What a duplicate of a settled action returns: its stored value, or
     /// `AlreadyDone` when there is none to give (or it no longer reads back).
     fn settled(&self, identity: &Identity, stored: Option<String>) -> R {
@@ -147,9 +159,13 @@ impl<R> OutcomeOf<R> {
     /// and a tracing error says so.
     async fn record(&self, claim: Claim, output: R, via: &mut Via<'_>) -> R {
         if !(self.is_success)(&output) {
-            // The body's error is what its caller needs; a failed release is
-            // reported by tracing and leaves the slot pending.
-            let _released = claim.release_via(via).await;
+            let disposition = self
+                .dispose
+                .map_or(Disposition::Release, |dispose| dispose(&output));
+            // The body's error is what its caller needs; a failure that
+            // could not be recorded is reported by tracing and leaves the
+            // slot pending.
+            let _recorded = claim.dispose_via(disposition, via).await;
             return output;
         }
         let json = match self.replay.as_ref().map(|replay| (replay.encode)(&output)) {
@@ -228,4 +244,12 @@ pub async fn finish_in<R>(
     outcome
         .record(claim, output, &mut Via::Transaction(connection))
         .await
+}
+
+/// What `output` means for its slot, by its error's [`Disposed`] impl.
+pub(crate) fn disposition_by_trait<T, E: Disposed>(output: &Result<T, E>) -> Disposition {
+    output
+        .as_ref()
+        .err()
+        .map_or(Disposition::Release, Disposed::disposition)
 }

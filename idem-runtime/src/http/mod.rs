@@ -26,11 +26,13 @@
 //! | `KeyReused` | 422 Unprocessable Content | | `key-reused` | send the new request under a new key |
 //! | `Unavailable` | 503 Service Unavailable | 5 s | `store-unavailable` | retry the same request later |
 //! | `AlreadyDone` | 409 Conflict | | `already-succeeded` | not retry: it took effect; look the result up |
+//! | `InDoubt` | 409 Conflict | 30 s | `outcome-in-doubt` | retry the same request later: the first one's outcome is being established |
+//! | `AlreadyFailed` | 409 Conflict | | `already-failed` | not retry: it failed definitively; make a new request under a new key |
 //! | `Collision` | 422 Unprocessable Content | | `key-collision` | send the request under a new key |
 //! | `ClaimLost`, `LeaseLost` | 500 Internal Server Error | | `outcome-unknown` | check whether it took effect before retrying |
 //! | `InvalidScope` | 400 Bad Request | | `invalid-scope` | not retry under that account name |
 //!
-//! The delays are [`IN_FLIGHT_RETRY_AFTER`] and [`UNAVAILABLE_RETRY_AFTER`];
+//! The delays are [`IN_FLIGHT_RETRY_AFTER`], [`IN_DOUBT_RETRY_AFTER`] and [`UNAVAILABLE_RETRY_AFTER`];
 //! for others, answer with `Problem::from(&rejected).with_retry_after(..)`.
 //!
 //! Only a success is kept (with `replay`): a refused request, a failed one
@@ -77,7 +79,7 @@ use http::HeaderName;
 
 pub use key::{IdempotencyKey, KeyRejection};
 pub use problem::{PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem};
-pub use rejected::{IN_FLIGHT_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER};
+pub use rejected::{IN_DOUBT_RETRY_AFTER, IN_FLIGHT_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER};
 pub use stored::StoredResponse;
 
 /// The request header that carries the client's key for this request.

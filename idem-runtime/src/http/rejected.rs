@@ -13,6 +13,12 @@ use crate::error::Rejected;
 /// state that is not "now" (`0` would invite a tight retry loop).
 pub const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// `Retry-After` on a 409 for a request whose first attempt's outcome is
+/// in doubt. Establishing it takes a reconciler's pass (asking the outside
+/// world what happened), which runs on an interval of seconds to minutes:
+/// a client retrying every second would only be refused again.
+pub const IN_DOUBT_RETRY_AFTER: Duration = Duration::from_secs(30);
+
 /// `Retry-After` on a 503 when idem's store cannot be reached. An outage
 /// outlasts a request: a database restart or failover takes seconds, so one
 /// or two retries ride it out, while a fleet of clients retrying every
@@ -60,6 +66,26 @@ impl From<&Rejected> for Problem {
                 "A request with this Idempotency-Key already succeeded, and its response was not \
                  kept, so it cannot be sent again. Do not retry: the request took effect; look \
                  its result up instead.",
+            ),
+            // Like in flight to the client: the same request, later, gets
+            // the answer once it is established.
+            Rejected::InDoubt => Problem::idem(
+                StatusCode::CONFLICT,
+                "outcome-in-doubt",
+                "Request outcome being established",
+                "The first request with this Idempotency-Key may or may not have taken effect, \
+                 and the server is finding out; this one was not run, so nothing happened twice. \
+                 Retry the same request, with the same key, after the Retry-After delay.",
+            )
+            .with_retry_after(IN_DOUBT_RETRY_AFTER),
+            // A definite failure was kept: retrying fails the same way.
+            Rejected::AlreadyFailed => Problem::idem(
+                StatusCode::CONFLICT,
+                "already-failed",
+                "Request already failed",
+                "A request with this Idempotency-Key already failed definitively, and the \
+                 failure was kept. Do not retry it: to try again, send a new request under a \
+                 new key.",
             ),
             // To the client this is a key taken by another request, like
             // `KeyReused`, with the same way out: a new key.

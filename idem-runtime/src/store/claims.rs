@@ -43,10 +43,6 @@ pub(crate) struct Existing {
     pub settled: bool,
     /// The row's state as stored: `pending`, `success`, `in_doubt`,
     /// `failed` (or another, written by a later version).
-    #[allow(
-        dead_code,
-        reason = "the run loop of issue 15 calls it; it lands in a separate change"
-    )]
     pub state: String,
     pub identity: Vec<u8>,
     pub fingerprint: Option<Vec<u8>>,
@@ -196,10 +192,6 @@ pub(super) const RELEASE_ASYNC: SplitOnNamespace = per_row!(
 /// Keeps the holder's pending claim as a definite failure: duplicates are
 /// refused, never run. `$4`: the holder's fence; `$5`: how it got there
 /// (`state_reason`). Index: the partial unique index of its form.
-#[allow(
-    dead_code,
-    reason = "the run loop of issue 15 calls it; it lands in a separate change"
-)]
 pub(super) const KEEP: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5",
@@ -208,10 +200,6 @@ pub(super) const KEEP: SplitOnNamespace = per_row!(
 
 /// [`KEEP`], committing as [`SETTLE_ASYNC`] does. Index: the partial unique
 /// index of its form.
-#[allow(
-    dead_code,
-    reason = "the run loop of issue 15 calls it; it lands in a separate change"
-)]
 pub(super) const KEEP_ASYNC: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5 \
@@ -224,10 +212,6 @@ pub(super) const KEEP_ASYNC: SplitOnNamespace = per_row!(
 /// is cleared, so it can never be taken over. `$4`: the holder's fence;
 /// `$5`: how it got there (`state_reason`). Index: the partial unique index
 /// of its form.
-#[allow(
-    dead_code,
-    reason = "the run loop of issue 15 calls it; it lands in a separate change"
-)]
 pub(super) const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5",
@@ -239,10 +223,6 @@ pub(super) const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
 /// "the outcome is unknown", not "run it again". Of several lookers, one
 /// changes it; a holder that settles first wins, and this then changes
 /// nothing. Index: the partial unique index of its form.
-#[allow(
-    dead_code,
-    reason = "the run loop of issue 15 calls it; it lands in a separate change"
-)]
 pub(super) const EXPIRE_IN_DOUBT: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'in_doubt', lease_expires_at = NULL, state_reason = 'lease_expired'",
@@ -396,10 +376,6 @@ pub(crate) async fn release<'e>(
 
 /// Keeps a pending claim as a definite failure ([`KEEP`]), saying why in
 /// `reason`. `false`: the row is no longer pending under this fence.
-#[allow(
-    dead_code,
-    reason = "the run loop of issue 15 calls it; it lands in a separate change"
-)]
 pub(crate) async fn keep<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
@@ -421,10 +397,6 @@ pub(crate) async fn keep<'e>(
 
 /// Holds a pending claim in doubt ([`HOLD_IN_DOUBT`]), saying why in
 /// `reason`. `false`: the row is no longer pending under this fence.
-#[allow(
-    dead_code,
-    reason = "the run loop of issue 15 calls it; it lands in a separate change"
-)]
 pub(crate) async fn hold_in_doubt<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
@@ -445,10 +417,6 @@ pub(crate) async fn hold_in_doubt<'e>(
 /// Turns the expired pending claim last seen with fence `seen` in doubt
 /// ([`EXPIRE_IN_DOUBT`]). `false`: it changed since it was seen (settled,
 /// released, extended, taken over, or turned in doubt by another).
-#[allow(
-    dead_code,
-    reason = "the run loop of issue 15 calls it; it lands in a separate change"
-)]
 pub(crate) async fn expire_in_doubt<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,

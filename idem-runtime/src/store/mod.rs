@@ -53,15 +53,9 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 
 pub(crate) use claims::{
-    Claimed, Existing, LateSuccess, NewClaim, claim, extend, lookup, release, settle, settle_over,
-    settle_vacant, take_over,
+    Claimed, Existing, LateSuccess, NewClaim, claim, expire_in_doubt, extend, hold_in_doubt, keep,
+    lookup, release, settle, settle_over, settle_vacant, take_over,
 };
-#[allow(
-    unused_imports,
-    reason = "the run loop of issue 15 (keep, hold in doubt, expire in doubt) calls them; it lands \
-              in a separate change"
-)]
-pub(crate) use claims::{expire_in_doubt, hold_in_doubt, keep};
 
 /// Where a claim (or a usage event) lives, besides its address.
 #[derive(Debug, Clone, Copy)]

@@ -13,6 +13,11 @@ pub async fn plain(gate: &Gate, id: u64) -> Result<u64, Rejected> {
     Ok(id)
 }
 
+/// Every failure here is a definite one.
+fn disposition(_: &Rejected) -> renamed_idem::Disposition {
+    renamed_idem::Disposition::Keep
+}
+
 /// Every mode that combines.
 #[idempotent(
     key = "id",
@@ -22,6 +27,8 @@ pub async fn plain(gate: &Gate, id: u64) -> Result<u64, Rejected> {
     lease = "30s",
     wait = "1s",
     on_unavailable = "run",
+    on_expiry = "in_doubt",
+    disposition = disposition,
     namespace = "live"
 )]
 pub async fn every_mode(gate: &Gate, id: u64, amount: i64) -> Result<u64, Rejected> {

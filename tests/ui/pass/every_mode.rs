@@ -40,6 +40,43 @@ async fn async_outcome(gate: &Gate, id: u64) -> Result<Receipt, Rejected> {
     Ok(Receipt { id })
 }
 
+#[derive(Debug)]
+pub enum ChargeError {
+    Rejected(Rejected),
+    Declined,
+}
+
+impl From<Rejected> for ChargeError {
+    fn from(rejected: Rejected) -> Self {
+        ChargeError::Rejected(rejected)
+    }
+}
+
+impl ChargeError {
+    fn disposition(&self) -> idem::Disposition {
+        match self {
+            ChargeError::Declined => idem::Disposition::Keep,
+            ChargeError::Rejected(_) => idem::Disposition::Release,
+        }
+    }
+}
+
+#[idempotent(key = "id", disposition = ChargeError::disposition, lease = "30s", on_expiry = "in_doubt", replay)]
+async fn disposed(gate: &Gate, id: u64) -> Result<Receipt, ChargeError> {
+    Ok(Receipt { id })
+}
+
+#[idempotent(key = "id", lease = "30s", on_expiry = "take_over")]
+async fn taken_over(gate: &Gate, id: u64) -> Result<(), Rejected> {
+    Ok(())
+}
+
+#[idempotent(key = "id", tx = tx, replay, fingerprint = "amount", disposition = ChargeError::disposition)]
+async fn disposed_in_transaction(gate: &Gate, tx: &mut Transaction<'_, Postgres>, id: u64, amount: i64) -> Result<Receipt, ChargeError> {
+    let _ = &mut **tx;
+    Ok(Receipt { id: id + amount.unsigned_abs() })
+}
+
 #[idempotent(key = "id", tx = tx, replay, fingerprint = "amount")]
 async fn in_transaction(gate: &Gate, tx: &mut Transaction<'_, Postgres>, id: u64, amount: i64) -> Result<Receipt, Rejected> {
     let _ = &mut **tx;
@@ -62,6 +99,9 @@ async fn exercise(gate: &Gate, tx: &mut Transaction<'_, Postgres>, conn: &mut Pg
     async_outcome(gate, 1).await?;
     in_transaction(gate, tx, 1, 5).await?;
     on_a_connection(gate, conn, 1).await?;
+    let _ = disposed(gate, 1).await;
+    taken_over(gate, 1).await?;
+    let _ = disposed_in_transaction(gate, tx, 1, 5).await;
     Ok(())
 }
 

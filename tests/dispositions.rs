@@ -1,0 +1,217 @@
+//! What an `Err` means for its slot, as its author says: released (a retry
+//! runs), kept as a definite failure, or held in doubt; and a lease that
+//! runs out under `on_expiry = "in_doubt"`. Every duplicate is fired at
+//! the same instant, against a real PostgreSQL.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::testing::{self, race};
+use idem::{Disposed, Disposition, Gate, Identity, Mode, Rejected, idempotent};
+use idem_test_support::rows;
+
+/// A payment provider's answers, as the body sees them.
+#[derive(Debug, thiserror::Error)]
+enum ChargeError {
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    /// Refused before anything was sent.
+    #[error("invalid request")]
+    Invalid,
+    /// The provider said no: a definite failure.
+    #[error("card declined")]
+    Declined,
+    /// Sent, and no answer came: it may have been charged.
+    #[error("timed out")]
+    Timeout,
+}
+
+impl ChargeError {
+    fn disposition(&self) -> Disposition {
+        match self {
+            ChargeError::Declined => Disposition::Keep,
+            ChargeError::Timeout => Disposition::InDoubt,
+            _ => Disposition::Release,
+        }
+    }
+}
+
+impl Disposed for ChargeError {
+    fn disposition(&self) -> Disposition {
+        ChargeError::disposition(self)
+    }
+}
+
+/// Counts the bodies that ran, and answers as told.
+struct Provider {
+    runs: AtomicUsize,
+    answer: fn() -> Result<(), ChargeError>,
+}
+
+impl Provider {
+    fn new(answer: fn() -> Result<(), ChargeError>) -> Provider {
+        Provider {
+            runs: AtomicUsize::new(0),
+            answer,
+        }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    async fn charge(&self) -> Result<(), ChargeError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        (self.answer)()
+    }
+}
+
+#[idempotent(key = "order", disposition = ChargeError::disposition)]
+async fn charge(gate: &Gate, order: &str, provider: &Provider) -> Result<(), ChargeError> {
+    provider.charge().await
+}
+
+fn address(order: &str) -> String {
+    Identity::new("charge").part(order).address()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kept_failure_is_never_run_again_and_duplicates_are_told_it_failed() {
+    let gate = testing::gate().await;
+    let provider = Provider::new(|| Err(ChargeError::Declined));
+    let first = charge(&gate, "ord_1", &provider).await;
+    assert!(matches!(first, Err(ChargeError::Declined)), "{first:?}");
+    assert_eq!(
+        rows::row_state(&gate, &address("ord_1")).await.as_deref(),
+        Some("failed")
+    );
+
+    let report = race(16, || charge(&gate, "ord_1", &provider)).await;
+    assert_eq!(provider.runs(), 1, "a kept failure ran again: {report}");
+    assert_eq!(report.refused(), 16, "{report}");
+    for invocation in &report.invocations {
+        assert!(
+            matches!(invocation.refusal(), Some(Rejected::AlreadyFailed)),
+            "{report}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outcome_in_doubt_holds_the_slot_and_no_duplicate_runs() {
+    let gate = testing::gate().await;
+    let provider = Provider::new(|| Err(ChargeError::Timeout));
+    let first = charge(&gate, "ord_2", &provider).await;
+    assert!(matches!(first, Err(ChargeError::Timeout)), "{first:?}");
+    assert_eq!(
+        rows::row_state(&gate, &address("ord_2")).await.as_deref(),
+        Some("in_doubt")
+    );
+
+    let report = race(16, || charge(&gate, "ord_2", &provider)).await;
+    assert_eq!(provider.runs(), 1, "a body in doubt ran again: {report}");
+    for invocation in &report.invocations {
+        let refusal = invocation.refusal();
+        assert!(matches!(refusal, Some(Rejected::InDoubt)), "{report}");
+        assert!(refusal.is_some_and(Rejected::is_retryable));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failure_that_changed_nothing_is_released_and_retried_once() {
+    let gate = testing::gate().await;
+    let provider = Provider::new(|| Err(ChargeError::Invalid));
+    assert!(charge(&gate, "ord_3", &provider).await.is_err());
+    assert_eq!(rows::row_state(&gate, &address("ord_3")).await, None);
+    // Retries run again (each fails and releases): never refused as done.
+    let report = race(8, || charge(&gate, "ord_3", &provider)).await;
+    assert!(report.claimed() >= 1, "{report}");
+    assert!(
+        report.invocations.iter().all(|invocation| !matches!(
+            invocation.refusal(),
+            Some(Rejected::AlreadyFailed | Rejected::InDoubt)
+        )),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_runtime_api_records_failures_as_the_error_type_says() {
+    let gate = testing::gate().await;
+    let provider = Provider::new(|| Err(ChargeError::Timeout));
+    let id = Identity::new("charge_by_hand").part("ord_4");
+    let mode = Mode::new();
+    let first = gate.run_disposed(&id, &mode, provider.charge()).await;
+    assert!(matches!(first, Err(ChargeError::Timeout)), "{first:?}");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("in_doubt")
+    );
+    let again = gate.run_disposed(&id, &mode, provider.charge()).await;
+    assert!(
+        matches!(again, Err(ChargeError::Rejected(Rejected::InDoubt))),
+        "{again:?}"
+    );
+    assert_eq!(provider.runs(), 1);
+
+    // By hand: a claim disposed of as kept.
+    let kept = Identity::new("charge_by_hand").part("ord_5");
+    let claim = gate.claim(&kept).await.expect("won");
+    claim.dispose(Disposition::Keep).await.expect("kept");
+    assert!(matches!(
+        gate.claim(&kept).await,
+        Err(Rejected::AlreadyFailed)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_lease_under_on_expiry_in_doubt_is_held_never_run_again() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge_leased").part("ord_6");
+    let mode = Mode::new()
+        .lease(Duration::from_millis(200))
+        .on_expiry(idem::OnExpiry::InDoubt);
+    // The holder crashes: its claim is never settled nor released.
+    let abandoned = gate.claim_with(&id, &mode).await.expect("won");
+    std::mem::forget(abandoned);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let runs = AtomicUsize::new(0);
+    let report = race(16, || {
+        gate.run_with(&id, &mode, async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Rejected>(())
+        })
+    })
+    .await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "an expired claim was run again: {report}"
+    );
+    for invocation in &report.invocations {
+        assert!(
+            matches!(invocation.refusal(), Some(Rejected::InDoubt)),
+            "{report}"
+        );
+    }
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("in_doubt")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_lease_is_still_taken_over_by_default() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge_leased").part("ord_7");
+    let mode = Mode::new().lease(Duration::from_millis(200));
+    let abandoned = gate.claim_with(&id, &mode).await.expect("won");
+    std::mem::forget(abandoned);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let ran = gate
+        .run_with(&id, &mode, async { Ok::<_, Rejected>("taken over") })
+        .await;
+    assert_eq!(ran.expect("taken over"), "taken over");
+}
