@@ -215,3 +215,36 @@ async fn an_expired_lease_is_still_taken_over_by_default() {
         .await;
     assert_eq!(ran.expect("taken over"), "taken over");
 }
+
+#[idempotent(key = "order", tx = tx, disposition = ChargeError::disposition)]
+async fn charge_in(
+    gate: &Gate,
+    tx: &mut idem::sqlx::Transaction<'_, idem::sqlx::Postgres>,
+    order: &str,
+    provider: &Provider,
+) -> Result<(), ChargeError> {
+    let _ = &mut **tx;
+    provider.charge().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_the_callers_transaction_a_kept_failure_commits_with_it() {
+    let gate = testing::gate().await;
+    let provider = Provider::new(|| Err(ChargeError::Declined));
+    let mut tx = gate.pool().begin().await.expect("a transaction");
+    let first = charge_in(&gate, &mut tx, "ord_8", &provider).await;
+    assert!(matches!(first, Err(ChargeError::Declined)), "{first:?}");
+    tx.commit().await.expect("commit");
+    let address = Identity::new("charge_in").part("ord_8").address();
+    assert_eq!(
+        rows::row_state(&gate, &address).await.as_deref(),
+        Some("failed")
+    );
+    let mut tx = gate.pool().begin().await.expect("a transaction");
+    let again = charge_in(&gate, &mut tx, "ord_8", &provider).await;
+    assert!(
+        matches!(again, Err(ChargeError::Rejected(Rejected::AlreadyFailed))),
+        "{again:?}"
+    );
+    assert_eq!(provider.runs(), 1);
+}

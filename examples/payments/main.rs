@@ -11,8 +11,11 @@
 //! is guarded by `#[idempotent]` and writes each charge into a `charges`
 //! table: see `service.rs` beside this file, which `tests.rs` starts on
 //! 127.0.0.1 and drives over real HTTP (`cargo test --example payments
-//! --features axum`). The card network it calls takes a second and declines
-//! charges above 1,000.00.
+//! --features axum`). The card network it calls takes a second, declines
+//! charges above 1,000.00, and one call in four times out, alternately
+//! before and after charging: such a charge is held in doubt (retries get
+//! 409 and are never charged twice) until the reconciler running beside the
+//! service asks the network's lookup, within seconds.
 //!
 //! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
 //! one (see `idem-test-support/src/database.rs`). Ctrl-C stops it.
@@ -55,7 +58,22 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let gate = Gate::connect(pool).await?;
     service::create_charges_table(gate.pool()).await?;
     let pool = gate.pool().clone();
-    let app = service::router(Arc::new(Payments::new(gate, Duration::from_secs(1))));
+    let payments = Arc::new(Payments::new(gate, Duration::from_secs(1)));
+    // One call in four times out, alternately before and after charging.
+    payments.network.time_out_every(4);
+    // Beside the service, until it stops: establishes the charges whose
+    // call timed out, from the card network's lookup.
+    let reconciler = service::reconciler(Arc::clone(&payments)).interval(Duration::from_secs(5));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let reconciling = tokio::spawn(async move {
+        let mut stopped = stopped;
+        reconciler
+            .run(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            })
+            .await;
+    });
+    let app = service::router(payments);
 
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
     let address = listener.local_addr()?;
@@ -73,6 +91,8 @@ async fn run() -> Result<(), Box<dyn Error>> {
             }
         })
         .await?;
+    let _ = stop.send(true);
+    reconciling.await?;
     println!("payments: stopped");
     pool.close().await;
     Ok(())

@@ -1,10 +1,15 @@
 //! The payments service: `POST /charges` with an `Idempotency-Key` header,
 //! guarded by `#[idempotent]`, writing one row per charge into a real
-//! `charges` table. `tests.rs` starts it on 127.0.0.1 and sends it real
+//! `card_charges` table. `tests.rs` starts it on 127.0.0.1 and sends it real
 //! requests.
+//!
+//! Its card network sometimes times out, before or after it charged: the
+//! charge is then in doubt, held so that no retry charges again, and
+//! [`reconciler`] asks the network's lookup what happened.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, State};
@@ -15,8 +20,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idem::axum::{IdempotencyKey, Problem, StoredResponse};
+use idem::reconcile::{Doubt, Reconciler, Verdict};
 use idem::sqlx::{self, PgPool};
-use idem::{Gate, Rejected, idempotent};
+use idem::{Disposition, Gate, Rejected, idempotent};
 use serde::{Deserialize, Serialize};
 
 /// The stand-in card network declines any charge above this (1,000.00).
@@ -26,23 +32,26 @@ pub const LIMIT_CENTS: i64 = 100_000;
 /// `(account, idempotency_key)`: idem alone keeps one charge per key here,
 /// and the tests count the rows to prove it.
 pub const CHARGES_TABLE: &str = "
-    CREATE TABLE IF NOT EXISTS charges (
+    CREATE TABLE IF NOT EXISTS card_charges (
         id              bigserial PRIMARY KEY,
         account         text NOT NULL,
         idempotency_key text NOT NULL,
+        -- The card network's authorization: booked once, whoever books it
+        -- (the request, or the reconciler after a timeout).
+        authorization_id text NOT NULL UNIQUE,
         amount_cents    bigint NOT NULL CHECK (amount_cents > 0),
         currency        text NOT NULL,
         created_at      timestamptz NOT NULL DEFAULT now()
     );
-    CREATE INDEX IF NOT EXISTS charges_by_key ON charges (account, idempotency_key);
+    CREATE INDEX IF NOT EXISTS card_charges_by_key ON card_charges (account, idempotency_key);
 ";
 
-/// Creates the `charges` table if it is missing. Under an advisory lock:
+/// Creates the `card_charges` table if it is missing. Under an advisory lock:
 /// two concurrent `CREATE TABLE IF NOT EXISTS` can both try to create it,
 /// and one then fails on PostgreSQL's catalog.
 pub async fn create_charges_table(pool: &PgPool) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem examples: charges table'))")
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem examples: card_charges table'))")
         .execute(&mut *tx)
         .await?;
     sqlx::raw_sql(CHARGES_TABLE).execute(&mut *tx).await?;
@@ -54,12 +63,8 @@ pub struct Payments {
     /// The gate, in its default account: each request scopes it to its
     /// caller's account.
     pub gate: Gate,
-    /// How long the stand-in card network takes to answer: long enough for
-    /// a retry sent meanwhile to find the first request in flight.
-    pub network_latency: Duration,
-    /// How many of the next calls to the card network fail, as in an
-    /// outage: a failure that a retry of the very same request gets past.
-    pub network_failures: AtomicU32,
+    /// The stand-in card network.
+    pub network: CardNetwork,
 }
 
 impl Payments {
@@ -67,27 +72,222 @@ impl Payments {
     pub fn new(gate: Gate, network_latency: Duration) -> Payments {
         Payments {
             gate,
-            network_latency,
-            network_failures: AtomicU32::new(0),
+            network: CardNetwork::new(network_latency),
+        }
+    }
+}
+
+/// How a call to the card network can time out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// The request never reached the network: nothing was charged.
+    BeforeCharging,
+    /// The network charged, and its answer was lost.
+    AfterCharging,
+}
+
+/// What the card network keeps of a charge it made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorization {
+    /// Its id at the network.
+    pub id: String,
+    /// The amount, in cents.
+    pub amount_cents: i64,
+    /// The currency.
+    pub currency: String,
+}
+
+/// The stand-in card network: slow, sometimes down, sometimes silent
+/// before or after charging, and it declines charges above the limit. It
+/// knows each charge by the reference the service gives it, and can be
+/// asked about one later.
+pub struct CardNetwork {
+    latency: Duration,
+    /// How many of the next calls fail before anything is sent, as in an
+    /// outage: a failure that a retry of the very same request gets past.
+    pub failures: AtomicU32,
+    /// The timeouts of the next calls, in order.
+    timeouts: Mutex<VecDeque<Timeout>>,
+    /// Every how many calls one times out (0: never), alternately before
+    /// and after charging: for the example binary.
+    time_out_every: AtomicU32,
+    calls: AtomicU64,
+    timeout_calls: AtomicU64,
+    charged: Mutex<HashMap<String, Authorization>>,
+    /// When this network started, in nanoseconds since the epoch: its
+    /// authorization ids are unique across networks (and test runs) that
+    /// book into one table.
+    started: u128,
+}
+
+impl CardNetwork {
+    fn new(latency: Duration) -> CardNetwork {
+        CardNetwork {
+            latency,
+            failures: AtomicU32::new(0),
+            timeouts: Mutex::new(VecDeque::new()),
+            time_out_every: AtomicU32::new(0),
+            calls: AtomicU64::new(0),
+            timeout_calls: AtomicU64::new(0),
+            charged: Mutex::new(HashMap::new()),
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_nanos()),
         }
     }
 
-    /// The stand-in card network: slow, sometimes down, and it declines
-    /// charges above the limit.
-    async fn authorize(&self, charge: &NewCharge) -> Result<(), ChargeError> {
-        tokio::time::sleep(self.network_latency).await;
+    /// The next call times out as `timeout` says.
+    #[cfg(test)]
+    pub fn time_out_next(&self, timeout: Timeout) {
+        self.lock_timeouts().push_back(timeout);
+    }
+
+    /// One call in `every` times out (0: none).
+    pub fn time_out_every(&self, every: u32) {
+        self.time_out_every.store(every, Ordering::SeqCst);
+    }
+
+    /// Charges `charge` under `reference`, unless it declines, is down or
+    /// times out.
+    async fn authorize(
+        &self,
+        reference: &str,
+        charge: &NewCharge,
+    ) -> Result<Authorization, ChargeError> {
+        tokio::time::sleep(self.latency).await;
         let down = self
-            .network_failures
+            .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if down {
             return Err(ChargeError::NetworkDown);
         }
+        let timeout = self.next_timeout();
+        if timeout == Some(Timeout::BeforeCharging) {
+            return Err(ChargeError::Timeout);
+        }
         if charge.amount_cents > LIMIT_CENTS {
             return Err(ChargeError::Declined);
         }
-        Ok(())
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        let authorization = Authorization {
+            id: format!("auth_{:x}_{call}", self.started),
+            amount_cents: charge.amount_cents,
+            currency: charge.currency.clone(),
+        };
+        self.lock_charged()
+            .entry(reference.to_owned())
+            .or_insert_with(|| authorization.clone());
+        match timeout {
+            Some(_) => Err(ChargeError::Timeout),
+            None => Ok(authorization),
+        }
     }
+
+    /// The network's lookup by reference: the charge made under it, if any.
+    pub fn lookup(&self, reference: &str) -> Option<Authorization> {
+        self.lock_charged().get(reference).cloned()
+    }
+
+    fn next_timeout(&self) -> Option<Timeout> {
+        if let Some(planned) = self.lock_timeouts().pop_front() {
+            return Some(planned);
+        }
+        let every = u64::from(self.time_out_every.load(Ordering::SeqCst));
+        let call = self.timeout_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        match every {
+            0 => None,
+            _ if !call.is_multiple_of(every) => None,
+            _ if (call / every).is_multiple_of(2) => Some(Timeout::BeforeCharging),
+            _ => Some(Timeout::AfterCharging),
+        }
+    }
+
+    fn lock_timeouts(&self) -> std::sync::MutexGuard<'_, VecDeque<Timeout>> {
+        self.timeouts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_charged(&self) -> std::sync::MutexGuard<'_, HashMap<String, Authorization>> {
+        self.charged.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The reference the card network knows a charge by: one per caller and
+/// key, so a lookup after a timeout finds exactly that request's charge.
+fn reference(account: &str, key: &str) -> String {
+    format!("{account}/{key}")
+}
+
+/// Establishes the charges whose card network call timed out: asks the
+/// network's lookup, books a charge it made (as the request would have)
+/// and settles the claim with the response the request would have sent,
+/// which retries then get, replayed; releases the claim of a charge it
+/// never made, so a retry runs it.
+pub fn reconciler(payments: Arc<Payments>) -> Reconciler {
+    Reconciler::new(payments.gate.pool().clone()).probe("create_charge", move |doubt| {
+        let payments = Arc::clone(&payments);
+        async move { payments.probe(doubt).await }
+    })
+}
+
+impl Payments {
+    /// What became of the charge `doubt` holds.
+    async fn probe(&self, doubt: Doubt) -> Verdict {
+        let Some(key) = doubt
+            .identity
+            .parts()
+            .next()
+            .and_then(|part| part.as_text())
+        else {
+            return Verdict::Unknown;
+        };
+        let Some(authorization) = self.network.lookup(&reference(&doubt.account, key)) else {
+            return Verdict::NotHappened;
+        };
+        let booked = book(self.gate.pool(), &doubt.account, key, &authorization).await;
+        match booked.and_then(|response| Ok(Verdict::succeeded_with(&response)?)) {
+            Ok(verdict) => verdict,
+            Err(error) => {
+                tracing::warn!(error = %error, "the charge could not be booked; asking again later");
+                Verdict::Unknown
+            }
+        }
+    }
+}
+
+/// Books the charge the card network made, once (its authorization is
+/// unique), and returns the response the request answers with.
+async fn book(
+    pool: &PgPool,
+    account: &str,
+    key: &str,
+    authorization: &Authorization,
+) -> Result<StoredResponse, ChargeError> {
+    sqlx::query(
+        "INSERT INTO card_charges \
+           (account, idempotency_key, authorization_id, amount_cents, currency) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (authorization_id) DO NOTHING",
+    )
+    .bind(account)
+    .bind(key)
+    .bind(&authorization.id)
+    .bind(authorization.amount_cents)
+    .bind(&authorization.currency)
+    .execute(pool)
+    .await?;
+    let id: i64 = sqlx::query_scalar("SELECT id FROM card_charges WHERE authorization_id = $1")
+        .bind(&authorization.id)
+        .fetch_one(pool)
+        .await?;
+    let id = format!("ch_{id}");
+    let location = HeaderValue::try_from(format!("/charges/{id}"))?;
+    let made = Charge {
+        id,
+        amount_cents: authorization.amount_cents,
+        currency: &authorization.currency,
+        status: "succeeded",
+    };
+    Ok(StoredResponse::json(StatusCode::CREATED, &made)?.with_header(LOCATION, location))
 }
 
 /// The service: `POST /charges`.
@@ -121,16 +321,15 @@ struct Charge<'a> {
 /// - Same key, same payload, first request succeeded: its response again,
 ///   byte for byte, with `Idempotent-Replayed: true` (`replay`).
 /// - Same key, another payload: 422 (`fingerprint`).
-/// - The charge failed (`Err`): the claim is released and nothing is kept,
-///   so the key can be used again, with this payload or a corrected one.
-///
-/// The charge row is written in its own transaction, committed last, so a
-/// response that cannot be built leaves no charge behind for a retry to
-/// repeat. The claim is not in that transaction (`tx = ...`) on purpose: a
-/// duplicate would then wait for the first request to commit instead of
-/// getting the 409 that the Idempotency-Key draft requires. The price is one
-/// narrow window: a commit whose answer is lost (the connection drops
-/// mid-commit) is released like any failure, so its retry may charge again.
+/// - The charge failed before the card network charged (invalid, declined,
+///   network down): the claim is released and nothing is kept, so the key
+///   can be used again, with this payload or a corrected one.
+/// - The card network may have charged (it timed out, or booking its
+///   charge failed): the claim is held in doubt (`disposition`), retries
+///   get 409 with `Retry-After` and never charge again, and [`reconciler`]
+///   establishes what happened from the network's lookup; a retry after
+///   that gets the charge's response, replayed, or runs afresh if nothing
+///   was charged.
 #[idempotent(
     key = "key",
     action = "create_charge",
@@ -138,6 +337,7 @@ struct Charge<'a> {
     account = caller.0,
     fingerprint = "charge.amount_cents, charge.currency",
     replay,
+    disposition = ChargeError::disposition,
 )]
 async fn create_charge(
     State(app): State<Arc<Payments>>,
@@ -151,31 +351,9 @@ async fn create_charge(
     if charge.currency.len() != 3 || !charge.currency.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(ChargeError::InvalidCurrency(charge.currency));
     }
-    app.authorize(&charge).await?;
-
-    let mut tx = app.gate.pool().begin().await?;
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO charges (account, idempotency_key, amount_cents, currency) \
-         VALUES ($1, $2, $3, $4) RETURNING id",
-    )
-    .bind(&caller.0)
-    .bind(key.as_str())
-    .bind(charge.amount_cents)
-    .bind(&charge.currency)
-    .fetch_one(&mut *tx)
-    .await?;
-    let id = format!("ch_{id}");
-    let location = HeaderValue::try_from(format!("/charges/{id}"))?;
-    let made = Charge {
-        id,
-        amount_cents: charge.amount_cents,
-        currency: &charge.currency,
-        status: "succeeded",
-    };
-    let response =
-        StoredResponse::json(StatusCode::CREATED, &made)?.with_header(LOCATION, location);
-    tx.commit().await?;
-    Ok(response)
+    let reference = reference(&caller.0, key.as_str());
+    let authorization = app.network.authorize(&reference, &charge).await?;
+    book(app.gate.pool(), &caller.0, key.as_str(), &authorization).await
 }
 
 /// The caller's account, from `Authorization: Bearer <account>`.
@@ -230,9 +408,12 @@ pub enum ChargeError {
     /// The card network declined it.
     #[error("the card was declined")]
     Declined,
-    /// The card network did not answer: outcome unknown.
-    #[error("the card network did not answer")]
+    /// The card network could not be reached: nothing was sent.
+    #[error("the card network could not be reached")]
     NetworkDown,
+    /// The card network did not answer in time: it may have charged.
+    #[error("the card network did not answer in time")]
+    Timeout,
     /// Writing the charge failed.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
@@ -242,6 +423,21 @@ pub enum ChargeError {
     /// A response header could not be built.
     #[error(transparent)]
     Header(#[from] InvalidHeaderValue),
+}
+
+impl ChargeError {
+    /// What the error means for the key: released when nothing was charged,
+    /// in doubt when the card network may have charged (every error after
+    /// the call to it).
+    fn disposition(&self) -> Disposition {
+        match self {
+            ChargeError::Timeout
+            | ChargeError::Database(_)
+            | ChargeError::Encoding(_)
+            | ChargeError::Header(_) => Disposition::InDoubt,
+            _ => Disposition::Release,
+        }
+    }
 }
 
 impl IntoResponse for ChargeError {
@@ -273,10 +469,21 @@ impl IntoResponse for ChargeError {
                 StatusCode::BAD_GATEWAY,
                 "card-network-down",
                 "Card network unavailable",
-                "The card network did not answer. Nothing was charged; retry the request \
-                 unchanged, with the same key."
+                "The card network could not be reached. Nothing was charged; retry the \
+                 request unchanged, with the same key."
                     .to_owned(),
             )
+            .into_response(),
+            ChargeError::Timeout => problem(
+                StatusCode::GATEWAY_TIMEOUT,
+                "card-network-timeout",
+                "Card network timed out",
+                "The card network did not answer in time: the charge may or may not have been \
+                 made, and it is being established. Retry the same request, with the same key, \
+                 later: it is never charged twice."
+                    .to_owned(),
+            )
+            .with_retry_after(Duration::from_secs(30))
             .into_response(),
             ChargeError::Database(_) | ChargeError::Encoding(_) | ChargeError::Header(_) => {
                 tracing::error!(error = %detail, "charge failed");
@@ -284,7 +491,9 @@ impl IntoResponse for ChargeError {
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
                     "Internal error",
-                    "The charge was not made. Retry with the same key.".to_owned(),
+                    "The charge may have been made, and it is being established. Retry the same \
+                     request, with the same key, later: it is never charged twice."
+                        .to_owned(),
                 )
                 .into_response()
             }

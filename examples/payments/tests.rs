@@ -80,7 +80,7 @@ impl Service {
     /// The charge rows written for `key` in this test's account.
     async fn charge_rows(&self, key: &str) -> i64 {
         sqlx::query_scalar(
-            "SELECT count(*) FROM charges WHERE account = $1 AND idempotency_key = $2",
+            "SELECT count(*) FROM card_charges WHERE account = $1 AND idempotency_key = $2",
         )
         .bind(&self.account)
         .bind(key)
@@ -323,7 +323,7 @@ async fn a_failed_charge_releases_its_key_so_a_retry_can_succeed() {
     assert!(replay.replayed());
 
     // The card network is down: the very same request, retried, succeeds.
-    service.payments.network_failures.store(1, Ordering::SeqCst);
+    service.payments.network.failures.store(1, Ordering::SeqCst);
     let down = service.charge(Some("k-down"), &payload(700, "EUR")).await;
     down.assert_service_problem(StatusCode::BAD_GATEWAY, "card-network-down");
     let after_outage = service.charge(Some("k-down"), &payload(700, "EUR")).await;
@@ -338,6 +338,65 @@ async fn a_failed_charge_releases_its_key_so_a_retry_can_succeed() {
     assert_eq!(service.charge_rows("k-fail").await, 1);
     assert_eq!(service.charge_rows("k-zero").await, 1);
     assert_eq!(service.charge_rows("k-down").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_after_the_charge_is_held_in_doubt_then_replayed_once_reconciled() {
+    let service = Arc::new(Service::start_with(Duration::ZERO).await);
+    let body = payload(4_999, "EUR");
+    service
+        .payments
+        .network
+        .time_out_next(payments::Timeout::AfterCharging);
+
+    // The card network charged, and its answer was lost.
+    let first = service.charge(Some("k-lost"), &body).await;
+    first.assert_service_problem(StatusCode::GATEWAY_TIMEOUT, "card-network-timeout");
+    // Retries are held, never charged again, however many arrive at once.
+    let retries = post_at_once(&service, 16, "k-lost", body.clone()).await;
+    for retry in &retries {
+        retry.assert_problem(StatusCode::CONFLICT, "outcome-in-doubt");
+        assert_eq!(retry.header("retry-after"), Some("30"), "{retry:?}");
+    }
+    assert_eq!(service.charge_rows("k-lost").await, 0);
+    assert_eq!(service.claim_states().await, vec!["in_doubt".to_owned()]);
+
+    // The reconciler asks the network: it charged. The charge is booked
+    // once and the claim settled with the response the request owed.
+    let reconciler = payments::reconciler(service.payments.clone()).account(&service.account);
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(pass.resolved, 1, "{pass:?}");
+    let replayed = service.charge(Some("k-lost"), &body).await;
+    assert_eq!(replayed.status, StatusCode::CREATED, "{replayed:?}");
+    assert!(replayed.replayed(), "{replayed:?}");
+    assert_eq!(service.charge_rows("k-lost").await, 1);
+    assert_eq!(service.claim_states().await, vec!["success".to_owned()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_before_the_charge_is_released_by_the_reconciler_and_charged_once() {
+    let service = Service::start_with(Duration::ZERO).await;
+    let body = payload(1_250, "EUR");
+    service
+        .payments
+        .network
+        .time_out_next(payments::Timeout::BeforeCharging);
+    let first = service.charge(Some("k-unsent"), &body).await;
+    first.assert_service_problem(StatusCode::GATEWAY_TIMEOUT, "card-network-timeout");
+    let held = service.charge(Some("k-unsent"), &body).await;
+    held.assert_problem(StatusCode::CONFLICT, "outcome-in-doubt");
+
+    // Nothing was charged: the reconciler releases the key, and the retry
+    // charges, once.
+    let reconciler = payments::reconciler(service.payments.clone()).account(&service.account);
+    assert_eq!(
+        reconciler.reconcile_once().await.expect("a pass").resolved,
+        1
+    );
+    let charged = service.charge(Some("k-unsent"), &body).await;
+    assert_eq!(charged.status, StatusCode::CREATED, "{charged:?}");
+    assert!(!charged.replayed());
+    assert_eq!(service.charge_rows("k-unsent").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -412,7 +471,7 @@ async fn a_store_that_is_down_answers_503_with_retry_after_and_charges_nothing()
         "the store's own error stays on the server: {detail}"
     );
     let pool = idem::testing::pool_with(1).await;
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM charges WHERE account = $1")
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM card_charges WHERE account = $1")
         .bind(&service.account)
         .fetch_one(&pool)
         .await

@@ -192,6 +192,28 @@ impl Identity {
         })
     }
 
+    /// The key parts, read back from the canonical encoding: what a
+    /// reconciler's probe needs to ask the outside world about the action
+    /// (the order id of a charge, say). Absent parts wrote nothing and are
+    /// not listed.
+    ///
+    /// ```
+    /// use idem_runtime::{Identity, PartValue};
+    ///
+    /// let id = Identity::new("charge").part("ord_1").part(4_999_i64).part(true);
+    /// let parts: Vec<PartValue<'_>> = id.parts().collect();
+    /// assert_eq!(parts[0].as_text(), Some("ord_1"));
+    /// assert_eq!(parts[1].as_i128(), Some(4_999));
+    /// assert_eq!(parts[2], PartValue::Boolean(true));
+    /// ```
+    pub fn parts(&self) -> impl Iterator<Item = PartValue<'_>> {
+        // The first field is the action; the encoding was checked when it
+        // was written or read back, so every field decodes.
+        Fields(&self.canonical[MAGIC.len()..])
+            .skip(1)
+            .filter_map(|field| PartValue::of(field.tag, field.payload))
+    }
+
     /// `"claim_"` followed by the first 24 lowercase hex digits of the sha1
     /// of the canonical encoding.
     ///
@@ -225,6 +247,54 @@ fn is_canonical_decimal(digits: &[u8]) -> bool {
         [b'0'] => digits.len() == 1,
         [b'0', ..] => false,
         _ => magnitude.iter().all(u8::is_ascii_digit) && magnitude.len() <= 39,
+    }
+}
+
+/// One key part of an [`Identity`], as [`Identity::parts`] reads it back.
+/// Equal values of different types were written alike (`5_u8` and `5_i64`
+/// are one integer), so the type a part was written from is not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PartValue<'a> {
+    /// Text: a `str`, `String` or `char`.
+    Text(&'a str),
+    /// Raw bytes.
+    Bytes(&'a [u8]),
+    /// An integer of any type, as its canonical decimal digits (an optional
+    /// `-`, no leading zero): integers up to `u128::MAX` are kept.
+    Integer(&'a str),
+    /// A boolean.
+    Boolean(bool),
+    /// A UUID's 16 bytes.
+    Uuid([u8; 16]),
+}
+
+impl<'a> PartValue<'a> {
+    fn of(tag: u8, payload: &'a [u8]) -> Option<PartValue<'a>> {
+        Some(match tag {
+            TAG_TEXT => PartValue::Text(std::str::from_utf8(payload).ok()?),
+            TAG_BYTES => PartValue::Bytes(payload),
+            TAG_INTEGER => PartValue::Integer(std::str::from_utf8(payload).ok()?),
+            TAG_BOOLEAN => PartValue::Boolean(payload == [1]),
+            TAG_UUID => PartValue::Uuid(payload.try_into().ok()?),
+            _ => return None,
+        })
+    }
+
+    /// The text, for a text part.
+    pub fn as_text(&self) -> Option<&'a str> {
+        match self {
+            PartValue::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The integer, for an integer part that fits an `i128`.
+    pub fn as_i128(&self) -> Option<i128> {
+        match self {
+            PartValue::Integer(digits) => digits.parse().ok(),
+            _ => None,
+        }
     }
 }
 

@@ -26,6 +26,7 @@ mod identity;
 pub mod meter;
 mod mode;
 mod observe;
+pub mod reconcile;
 mod retry;
 mod run;
 pub mod schema;
@@ -40,7 +41,8 @@ pub use claim::Claim;
 pub use error::{Error, Rejected, SchemaProblem, SchemaProblems};
 pub use gate::Gate;
 pub use identity::{
-    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartWriter, PartWritten,
+    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartValue, PartWriter,
+    PartWritten,
 };
 pub use mode::{Disposed, Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 pub use observe::GateEvent;

@@ -347,10 +347,7 @@ pub(crate) async fn settle<'e>(
     output: Option<&str>,
     commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let statement = match commit {
-        Commit::Durable => &SETTLE,
-        Commit::Async => &SETTLE_ASYNC,
-    };
+    let statement = commit.pick(&SETTLE, &SETTLE_ASYNC);
     changed_one(
         statement.for_row(scope, address).bind(fence).bind(output),
         executor,
@@ -367,10 +364,7 @@ pub(crate) async fn release<'e>(
     fence: i64,
     commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let statement = match commit {
-        Commit::Durable => &RELEASE,
-        Commit::Async => &RELEASE_ASYNC,
-    };
+    let statement = commit.pick(&RELEASE, &RELEASE_ASYNC);
     changed_one(statement.for_row(scope, address).bind(fence), executor).await
 }
 
@@ -384,10 +378,7 @@ pub(crate) async fn keep<'e>(
     commit: Commit,
     reason: &str,
 ) -> Result<bool, sqlx::Error> {
-    let statement = match commit {
-        Commit::Durable => &KEEP,
-        Commit::Async => &KEEP_ASYNC,
-    };
+    let statement = commit.pick(&KEEP, &KEEP_ASYNC);
     changed_one(
         statement.for_row(scope, address).bind(fence).bind(reason),
         executor,

@@ -9,17 +9,13 @@
 //! when none answers: a skipped check would let a scan ship. It sets the
 //! schema up through [`catalog`] in a schema of its own, and drops it after.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres, Row};
+use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
 
 use super::operations::{self, NamespaceFilter, ScopeFilter};
+use super::scratch::Scratch;
 use super::{SplitOnNamespace, catalog, claims, metering};
-
-/// Where the test looks for PostgreSQL when `DATABASE_URL` is not set.
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 const ACCOUNT: &str = "acme";
 const ADDRESS: &str = "claim_0123456789abcdef01234567";
@@ -311,25 +307,11 @@ async fn shortfall(conn: &mut PgConnection, case: &Case) -> Option<String> {
 
 #[tokio::test]
 async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index() {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
-    let mut conn = PgConnection::connect(&url).await.unwrap_or_else(|error| {
-        panic!(
-            "this test needs PostgreSQL and none answered at {url} ({error}); start one, or \
-             point DATABASE_URL at one"
-        )
-    });
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_nanos());
-    let schema = format!("idem_index_use_{}_{nanos}", std::process::id());
-    conn.execute(AssertSqlSafe(format!(
-        "CREATE SCHEMA {schema}; SET search_path TO {schema}"
-    )))
-    .await
-    .expect("create a schema of the test's own");
+    let mut scratch = Scratch::new("idem_index_use").await;
+    let conn = &mut scratch.conn;
 
     let mut failures = Vec::new();
-    match catalog::set_up(&mut conn).await {
+    match catalog::set_up(&mut *conn).await {
         Err(error) => failures.push(format!("set the schema up: {error}")),
         Ok(()) => {
             // Not to force an index: a scan is still chosen when no index
@@ -340,13 +322,11 @@ async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index
                 .expect("set enable_seqscan");
             for namespace in [None, Some("live")] {
                 for case in cases(namespace) {
-                    failures.extend(shortfall(&mut conn, &case).await);
+                    failures.extend(shortfall(&mut *conn, &case).await);
                 }
             }
         }
     }
-    conn.execute(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-        .await
-        .expect("drop the test's schema");
+    scratch.drop().await;
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -46,6 +46,8 @@ pub mod operations;
 #[cfg(test)]
 mod index_use;
 #[cfg(test)]
+mod scratch;
+#[cfg(test)]
 mod transitions;
 
 use sqlx::Postgres;
@@ -71,6 +73,20 @@ pub(crate) enum Commit {
     Durable,
     /// Returns before the WAL flush (`synchronous_commit = off`).
     Async,
+}
+
+impl Commit {
+    /// Of a statement's two forms, the one that commits this way.
+    fn pick<'s>(
+        self,
+        durable: &'s SplitOnNamespace,
+        asynchronous: &'s SplitOnNamespace,
+    ) -> &'s SplitOnNamespace {
+        match self {
+            Commit::Durable => durable,
+            Commit::Async => asynchronous,
+        }
+    }
 }
 
 /// A statement in the two forms that the two partial unique indexes call

@@ -7,48 +7,26 @@
 //! Like `index_use`, it needs a PostgreSQL (`DATABASE_URL`, or the local
 //! default), sets the schema up in a schema of its own, and drops it after.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+use sqlx::PgConnection;
 
 use super::claims::{self, Claimed, Existing, NewClaim};
+use super::scratch::Scratch;
 use super::{Commit, Scope, catalog};
-
-/// Where the test looks for PostgreSQL when `DATABASE_URL` is not set.
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 const SCOPE: Scope<'static> = Scope {
     account: "acme",
     namespace: None,
 };
 
-/// A connection whose `search_path` is a fresh schema with idem set up,
-/// and that schema's name.
-async fn scratch() -> (PgConnection, String) {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
-    let mut conn = PgConnection::connect(&url).await.unwrap_or_else(|error| {
-        panic!(
-            "this test needs PostgreSQL and none answered at {url} ({error}); start one, or \
-             point DATABASE_URL at one"
-        )
-    });
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_nanos());
-    let schema = format!("idem_transitions_{}_{nanos}", std::process::id());
-    conn.execute(AssertSqlSafe(format!(
-        "CREATE SCHEMA {schema}; SET search_path TO {schema}"
-    )))
-    .await
-    .expect("create a schema of the test's own");
-    catalog::set_up(&mut conn).await.expect("set the schema up");
-    (conn, schema)
-}
-
-async fn drop_scratch(mut conn: PgConnection, schema: &str) {
-    conn.execute(AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+/// A scratch schema with idem set up.
+async fn scratch() -> Scratch {
+    let mut scratch = Scratch::new("idem_transitions").await;
+    catalog::set_up(&mut scratch.conn)
         .await
-        .expect("drop the test's schema");
+        .expect("set the schema up");
+    scratch
 }
 
 /// Claims `address`, with a lease of `lease_micros` if given; its fence.
@@ -136,28 +114,29 @@ async fn claim_path_changes_nothing(conn: &mut PgConnection, address: &str, fenc
 
 #[tokio::test]
 async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_path() {
-    let (mut conn, schema) = scratch().await;
+    let mut scratch = scratch().await;
+    let conn = &mut scratch.conn;
     let address = "claim_held";
-    let fence = won(&mut conn, address, None).await;
+    let fence = won(&mut *conn, address, None).await;
     assert!(
-        !claims::hold_in_doubt(&mut conn, SCOPE, address, fence + 1, "body_in_doubt")
+        !claims::hold_in_doubt(&mut *conn, SCOPE, address, fence + 1, "body_in_doubt")
             .await
             .expect("hold in doubt"),
         "another fence holds nothing"
     );
     assert!(
-        claims::hold_in_doubt(&mut conn, SCOPE, address, fence, "body_in_doubt")
+        claims::hold_in_doubt(&mut *conn, SCOPE, address, fence, "body_in_doubt")
             .await
             .expect("hold in doubt")
     );
-    let held = look(&mut conn, address).await;
+    let held = look(&mut *conn, address).await;
     assert_eq!(held.state, "in_doubt");
     assert!(!held.settled && !held.lease_expired);
     assert_eq!(
-        reason(&mut conn, address).await,
+        reason(&mut *conn, address).await,
         (Some("body_in_doubt".into()), false)
     );
-    claim_path_changes_nothing(&mut conn, address, fence).await;
+    claim_path_changes_nothing(&mut *conn, address, fence).await;
 
     // A duplicate's claim finds it held, in doubt, not expired.
     let new = NewClaim {
@@ -165,89 +144,91 @@ async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_
         fingerprint: None,
         lease_micros: None,
     };
-    match claims::claim(&mut conn, SCOPE, address, new, false).await {
+    match claims::claim(&mut *conn, SCOPE, address, new, false).await {
         Ok(Claimed::Held(existing)) => {
             assert_eq!(existing.state, "in_doubt");
             assert!(!existing.lease_expired);
         }
         other => panic!("the slot is held: {other:?}"),
     }
-    drop_scratch(conn, &schema).await;
+    scratch.drop().await;
 }
 
 #[tokio::test]
 async fn a_kept_failure_is_settled_failed_and_never_over_a_success() {
-    let (mut conn, schema) = scratch().await;
+    let mut scratch = scratch().await;
+    let conn = &mut scratch.conn;
     for (address, commit) in [
         ("claim_kept", Commit::Durable),
         ("claim_kept_async", Commit::Async),
     ] {
-        let fence = won(&mut conn, address, Some(60_000_000)).await;
+        let fence = won(&mut *conn, address, Some(60_000_000)).await;
         assert!(
-            claims::keep(&mut conn, SCOPE, address, fence, commit, "kept_failure")
+            claims::keep(&mut *conn, SCOPE, address, fence, commit, "kept_failure")
                 .await
                 .expect("keep")
         );
-        let kept = look(&mut conn, address).await;
+        let kept = look(&mut *conn, address).await;
         assert_eq!(kept.state, "failed");
         assert!(!kept.settled && !kept.lease_expired);
         assert_eq!(
-            reason(&mut conn, address).await,
+            reason(&mut *conn, address).await,
             (Some("kept_failure".into()), true)
         );
-        claim_path_changes_nothing(&mut conn, address, fence).await;
+        claim_path_changes_nothing(&mut *conn, address, fence).await;
     }
 
     let address = "claim_succeeded";
-    let fence = won(&mut conn, address, None).await;
+    let fence = won(&mut *conn, address, None).await;
     assert!(
-        claims::settle(&mut conn, SCOPE, address, fence, None, Commit::Durable)
+        claims::settle(&mut *conn, SCOPE, address, fence, None, Commit::Durable)
             .await
             .expect("settle")
     );
-    claim_path_changes_nothing(&mut conn, address, fence).await;
-    assert_eq!(look(&mut conn, address).await.state, "success");
-    drop_scratch(conn, &schema).await;
+    claim_path_changes_nothing(&mut *conn, address, fence).await;
+    assert_eq!(look(&mut *conn, address).await.state, "success");
+    scratch.drop().await;
 }
 
 #[tokio::test]
 async fn an_expired_lease_turns_in_doubt_once_and_only_under_the_fence_seen() {
-    let (mut conn, schema) = scratch().await;
+    let mut scratch = scratch().await;
+    let conn = &mut scratch.conn;
     let address = "claim_expiring";
-    let fence = won(&mut conn, address, Some(1)).await;
+    let fence = won(&mut *conn, address, Some(1)).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let expired = look(&mut conn, address).await;
+    let expired = look(&mut *conn, address).await;
     assert_eq!(expired.state, "pending");
     assert!(expired.lease_expired);
 
     assert!(
-        !claims::expire_in_doubt(&mut conn, SCOPE, address, fence + 1)
+        !claims::expire_in_doubt(&mut *conn, SCOPE, address, fence + 1)
             .await
             .expect("expire in doubt"),
         "a fence not seen matches nothing"
     );
     assert!(
-        claims::expire_in_doubt(&mut conn, SCOPE, address, fence)
+        claims::expire_in_doubt(&mut *conn, SCOPE, address, fence)
             .await
             .expect("expire in doubt")
     );
-    let held = look(&mut conn, address).await;
+    let held = look(&mut *conn, address).await;
     assert_eq!(held.state, "in_doubt");
     assert!(!held.lease_expired, "a claim in doubt never expires");
     assert_eq!(
-        reason(&mut conn, address).await,
+        reason(&mut *conn, address).await,
         (Some("lease_expired".into()), false)
     );
-    claim_path_changes_nothing(&mut conn, address, fence).await;
+    claim_path_changes_nothing(&mut *conn, address, fence).await;
 
     // A lease that has not run out is not turned.
     let address = "claim_leased";
-    let fence = won(&mut conn, address, Some(60_000_000)).await;
+    let fence = won(&mut *conn, address, Some(60_000_000)).await;
     assert!(
-        !claims::expire_in_doubt(&mut conn, SCOPE, address, fence)
+        !claims::expire_in_doubt(&mut *conn, SCOPE, address, fence)
             .await
             .expect("expire in doubt")
     );
-    assert_eq!(look(&mut conn, address).await.state, "pending");
-    drop_scratch(conn, &schema).await;
+    assert_eq!(look(&mut *conn, address).await.state, "pending");
+    scratch.drop().await;
 }
