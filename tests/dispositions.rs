@@ -248,3 +248,60 @@ async fn in_the_callers_transaction_a_kept_failure_commits_with_it() {
     );
     assert_eq!(provider.runs(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_settles_a_claim_its_expiry_turned_in_doubt() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge_leased").part("ord_9");
+    let mode = Mode::new()
+        .lease(Duration::from_millis(150))
+        .on_expiry(idem::OnExpiry::InDoubt);
+    let slow = gate.claim_with(&id, &mode).await.expect("won");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A duplicate finds the lease run out: the claim turns in doubt.
+    assert!(matches!(
+        gate.claim_with(&id, &mode).await,
+        Err(Rejected::InDoubt)
+    ));
+    // The slow holder finishes after all: its success is the outcome nobody
+    // knew, and is kept; the holder hears its lease ran out.
+    assert!(matches!(
+        slow.settle().await,
+        Err(Rejected::LeaseLost { .. })
+    ));
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+    assert!(matches!(
+        gate.claim_with(&id, &mode).await,
+        Err(Rejected::AlreadyDone)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_leaves_a_failure_resolved_meanwhile_as_it_is() {
+    use idem::operations::{self, Resolution, Resolved, Slot};
+
+    let gate = testing::gate().await;
+    let id = Identity::new("charge_resolved").part("ord_10");
+    let slow = gate.claim(&id).await.expect("won");
+    let address = id.address();
+    let slot = Slot {
+        account: gate.account_name(),
+        namespace: None,
+        address: &address,
+    };
+    let resolved = operations::resolve(gate.pool(), slot, Resolution::Failed)
+        .await
+        .expect("resolved");
+    assert!(matches!(resolved, Resolved::Changed { .. }), "{resolved:?}");
+    assert!(matches!(
+        slow.settle().await,
+        Err(Rejected::ClaimLost { .. })
+    ));
+    assert_eq!(
+        rows::row_state(&gate, &address).await.as_deref(),
+        Some("failed")
+    );
+}

@@ -463,6 +463,10 @@ impl Held {
                 }
                 // An earlier attempt of this very settle committed.
                 Some(row) if row.settled && row.fence == self.fence => return Ok(()),
+                // Resolved as a definite failure by a reconciler or an
+                // operator meanwhile: a resolution stands, and is theirs to
+                // correct (`idem claims show` says who resolved it).
+                Some(row) if row.state == "failed" => return Err(self.claim_lost()),
                 Some(row) => {
                     let lost = if row.lineage == self.lineage {
                         self.lease_lost()

@@ -254,19 +254,20 @@ pub(super) const TAKE_OVER: SplitOnNamespace = per_row!(
 );
 
 /// Records the success of a holder whose claim is no longer its own (taken
-/// over, or released and claimed anew) over the pending row that replaced
-/// it, if that is still the one that was seen (`$4`, its fence). A success
-/// that happened is a fact the slot must keep: without this, the new
-/// holder's release would free the slot and a retry would run the action
-/// once more. The row keeps its fence, so the new holder's own settle or
-/// release finds it settled. `$5`: the output; `$6`: the fingerprint of the
-/// payload the output belongs to. Index: the partial unique index of its
-/// form.
+/// over, or released and claimed anew, or turned in doubt when its lease
+/// ran out) over the row that replaced it, if that is still the one that
+/// was seen (`$4`, its fence) and its outcome is still open (pending, or in
+/// doubt: the success is the outcome nobody knew). A success that happened
+/// is a fact the slot must keep: without this, the new holder's release
+/// would free the slot and a retry would run the action once more. The row
+/// keeps its fence, so the new holder's own settle or release finds it
+/// settled. `$5`: the output; `$6`: the fingerprint of the payload the
+/// output belongs to. Index: the partial unique index of its form.
 pub(super) const SETTLE_OVER: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
-         fingerprint = $6",
-    "state = 'pending' AND fence = $4"
+         fingerprint = $6, state_reason = NULL",
+    "state IN ('pending', 'in_doubt') AND fence = $4"
 );
 
 /// Records the success of a holder whose claim was released (by the holder
