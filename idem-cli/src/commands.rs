@@ -1,10 +1,11 @@
 //! Runs one parsed command: connect, do the work, render the result.
 
 use idem_runtime::operations::ClaimState;
+use sqlx::PgPool;
 
 use crate::audit;
 use crate::claims::{self, ListFilter, NamespaceFilter, ScopeFilter};
-use crate::cli::{ClaimsCommand, Command, ScopeArgs};
+use crate::cli::{ClaimsCommand, Command, ScopeArgs, TableArgs};
 use crate::connect::connect;
 use crate::error::CliError;
 use crate::migrate;
@@ -46,8 +47,8 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             })
         }
         Command::Migrate(args) => {
-            let schema = args.schema.schema.as_deref();
-            let pool = connect(args.database.database_url.as_deref(), schema).await?;
+            let schema = args.table.schema.as_deref();
+            let pool = connect(args.table.database.database_url.as_deref(), schema).await?;
             let action = match (args.check, args.partitions) {
                 (true, _) => migrate::Action::Check,
                 (false, None) => migrate::Action::SetUp,
@@ -61,12 +62,7 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             })
         }
         Command::Claims(ClaimsCommand::List(args)) => {
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
-            .await?;
-            claims::ensure_table(&pool).await?;
+            let pool = connect_to_table(&args.table).await?;
             let filter = ListFilter {
                 scope: scope(&args.scope),
                 state: args.state.map(ClaimState::from),
@@ -81,30 +77,22 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             )?))
         }
         Command::Claims(ClaimsCommand::Show(args)) => {
-            claims::check_address(&args.address)?;
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
-            .await?;
-            claims::ensure_table(&pool).await?;
-            let claim = claims::find(&pool, &args.address, &scope(&args.scope)).await?;
+            let claim = &args.claim;
+            claims::check_address(&claim.address)?;
+            let pool = connect_to_table(&claim.table).await?;
+            let found = claims::find(&pool, &claim.address, &scope(&claim.scope)).await?;
             pool.close().await;
             Ok(Done::clean(claims::render_claim(
-                &claim,
+                &found,
                 args.format.format,
             )?))
         }
         Command::Claims(ClaimsCommand::Release(args)) => {
-            claims::check_address(&args.address)?;
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
-            .await?;
-            claims::ensure_table(&pool).await?;
+            let claim = &args.claim;
+            claims::check_address(&claim.address)?;
+            let pool = connect_to_table(&claim.table).await?;
             let released =
-                claims::release(&pool, &args.address, &scope(&args.scope), args.yes).await?;
+                claims::release(&pool, &claim.address, &scope(&claim.scope), args.yes).await?;
             pool.close().await;
             Ok(Done::clean(claims::render_released(
                 &released,
@@ -112,18 +100,14 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             )?))
         }
         Command::Claims(ClaimsCommand::Resolve(args)) => {
-            claims::check_address(&args.address)?;
+            let claim = &args.claim;
+            claims::check_address(&claim.address)?;
             let resolution = claims::resolution(&args)?;
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
-            .await?;
-            claims::ensure_table(&pool).await?;
+            let pool = connect_to_table(&claim.table).await?;
             let resolved = claims::resolve(
                 &pool,
-                &args.address,
-                &scope(&args.scope),
+                &claim.address,
+                &scope(&claim.scope),
                 resolution,
                 args.yes,
             )
@@ -135,12 +119,7 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             )?))
         }
         Command::Prune(args) => {
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
-            .await?;
-            claims::ensure_table(&pool).await?;
+            let pool = connect_to_table(&args.table).await?;
             let pruned = claims::prune(
                 &pool,
                 args.settled_before,
@@ -155,6 +134,19 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             )?))
         }
     }
+}
+
+/// Connects to the database `table` names, `search_path` set to its schema
+/// when it names one, and fails, saying what to do, when idem_records is
+/// not there: the commands that read or change claims need it to exist.
+async fn connect_to_table(table: &TableArgs) -> Result<PgPool, CliError> {
+    let pool = connect(
+        table.database.database_url.as_deref(),
+        table.schema.as_deref(),
+    )
+    .await?;
+    claims::ensure_table(&pool).await?;
+    Ok(pool)
 }
 
 fn scope(args: &ScopeArgs) -> ScopeFilter<'_> {
