@@ -62,15 +62,14 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             })
         }
         Command::Claims(ClaimsCommand::List(args)) => {
-            let pool = connect_to_table(&args.table).await?;
             let filter = ListFilter {
                 scope: scope(&args.scope),
                 state: args.state.map(ClaimState::from),
                 older_than: args.older_than,
                 limit: args.limit,
             };
-            let found = claims::list(&pool, &filter).await?;
-            pool.close().await;
+            let found =
+                on_table(&args.table, async |pool| claims::list(pool, &filter).await).await?;
             Ok(Done::clean(claims::render_list(
                 &found,
                 args.format.format,
@@ -79,9 +78,10 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
         Command::Claims(ClaimsCommand::Show(args)) => {
             let claim = &args.claim;
             claims::check_address(&claim.address)?;
-            let pool = connect_to_table(&claim.table).await?;
-            let found = claims::find(&pool, &claim.address, &scope(&claim.scope)).await?;
-            pool.close().await;
+            let found = on_table(&claim.table, async |pool| {
+                claims::find(pool, &claim.address, &scope(&claim.scope)).await
+            })
+            .await?;
             Ok(Done::clean(claims::render_claim(
                 &found,
                 args.format.format,
@@ -90,10 +90,10 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
         Command::Claims(ClaimsCommand::Release(args)) => {
             let claim = &args.claim;
             claims::check_address(&claim.address)?;
-            let pool = connect_to_table(&claim.table).await?;
-            let released =
-                claims::release(&pool, &claim.address, &scope(&claim.scope), args.yes).await?;
-            pool.close().await;
+            let released = on_table(&claim.table, async |pool| {
+                claims::release(pool, &claim.address, &scope(&claim.scope), args.yes).await
+            })
+            .await?;
             Ok(Done::clean(claims::render_released(
                 &released,
                 args.format.format,
@@ -103,31 +103,27 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             let claim = &args.claim;
             claims::check_address(&claim.address)?;
             let resolution = claims::resolution(&args)?;
-            let pool = connect_to_table(&claim.table).await?;
-            let resolved = claims::resolve(
-                &pool,
-                &claim.address,
-                &scope(&claim.scope),
-                resolution,
-                args.yes,
-            )
+            let resolved = on_table(&claim.table, async |pool| {
+                claims::resolve(
+                    pool,
+                    &claim.address,
+                    &scope(&claim.scope),
+                    resolution,
+                    args.yes,
+                )
+                .await
+            })
             .await?;
-            pool.close().await;
             Ok(Done::clean(claims::render_resolved(
                 &resolved,
                 args.format.format,
             )?))
         }
         Command::Prune(args) => {
-            let pool = connect_to_table(&args.table).await?;
-            let pruned = claims::prune(
-                &pool,
-                args.settled_before,
-                args.account.as_deref(),
-                args.yes,
-            )
+            let pruned = on_table(&args.table, async |pool| {
+                claims::prune(pool, args.settled_before, args.account.as_deref(), args.yes).await
+            })
             .await?;
-            pool.close().await;
             Ok(Done::clean(claims::render_pruned(
                 &pruned,
                 args.format.format,
@@ -136,17 +132,23 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
     }
 }
 
-/// Connects to the database `table` names, `search_path` set to its schema
-/// when it names one, and fails, saying what to do, when idem_records is
-/// not there: the commands that read or change claims need it to exist.
-async fn connect_to_table(table: &TableArgs) -> Result<PgPool, CliError> {
+/// Connects to the database `table` names (`search_path` set to its schema
+/// when it names one), fails, saying what to do, when idem_records is not
+/// there, runs `work`, and closes the connection: the life of every command
+/// that reads or changes claims.
+async fn on_table<T>(
+    table: &TableArgs,
+    work: impl AsyncFnOnce(&PgPool) -> Result<T, CliError>,
+) -> Result<T, CliError> {
     let pool = connect(
         table.database.database_url.as_deref(),
         table.schema.as_deref(),
     )
     .await?;
     claims::ensure_table(&pool).await?;
-    Ok(pool)
+    let done = work(&pool).await?;
+    pool.close().await;
+    Ok(done)
 }
 
 fn scope(args: &ScopeArgs) -> ScopeFilter<'_> {
