@@ -51,9 +51,12 @@ pub struct DatabaseArgs {
     pub database_url: Option<String>,
 }
 
-/// `--schema` for the commands that work on idem's own table.
+/// Where idem's own table is, for the commands that work on it:
+/// `--database-url` and `--schema`.
 #[derive(Debug, Args)]
-pub struct IdemSchemaArgs {
+pub struct TableArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
     /// The schema that holds idem_records (default: the connection's search_path).
     #[arg(long, value_name = "SCHEMA")]
     pub schema: Option<String>,
@@ -84,9 +87,7 @@ pub struct AuditArgs {
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub schema: IdemSchemaArgs,
+    pub table: TableArgs,
     /// Only verify: change nothing (for a role without DDL rights, or CI).
     #[arg(long, conflicts_with = "partitions")]
     pub check: bool,
@@ -139,6 +140,23 @@ pub struct ScopeArgs {
     pub no_namespace: bool,
 }
 
+/// The one claim `show`, `release` and `resolve` act on: its address, where
+/// idem's table is, and the scope that picks it when the address is claimed
+/// in several.
+///
+/// Flattened after a command's own flags and before `--format`, so that
+/// `--help` lists the connection and scope options in between, as it always
+/// has (the address is positional wherever it is declared).
+#[derive(Debug, Args)]
+pub struct ClaimArgs {
+    /// The claim's address (claim_ followed by 24 hex digits).
+    pub address: String,
+    #[command(flatten)]
+    pub table: TableArgs,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+}
+
 /// `--state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StateArg {
@@ -169,9 +187,7 @@ impl From<StateArg> for ClaimState {
 #[derive(Debug, Args)]
 pub struct ListArgs {
     #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub schema: IdemSchemaArgs,
+    pub table: TableArgs,
     #[command(flatten)]
     pub scope: ScopeArgs,
     /// Only claims in this state.
@@ -190,14 +206,8 @@ pub struct ListArgs {
 /// `idem claims show`.
 #[derive(Debug, Args)]
 pub struct ShowArgs {
-    /// The claim's address (claim_ followed by 24 hex digits).
-    pub address: String,
     #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub schema: IdemSchemaArgs,
-    #[command(flatten)]
-    pub scope: ScopeArgs,
+    pub claim: ClaimArgs,
     #[command(flatten)]
     pub format: FormatArgs,
 }
@@ -205,17 +215,11 @@ pub struct ShowArgs {
 /// `idem claims release`.
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
-    /// The claim's address (claim_ followed by 24 hex digits).
-    pub address: String,
     /// Really release it; without this, only say what would be released.
     #[arg(long)]
     pub yes: bool,
     #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub schema: IdemSchemaArgs,
-    #[command(flatten)]
-    pub scope: ScopeArgs,
+    pub claim: ClaimArgs,
     #[command(flatten)]
     pub format: FormatArgs,
 }
@@ -228,8 +232,6 @@ pub struct ReleaseArgs {
         .args(["succeeded", "failed", "release"])
 ))]
 pub struct ResolveArgs {
-    /// The claim's address (claim_ followed by 24 hex digits).
-    pub address: String,
     /// The action's effect happened: keep the slot as a success.
     #[arg(long)]
     pub succeeded: bool,
@@ -247,11 +249,7 @@ pub struct ResolveArgs {
     #[arg(long)]
     pub yes: bool,
     #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub schema: IdemSchemaArgs,
-    #[command(flatten)]
-    pub scope: ScopeArgs,
+    pub claim: ClaimArgs,
     #[command(flatten)]
     pub format: FormatArgs,
 }
@@ -270,9 +268,7 @@ pub struct PruneArgs {
     #[arg(long)]
     pub yes: bool,
     #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub schema: IdemSchemaArgs,
+    pub table: TableArgs,
     #[command(flatten)]
     pub format: FormatArgs,
 }

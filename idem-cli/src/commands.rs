@@ -1,10 +1,11 @@
 //! Runs one parsed command: connect, do the work, render the result.
 
 use idem_runtime::operations::ClaimState;
+use sqlx::PgPool;
 
 use crate::audit;
 use crate::claims::{self, ListFilter, NamespaceFilter, ScopeFilter};
-use crate::cli::{ClaimsCommand, Command, ScopeArgs};
+use crate::cli::{ClaimsCommand, Command, ScopeArgs, TableArgs};
 use crate::connect::connect;
 use crate::error::CliError;
 use crate::migrate;
@@ -46,8 +47,8 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             })
         }
         Command::Migrate(args) => {
-            let schema = args.schema.schema.as_deref();
-            let pool = connect(args.database.database_url.as_deref(), schema).await?;
+            let schema = args.table.schema.as_deref();
+            let pool = connect(args.table.database.database_url.as_deref(), schema).await?;
             let action = match (args.check, args.partitions) {
                 (true, _) => migrate::Action::Check,
                 (false, None) => migrate::Action::SetUp,
@@ -61,100 +62,93 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             })
         }
         Command::Claims(ClaimsCommand::List(args)) => {
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
-            .await?;
-            claims::ensure_table(&pool).await?;
             let filter = ListFilter {
                 scope: scope(&args.scope),
                 state: args.state.map(ClaimState::from),
                 older_than: args.older_than,
                 limit: args.limit,
             };
-            let found = claims::list(&pool, &filter).await?;
-            pool.close().await;
+            let found =
+                on_table(&args.table, async |pool| claims::list(pool, &filter).await).await?;
             Ok(Done::clean(claims::render_list(
                 &found,
                 args.format.format,
             )?))
         }
         Command::Claims(ClaimsCommand::Show(args)) => {
-            claims::check_address(&args.address)?;
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
+            let claim = &args.claim;
+            claims::check_address(&claim.address)?;
+            let found = on_table(&claim.table, async |pool| {
+                claims::find(pool, &claim.address, &scope(&claim.scope)).await
+            })
             .await?;
-            claims::ensure_table(&pool).await?;
-            let claim = claims::find(&pool, &args.address, &scope(&args.scope)).await?;
-            pool.close().await;
             Ok(Done::clean(claims::render_claim(
-                &claim,
+                &found,
                 args.format.format,
             )?))
         }
         Command::Claims(ClaimsCommand::Release(args)) => {
-            claims::check_address(&args.address)?;
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
+            let claim = &args.claim;
+            claims::check_address(&claim.address)?;
+            let released = on_table(&claim.table, async |pool| {
+                claims::release(pool, &claim.address, &scope(&claim.scope), args.yes).await
+            })
             .await?;
-            claims::ensure_table(&pool).await?;
-            let released =
-                claims::release(&pool, &args.address, &scope(&args.scope), args.yes).await?;
-            pool.close().await;
             Ok(Done::clean(claims::render_released(
                 &released,
                 args.format.format,
             )?))
         }
         Command::Claims(ClaimsCommand::Resolve(args)) => {
-            claims::check_address(&args.address)?;
+            let claim = &args.claim;
+            claims::check_address(&claim.address)?;
             let resolution = claims::resolution(&args)?;
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
+            let resolved = on_table(&claim.table, async |pool| {
+                claims::resolve(
+                    pool,
+                    &claim.address,
+                    &scope(&claim.scope),
+                    resolution,
+                    args.yes,
+                )
+                .await
+            })
             .await?;
-            claims::ensure_table(&pool).await?;
-            let resolved = claims::resolve(
-                &pool,
-                &args.address,
-                &scope(&args.scope),
-                resolution,
-                args.yes,
-            )
-            .await?;
-            pool.close().await;
             Ok(Done::clean(claims::render_resolved(
                 &resolved,
                 args.format.format,
             )?))
         }
         Command::Prune(args) => {
-            let pool = connect(
-                args.database.database_url.as_deref(),
-                args.schema.schema.as_deref(),
-            )
+            let pruned = on_table(&args.table, async |pool| {
+                claims::prune(pool, args.settled_before, args.account.as_deref(), args.yes).await
+            })
             .await?;
-            claims::ensure_table(&pool).await?;
-            let pruned = claims::prune(
-                &pool,
-                args.settled_before,
-                args.account.as_deref(),
-                args.yes,
-            )
-            .await?;
-            pool.close().await;
             Ok(Done::clean(claims::render_pruned(
                 &pruned,
                 args.format.format,
             )?))
         }
     }
+}
+
+/// Connects to the database `table` names (`search_path` set to its schema
+/// when it names one), fails, saying what to do, when idem_records is not
+/// there, runs `work`, and closes the connection: the life of every command
+/// that reads or changes claims.
+async fn on_table<T>(
+    table: &TableArgs,
+    work: impl AsyncFnOnce(&PgPool) -> Result<T, CliError>,
+) -> Result<T, CliError> {
+    let pool = connect(
+        table.database.database_url.as_deref(),
+        table.schema.as_deref(),
+    )
+    .await?;
+    claims::ensure_table(&pool).await?;
+    let done = work(&pool).await?;
+    pool.close().await;
+    Ok(done)
 }
 
 fn scope(args: &ScopeArgs) -> ScopeFilter<'_> {

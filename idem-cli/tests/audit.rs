@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{idem, idem_with};
+use common::{assert_contains, idem, idem_with};
 use idem::testing::{database_url, unique_name};
 use idem_test_support::connections::connect;
 use idem_test_support::schemas::{create_schemas, drop_schemas, ident, run_sql};
@@ -358,17 +358,20 @@ app.refs: unique index hole_composite_one_nullable
     DROP INDEX CONCURRENTLY app.hole_composite_one_nullable;"
         )
     );
-    assert!(
-        run.stdout
-            .contains("  nullable:     lower(email), because email allows NULL\n")
+    assert_contains(
+        &run.stdout,
+        "  nullable:     lower(email), because email allows NULL\n",
     );
-    assert!(run.stdout.contains(&format!(
-        "\n18 of the {} unique indexes and constraints in schemas {main}, {} let duplicates \
-         through NULL.\n",
-        fixture.checked(),
-        ident(&fixture.other)
-    )));
-    assert!(run.stdout.contains("Before you apply a fix:\n"));
+    assert_contains(
+        &run.stdout,
+        &format!(
+            "\n18 of the {} unique indexes and constraints in schemas {main}, {} let duplicates \
+             through NULL.\n",
+            fixture.checked(),
+            ident(&fixture.other)
+        ),
+    );
+    assert_contains(&run.stdout, "Before you apply a fix:\n");
     assert_eq!(
         run.stdout
             .contains("NULLS NOT DISTINCT exists only from PostgreSQL 15 on"),
@@ -522,11 +525,7 @@ async fn a_clean_schema_exits_zero_and_errors_exit_two_saying_what_to_do() {
     assert_eq!(run.json(), serde_json::json!([]));
 
     let run = idem(&["audit", "--schema", &clean, "--schema", "no such schema"]).expect_code(2);
-    assert!(
-        run.stderr.contains("no schema named no such schema"),
-        "{}",
-        run.stderr
-    );
+    assert_contains(&run.stderr, "no schema named no such schema");
     assert!(run.stdout.is_empty());
 
     let run = idem_with(
@@ -538,17 +537,17 @@ async fn a_clean_schema_exits_zero_and_errors_exit_two_saying_what_to_do() {
         None,
     )
     .expect_code(2);
-    assert!(
-        run.stderr
-            .contains("cannot connect to PostgreSQL at postgres://app:***@127.0.0.1:1/app")
+    assert_contains(
+        &run.stderr,
+        "cannot connect to PostgreSQL at postgres://app:***@127.0.0.1:1/app",
     );
-    assert!(run.stderr.contains("pg_isready"));
+    assert_contains(&run.stderr, "pg_isready");
     assert!(!run.stderr.contains("hunter2"));
 
     let run = idem_with(&["audit"], None).expect_code(2);
-    assert!(
-        run.stderr
-            .contains("no database to connect to: pass --database-url")
+    assert_contains(
+        &run.stderr,
+        "no database to connect to: pass --database-url",
     );
 
     // DATABASE_URL is the default for --database-url.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Run, idem};
+use common::{Run, assert_contains, idem};
 use idem::testing::unique_name;
 use idem_runtime::Identity;
 use idem_runtime::schema::{INDEX_WITHIN_NAMESPACE, INDEX_WITHOUT_NAMESPACE, SCHEMA_VERSION};
@@ -18,54 +18,36 @@ async fn migrate_sets_up_verifies_and_reports_what_is_missing() {
     let schema = unique_name("idem_migrate");
     create_schemas(&mut conn, &[&schema]).await;
 
-    let run = idem(&["migrate", "--schema", &schema, "--check"]).expect_code(1);
+    let run = idem_in(&schema, "migrate --check").expect_code(1);
     assert!(
         run.stdout
             .starts_with("idem's schema cannot enforce one claim per identity")
     );
-    assert!(
-        run.stdout.contains("table idem_records does not exist"),
-        "{}",
-        run.stdout
-    );
+    assert_contains(&run.stdout, "table idem_records does not exist");
 
     let expected = format!(
         "idem schema version {SCHEMA_VERSION} is in place: {schema}.idem_records\n  \
          layout: plain (not partitioned)\n  \
          present: {INDEX_WITHOUT_NAMESPACE}\n  present: {INDEX_WITHIN_NAMESPACE}\n"
     );
+    assert_eq!(idem_in(&schema, "migrate").expect_code(0).stdout, expected);
     assert_eq!(
-        idem(&["migrate", "--schema", &schema])
-            .expect_code(0)
-            .stdout,
-        expected
-    );
-    assert_eq!(
-        idem(&["migrate", "--schema", &schema])
-            .expect_code(0)
-            .stdout,
+        idem_in(&schema, "migrate").expect_code(0).stdout,
         expected,
         "idempotent"
     );
-    let report = idem(&[
-        "migrate", "--schema", &schema, "--check", "--format", "json",
-    ])
-    .expect_code(0)
-    .json();
+    let report = idem_in(&schema, "migrate --check --format json")
+        .expect_code(0)
+        .json();
     assert_eq!(report["version"], SCHEMA_VERSION);
     assert_eq!(report["table"], format!("{schema}.idem_records"));
     assert_eq!(report["layout"], "plain (not partitioned)");
     assert_eq!(report["problems"], serde_json::json!([]));
 
     // A plain table is never re-partitioned: refused, nothing changed.
-    let run = idem(&["migrate", "--schema", &schema, "--partitions", "16"]).expect_code(1);
-    assert!(
-        run.stderr
-            .contains("already exists, plain (not partitioned)")
-            && run.stderr.contains("Nothing was changed"),
-        "{}",
-        run.stderr
-    );
+    let run = idem_in(&schema, "migrate --partitions 16").expect_code(1);
+    assert_contains(&run.stderr, "already exists, plain (not partitioned)");
+    assert_contains(&run.stderr, "Nothing was changed");
 
     run_sql(
         &mut conn,
@@ -76,21 +58,14 @@ async fn migrate_sets_up_verifies_and_reports_what_is_missing() {
     )
     .await;
     // set_up sees the current version and changes nothing; verify still fails.
-    let run = idem(&["migrate", "--schema", &schema]).expect_code(1);
-    assert!(
-        run.stdout
-            .contains(&format!("missing unique index: {INDEX_WITHOUT_NAMESPACE}")),
-        "{}",
-        run.stdout
+    let run = idem_in(&schema, "migrate").expect_code(1);
+    assert_contains(
+        &run.stdout,
+        &format!("missing unique index: {INDEX_WITHOUT_NAMESPACE}"),
     );
 
     let run = idem(&["migrate", "--schema", "no such schema"]).expect_code(2);
-    assert!(
-        run.stderr
-            .contains("schema \"no such schema\" does not exist"),
-        "{}",
-        run.stderr
-    );
+    assert_contains(&run.stderr, "schema \"no such schema\" does not exist");
 
     drop_schemas(&mut conn, &[&schema]).await;
 }
@@ -104,6 +79,24 @@ struct Row<'a> {
     age_seconds: f64,
     settled_at: Option<&'a str>,
 }
+
+impl<'a> Row<'a> {
+    /// A claim of `identity` in `account`, no namespace, pending, made ten
+    /// minutes ago; a test sets what it is about with `..Row::new(..)`.
+    fn new(account: &'a str, identity: Identity) -> Row<'a> {
+        Row {
+            account,
+            namespace: None,
+            identity,
+            state: "pending",
+            age_seconds: 600.0,
+            settled_at: None,
+        }
+    }
+}
+
+/// Seconds in a day, for [`Row::age_seconds`].
+const DAY: f64 = 86_400.0;
 
 async fn insert(conn: &mut PgConnection, row: Row<'_>) -> String {
     let address = row.identity.address();
@@ -140,11 +133,12 @@ fn addresses(listed: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// `idem ARGS --schema SCHEMA`.
-fn idem_in(schema: &str, args: &[&str]) -> Run {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--schema", schema]);
-    idem(&all)
+/// `idem COMMAND_LINE --schema SCHEMA`, the command line split at spaces;
+/// for an argument that holds a space, call [`idem`] with the words.
+fn idem_in(schema: &str, command_line: &str) -> Run {
+    let mut args: Vec<&str> = command_line.split_whitespace().collect();
+    args.extend(["--schema", schema]);
+    idem(&args)
 }
 
 #[tokio::test]
@@ -153,49 +147,36 @@ async fn claims_are_listed_shown_released_and_pruned() {
     let schema = unique_name("idem_claims");
     create_schemas(&mut conn, &[&schema]).await;
 
-    let run = idem_in(&schema, &["claims", "list"]).expect_code(2);
-    assert!(
-        run.stderr.contains("run `idem migrate` to create it"),
-        "{}",
-        run.stderr
-    );
+    let run = idem_in(&schema, "claims list").expect_code(2);
+    assert_contains(&run.stderr, "run `idem migrate` to create it");
 
-    idem(&["migrate", "--schema", &schema]).expect_code(0);
+    idem_in(&schema, "migrate").expect_code(0);
     run_sql(&mut conn, &format!("SET search_path = {}", ident(&schema))).await;
     let charge = |order: &str, cents: i64| Identity::new("charge").part(order).part(cents);
     let pending = insert(
         &mut conn,
         Row {
-            account: "acme",
-            namespace: None,
-            identity: charge("ord_1", 4_999),
-            state: "pending",
             age_seconds: 7_200.0,
-            settled_at: None,
+            ..Row::new("acme", charge("ord_1", 4_999))
         },
     )
     .await;
     let settled = insert(
         &mut conn,
         Row {
-            account: "acme",
-            namespace: None,
-            identity: charge("ord_2", 100),
             state: "success",
-            age_seconds: 3.0 * 86_400.0,
+            age_seconds: 3.0 * DAY,
             settled_at: Some("2024-01-10T00:00:00Z"),
+            ..Row::new("acme", charge("ord_2", 100))
         },
     )
     .await;
     let same_address_live = insert(
         &mut conn,
         Row {
-            account: "acme",
             namespace: Some("live"),
-            identity: charge("ord_1", 4_999),
-            state: "pending",
             age_seconds: 60.0,
-            settled_at: None,
+            ..Row::new("acme", charge("ord_1", 4_999))
         },
     )
     .await;
@@ -203,30 +184,24 @@ async fn claims_are_listed_shown_released_and_pruned() {
     let refund = insert(
         &mut conn,
         Row {
-            account: "globex",
-            namespace: None,
-            identity: Identity::new("refund").part("r_9"),
             state: "success",
-            age_seconds: 10.0 * 86_400.0,
+            age_seconds: 10.0 * DAY,
             settled_at: Some("2024-03-01T00:00:00Z"),
+            ..Row::new("globex", Identity::new("refund").part("r_9"))
         },
     )
     .await;
     let long = insert(
         &mut conn,
         Row {
-            account: "acme",
-            namespace: None,
-            identity: Identity::new("charge").part("x".repeat(200)),
-            state: "pending",
             age_seconds: 5.0,
-            settled_at: None,
+            ..Row::new("acme", Identity::new("charge").part("x".repeat(200)))
         },
     )
     .await;
 
     // list: newest first, as a table.
-    let run = idem_in(&schema, &["claims", "list"]).expect_code(0);
+    let run = idem_in(&schema, "claims list").expect_code(0);
     let lines: Vec<&str> = run.stdout.lines().collect();
     assert_eq!(
         lines[0],
@@ -248,25 +223,15 @@ async fn claims_are_listed_shown_released_and_pruned() {
         "{}",
         lines[3]
     );
-    assert!(
-        lines[4].contains("success  3d00h   2024-01-10T00:00:00Z  charge [\"ord_2\", 100]"),
-        "{}",
-        lines[4]
+    assert_contains(
+        lines[4],
+        "success  3d00h   2024-01-10T00:00:00Z  charge [\"ord_2\", 100]",
     );
 
     // list: filters, JSON.
     let listed = idem_in(
         &schema,
-        &[
-            "claims",
-            "list",
-            "--state",
-            "pending",
-            "--older-than",
-            "10m",
-            "--format",
-            "json",
-        ],
+        "claims list --state pending --older-than 10m --format json",
     )
     .expect_code(0)
     .json();
@@ -288,68 +253,47 @@ async fn claims_are_listed_shown_released_and_pruned() {
     assert_eq!(claim["settled_at"], Value::Null);
     assert!(claim["other_columns"].get("fence").is_some(), "{claim}");
 
-    let listed = idem_in(
-        &schema,
-        &["claims", "list", "--account", "globex", "--format", "json"],
-    )
-    .expect_code(0)
-    .json();
+    let listed = idem_in(&schema, "claims list --account globex --format json")
+        .expect_code(0)
+        .json();
     assert_eq!(addresses(&listed), [refund.as_str()]);
     assert_eq!(listed[0]["settled_at"], "2024-03-01T00:00:00Z");
     assert_eq!(listed[0]["action"], "refund");
 
-    let live = idem_in(
-        &schema,
-        &["claims", "list", "--namespace", "live", "--format", "json"],
-    )
-    .expect_code(0)
-    .json();
+    let live = idem_in(&schema, "claims list --namespace live --format json")
+        .expect_code(0)
+        .json();
     assert_eq!(live.as_array().map(Vec::len), Some(1));
     assert_eq!(live[0]["namespace"], "live");
-    let without = idem_in(
-        &schema,
-        &["claims", "list", "--no-namespace", "--format", "json"],
-    )
-    .expect_code(0)
-    .json();
+    let without = idem_in(&schema, "claims list --no-namespace --format json")
+        .expect_code(0)
+        .json();
     assert_eq!(without.as_array().map(Vec::len), Some(4));
-    let limited = idem_in(
-        &schema,
-        &["claims", "list", "--limit", "2", "--format", "json"],
-    )
-    .expect_code(0)
-    .json();
+    let limited = idem_in(&schema, "claims list --limit 2 --format json")
+        .expect_code(0)
+        .json();
     assert_eq!(addresses(&limited), [long.as_str(), pending.as_str()]);
-    let none = idem_in(&schema, &["claims", "list", "--account", "nobody"]).expect_code(0);
+    let none = idem_in(&schema, "claims list --account nobody").expect_code(0);
     assert_eq!(none.stdout, "no claims match\n");
 
     // show: an address in two scopes needs a scope.
-    let run = idem_in(&schema, &["claims", "show", &pending]).expect_code(2);
-    assert!(
-        run.stderr
-            .contains(&format!("address {pending} is claimed in 2 scopes")),
-        "{}",
-        run.stderr
+    let run = idem_in(&schema, &format!("claims show {pending}")).expect_code(2);
+    assert_contains(
+        &run.stderr,
+        &format!("address {pending} is claimed in 2 scopes"),
     );
-    assert!(
-        run.stderr
-            .contains("  account acme, no namespace\n  account acme, namespace live\n")
+    assert_contains(
+        &run.stderr,
+        "  account acme, no namespace\n  account acme, namespace live\n",
     );
-    assert!(
-        run.stderr
-            .contains("--account and --namespace NAME (or --no-namespace)")
+    assert_contains(
+        &run.stderr,
+        "--account and --namespace NAME (or --no-namespace)",
     );
 
     let run = idem_in(
         &schema,
-        &[
-            "claims",
-            "show",
-            &pending,
-            "--account",
-            "acme",
-            "--no-namespace",
-        ],
+        &format!("claims show {pending} --account acme --no-namespace"),
     )
     .expect_code(0);
     for field in [
@@ -360,7 +304,7 @@ async fn claims_are_listed_shown_released_and_pruned() {
         "address_check:    the address is the digest of the identity\n".to_owned(),
         "settled_at:       -\n".to_owned(),
     ] {
-        assert!(run.stdout.contains(&field), "no {field:?} in:\n{}", run.stdout);
+        assert_contains(&run.stdout, &field);
     }
     assert!(
         run.stdout.contains("\nfence:"),
@@ -369,78 +313,41 @@ async fn claims_are_listed_shown_released_and_pruned() {
     );
     let shown = idem_in(
         &schema,
-        &[
-            "claims",
-            "show",
-            &pending,
-            "--namespace",
-            "live",
-            "--format",
-            "json",
-        ],
+        &format!("claims show {pending} --namespace live --format json"),
     )
     .expect_code(0)
     .json();
     assert_eq!(shown["namespace"], "live");
 
-    let run = idem_in(
-        &schema,
-        &["claims", "show", "claim_000000000000000000000000"],
-    )
-    .expect_code(1);
-    assert!(
-        run.stderr
-            .contains("no claim has address claim_000000000000000000000000")
+    let run = idem_in(&schema, "claims show claim_000000000000000000000000").expect_code(1);
+    assert_contains(
+        &run.stderr,
+        "no claim has address claim_000000000000000000000000",
     );
-    let run = idem_in(&schema, &["claims", "show", "Claim X"]).expect_code(2);
-    assert!(run.stderr.contains("is not a claim address"));
+    let run = idem(&["claims", "show", "Claim X", "--schema", &schema]).expect_code(2);
+    assert_contains(&run.stderr, "is not a claim address");
 
     // release: never a settled claim, never without --yes.
-    let run = idem_in(&schema, &["claims", "release", &settled, "--yes"]).expect_code(1);
-    assert!(
-        run.stderr
-            .contains("it is settled (success since 2024-01-10T00:00:00Z)"),
-        "{}",
-        run.stderr
+    let run = idem_in(&schema, &format!("claims release {settled} --yes")).expect_code(1);
+    assert_contains(
+        &run.stderr,
+        "it is settled (success since 2024-01-10T00:00:00Z)",
     );
-    assert!(run.stderr.contains("idem never releases a settled claim"));
+    assert_contains(&run.stderr, "idem never releases a settled claim");
     assert_eq!(count(&mut conn, &settled).await, 1);
 
-    let run = idem_in(
-        &schema,
-        &[
-            "claims",
-            "release",
-            &pending,
-            "--account",
-            "acme",
-            "--no-namespace",
-        ],
-    )
-    .expect_code(2);
-    assert!(
-        run.stderr.contains(&format!(
+    let release_pending = format!("claims release {pending} --account acme --no-namespace");
+    let run = idem_in(&schema, &release_pending).expect_code(2);
+    assert_contains(
+        &run.stderr,
+        &format!(
             "would release pending claim {pending} (account acme, no namespace): charge [\"ord_1\", 4999], created 2h00m ago."
-        )),
-        "{}",
-        run.stderr
+        ),
     );
-    assert!(run.stderr.contains("Re-run with --yes"));
+    assert_contains(&run.stderr, "Re-run with --yes");
     assert_eq!(count(&mut conn, &pending).await, 2);
 
-    let run = idem_in(
-        &schema,
-        &[
-            "claims",
-            "release",
-            &pending,
-            "--account",
-            "acme",
-            "--no-namespace",
-            "--yes",
-        ],
-    )
-    .expect_code(0);
+    let run = idem_in(&schema, &format!("{release_pending} --yes")).expect_code(0);
     assert_eq!(
         run.stdout,
         format!(
@@ -452,26 +359,19 @@ async fn claims_are_listed_shown_released_and_pruned() {
         1,
         "the claim in namespace live stays"
     );
-    let left = idem_in(&schema, &["claims", "show", &pending, "--format", "json"])
+    let left = idem_in(&schema, &format!("claims show {pending} --format json"))
         .expect_code(0)
         .json();
     assert_eq!(left["namespace"], "live");
 
     // prune: only settled claims, only before the date, only with --yes.
-    let run = idem_in(&schema, &["prune", "--settled-before", "2024-02-01"]).expect_code(2);
-    assert!(
-        run.stderr.contains(
-            "would delete 1 settled claim (settled before 2024-02-01T00:00:00Z, in every account)."
-        ),
-        "{}",
-        run.stderr
+    let run = idem_in(&schema, "prune --settled-before 2024-02-01").expect_code(2);
+    assert_contains(
+        &run.stderr,
+        "would delete 1 settled claim (settled before 2024-02-01T00:00:00Z, in every account).",
     );
     assert_eq!(count(&mut conn, &settled).await, 1);
-    let run = idem_in(
-        &schema,
-        &["prune", "--settled-before", "2024-02-01", "--yes"],
-    )
-    .expect_code(0);
+    let run = idem_in(&schema, "prune --settled-before 2024-02-01 --yes").expect_code(0);
     assert_eq!(
         run.stdout,
         "deleted 1 settled claim (settled before 2024-02-01T00:00:00Z, in every account)\n"
@@ -481,16 +381,7 @@ async fn claims_are_listed_shown_released_and_pruned() {
 
     let pruned = idem_in(
         &schema,
-        &[
-            "prune",
-            "--settled-before",
-            "2024-12-31T00:00:00+02:00",
-            "--account",
-            "acme",
-            "--yes",
-            "--format",
-            "json",
-        ],
+        "prune --settled-before 2024-12-31T00:00:00+02:00 --account acme --yes --format json",
     )
     .expect_code(0)
     .json();
@@ -505,12 +396,8 @@ async fn claims_are_listed_shown_released_and_pruned() {
         "pending claims are never pruned"
     );
 
-    let run = idem_in(
-        &schema,
-        &["prune", "--settled-before", "yesterday", "--yes"],
-    )
-    .expect_code(2);
-    assert!(run.stderr.contains("write YYYY-MM-DD"), "{}", run.stderr);
+    let run = idem_in(&schema, "prune --settled-before yesterday --yes").expect_code(2);
+    assert_contains(&run.stderr, "write YYYY-MM-DD");
 
     run_sql(&mut conn, "RESET search_path").await;
     drop_schemas(&mut conn, &[&schema]).await;
@@ -519,15 +406,12 @@ async fn claims_are_listed_shown_released_and_pruned() {
 /// Inserts a claim of `charge(order)` in account acme, no namespace, made
 /// ten minutes ago.
 async fn claim(conn: &mut PgConnection, order: &str, state: &str) -> String {
+    let identity = Identity::new("charge").part(order);
     insert(
         conn,
         Row {
-            account: "acme",
-            namespace: None,
-            identity: Identity::new("charge").part(order),
             state,
-            age_seconds: 600.0,
-            settled_at: None,
+            ..Row::new("acme", identity)
         },
     )
     .await
@@ -570,7 +454,7 @@ async fn claims_in_doubt_are_listed_shown_and_resolved_by_hand() {
     let mut conn = connect().await;
     let schema = unique_name("idem_resolve");
     create_schemas(&mut conn, &[&schema]).await;
-    idem(&["migrate", "--schema", &schema]).expect_code(0);
+    idem_in(&schema, "migrate").expect_code(0);
     run_sql(&mut conn, &format!("SET search_path = {}", ident(&schema))).await;
     let timed_out = claim(&mut conn, "ord_timeout", "pending").await;
     let declined = claim(&mut conn, "ord_declined", "pending").await;
@@ -582,126 +466,78 @@ async fn claims_in_doubt_are_listed_shown_and_resolved_by_hand() {
     hold(&mut conn, &lost, "failed", "kept_failure").await;
 
     // list and show: the new states, and how a claim got there.
-    let listed = idem_in(
-        &schema,
-        &["claims", "list", "--state", "in_doubt", "--format", "json"],
-    )
-    .expect_code(0)
-    .json();
+    let listed = idem_in(&schema, "claims list --state in_doubt --format json")
+        .expect_code(0)
+        .json();
     let mut in_doubt = addresses(&listed);
     in_doubt.sort_unstable();
     let mut expected = [timed_out.as_str(), declined.as_str()];
     expected.sort_unstable();
     assert_eq!(in_doubt, expected);
-    let failed = idem_in(
-        &schema,
-        &["claims", "list", "--state", "failed", "--format", "json"],
-    )
-    .expect_code(0)
-    .json();
+    let failed = idem_in(&schema, "claims list --state failed --format json")
+        .expect_code(0)
+        .json();
     assert_eq!(addresses(&failed), [lost.as_str()]);
     assert_eq!(failed[0]["state_reason"], "kept_failure");
     assert!(failed[0]["fence"].as_i64().is_some(), "{failed}");
 
-    let run = idem_in(&schema, &["claims", "show", &timed_out]).expect_code(0);
+    let run = idem_in(&schema, &format!("claims show {timed_out}")).expect_code(0);
     for field in [
         "state:            in_doubt\n",
         "state_reason:     body_in_doubt\n",
         "\nfence:            ",
     ] {
-        assert!(
-            run.stdout.contains(field),
-            "no {field:?} in:\n{}",
-            run.stdout
-        );
+        assert_contains(&run.stdout, field);
     }
     assert_eq!(run.stdout.matches("\nfence:").count(), 1, "{}", run.stdout);
 
     // resolve: one of --succeeded, --failed, --release; --output is JSON,
     // and only with --succeeded.
-    let run = idem_in(&schema, &["claims", "resolve", &timed_out, "--yes"]).expect_code(2);
-    assert!(run.stderr.contains("--succeeded"), "{}", run.stderr);
-    let run = idem_in(
-        &schema,
-        &["claims", "resolve", &timed_out, "--failed", "--output", "1"],
-    )
-    .expect_code(2);
-    assert!(
-        run.stderr
-            .contains("'--failed' cannot be used with '--output <JSON>'"),
-        "{}",
-        run.stderr
+    let resolve = |rest: &str| idem_in(&schema, &format!("claims resolve {timed_out} {rest}"));
+    let run = resolve("--yes").expect_code(2);
+    assert_contains(&run.stderr, "--succeeded");
+    let run = resolve("--failed --output 1").expect_code(2);
+    assert_contains(
+        &run.stderr,
+        "'--failed' cannot be used with '--output <JSON>'",
     );
-    let run = idem_in(
+    let run = idem(&[
+        "claims",
+        "resolve",
+        &timed_out,
+        "--succeeded",
+        "--output",
+        "{receipt: r_1}",
+        "--yes",
+        "--schema",
         &schema,
-        &[
-            "claims",
-            "resolve",
-            &timed_out,
-            "--succeeded",
-            "--output",
-            "{receipt: r_1}",
-            "--yes",
-        ],
-    )
+    ])
     .expect_code(2);
-    assert!(
-        run.stderr.contains("--output must be JSON"),
-        "{}",
-        run.stderr
-    );
+    assert_contains(&run.stderr, "--output must be JSON");
 
     // Without --yes: what it would do, and nothing done.
-    let run = idem_in(
-        &schema,
-        &[
-            "claims",
-            "resolve",
-            &timed_out,
-            "--succeeded",
-            "--output",
-            r#"{"receipt":"r_1"}"#,
-        ],
-    )
-    .expect_code(2);
-    assert!(
-        run.stderr.contains(&format!(
+    let run = resolve(r#"--succeeded --output {"receipt":"r_1"}"#).expect_code(2);
+    assert_contains(
+        &run.stderr,
+        &format!(
             "would resolve in_doubt claim {timed_out} (account acme, no namespace): \
              charge [\"ord_timeout\"], created 10m00s ago, fence "
-        )),
-        "{}",
-        run.stderr
-    );
-    assert!(
-        run.stderr.contains(
-            "(body_in_doubt): as a success, replaying {\"receipt\":\"r_1\"}.\n\
-             Retries will not run the action again"
         ),
-        "{}",
-        run.stderr
     );
-    assert!(run.stderr.contains("Re-run with --yes"), "{}", run.stderr);
+    assert_contains(
+        &run.stderr,
+        "(body_in_doubt): as a success, replaying {\"receipt\":\"r_1\"}.\n\
+         Retries will not run the action again",
+    );
+    assert_contains(&run.stderr, "Re-run with --yes");
     assert_eq!(
         stored(&mut conn, &timed_out).await,
         Some(("in_doubt".into(), Some("body_in_doubt".into()), None, false))
     );
 
     // --succeeded: a success, with the output to replay.
-    let run = idem_in(
-        &schema,
-        &[
-            "claims",
-            "resolve",
-            &timed_out,
-            "--succeeded",
-            "--output",
-            r#"{"receipt":"r_1"}"#,
-            "--account",
-            "acme",
-            "--yes",
-        ],
-    )
-    .expect_code(0);
+    let run =
+        resolve(r#"--succeeded --output {"receipt":"r_1"} --account acme --yes"#).expect_code(0);
     assert_eq!(
         run.stdout,
         format!(
@@ -719,27 +555,11 @@ async fn claims_in_doubt_are_listed_shown_and_resolved_by_hand() {
         ))
     );
     // Never over a success: refused, and why.
-    let run = idem_in(
-        &schema,
-        &["claims", "resolve", &timed_out, "--release", "--yes"],
-    )
-    .expect_code(1);
-    assert!(
-        run.stderr.contains("it succeeded (settled 2")
-            && run.stderr.contains("a success is kept forever"),
-        "{}",
-        run.stderr
-    );
-    let run = idem_in(
-        &schema,
-        &["claims", "resolve", &settled, "--failed", "--yes"],
-    )
-    .expect_code(1);
-    assert!(
-        run.stderr.contains("a success is kept forever"),
-        "{}",
-        run.stderr
-    );
+    let run = resolve("--release --yes").expect_code(1);
+    assert_contains(&run.stderr, "it succeeded (settled 2");
+    assert_contains(&run.stderr, "a success is kept forever");
+    let run = idem_in(&schema, &format!("claims resolve {settled} --failed --yes")).expect_code(1);
+    assert_contains(&run.stderr, "a success is kept forever");
     assert_eq!(
         stored(&mut conn, &settled).await.map(|row| row.0),
         Some("success".into())
@@ -748,9 +568,7 @@ async fn claims_in_doubt_are_listed_shown_and_resolved_by_hand() {
     // --failed, in JSON: what it was, what it is.
     let resolved = idem_in(
         &schema,
-        &[
-            "claims", "resolve", &declined, "--failed", "--yes", "--format", "json",
-        ],
+        &format!("claims resolve {declined} --failed --yes --format json"),
     )
     .expect_code(0)
     .json();
@@ -764,21 +582,12 @@ async fn claims_in_doubt_are_listed_shown_and_resolved_by_hand() {
         Some(("failed".into(), Some("operator".into()), None, true))
     );
     // A kept failure is resolved already.
-    let run = idem_in(&schema, &["claims", "resolve", &lost, "--release", "--yes"]).expect_code(1);
-    assert!(
-        run.stderr
-            .contains("it is a kept failure, already resolved"),
-        "{}",
-        run.stderr
-    );
+    let run = idem_in(&schema, &format!("claims resolve {lost} --release --yes")).expect_code(1);
+    assert_contains(&run.stderr, "it is a kept failure, already resolved");
     assert_eq!(count(&mut conn, &lost).await, 1);
 
     // --release of a stale pending claim: deleted, the next retry runs.
-    let run = idem_in(
-        &schema,
-        &["claims", "resolve", &stale, "--release", "--yes"],
-    )
-    .expect_code(0);
+    let run = idem_in(&schema, &format!("claims resolve {stale} --release --yes")).expect_code(0);
     assert!(
         run.stdout
             .starts_with(&format!("resolved pending claim {stale} "))
@@ -793,31 +602,17 @@ async fn claims_in_doubt_are_listed_shown_and_resolved_by_hand() {
     // release refuses a claim in doubt and points at resolve.
     let held = claim(&mut conn, "ord_held", "pending").await;
     hold(&mut conn, &held, "in_doubt", "body_in_doubt").await;
-    let run = idem_in(&schema, &["claims", "release", &held, "--yes"]).expect_code(1);
-    assert!(
-        run.stderr.contains("it is in doubt (body_in_doubt)")
-            && run.stderr.contains(&format!("idem claims resolve {held}")),
-        "{}",
-        run.stderr
-    );
+    let run = idem_in(&schema, &format!("claims release {held} --yes")).expect_code(1);
+    assert_contains(&run.stderr, "it is in doubt (body_in_doubt)");
+    assert_contains(&run.stderr, &format!("idem claims resolve {held}"));
     assert_eq!(count(&mut conn, &held).await, 1);
 
     let run = idem_in(
         &schema,
-        &[
-            "claims",
-            "resolve",
-            "claim_000000000000000000000000",
-            "--failed",
-            "--yes",
-        ],
+        "claims resolve claim_000000000000000000000000 --failed --yes",
     )
     .expect_code(1);
-    assert!(
-        run.stderr.contains("no claim has address"),
-        "{}",
-        run.stderr
-    );
+    assert_contains(&run.stderr, "no claim has address");
 
     run_sql(&mut conn, "RESET search_path").await;
     drop_schemas(&mut conn, &[&schema]).await;
@@ -829,35 +624,23 @@ async fn migrate_partitions_a_new_table_by_account_and_reports_the_layout() {
     let schema = unique_name("idem_partitions");
     create_schemas(&mut conn, &[&schema]).await;
 
-    let run = idem(&["migrate", "--schema", &schema, "--partitions", "8"]).expect_code(0);
-    assert!(
-        run.stdout
-            .contains("  layout: partitioned by HASH (account) into 8 partitions\n"),
-        "{}",
-        run.stdout
+    let run = idem_in(&schema, "migrate --partitions 8").expect_code(0);
+    assert_contains(
+        &run.stdout,
+        "  layout: partitioned by HASH (account) into 8 partitions\n",
     );
     // The same layout again only verifies; another count is refused.
-    idem(&["migrate", "--schema", &schema, "--partitions", "8"]).expect_code(0);
-    let run = idem(&["migrate", "--schema", &schema, "--partitions", "4"]).expect_code(1);
-    assert!(run.stderr.contains("into 4 partitions"), "{}", run.stderr);
+    idem_in(&schema, "migrate --partitions 8").expect_code(0);
+    let run = idem_in(&schema, "migrate --partitions 4").expect_code(1);
+    assert_contains(&run.stderr, "into 4 partitions");
     // Out of range, and with --check: usage errors, said by the parser.
-    let run = idem(&["migrate", "--schema", &schema, "--partitions", "0"]).expect_code(2);
-    assert!(run.stderr.contains("--partitions"), "{}", run.stderr);
-    let run = idem(&[
-        "migrate",
-        "--schema",
-        &schema,
-        "--check",
-        "--partitions",
-        "8",
-    ])
-    .expect_code(2);
-    assert!(run.stderr.contains("cannot be used with"), "{}", run.stderr);
-    let report = idem(&[
-        "migrate", "--schema", &schema, "--check", "--format", "json",
-    ])
-    .expect_code(0)
-    .json();
+    let run = idem_in(&schema, "migrate --partitions 0").expect_code(2);
+    assert_contains(&run.stderr, "--partitions");
+    let run = idem_in(&schema, "migrate --check --partitions 8").expect_code(2);
+    assert_contains(&run.stderr, "cannot be used with");
+    let report = idem_in(&schema, "migrate --check --format json")
+        .expect_code(0)
+        .json();
     assert_eq!(
         report["layout"],
         "partitioned by HASH (account) into 8 partitions"

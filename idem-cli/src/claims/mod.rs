@@ -106,13 +106,7 @@ pub async fn release(
     yes: bool,
 ) -> Result<ClaimRow, CliError> {
     let claim = find(pool, address, scope).await?;
-    let what = format!(
-        "claim {} ({}): {}, created {} ago",
-        claim.address,
-        describe_scope(&claim.account, claim.namespace.as_deref()),
-        render::summary(&claim),
-        timestamps::age(claim.age_seconds),
-    );
+    let what = render::describe_claim(&claim);
     match ClaimState::parse(&claim.state) {
         Some(ClaimState::Pending) => {}
         Some(ClaimState::InDoubt) => {
@@ -197,12 +191,9 @@ pub async fn resolve(
 ) -> Result<ResolvedClaim, CliError> {
     let claim = find(pool, address, scope).await?;
     let what = format!(
-        "{} claim {} ({}): {}, created {} ago, fence {}{}",
+        "{} {}, fence {}{}",
         claim.state,
-        claim.address,
-        describe_scope(&claim.account, claim.namespace.as_deref()),
-        render::summary(&claim),
-        timestamps::age(claim.age_seconds),
+        render::describe_claim(&claim),
         claim.fence,
         reason_in_parentheses(&claim),
     );

@@ -18,9 +18,17 @@ use crate::error::CliError;
 use crate::output::{self, Format};
 use crate::timestamps;
 
-/// `charge ["ord_1", 4999]`: the claim's action and key parts, for one line.
-pub fn summary(claim: &ClaimRow) -> String {
-    Decoded::of(claim).summary()
+/// `claim claim_… (account acme, no namespace): charge ["ord_1", 4999],
+/// created 2h00m ago`: which claim, for the one line that says what was (or
+/// would be) done to it.
+pub fn describe_claim(claim: &ClaimRow) -> String {
+    format!(
+        "claim {} ({}): {}, created {} ago",
+        claim.address,
+        describe_scope(&claim.account, claim.namespace.as_deref()),
+        Decoded::of(claim).summary(),
+        timestamps::age(claim.age_seconds),
+    )
 }
 
 /// A claim's identity, read back with [`Identity::from_canonical`].
@@ -231,16 +239,9 @@ pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError
 
 /// `claims release` output.
 pub fn render_released(claim: &ClaimRow, format: Format) -> Result<String, CliError> {
-    let decoded = Decoded::of(claim);
     match format {
-        Format::Json => output::json(&to_json(claim, &decoded)),
-        Format::Text => Ok(format!(
-            "released pending claim {} ({}): {}, created {} ago\n",
-            claim.address,
-            describe_scope(&claim.account, claim.namespace.as_deref()),
-            decoded.summary(),
-            timestamps::age(claim.age_seconds),
-        )),
+        Format::Json => output::json(&to_json(claim, &Decoded::of(claim))),
+        Format::Text => Ok(format!("released pending {}\n", describe_claim(claim))),
     }
 }
 
@@ -259,7 +260,6 @@ struct ResolvedJson<'a> {
 /// `claims resolve` output.
 pub fn render_resolved(resolved: &ResolvedClaim, format: Format) -> Result<String, CliError> {
     let claim = &resolved.before;
-    let decoded = Decoded::of(claim);
     let resolution = match resolved.after {
         Some(ClaimState::Success) => "succeeded",
         Some(ClaimState::Failed) => "failed",
@@ -271,15 +271,12 @@ pub fn render_resolved(resolved: &ResolvedClaim, format: Format) -> Result<Strin
             resolution,
             state_before: &claim.state,
             state_after: resolved.after.map(ClaimState::as_str),
-            claim: to_json(claim, &decoded),
+            claim: to_json(claim, &Decoded::of(claim)),
         }),
         Format::Text => Ok(format!(
-            "resolved {} claim {} ({}): {}, created {} ago: {}\n",
+            "resolved {} {}: {}\n",
             claim.state,
-            claim.address,
-            describe_scope(&claim.account, claim.namespace.as_deref()),
-            decoded.summary(),
-            timestamps::age(claim.age_seconds),
+            describe_claim(claim),
             match resolved.after {
                 Some(ClaimState::Success) => "now success; retries get its outcome",
                 Some(ClaimState::Failed) => "now failed; retries are refused",

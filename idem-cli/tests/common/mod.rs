@@ -55,3 +55,10 @@ pub fn idem_with(args: &[&str], url: Option<&str>) -> Run {
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
 }
+
+/// Asserts that `text` (what the binary said) contains `part`, showing all
+/// of `text` when it does not.
+#[track_caller]
+pub fn assert_contains(text: &str, part: &str) {
+    assert!(text.contains(part), "no {part:?} in:\n{text}");
+}
