@@ -309,12 +309,7 @@ async fn a_claim_released_by_an_operator_and_claimed_anew_is_lost_not_a_lost_lea
         let id = id.clone().part(mode.lease_duration().is_some());
         let first = gate.claim_with(&id, &mode).await.expect("first holder");
         // What `idem claims release` does.
-        sqlx::query("DELETE FROM idem_records WHERE account = $1 AND address = $2")
-            .bind(gate.account_name())
-            .bind(id.address())
-            .execute(gate.pool())
-            .await
-            .expect("operator releases the claim");
+        rows::delete_row(&gate, &id.address()).await;
         let second = gate.claim_with(&id, &mode).await.expect("claimed anew");
         let late = first.settle().await;
         assert!(
@@ -333,22 +328,9 @@ async fn a_release_after_a_colliding_identity_took_the_slot_reports_released() {
     let gate = testing::gate().await;
     let id = Identity::new("release_collided").part(1);
     let claim = gate.claim(&id).await.expect("claimed");
-    sqlx::query("DELETE FROM idem_records WHERE account = $1 AND address = $2")
-        .bind(gate.account_name())
-        .bind(id.address())
-        .execute(gate.pool())
-        .await
-        .expect("operator releases the claim");
-    sqlx::query(
-        "INSERT INTO idem_records (account, kind, address, state, identity) \
-         VALUES ($1, 'claim', $2, 'pending', $3)",
-    )
-    .bind(gate.account_name())
-    .bind(id.address())
-    .bind(Identity::new("other").canonical())
-    .execute(gate.pool())
-    .await
-    .expect("a colliding identity claims the slot");
+    rows::delete_row(&gate, &id.address()).await;
+    let colliding = Identity::new("other");
+    rows::plant_row(&gate, &id.address(), "pending", colliding.canonical()).await;
     let released = claim.release().await;
     assert!(released.is_ok(), "the release happened: {released:?}");
     assert_eq!(

@@ -6,41 +6,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem::testing::{self, race};
-use idem::{Disposed, Disposition, Gate, Identity, Mode, Rejected, idempotent};
-use idem_test_support::rows;
-
-/// A payment provider's answers, as the body sees them.
-#[derive(Debug, thiserror::Error)]
-enum ChargeError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-    /// Refused before anything was sent.
-    #[error("invalid request")]
-    Invalid,
-    /// The provider said no: a definite failure.
-    #[error("card declined")]
-    Declined,
-    /// Sent, and no answer came: it may have been charged.
-    #[error("timed out")]
-    Timeout,
-}
-
-impl ChargeError {
-    fn disposition(&self) -> Disposition {
-        match self {
-            ChargeError::Declined => Disposition::Keep,
-            ChargeError::Timeout => Disposition::InDoubt,
-            _ => Disposition::Release,
-        }
-    }
-}
-
-impl Disposed for ChargeError {
-    fn disposition(&self) -> Disposition {
-        ChargeError::disposition(self)
-    }
-}
+use idem::testing::{self, RaceReport, race};
+use idem::{Disposition, Gate, Identity, Mode, Rejected, idempotent};
+use idem_test_support::{ChargeError, rows};
 
 /// Counts the bodies that ran, and answers as told.
 struct Provider {
@@ -76,19 +44,31 @@ fn address(order: &str) -> String {
     Identity::new("charge").part(order).address()
 }
 
+/// After a first charge of `order` failed: checks its slot is held in
+/// `state`, fires 16 duplicates at once, checks none ran the body again,
+/// and returns how they ended.
+async fn race_the_held_slot(
+    gate: &Gate,
+    order: &str,
+    provider: &Provider,
+    state: &str,
+) -> RaceReport<(), ChargeError> {
+    assert_eq!(
+        rows::row_state(gate, &address(order)).await.as_deref(),
+        Some(state)
+    );
+    let report = race(16, || charge(gate, order, provider)).await;
+    assert_eq!(provider.runs(), 1, "a slot {state} ran again: {report}");
+    report
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kept_failure_is_never_run_again_and_duplicates_are_told_it_failed() {
     let gate = testing::gate().await;
     let provider = Provider::new(|| Err(ChargeError::Declined));
     let first = charge(&gate, "ord_1", &provider).await;
     assert!(matches!(first, Err(ChargeError::Declined)), "{first:?}");
-    assert_eq!(
-        rows::row_state(&gate, &address("ord_1")).await.as_deref(),
-        Some("failed")
-    );
-
-    let report = race(16, || charge(&gate, "ord_1", &provider)).await;
-    assert_eq!(provider.runs(), 1, "a kept failure ran again: {report}");
+    let report = race_the_held_slot(&gate, "ord_1", &provider, "failed").await;
     assert_eq!(report.refused(), 16, "{report}");
     for invocation in &report.invocations {
         assert!(
@@ -104,13 +84,7 @@ async fn an_outcome_in_doubt_holds_the_slot_and_no_duplicate_runs() {
     let provider = Provider::new(|| Err(ChargeError::Timeout));
     let first = charge(&gate, "ord_2", &provider).await;
     assert!(matches!(first, Err(ChargeError::Timeout)), "{first:?}");
-    assert_eq!(
-        rows::row_state(&gate, &address("ord_2")).await.as_deref(),
-        Some("in_doubt")
-    );
-
-    let report = race(16, || charge(&gate, "ord_2", &provider)).await;
-    assert_eq!(provider.runs(), 1, "a body in doubt ran again: {report}");
+    let report = race_the_held_slot(&gate, "ord_2", &provider, "in_doubt").await;
     for invocation in &report.invocations {
         let refusal = invocation.refusal();
         assert!(matches!(refusal, Some(Rejected::InDoubt)), "{report}");

@@ -54,6 +54,32 @@ async fn kill_when_blocked(admin: &PgPool, name: &str) -> i64 {
     }
 }
 
+/// Once the body has run (`body_ran`), locks the claim row from `admin` and
+/// lets the body finish (`locked`), so the gate's next statement on the row
+/// (the settle or the release) blocks; then terminates that statement's
+/// backend and unlocks. Returns how many backends were terminated.
+async fn kill_the_statement_after_the_body(
+    gate: &Gate,
+    id: &Identity,
+    admin: &PgPool,
+    name: &str,
+    body_ran: tokio::sync::oneshot::Receiver<()>,
+    locked: tokio::sync::oneshot::Sender<()>,
+) -> i64 {
+    body_ran.await.expect("the body ran");
+    let mut blocker = admin.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM idem_records WHERE account = $1 AND address = $2 FOR UPDATE")
+        .bind(gate.account_name())
+        .bind(id.address())
+        .execute(&mut *blocker)
+        .await
+        .expect("lock the claim row");
+    let _ = locked.send(());
+    let killed = kill_when_blocked(admin, name).await;
+    blocker.rollback().await.expect("rollback");
+    killed
+}
+
 /// A gate whose connections are `name`d, and an admin pool to kill them.
 async fn named_gate(connections: u32) -> (Gate, String, PgPool) {
     let name = testing::unique_name("faults");
@@ -74,20 +100,7 @@ async fn a_backend_killed_during_the_settle_retries_and_the_success_lands() {
         let _ = locked_rx.await; // the row is locked: the settle will block
         Ok::<_, Rejected>("receipt")
     });
-    let killer = async {
-        won_rx.await.expect("the body ran");
-        let mut blocker = admin.begin().await.expect("begin");
-        sqlx::query("SELECT 1 FROM idem_records WHERE account = $1 AND address = $2 FOR UPDATE")
-            .bind(gate.account_name())
-            .bind(id.address())
-            .execute(&mut *blocker)
-            .await
-            .expect("lock the claim row");
-        let _ = locked.send(());
-        let killed = kill_when_blocked(&admin, &name).await;
-        blocker.rollback().await.expect("rollback");
-        killed
-    };
+    let killer = kill_the_statement_after_the_body(&gate, &id, &admin, &name, won_rx, locked);
     let (result, killed) = tokio::join!(call, killer);
     assert_eq!(
         killed, 1,
@@ -115,20 +128,7 @@ async fn a_backend_killed_during_the_release_retries_and_the_slot_frees() {
         let _ = locked_rx.await;
         Err::<(), _>(JobError::Failed)
     });
-    let killer = async {
-        won_rx.await.expect("the body ran");
-        let mut blocker = admin.begin().await.expect("begin");
-        sqlx::query("SELECT 1 FROM idem_records WHERE account = $1 AND address = $2 FOR UPDATE")
-            .bind(gate.account_name())
-            .bind(id.address())
-            .execute(&mut *blocker)
-            .await
-            .expect("lock the claim row");
-        let _ = locked.send(());
-        let killed = kill_when_blocked(&admin, &name).await;
-        blocker.rollback().await.expect("rollback");
-        killed
-    };
+    let killer = kill_the_statement_after_the_body(&gate, &id, &admin, &name, won_rx, locked);
     let (result, killed) = tokio::join!(call, killer);
     assert_eq!(
         killed, 1,

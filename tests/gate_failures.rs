@@ -21,6 +21,46 @@ fn unavailable(result: &Result<(), JobError>) -> bool {
     )
 }
 
+/// Asserts the claim row of `id` is still pending: the slot stays held.
+async fn assert_pending(gate: &Gate, id: &Identity) {
+    assert_eq!(
+        rows::row_state(gate, &id.address()).await.as_deref(),
+        Some("pending")
+    );
+}
+
+/// Asserts the slot of `id` stays held: its row is pending and a retry is
+/// refused as in flight.
+async fn assert_held(gate: &Gate, id: &Identity) {
+    assert_pending(gate, id).await;
+    let retry = gate.run(id, async { Ok::<_, Rejected>(()) }).await;
+    assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
+}
+
+/// Runs a body that returns `outcome` on a gate behind a proxy, cutting the
+/// proxy while the body runs, so the outcome cannot be recorded. Returns
+/// what the call returned, the same gate on a healthy pool to look at the
+/// row with, and the identity.
+async fn cut_while_the_body_runs<T, E>(
+    name: &str,
+    outcome: Result<T, E>,
+) -> (Result<T, E>, Gate, Identity)
+where
+    E: From<Rejected>,
+{
+    let proxy = Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let id = Identity::new(name).part(1);
+    let result = gate
+        .run(&id, async {
+            proxy.cut().await;
+            outcome
+        })
+        .await;
+    let healthy = gate.clone_with_pool(testing::pool_with(2).await);
+    (result, healthy, id)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_pool_fails_closed_and_the_body_never_runs() {
     let gate = testing::gate().await;
@@ -87,12 +127,7 @@ async fn a_dropped_future_keeps_the_slot_held() {
         _ = call => unreachable!("the body never finishes"),
         _ = started_rx => {} // the body runs: the claim is won. Drop the call.
     }
-    assert_eq!(
-        rows::row_state(&gate, &id.address()).await.as_deref(),
-        Some("pending")
-    );
-    let retry = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
-    assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
+    assert_held(&gate, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,59 +147,28 @@ async fn a_panicking_body_keeps_the_slot_held() {
         }
     });
     assert!(task.await.expect_err("the task panicked").is_panic());
-    assert_eq!(
-        rows::row_state(&gate, &id.address()).await.as_deref(),
-        Some("pending")
-    );
-    let retry = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
-    assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
+    assert_held(&gate, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_settle_keeps_the_slot_held_and_returns_the_value() {
-    let proxy = Proxy::start().await;
-    let gate = testing::gate_on(proxy.pool(2).await).await;
-    let id = Identity::new("settle_fails").part(1);
-
     // The store disappears while the body runs: the side effect happened,
     // but its success cannot be recorded.
-    let result = gate
-        .run(&id, async {
-            proxy.cut().await;
-            Ok::<_, Rejected>("receipt")
-        })
-        .await;
+    let (result, healthy, id) =
+        cut_while_the_body_runs("settle_fails", Ok::<_, Rejected>("receipt")).await;
     assert_eq!(result.expect("the body's value is not lost"), "receipt");
 
     // Seen from a healthy connection: still pending, and retries are refused.
-    let healthy = gate.clone_with_pool(testing::pool_with(2).await);
-    assert_eq!(
-        rows::row_state(&healthy, &id.address()).await.as_deref(),
-        Some("pending")
-    );
-    let retry = healthy.run(&id, async { Ok::<_, Rejected>("again") }).await;
-    assert!(matches!(retry, Err(Rejected::InFlight)), "{retry:?}");
+    assert_held(&healthy, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_release_keeps_the_slot_held() {
-    let proxy = Proxy::start().await;
-    let gate = testing::gate_on(proxy.pool(2).await).await;
-    let id = Identity::new("release_fails").part(1);
-
-    let result = gate
-        .run(&id, async {
-            proxy.cut().await;
-            Err::<(), _>(JobError::Failed)
-        })
-        .await;
+    let (result, healthy, id) =
+        cut_while_the_body_runs("release_fails", Err::<(), _>(JobError::Failed)).await;
     assert!(matches!(result, Err(JobError::Failed)), "{result:?}");
 
-    let healthy = gate.clone_with_pool(testing::pool_with(2).await);
-    assert_eq!(
-        rows::row_state(&healthy, &id.address()).await.as_deref(),
-        Some("pending")
-    );
+    assert_pending(&healthy, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,12 +192,7 @@ async fn a_claim_removed_under_the_holder_is_reported_lost() {
     let gate = testing::gate().await;
     let id = Identity::new("lost").part(1);
     let claim = gate.claim(&id).await.expect("claim");
-    sqlx::query("DELETE FROM idem_records WHERE account = $1 AND address = $2")
-        .bind(gate.account_name())
-        .bind(id.address())
-        .execute(gate.pool())
-        .await
-        .expect("operator deletes the claim");
+    rows::delete_row(&gate, &id.address()).await; // as an operator would
     let settled = claim.settle().await;
     assert!(
         matches!(settled, Err(Rejected::ClaimLost { .. })),
@@ -207,16 +206,8 @@ async fn a_digest_collision_is_refused_never_merged() {
     let id = Identity::new("collide").part(1);
     // Plant a row at this address whose identity is something else, as a
     // sha1 prefix collision would.
-    sqlx::query(
-        "INSERT INTO idem_records (account, kind, address, state, identity) \
-         VALUES ($1, 'claim', $2, 'success', $3)",
-    )
-    .bind(gate.account_name())
-    .bind(id.address())
-    .bind(Identity::new("other").canonical())
-    .execute(gate.pool())
-    .await
-    .expect("plant a colliding row");
+    let colliding = Identity::new("other");
+    rows::plant_row(&gate, &id.address(), "success", colliding.canonical()).await;
     let result = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
     assert!(
         matches!(result, Err(Rejected::Collision { .. })),

@@ -258,14 +258,26 @@ fn broken(history: &History, last: &Final) -> Vec<Rule> {
     rules
 }
 
-fn won_and_settled(history: &mut History, identity: usize, start: u64, end: u64) -> u64 {
+/// A call of `identity` whose body ran and returned the call's number,
+/// which the caller got, with `events` recorded: returns that number.
+fn ran_and_returned(
+    history: &mut History,
+    identity: usize,
+    start: u64,
+    end: u64,
+    events: &[Event],
+) -> u64 {
     let id = history.invocations.len() as u64;
     history
         .call(identity, start, end)
         .body(start + 1, end - 1, Left::Ok(id))
         .got(Got::Value(id))
-        .events(&[Event::Won, Event::Settled]);
+        .events(events);
     id
+}
+
+fn won_and_settled(history: &mut History, identity: usize, start: u64, end: u64) -> u64 {
+    ran_and_returned(history, identity, start, end, &[Event::Won, Event::Settled])
 }
 
 fn refused(history: &mut History, identity: usize, start: u64, end: u64, reason: &'static str) {
@@ -383,11 +395,7 @@ fn a_settled_success_missing_from_the_table_breaks_rule_2() {
 #[test]
 fn a_success_neither_settled_nor_reported_breaks_rule_2() {
     let mut history = History::of(vec![Guard::Plain]);
-    history
-        .call(0, 0, 10)
-        .body(1, 9, Left::Ok(0))
-        .got(Got::Value(0))
-        .events(&[Event::Won]);
+    ran_and_returned(&mut history, 0, 0, 10, &[Event::Won]);
     assert_eq!(broken(&history, &Final::default()), [Rule::Kept]);
 }
 
@@ -558,11 +566,7 @@ fn a_stale_holder_told_its_failure_was_lost_breaks_rule_4() {
 #[test]
 fn failing_open_while_the_store_is_up_breaks_rule_4() {
     let mut history = History::of(vec![Guard::FailOpen]);
-    history
-        .call(0, 0, 10)
-        .body(1, 9, Left::Ok(0))
-        .got(Got::Value(0))
-        .events(&[Event::Ungated]);
+    ran_and_returned(&mut history, 0, 0, 10, &[Event::Ungated]);
     assert_eq!(broken(&history, &Final::default()), [Rule::TrueAnswers]);
     history.fault(FaultKind::Restart, 0, 5);
     assert_eq!(broken(&history, &Final::default()), []);

@@ -11,16 +11,18 @@ use idem::{Gate, Identity, Rejected};
 use idem_test_support::fault_proxy::{Proxy, Statement};
 use idem_test_support::rows;
 
-/// A gate whose pool goes through `proxy`, each statement's SQL in its own
-/// Parse message (no statement cache) so the proxy can recognise it.
-async fn gate_through(proxy: &Proxy) -> Gate {
+/// A fresh proxy, and a gate whose pool goes through it, each statement's
+/// SQL in its own Parse message (no statement cache) so the proxy can
+/// recognise it.
+async fn gate_behind_a_proxy() -> (Proxy, Gate) {
+    let proxy = Proxy::start().await;
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(proxy.options().statement_cache_capacity(0))
         .await
         .expect("connect through the proxy");
-    testing::gate_on(pool).await
+    (proxy, testing::gate_on(pool).await)
 }
 
 fn lost(proxy: &Proxy) -> Vec<Statement> {
@@ -35,8 +37,7 @@ fn lost(proxy: &Proxy) -> Vec<Statement> {
 /// before the release is retried: the release happened, and says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_reply_is_lost_after_the_slot_was_claimed_anew_reports_released() {
-    let proxy = Proxy::start().await;
-    let gate = gate_through(&proxy).await;
+    let (proxy, gate) = gate_behind_a_proxy().await;
     let id = Identity::new("lost_release").part(1);
     // Claimed anew by someone else in the very transaction of the delete,
     // so it is there whenever the retry comes: a trigger stands in for a
@@ -79,8 +80,7 @@ async fn a_release_whose_reply_is_lost_after_the_slot_was_claimed_anew_reports_r
 /// A settle commits and its reply is lost: the retry finds its own success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_whose_reply_is_lost_is_recognised_as_done() {
-    let proxy = Proxy::start().await;
-    let gate = gate_through(&proxy).await;
+    let (proxy, gate) = gate_behind_a_proxy().await;
     let id = Identity::new("lost_settle").part(1);
     assert!(proxy.lose_next_reply(Statement::Settle));
     let result = gate.run(&id, async { Ok::<_, Rejected>("done") }).await;
@@ -96,8 +96,7 @@ async fn a_settle_whose_reply_is_lost_is_recognised_as_done() {
 /// `Rejected::Unavailable` documents).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_reply_is_lost_refuses_retries_until_released() {
-    let proxy = Proxy::start().await;
-    let gate = gate_through(&proxy).await;
+    let (proxy, gate) = gate_behind_a_proxy().await;
     let id = Identity::new("lost_claim").part(1);
     assert!(proxy.lose_next_reply(Statement::Claim));
     let first = gate.run(&id, async { Ok::<_, Rejected>("ran") }).await;
@@ -119,8 +118,7 @@ async fn a_claim_whose_reply_is_lost_refuses_retries_until_released() {
 /// totals count each event once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metering_batch_whose_reply_is_lost_is_stored_and_a_resend_deduplicates() {
-    let proxy = Proxy::start().await;
-    let gate = gate_through(&proxy).await;
+    let (proxy, gate) = gate_behind_a_proxy().await;
     let meter = gate.meter();
     let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
     let events: Vec<Event> = (0..5)

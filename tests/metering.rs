@@ -17,6 +17,11 @@ fn all_time() -> std::ops::Range<SystemTime> {
     UNIX_EPOCH..at(1_000_000)
 }
 
+/// The total of `events` events whose quantities sum to `quantity`.
+fn total_of(quantity: i128, events: u64) -> Total {
+    Total { quantity, events }
+}
+
 fn batch(ids: std::ops::Range<u32>, meter: &str) -> Vec<Event> {
     ids.map(|i| Event::new(format!("evt_{i}"), meter, i64::from(i), at(u64::from(i))))
         .collect()
@@ -33,13 +38,7 @@ async fn an_identical_resent_batch_is_all_deduplicated_and_totals_do_not_move() 
     );
     assert!(first.outcomes.iter().all(|o| *o == EventOutcome::Inserted));
     let total = meter.total("api_calls", all_time()).await.expect("total");
-    assert_eq!(
-        total,
-        Total {
-            quantity: 55,
-            events: 10
-        }
-    );
+    assert_eq!(total, total_of(55, 10));
 
     for _ in 0..3 {
         let again = meter.record(&events).await.expect("re-send");
@@ -81,13 +80,7 @@ async fn a_partly_overlapping_batch_counts_only_what_is_new() {
         assert_eq!(*outcome, expected, "evt_{i}");
     }
     let total = meter.total("api_calls", all_time()).await.expect("total");
-    assert_eq!(
-        total,
-        Total {
-            quantity: (1..16).sum(),
-            events: 15
-        }
-    );
+    assert_eq!(total, total_of((1..16).sum(), 15));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,13 +118,7 @@ async fn eight_tasks_resending_one_batch_at_once_count_each_event_once() {
         .total("api_calls", all_time())
         .await
         .expect("total");
-    assert_eq!(
-        total,
-        Total {
-            quantity: (1..201).sum(),
-            events: 200
-        }
-    );
+    assert_eq!(total, total_of((1..201).sum(), 200));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,13 +131,7 @@ async fn ten_thousand_events_in_one_call() {
     let again = meter.record(&events).await.expect("re-send");
     assert_eq!(again.deduplicated, 10_000);
     let total = meter.total("bulk", all_time()).await.expect("total");
-    assert_eq!(
-        total,
-        Total {
-            quantity: (0..10_000).sum(),
-            events: 10_000
-        }
-    );
+    assert_eq!(total, total_of((0..10_000).sum(), 10_000));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,13 +162,7 @@ async fn a_resent_identifier_with_other_content_is_a_conflict_never_a_second_cou
     }
     let totals = meter.totals(all_time()).await.expect("totals");
     assert_eq!(totals.len(), 1, "{totals:?}");
-    assert_eq!(
-        totals["api_calls"],
-        Total {
-            quantity: 5,
-            events: 1
-        }
-    );
+    assert_eq!(totals["api_calls"], total_of(5, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,21 +257,9 @@ async fn totals_follow_meter_and_time_range() {
         .total("api_calls", at(3)..at(6))
         .await
         .expect("window");
-    assert_eq!(
-        window,
-        Total {
-            quantity: 12,
-            events: 3
-        }
-    );
+    assert_eq!(window, total_of(12, 3));
     let totals = meter.totals(at(0)..at(1_000)).await.expect("totals");
-    assert_eq!(
-        totals["storage"],
-        Total {
-            quantity: 303,
-            events: 3
-        }
-    );
+    assert_eq!(totals["storage"], total_of(303, 3));
     assert_eq!(totals["api_calls"].events, 10);
     assert_eq!(
         meter.total("nothing", all_time()).await.expect("empty"),

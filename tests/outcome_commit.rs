@@ -61,30 +61,27 @@ async fn run_with(gate: &Gate, id: u64, mode: &Mode, fail: bool) -> Result<(), R
     }
 }
 
+/// Settles claim `id` and releases claim `id + 1`, both under `mode`: one
+/// UPDATE and one DELETE for the log, in that order.
+async fn settle_one_and_release_the_next(gate: &Gate, id: u64, mode: &Mode) {
+    run_with(gate, id, mode, false).await.expect("settle");
+    run_with(gate, id + 1, mode, true).await.expect("release");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_outcomes_commit_without_waiting_and_leave_the_connection_as_it_was() {
     let (gate, pool) = logged_gate().await;
     let durable = Mode::new();
     let async_commit = Mode::new().outcome_commit(OutcomeCommit::Async);
 
-    run_with(&gate, 1, &durable, false)
-        .await
-        .expect("durable settle");
-    run_with(&gate, 2, &durable, true)
-        .await
-        .expect("durable release");
+    settle_one_and_release_the_next(&gate, 1, &durable).await;
     assert_eq!(
         take_log(&pool).await,
         [entry("UPDATE", "on"), entry("DELETE", "on")],
         "the default commits durably"
     );
 
-    run_with(&gate, 3, &async_commit, false)
-        .await
-        .expect("async settle");
-    run_with(&gate, 4, &async_commit, true)
-        .await
-        .expect("async release");
+    settle_one_and_release_the_next(&gate, 3, &async_commit).await;
     assert_eq!(
         take_log(&pool).await,
         [entry("UPDATE", "off"), entry("DELETE", "off")],
@@ -115,8 +112,7 @@ async fn async_is_ignored_under_a_lease_and_inside_the_caller_s_transaction() {
     let leased = Mode::new()
         .outcome_commit(OutcomeCommit::Async)
         .lease(std::time::Duration::from_secs(60));
-    run_with(&gate, 1, &leased, false).await.expect("settle");
-    run_with(&gate, 2, &leased, true).await.expect("release");
+    settle_one_and_release_the_next(&gate, 1, &leased).await;
 
     let mut tx = pool.begin().await.expect("begin");
     let claim = gate

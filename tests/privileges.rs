@@ -431,7 +431,10 @@ async fn a_role_scoped_to_one_account_cannot_see_release_or_claim_another_s() {
 /// and refuses `InFlight`: the body never runs. (The shipped policy is keyed
 /// on `account`, a column of the unique key, so a new row it lets through
 /// is one whose conflicts it shows; see row_level_security.sql.)
-async fn hidden_conflict() -> (Sandbox, PgPool, Identity) {
+///
+/// Returns the sandbox, the second role's pool and its gate (account
+/// `acme`), and the identity whose slot the first role holds.
+async fn hidden_conflict() -> (Sandbox, PgPool, Gate, Identity) {
     let mut sandbox = Sandbox::new().await;
     sandbox
         .execute(
@@ -456,16 +459,16 @@ async fn hidden_conflict() -> (Sandbox, PgPool, Identity) {
     drop(held); // its body is "running": the slot stays pending
     first_pool.close().await;
     let pool = sandbox.pool_as(&second).await;
-    (sandbox, pool, id)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_conflicting_row_hidden_by_a_policy_is_refused_in_flight_never_run() {
-    let (_sandbox, pool, id) = hidden_conflict().await;
     let gate = Gate::connect(pool.clone())
         .await
         .expect("connect as the second role")
         .account("acme");
+    (sandbox, pool, gate, id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_row_hidden_by_a_policy_is_refused_in_flight_never_run() {
+    let (_sandbox, pool, gate, id) = hidden_conflict().await;
     let runs = AtomicUsize::new(0);
     let result = gate
         .run(&id, async {
@@ -485,11 +488,7 @@ async fn a_conflicting_row_hidden_by_a_policy_is_refused_in_flight_never_run() {
 /// on the database until cancelled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_claim_on_a_hidden_conflict_gives_up_when_its_wait_is_over() {
-    let (_sandbox, pool, id) = hidden_conflict().await;
-    let gate = Gate::connect(pool.clone())
-        .await
-        .expect("connect as the second role")
-        .account("acme");
+    let (_sandbox, pool, gate, id) = hidden_conflict().await;
     let mode = Mode::new().wait(Duration::from_millis(300));
     let result = tokio::time::timeout(Duration::from_secs(3), gate.claim_with(&id, &mode)).await;
     let Ok(result) = result else {

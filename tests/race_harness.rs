@@ -3,10 +3,15 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use idem::testing::{self, race};
+use idem::testing::{self, RaceReport, race};
 use idem::{Gate, Identity, Rejected};
 
-fn failure_message(check: impl FnOnce()) -> String {
+/// What [`RaceReport::assert_exactly_once`] says when it fails on
+/// `report`, which it must.
+fn why_not_exactly_once<T, E>(report: &RaceReport<T, E>) -> String {
+    let check = || {
+        report.assert_exactly_once();
+    };
     let panic = catch_unwind(AssertUnwindSafe(check)).expect_err("the assertion must fail");
     panic
         .downcast_ref::<String>()
@@ -30,9 +35,7 @@ async fn more_than_one_winner_is_blamed_on_the_unique_constraint() {
     })
     .await;
     assert_eq!(report.claimed(), 4);
-    let message = failure_message(|| {
-        report.assert_exactly_once();
-    });
+    let message = why_not_exactly_once(&report);
     assert!(message.contains("4 of 4 invocations won"), "{message}");
     assert!(
         message.contains("unique constraint is missing or contains a nullable column"),
@@ -46,9 +49,7 @@ async fn no_winner_is_blamed_on_the_schema_or_the_gate() {
     let id = Identity::new("held_elsewhere");
     let held = gate.claim(&id).await.expect("someone else holds the slot");
     let report = race(4, || gate.run(&id, async { Ok::<_, Rejected>(()) })).await;
-    let message = failure_message(|| {
-        report.assert_exactly_once();
-    });
+    let message = why_not_exactly_once(&report);
     assert!(message.contains("no invocation won the claim"), "{message}");
     assert!(
         message.contains("schema was never set up or the gate points elsewhere"),
@@ -65,9 +66,7 @@ async fn an_unguarded_function_is_reported_as_such() {
     }
     let gate = testing::gate().await;
     let report = race(3, || unguarded(&gate)).await;
-    let message = failure_message(|| {
-        report.assert_exactly_once();
-    });
+    let message = why_not_exactly_once(&report);
     assert!(
         message.contains("none of the 3 invocations consulted a gate"),
         "{message}"
@@ -96,9 +95,7 @@ async fn panics_and_body_errors_are_reported_not_propagated() {
     .await;
     assert_eq!(report.errors().len(), 2, "{report}");
     assert!(report.errors()[0].contains("body panicked"), "{report}");
-    let message = failure_message(|| {
-        report.assert_exactly_once();
-    });
+    let message = why_not_exactly_once(&report);
     assert!(message.contains("panicked: body panicked"), "{message}");
 }
 

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use idem::reconcile::{Reconciler, Verdict};
 use idem::testing;
-use idem::{Disposition, Gate, Rejected, idempotent};
-use idem_test_support::XorShift;
+use idem::{Gate, Rejected, idempotent};
+use idem_test_support::{ChargeError, XorShift};
 use serde::{Deserialize, Serialize};
 
 const KEYS: usize = 30;
@@ -26,27 +26,6 @@ const CLIENTS_PER_KEY: usize = 3;
 struct Receipt {
     order: String,
     charge: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum ChargeError {
-    #[error(transparent)]
-    Rejected(#[from] Rejected),
-    #[error("card declined")]
-    Declined,
-    #[error("the provider did not answer in time")]
-    Timeout,
-}
-
-impl ChargeError {
-    /// A decline is definite; a timeout may have charged.
-    fn disposition(&self) -> Disposition {
-        match self {
-            ChargeError::Declined => Disposition::Keep,
-            ChargeError::Timeout => Disposition::InDoubt,
-            ChargeError::Rejected(_) => Disposition::Release,
-        }
-    }
 }
 
 /// A payment provider that answers at random: charges, declines, times out

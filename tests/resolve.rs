@@ -9,6 +9,7 @@ use idem::operations::{self, ClaimState, Resolution, Resolved, Resolver, Slot};
 use idem::sqlx::{self, PgPool};
 use idem::{Claim, Gate, Identity, testing};
 use tokio::sync::Barrier;
+use tokio::task::JoinSet;
 
 /// A pending claim of `id` in `gate`'s account, and its fence. Keep the
 /// claim alive for as long as the test needs it pending: its holder has not
@@ -39,6 +40,34 @@ fn slot<'a>(gate: &'a Gate, address: &'a str) -> Slot<'a> {
     }
 }
 
+/// Spawns `count` reconcilers of the claim at `address`, each resolving it
+/// as the next of `resolutions` in turn, under the fence they saw, all at
+/// once through `barrier`.
+fn race_resolvers(
+    gate: &Gate,
+    address: &str,
+    fence: i64,
+    barrier: &Arc<Barrier>,
+    count: usize,
+    resolutions: &[Resolution<'static>],
+) -> JoinSet<Resolved> {
+    let mut resolvers = JoinSet::new();
+    for resolution in resolutions.iter().copied().cycle().take(count) {
+        let (gate, address, barrier) = (gate.clone(), address.to_owned(), barrier.clone());
+        resolvers.spawn(async move {
+            barrier.wait().await;
+            let by = Resolver {
+                reason: "reconciled",
+                expected_fence: Some(fence),
+            };
+            operations::resolve_as(gate.pool(), slot(&gate, &address), resolution, by)
+                .await
+                .expect("resolve")
+        });
+    }
+    resolvers
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_resolvers_resolve_a_claim_exactly_once() {
     const RESOLVERS: usize = 8;
@@ -57,27 +86,15 @@ async fn racing_resolvers_resolve_a_claim_exactly_once() {
         .expect("hold it in doubt");
 
         let barrier = Arc::new(Barrier::new(RESOLVERS));
-        let mut resolvers = tokio::task::JoinSet::new();
-        for resolver in 0..RESOLVERS {
-            let (gate, address, barrier) = (gate.clone(), address.clone(), barrier.clone());
-            resolvers.spawn(async move {
-                let resolution = match resolver % 3 {
-                    0 => Resolution::Succeeded {
-                        output_json: Some("\"paid\""),
-                    },
-                    1 => Resolution::Failed,
-                    _ => Resolution::Release,
-                };
-                barrier.wait().await;
-                let by = Resolver {
-                    reason: "reconciled",
-                    expected_fence: Some(fence),
-                };
-                operations::resolve_as(gate.pool(), slot(&gate, &address), resolution, by)
-                    .await
-                    .expect("resolve")
-            });
-        }
+        let resolutions = [
+            Resolution::Succeeded {
+                output_json: Some("\"paid\""),
+            },
+            Resolution::Failed,
+            Resolution::Release,
+        ];
+        let mut resolvers =
+            race_resolvers(&gate, &address, fence, &barrier, RESOLVERS, &resolutions);
         let mut changed = Vec::new();
         while let Some(resolved) = resolvers.join_next().await {
             match resolved.expect("no panic") {
@@ -156,25 +173,12 @@ async fn a_holder_settling_while_resolvers_race_leaves_one_outcome() {
                 claim.settle().await
             })
         };
-        let mut resolvers = tokio::task::JoinSet::new();
-        for resolver in 0..RESOLVERS {
-            let (gate, address, barrier) = (gate.clone(), address.clone(), barrier.clone());
-            resolvers.spawn(async move {
-                let resolution = if resolver % 2 == 0 {
-                    Resolution::Succeeded { output_json: None }
-                } else {
-                    Resolution::Failed
-                };
-                barrier.wait().await;
-                let by = Resolver {
-                    reason: "reconciled",
-                    expected_fence: Some(fence),
-                };
-                operations::resolve_as(gate.pool(), slot(&gate, &address), resolution, by)
-                    .await
-                    .expect("resolve")
-            });
-        }
+        let resolutions = [
+            Resolution::Succeeded { output_json: None },
+            Resolution::Failed,
+        ];
+        let mut resolvers =
+            race_resolvers(&gate, &address, fence, &barrier, RESOLVERS, &resolutions);
         let mut changed = Vec::new();
         while let Some(resolved) = resolvers.join_next().await {
             if let Resolved::Changed { before, after } = resolved.expect("no panic") {

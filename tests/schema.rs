@@ -25,6 +25,14 @@ async fn unique_indexes(pool: &PgPool) -> Vec<(String, String)> {
     .expect("read pg_indexes")
 }
 
+/// A fresh schema of two connections with idem's tables, as a gate sets
+/// them up.
+async fn set_up() -> PgPool {
+    let (_, pool) = schemas::fresh_schema(2).await;
+    Gate::connect(pool.clone()).await.expect("set up");
+    pool
+}
+
 fn schema_error(result: Result<Gate, Error>) -> String {
     match result {
         Err(Error::Schema(problems)) => problems.to_string(),
@@ -135,8 +143,7 @@ async fn a_missing_index_is_named_and_the_gate_refuses_to_start() {
             "WHERE namespace IS NOT NULL",
         ),
     ] {
-        let (_, pool) = schemas::fresh_schema(2).await;
-        Gate::connect(pool.clone()).await.expect("set up");
+        let pool = set_up().await;
         exec(&pool, &format!("DROP INDEX {dropped}")).await;
         // Gate::connect sees the version is current and only verifies.
         let message = schema_error(Gate::connect(pool).await);
@@ -149,8 +156,7 @@ async fn a_missing_index_is_named_and_the_gate_refuses_to_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unique_index_over_the_nullable_namespace_is_recognised_as_the_hole() {
-    let (_, pool) = schemas::fresh_schema(2).await;
-    Gate::connect(pool.clone()).await.expect("set up");
+    let pool = set_up().await;
     exec(
         &pool,
         "DROP INDEX idem_records_unique_without_namespace; \
@@ -189,8 +195,7 @@ async fn a_unique_index_over_the_nullable_namespace_is_recognised_as_the_hole() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_predicate_or_a_non_unique_index_is_named() {
-    let (_, pool) = schemas::fresh_schema(2).await;
-    Gate::connect(pool.clone()).await.expect("set up");
+    let pool = set_up().await;
     exec(
         &pool,
         "DROP INDEX idem_records_unique_without_namespace; \
@@ -214,8 +219,7 @@ async fn a_wrong_predicate_or_a_non_unique_index_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_nullable_column_is_named() {
-    let (_, pool) = schemas::fresh_schema(2).await;
-    Gate::connect(pool.clone()).await.expect("set up");
+    let pool = set_up().await;
     exec(
         &pool,
         "ALTER TABLE idem_records ALTER COLUMN state DROP NOT NULL; \
@@ -235,8 +239,7 @@ async fn a_missing_or_nullable_column_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_address_check_and_the_claim_states_are_enforced_by_postgres() {
-    let (_, pool) = schemas::fresh_schema(2).await;
-    Gate::connect(pool.clone()).await.expect("set up");
+    let pool = set_up().await;
     for (address, state) in [
         ("Claim_UPPER", "pending"),
         ("claim-dash", "pending"),
@@ -358,8 +361,7 @@ async fn every_earlier_version_migrates_to_the_current_one_keeping_its_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_current_migration_runs_again_without_changing_anything() {
-    let (_, pool) = schemas::fresh_schema(2).await;
-    Gate::connect(pool.clone()).await.expect("set up");
+    let pool = set_up().await;
     insert_claim(&pool, "claim_held", "in_doubt")
         .await
         .expect("in_doubt is a claim state");

@@ -228,10 +228,22 @@ fn on_path() -> Option<PathBuf> {
     env::split_paths(&path).find(|dir| has_server_tools(dir))
 }
 
-/// The highest version under `/usr/lib/postgresql`, by number (`10` > `9.6`).
+/// The highest version under `/usr/lib/postgresql` with the server tools.
 fn newest_packaged() -> Option<PathBuf> {
-    let mut versions: Vec<(Vec<u32>, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-        .ok()?
+    versioned_entries(Path::new("/usr/lib/postgresql"))
+        .into_iter()
+        .map(|version| version.join("bin"))
+        .rfind(|bin| has_server_tools(bin))
+}
+
+/// The entries of `dir` named by a version number (`9.6`, `15`), oldest
+/// first by number (`9.6` before `10`); none when `dir` cannot be read.
+/// PostgreSQL's packages lay out both their binaries and their clusters so.
+pub fn versioned_entries(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut versions: Vec<(Vec<u32>, PathBuf)> = entries
         .filter_map(Result::ok)
         .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -240,15 +252,38 @@ fn newest_packaged() -> Option<PathBuf> {
                 .map(str::parse)
                 .collect::<Result<_, _>>()
                 .ok()?;
-            let bin = entry.path().join("bin");
-            has_server_tools(&bin).then_some((version, bin))
+            Some((version, entry.path()))
         })
         .collect();
     versions.sort();
-    versions.pop().map(|(_, bin)| bin)
+    versions.into_iter().map(|(_, path)| path).collect()
 }
 
 /// `true` when this process runs as root.
 fn is_root() -> bool {
     process::output_of(Command::new("id").arg("-u")).is_ok_and(|uid| uid.trim() == "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versioned_entries_go_by_number_and_pass_over_other_names() {
+        let dir = env::temp_dir().join(format!("idem-versioned-{}", std::process::id()));
+        for name in ["10", "9.6", "15", "latest"] {
+            fs::create_dir_all(dir.join(name)).expect("create a version directory");
+        }
+        let names: Vec<String> = versioned_entries(&dir)
+            .iter()
+            .filter_map(|path| path.file_name())
+            .map(|name| name.to_string_lossy().into_owned())
+            .collect();
+        fs::remove_dir_all(&dir).expect("remove the directories");
+        assert_eq!(names, ["9.6", "10", "15"]);
+        assert!(
+            versioned_entries(&dir).is_empty(),
+            "no directory, no versions"
+        );
+    }
 }

@@ -10,8 +10,9 @@
 //! - faults and their bookkeeping: a TCP proxy that cuts, stalls and drops
 //!   replies ([`fault_proxy`]), the history recorder and checker of the
 //!   randomized tests ([`history`]), a seeded generator ([`rng`]);
-//! - what guarded test functions return ([`JobError`]) and what `tracing`
-//!   printed ([`Captured`]).
+//! - what guarded test functions return ([`JobError`], and [`ChargeError`]
+//!   for a payment with a disposition) and what `tracing` printed
+//!   ([`Captured`]).
 //!
 //! The examples' own guarded code stays in the examples, with their tests
 //! (`examples/quickstart/`, `examples/payments/`).
@@ -31,6 +32,6 @@ pub mod schemas;
 
 pub use capture::Captured;
 pub use cluster::Cluster;
-pub use error::JobError;
+pub use error::{ChargeError, JobError};
 pub use fault_proxy::Proxy;
 pub use rng::XorShift;

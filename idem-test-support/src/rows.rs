@@ -38,3 +38,37 @@ pub async fn count_rows(gate: &Gate, state: &str) -> i64 {
     .await
     .expect("count idem_records")
 }
+
+/// Deletes the row at `address` in `gate`'s account, as an operator's
+/// `idem claims release` does behind its holder's back.
+///
+/// # Panics
+/// When the statement fails.
+pub async fn delete_row(gate: &Gate, address: &str) {
+    sqlx::query("DELETE FROM idem_records WHERE account = $1 AND address = $2")
+        .bind(gate.account_name())
+        .bind(address)
+        .execute(gate.pool())
+        .await
+        .expect("delete the claim row");
+}
+
+/// Plants a claim row in `state` at `address` in `gate`'s account whose
+/// stored identity is `identity` (canonical bytes): when that is another
+/// identity's, the row is what a digest collision would leave.
+///
+/// # Panics
+/// When the statement fails.
+pub async fn plant_row(gate: &Gate, address: &str, state: &str, identity: &[u8]) {
+    sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, state, identity) \
+         VALUES ($1, 'claim', $2, $3, $4)",
+    )
+    .bind(gate.account_name())
+    .bind(address)
+    .bind(state)
+    .bind(identity)
+    .execute(gate.pool())
+    .await
+    .expect("plant a claim row");
+}

@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use idem::sqlx;
+use idem::sqlx::postgres::PgRow;
+use idem::sqlx::{self, FromRow, PgPool};
 
 use super::meter::meter_event;
 use super::target::Target;
@@ -14,13 +15,12 @@ pub(super) async fn read_final(target: &Target, history: &History) -> Final {
     let admin = &target.admin;
     let identities: HashMap<String, usize> =
         (0..history.guards.len()).map(|n| (address(n), n)).collect();
-    let rows: Vec<(String, String)> = sqlx::query_as(
+    let rows: Vec<(String, String)> = of_account(
+        admin,
         "SELECT address, state FROM idem_records WHERE account = $1 AND kind = 'claim'",
+        account,
     )
-    .bind(account)
-    .fetch_all(admin)
-    .await
-    .expect("read the claims");
+    .await;
     let claims = rows
         .into_iter()
         .map(|(address, state)| ClaimRow {
@@ -29,25 +29,24 @@ pub(super) async fn read_final(target: &Target, history: &History) -> Final {
             state,
         })
         .collect();
-    let effects: Vec<(i64, i64)> =
-        sqlx::query_as("SELECT identity, invocation FROM idem_history_effects WHERE account = $1")
-            .bind(account)
-            .fetch_all(admin)
-            .await
-            .expect("read the effects");
+    let effects: Vec<(i64, i64)> = of_account(
+        admin,
+        "SELECT identity, invocation FROM idem_history_effects WHERE account = $1",
+        account,
+    )
+    .await;
     let events: HashMap<String, u64> = history
         .batches
         .iter()
         .flatten()
         .map(|metered| (meter_event(*metered).address(), metered.event))
         .collect();
-    let meter_rows: Vec<(String, i64)> = sqlx::query_as(
+    let meter_rows: Vec<(String, i64)> = of_account(
+        admin,
         "SELECT address, quantity FROM idem_records WHERE account = $1 AND kind = 'meter_event'",
+        account,
     )
-    .bind(account)
-    .fetch_all(admin)
-    .await
-    .expect("read the metered events");
+    .await;
     Final {
         claims,
         effects: effects
@@ -62,4 +61,19 @@ pub(super) async fn read_final(target: &Target, history: &History) -> Final {
             })
             .collect(),
     }
+}
+
+/// The rows `sql` selects for `account` (its `$1`).
+///
+/// # Panics
+/// When the statement fails, showing it.
+async fn of_account<T>(admin: &PgPool, sql: &'static str, account: &str) -> Vec<T>
+where
+    T: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+{
+    sqlx::query_as(sql)
+        .bind(account)
+        .fetch_all(admin)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }

@@ -106,62 +106,50 @@ const fn cost(statements: u32, acquires: u32, durable_commits: u32) -> Cost {
     }
 }
 
+/// The floor's work: a claim row written and settled by hand, as `claim`
+/// and `settle` say.
+const fn floor(claim: Claim, settle: Settle) -> Work {
+    Work::Floor(Floor { claim, settle })
+}
+
 const FLOOR: Spec = Spec {
     name: BASELINE,
-    work: Work::Floor(Floor {
-        claim: Claim::Insert,
-        settle: Settle::Durable,
-    }),
+    work: floor(Claim::Insert, Settle::Durable),
     summary: "by hand: INSERT a pending row, UPDATE it to success, each autocommitted",
     cost: cost(2, 2, 2),
 };
 
 const ON_CONFLICT: Spec = Spec {
     name: "on-conflict",
-    work: Work::Floor(Floor {
-        claim: Claim::InsertOnConflict,
-        settle: Settle::Durable,
-    }),
+    work: floor(Claim::InsertOnConflict, Settle::Durable),
     summary: "the floor, its INSERT written as the gate's: ON CONFLICT DO NOTHING RETURNING",
     cost: cost(2, 2, 2),
 };
 
 const SETTLE_ASYNC: Spec = Spec {
     name: "settle-async",
-    work: Work::Floor(Floor {
-        claim: Claim::Insert,
-        settle: Settle::AsyncInStatement,
-    }),
+    work: floor(Claim::Insert, Settle::AsyncInStatement),
     summary: "the floor, its UPDATE committing with synchronous_commit off, set inside the statement",
     cost: cost(2, 2, 1),
 };
 
 const SETTLE_ASYNC_TX: Spec = Spec {
     name: "settle-async-tx",
-    work: Work::Floor(Floor {
-        claim: Claim::Insert,
-        settle: Settle::AsyncInTransaction,
-    }),
+    work: floor(Claim::Insert, Settle::AsyncInTransaction),
     summary: "the floor, its UPDATE as BEGIN; SET LOCAL synchronous_commit = off; UPDATE; COMMIT",
     cost: cost(5, 2, 1),
 };
 
 const FUSED_INSERT_FIRST: Spec = Spec {
     name: "fused-insert-first",
-    work: Work::Floor(Floor {
-        claim: Claim::Fused(Fused::InsertFirst),
-        settle: Settle::Durable,
-    }),
+    work: floor(Claim::Fused(Fused::InsertFirst), Settle::Durable),
     summary: "the floor, its INSERT replaced by the one-statement claim, insert first",
     cost: cost(2, 2, 2),
 };
 
 const FUSED_LOOKUP_FIRST: Spec = Spec {
     name: "fused-lookup-first",
-    work: Work::Floor(Floor {
-        claim: Claim::Fused(Fused::LookupFirst),
-        settle: Settle::Durable,
-    }),
+    work: floor(Claim::Fused(Fused::LookupFirst), Settle::Durable),
     summary: "the floor, its INSERT replaced by the one-statement claim, lookup first",
     cost: cost(2, 2, 2),
 };

@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use idem::sqlx::{Connection, PgConnection};
-use idem_test_support::binaries::Binaries;
+use idem_test_support::binaries::{self, Binaries};
 use idem_test_support::cluster::Setup;
 use idem_test_support::process;
 
@@ -105,24 +105,9 @@ fn machine_cluster_for(port: u16) -> Option<String> {
     if !process::succeeds(Command::new("sh").args(["-c", "command -v pg_ctlcluster"])) {
         return None;
     }
-    let mut versions: Vec<(Vec<u32>, String)> = fs::read_dir("/etc/postgresql")
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let number = name
-                .split('.')
-                .map(str::parse)
-                .collect::<Result<_, _>>()
-                .ok()?;
-            Some((number, name))
-        })
-        .collect();
-    versions.sort();
-    let (_, version) = versions.pop()?;
-    let conf = Path::new("/etc/postgresql")
-        .join(&version)
-        .join("main/postgresql.conf");
+    let newest = binaries::versioned_entries(Path::new("/etc/postgresql")).pop()?;
+    let version = newest.file_name()?.to_string_lossy().into_owned();
+    let conf = newest.join("main/postgresql.conf");
     let configured = fs::read_to_string(conf).ok()?;
     (configured_port(&configured) == port).then_some(version)
 }
