@@ -113,6 +113,7 @@ fn start(dir: PathBuf, major: Option<u32>) -> Result<(), ClusterError> {
         max_connections: SUITE_CONNECTIONS,
         // Nothing in it outlives the run.
         fsync: false,
+        settings: Vec::new(),
     };
     println!("{}", setup.start()?.keep_running());
     Ok(())
