@@ -10,6 +10,7 @@ use std::time::Duration;
 use idem::sqlx;
 use idem::testing;
 use idem::{Gate, Identity, Mode, OnUnavailable, Rejected, idempotent};
+use idem_test_support::rows::RowTrigger;
 use idem_test_support::{JobError, rows, schemas};
 use serde::{Deserialize, Serialize};
 
@@ -95,22 +96,20 @@ async fn a_value_the_store_refuses_settles_without_it_and_the_success_is_kept() 
     let id = Identity::new("refused_value").part(1);
     let mode = Mode::new().lease(Duration::from_millis(300));
     // A trigger refuses any stored output, as a value too large would be.
-    let table = "idem_records";
-    let function = testing::unique_name("refuse_output");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF NEW.account = '{account}' AND (to_jsonb(NEW) ->> 'output_json') IS NOT NULL THEN \
-             RAISE EXCEPTION 'value too large' USING ERRCODE = '54000'; END IF; \
-           IF NEW.account = '{account}' AND (to_jsonb(NEW) ->> 'output') IS NOT NULL THEN \
-             RAISE EXCEPTION 'value too large' USING ERRCODE = '54000'; END IF; \
-           RETURN NEW; END $$; \
-         CREATE TRIGGER {function} BEFORE UPDATE ON {table} \
-           FOR EACH ROW EXECUTE FUNCTION {function}();",
-        account = gate.account_name()
-    )))
-    .execute(gate.pool())
-    .await
-    .expect("install the refusing trigger");
+    let trigger = RowTrigger::install(
+        gate.pool(),
+        &testing::unique_name("refuse_output"),
+        "BEFORE UPDATE",
+        &format!(
+            "IF NEW.account = '{account}' AND (to_jsonb(NEW) ->> 'output_json') IS NOT NULL THEN \
+               RAISE EXCEPTION 'value too large' USING ERRCODE = '54000'; END IF; \
+             IF NEW.account = '{account}' AND (to_jsonb(NEW) ->> 'output') IS NOT NULL THEN \
+               RAISE EXCEPTION 'value too large' USING ERRCODE = '54000'; END IF; \
+             RETURN NEW;",
+            account = gate.account_name()
+        ),
+    )
+    .await;
     let runs = Runs::default();
     let body = || async {
         runs.run();
@@ -122,12 +121,7 @@ async fn a_value_the_store_refuses_settles_without_it_and_the_success_is_kept() 
         gate.run_replayed(&id, &mode, body()).await
     }
     .await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TRIGGER {function} ON {table}; DROP FUNCTION {function}();"
-    )))
-    .execute(gate.pool())
-    .await
-    .expect("remove the trigger");
+    trigger.remove(gate.pool()).await;
     assert_eq!(first.expect("the body's value").text, "big");
     assert_eq!(
         rows::row_state(&gate, &id.address()).await.as_deref(),
@@ -257,13 +251,18 @@ async fn permission_denied_is_an_error_of_the_request_that_never_fails_open() {
     let rejected = refusal(&result).clone();
     gate.pool().close().await;
     let admin = testing::pool_with(1).await;
+    // Two transactions: Citus refuses role DDL in a transaction that has
+    // already touched every shard (the REVOKE).
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "REVOKE ALL ON idem_records, idem_records_fence_seq, idem_schema_version FROM {role}; \
-         DROP ROLE {role};"
+        "REVOKE ALL ON idem_records, idem_records_fence_seq, idem_schema_version FROM {role}"
     )))
     .execute(&admin)
     .await
-    .expect("drop the role");
+    .expect("revoke the role's grants");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP ROLE {role}")))
+        .execute(&admin)
+        .await
+        .expect("drop the role");
     assert_eq!(runs.count(), 0, "permission denied is not an outage");
     assert_eq!(rejected.reason(), "store_refused", "{rejected}");
     assert!(!rejected.is_retryable());

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use idem::sqlx::{self, PgPool};
 use idem::testing;
 use idem::{Gate, Identity, Rejected};
-use idem_test_support::connections::named_pool;
+use idem_test_support::connections::{named_pool, terminate_lock_waiters};
 use idem_test_support::history::{
     self, FaultKind, Faults, Inject, Left, Plans, Run, Target, Workload,
 };
@@ -31,18 +31,12 @@ fn says_why(rejected: &Rejected) -> bool {
         && (message.contains("retry") || message.contains("nothing to do"))
 }
 
-/// Waits until one of `name`'s backends waits on a lock, and terminates it.
+/// Waits until one of `name`'s backends waits on a lock, and terminates it
+/// (on Citus too, where the lock is waited on in a worker).
 async fn kill_when_blocked(admin: &PgPool, name: &str) -> i64 {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let killed: i64 = sqlx::query_scalar(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE application_name = $1 AND wait_event_type = 'Lock'",
-        )
-        .bind(name)
-        .fetch_one(admin)
-        .await
-        .expect("look for the blocked backend");
+        let killed = terminate_lock_waiters(admin, name).await;
         if killed > 0 {
             return killed;
         }

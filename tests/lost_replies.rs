@@ -5,11 +5,11 @@
 use std::time::{Duration, SystemTime};
 
 use idem::meter::{Event, EventOutcome};
-use idem::sqlx::{self, postgres::PgPoolOptions};
+use idem::sqlx::postgres::PgPoolOptions;
 use idem::testing;
 use idem::{Gate, Identity, Rejected};
 use idem_test_support::fault_proxy::{Proxy, Statement};
-use idem_test_support::rows;
+use idem_test_support::rows::{self, RowTrigger};
 
 /// A fresh proxy, and a gate whose pool goes through it, each statement's
 /// SQL in its own Parse message (no statement cache) so the proxy can
@@ -41,30 +41,32 @@ async fn a_release_whose_reply_is_lost_after_the_slot_was_claimed_anew_reports_r
     let id = Identity::new("lost_release").part(1);
     // Claimed anew by someone else in the very transaction of the delete,
     // so it is there whenever the retry comes: a trigger stands in for a
-    // second process that is fast.
-    let function = testing::unique_name("claim_anew");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF OLD.account = '{account}' AND OLD.kind = 'claim' THEN \
-             INSERT INTO idem_records (account, kind, address, namespace, state, identity) \
-             VALUES (OLD.account, 'claim', OLD.address, OLD.namespace, 'pending', OLD.identity); \
-           END IF; RETURN OLD; END $$; \
-         CREATE TRIGGER {function} AFTER DELETE ON idem_records \
-           FOR EACH ROW EXECUTE FUNCTION {function}();",
-        account = gate.account_name()
-    )))
-    .execute(&testing::pool_with(1).await)
-    .await
-    .expect("install the trigger");
+    // second process that is fast. It inserts into the table it fires on,
+    // which on Citus is the account's shard (a trigger there may not start
+    // a distributed statement of its own, and a shard has no default for
+    // the fence: the coordinator draws it, so the trigger writes one no
+    // sequence hands out).
+    let admin = testing::pool_with(1).await;
+    let trigger = RowTrigger::install(
+        &admin,
+        &testing::unique_name("claim_anew"),
+        "AFTER DELETE",
+        &format!(
+            "IF OLD.account = '{account}' AND OLD.kind = 'claim' THEN \
+               EXECUTE format('INSERT INTO %I.%I (account, kind, address, namespace, state, \
+                               identity, fence) \
+                               VALUES ($1, ''claim'', $2, $3, ''pending'', $4, $5)', \
+                              TG_TABLE_SCHEMA, TG_TABLE_NAME) \
+                 USING OLD.account, OLD.address, OLD.namespace, OLD.identity, -OLD.fence; \
+             END IF; RETURN OLD;",
+            account = gate.account_name()
+        ),
+    )
+    .await;
     let claim = gate.claim(&id).await.expect("claimed");
     assert!(proxy.lose_next_reply(Statement::Release));
     let released = claim.release().await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP TRIGGER {function} ON idem_records; DROP FUNCTION {function}();"
-    )))
-    .execute(&testing::pool_with(1).await)
-    .await
-    .expect("remove the trigger");
+    trigger.remove(&admin).await;
     assert_eq!(lost(&proxy), [Statement::Release], "the reply was lost");
     assert!(
         released.is_ok(),

@@ -144,15 +144,21 @@ async fn the_previous_release_never_runs_takes_over_or_releases_a_claim_in_doubt
         }
         for (name, statement) in CHANGES {
             for seen in [fence, fence + 1] {
-                let changed = sqlx::query(statement)
+                let changed = match sqlx::query(statement)
                     .bind(account)
                     .bind(address)
                     .bind(None::<&str>)
                     .bind(seen)
                     .execute(pool)
                     .await
-                    .unwrap_or_else(|e| panic!("the previous release's {name}: {e}"))
-                    .rows_affected();
+                {
+                    Ok(done) => done.rows_affected(),
+                    // Citus refuses the previous release's take over
+                    // (nextval in an UPDATE's SET list) before it changes
+                    // anything: that release could never take over there.
+                    Err(e) if e.to_string().contains("must not be VOLATILE") => 0,
+                    Err(e) => panic!("the previous release's {name}: {e}"),
+                };
                 assert_eq!(
                     changed, 0,
                     "the previous release's {name} changed {address}"

@@ -89,7 +89,7 @@ pub struct MigrateArgs {
     #[command(flatten)]
     pub table: TableArgs,
     /// Only verify: change nothing (for a role without DDL rights, or CI).
-    #[arg(long, conflicts_with = "partitions")]
+    #[arg(long, conflicts_with_all = ["partitions", "distributed"])]
     pub check: bool,
     /// Create idem_records hash-partitioned on account into N partitions
     /// (1 to 1024; 16 suits most). Only where the table does not exist yet:
@@ -97,6 +97,11 @@ pub struct MigrateArgs {
     /// an error that changes nothing.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub partitions: Option<u16>,
+    /// On a Citus coordinator: create idem_records distributed by account
+    /// (Citus's citus.shard_count shards), or distribute an empty one. A
+    /// table holding rows is never moved at start-up: the error says how.
+    #[arg(long, conflicts_with = "partitions")]
+    pub distributed: bool,
     #[command(flatten)]
     pub format: FormatArgs,
 }

@@ -49,10 +49,11 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
         Command::Migrate(args) => {
             let schema = args.table.schema.as_deref();
             let pool = connect(args.table.database.database_url.as_deref(), schema).await?;
-            let action = match (args.check, args.partitions) {
-                (true, _) => migrate::Action::Check,
-                (false, None) => migrate::Action::SetUp,
-                (false, Some(partitions)) => migrate::Action::SetUpPartitioned(partitions),
+            let action = match (args.check, args.partitions, args.distributed) {
+                (true, _, _) => migrate::Action::Check,
+                (false, _, true) => migrate::Action::SetUpDistributed,
+                (false, None, false) => migrate::Action::SetUp,
+                (false, Some(partitions), false) => migrate::Action::SetUpPartitioned(partitions),
             };
             let report = migrate::migrate(&pool, schema, action).await?;
             pool.close().await;

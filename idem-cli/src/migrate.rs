@@ -17,8 +17,9 @@ pub struct SchemaReport {
     pub version: i32,
     /// The version this build of idem expects.
     pub expected_version: i32,
-    /// How the table is laid out: `plain`, or `partitioned by HASH (account)
-    /// into 16 partitions`; null when there is no table.
+    /// How the table is laid out: `plain`, `partitioned by HASH (account)
+    /// into 16 partitions`, or `distributed by Citus on account (hash) into
+    /// 32 shards`; null when there is no table.
     pub layout: Option<String>,
     /// The two unique indexes the gate needs, as they must be defined.
     pub unique_indexes: [&'static str; 2],
@@ -43,6 +44,8 @@ pub enum Action {
     /// Set up, hash-partitioned into this many partitions where there is no
     /// table (`--partitions N`).
     SetUpPartitioned(u16),
+    /// Set up distributed by Citus on account (`--distributed`).
+    SetUpDistributed,
 }
 
 /// Sets the schema up as `action` says, and verifies it.
@@ -72,12 +75,10 @@ pub async fn migrate(
             .map_err(CliError::database("set up idem's schema"))?,
         Action::SetUpPartitioned(partitions) => schema::set_up_partitioned(pool, partitions)
             .await
-            .map_err(|error| match error {
-                idem_runtime::Error::Database(error) => {
-                    CliError::database("set up idem's partitioned schema")(error)
-                }
-                other => CliError::Refused(other.to_string()),
-            })?,
+            .map_err(refused_or_database("set up idem's partitioned schema"))?,
+        Action::SetUpDistributed => schema::set_up_distributed(pool)
+            .await
+            .map_err(refused_or_database("set up idem's distributed schema"))?,
     }
     let layout = schema::layout(pool)
         .await
@@ -121,6 +122,14 @@ pub async fn migrate(
         ],
         problems,
     })
+}
+
+/// A set-up's error: the database's, or a refusal that changed nothing.
+fn refused_or_database(doing: &'static str) -> impl Fn(idem_runtime::Error) -> CliError {
+    move |error| match error {
+        idem_runtime::Error::Database(error) => CliError::database(doing)(error),
+        other => CliError::Refused(other.to_string()),
+    }
 }
 
 /// The report in `format`.

@@ -330,6 +330,13 @@ pub enum SchemaProblem {
         /// What is missing, and how to add it.
         detail: String,
     },
+    /// Citus holds the table in a way the gate cannot rely on: distributed
+    /// by another column, an index missing on a shard placement, or the
+    /// connection is to a worker rather than the coordinator.
+    Distribution {
+        /// What is wrong, and how to mend it.
+        detail: String,
+    },
 }
 
 impl fmt::Display for SchemaProblem {
@@ -349,7 +356,9 @@ impl fmt::Display for SchemaProblem {
                 }
                 Ok(())
             }
-            SchemaProblem::Partitions { detail } => write!(f, "idem_records: {detail}"),
+            SchemaProblem::Partitions { detail } | SchemaProblem::Distribution { detail } => {
+                write!(f, "idem_records: {detail}")
+            }
         }
     }
 }

@@ -8,10 +8,14 @@ use sqlx::{PgConnection, PgPool};
 use crate::error::{SchemaProblem, SchemaProblems};
 use crate::store::catalog::{self, Index};
 
+mod distributed;
+mod layout;
 mod partitioned;
 
 pub use crate::store::catalog::{MIGRATIONS, Migration, SCHEMA_SQL, SCHEMA_VERSION};
-pub use partitioned::{Layout, MAX_PARTITIONS, layout, partitioned_sql, set_up_partitioned};
+pub use distributed::set_up_distributed;
+pub use layout::{Layout, layout};
+pub use partitioned::{MAX_PARTITIONS, partitioned_sql, set_up_partitioned};
 
 /// The definitions of the two unique indexes the gate relies on.
 pub const INDEX_WITHOUT_NAMESPACE: &str = "UNIQUE (account, kind, address) WHERE namespace IS NULL";
@@ -76,13 +80,13 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.
-struct RequiredIndex {
+pub(super) struct RequiredIndex {
     columns: &'static [&'static str],
     predicate: &'static str,
-    definition: &'static str,
+    pub(super) definition: &'static str,
 }
 
-const REQUIRED_INDEXES: [RequiredIndex; 2] = [
+pub(super) const REQUIRED_INDEXES: [RequiredIndex; 2] = [
     RequiredIndex {
         columns: &["account", "kind", "address"],
         predicate: "namespace IS NULL",
@@ -97,7 +101,7 @@ const REQUIRED_INDEXES: [RequiredIndex; 2] = [
 
 /// What an index the catalog describes does for the gate.
 impl Index {
-    fn covers(&self, required: &RequiredIndex) -> bool {
+    pub(super) fn covers(&self, required: &RequiredIndex) -> bool {
         self.columns.len() == required.columns.len()
             && required
                 .columns
@@ -105,7 +109,7 @@ impl Index {
                 .all(|c| self.columns.iter().any(|own| own == c))
     }
 
-    fn enforces(&self, required: &RequiredIndex) -> bool {
+    pub(super) fn enforces(&self, required: &RequiredIndex) -> bool {
         self.is_unique
             && self.is_valid
             && self.is_immediate
@@ -116,7 +120,7 @@ impl Index {
     }
 
     /// Why this index, which looks like `required`, does not do its job.
-    fn shortfall(&self, required: &RequiredIndex) -> String {
+    pub(super) fn shortfall(&self, required: &RequiredIndex) -> String {
         let mut why = Vec::new();
         if !self.is_unique {
             why.push("it is not unique".to_owned());
@@ -165,7 +169,9 @@ fn normalize_predicate(predicate: &str) -> String {
 }
 
 /// Checks that `idem_records` exists, has the columns the gate uses, and
-/// both partial unique indexes with the right predicates.
+/// both partial unique indexes with the right predicates; on a Citus
+/// coordinator also that the table is distributed by `account` and both
+/// indexes hold on every shard placement.
 ///
 /// Returns `Ok(None)` when the schema can enforce one claim per identity.
 pub async fn verify(pool: &PgPool) -> Result<Option<SchemaProblems>, sqlx::Error> {
@@ -228,6 +234,10 @@ pub async fn verify(pool: &PgPool) -> Result<Option<SchemaProblems>, sqlx::Error
             ),
         });
     }
+
+    // Citus: on the coordinator a distributed table is a shell whose
+    // indexes say nothing of the shards that hold the rows.
+    problems.extend(distributed::problems(&mut conn).await?);
 
     Ok((!problems.is_empty()).then_some(SchemaProblems { table, problems }))
 }

@@ -59,3 +59,35 @@ pub async fn terminate_backends(admin: &PgPool, name: &str) -> i64 {
     .await
     .unwrap_or_else(|e| panic!("terminate the backends of {name}: {e}"))
 }
+
+/// Terminates `name`'s backends (see [`named_pool`]) that wait on a lock;
+/// returns how many died (0: none waits yet).
+///
+/// On one PostgreSQL a waiting backend says so in `pg_stat_activity`. On a
+/// Citus coordinator it does not: the lock it waits on is held on the
+/// worker that has the row, and the coordinator's backend waits on the
+/// worker's answer. There `citus_lock_waits` names the waiting statement by
+/// its global pid, which is the coordinator backend's node id and pid.
+///
+/// # Panics
+/// When the statement fails.
+pub async fn terminate_lock_waiters(admin: &PgPool, name: &str) -> i64 {
+    const ON_POSTGRESQL: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) \
+         FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'";
+    const ON_CITUS: &str = "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) \
+         FROM pg_stat_activity a \
+         WHERE a.application_name = $1 \
+           AND (a.wait_event_type = 'Lock' \
+                OR citus_calculate_gpid((SELECT nodeid FROM pg_dist_node WHERE groupid = 0), \
+                                        a.pid) IN (SELECT waiting_gpid FROM citus_lock_waits))";
+    let on_citus: bool =
+        sqlx::query_scalar("SELECT to_regclass('pg_catalog.citus_lock_waits') IS NOT NULL")
+            .fetch_one(admin)
+            .await
+            .unwrap_or_else(|e| panic!("ask whether this is Citus: {e}"));
+    sqlx::query_scalar(if on_citus { ON_CITUS } else { ON_POSTGRESQL })
+        .bind(name)
+        .fetch_one(admin)
+        .await
+        .unwrap_or_else(|e| panic!("terminate the lock waiters of {name}: {e}"))
+}

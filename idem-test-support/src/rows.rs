@@ -72,3 +72,66 @@ pub async fn plant_row(gate: &Gate, address: &str, state: &str, identity: &[u8])
     .await
     .expect("plant a claim row");
 }
+
+/// A row trigger on `idem_records` that a test installs to make the store
+/// misbehave on cue, and removes with [`RowTrigger::remove`].
+///
+/// Works on a Citus coordinator too: Citus creates a trigger on every shard
+/// once `citus.enable_unsafe_triggers` says the test takes responsibility
+/// for it (a mere placeholder setting on PostgreSQL without Citus), and it
+/// propagates DDL one statement at a time, so each runs on its own.
+#[derive(Debug)]
+pub struct RowTrigger {
+    name: String,
+}
+
+impl RowTrigger {
+    /// Creates the PL/pgSQL trigger function `name` with `body` (between
+    /// `BEGIN` and `END`) and fires it `when` (`BEFORE UPDATE`, `AFTER
+    /// DELETE`, ...) for each row of `idem_records`.
+    ///
+    /// # Panics
+    /// When the function or trigger cannot be created.
+    pub async fn install(pool: &sqlx::PgPool, name: &str, when: &str, body: &str) -> RowTrigger {
+        let statements = [
+            "SET citus.enable_unsafe_triggers TO on".to_owned(),
+            format!(
+                "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN {body} END $$"
+            ),
+            format!(
+                "CREATE TRIGGER {name} {when} ON idem_records FOR EACH ROW EXECUTE FUNCTION {name}()"
+            ),
+        ];
+        execute_each(pool, &statements, "install the trigger").await;
+        RowTrigger {
+            name: name.to_owned(),
+        }
+    }
+
+    /// Drops the trigger and its function.
+    ///
+    /// # Panics
+    /// When they cannot be dropped.
+    pub async fn remove(self, pool: &sqlx::PgPool) {
+        let name = &self.name;
+        let statements = [
+            format!("DROP TRIGGER {name} ON idem_records"),
+            format!("DROP FUNCTION {name}()"),
+        ];
+        execute_each(pool, &statements, "remove the trigger").await;
+    }
+}
+
+/// Runs `statements` one after the other on one connection of `pool`.
+async fn execute_each(pool: &sqlx::PgPool, statements: &[String], doing: &str) {
+    let mut connection = pool
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("{doing}: {e}"));
+    for statement in statements {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.as_str()))
+            .execute(&mut *connection)
+            .await
+            .unwrap_or_else(|e| panic!("{doing}: {statement}: {e}"));
+    }
+}

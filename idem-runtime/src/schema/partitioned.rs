@@ -8,44 +8,16 @@
 //! key; `account` leads both of idem's, so they are allowed as they are and
 //! uniqueness per account stays exactly what it is on a plain table.
 
-use std::fmt;
-
 use sqlx::{PgConnection, PgPool};
 
 use crate::error::Error;
 use crate::store::catalog;
 
+use super::layout::{Layout, layout_of};
+
 /// The most partitions [`set_up_partitioned`] creates. More buys nothing a
 /// claim can use (it touches one partition) and slows planning and DDL.
 pub const MAX_PARTITIONS: u16 = 1024;
-
-/// How `idem_records` is laid out, as the catalog says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Layout {
-    /// One table: what [`set_up`](super::set_up) and
-    /// [`SCHEMA_SQL`](super::SCHEMA_SQL) create.
-    Plain,
-    /// A partitioned table.
-    Partitioned {
-        /// The partition key as PostgreSQL prints it: `HASH (account)` for
-        /// what [`set_up_partitioned`] creates.
-        key: String,
-        /// How many partitions are attached directly to it.
-        partitions: usize,
-    },
-}
-
-impl fmt::Display for Layout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Layout::Plain => f.write_str("plain (not partitioned)"),
-            Layout::Partitioned { key, partitions } => {
-                write!(f, "partitioned by {key} into {partitions} partitions")
-            }
-        }
-    }
-}
 
 /// The SQL that creates `idem_records` hash-partitioned on `account` into
 /// `partitions` partitions (`idem_records_p0`, `idem_records_p1`, ...),
@@ -115,25 +87,6 @@ fn check_matches(existing: &Layout, partitions: u16) -> Result<(), Error> {
          partitions option), or create the partitioned table under another name, copy the rows \
          over (INSERT INTO ... SELECT) and swap the names in one transaction"
     )))
-}
-
-/// How `idem_records` is laid out, or `None` when it does not exist where
-/// the connection's `search_path` looks.
-pub async fn layout(pool: &PgPool) -> Result<Option<Layout>, sqlx::Error> {
-    layout_of(&mut *pool.acquire().await?).await
-}
-
-pub(super) async fn layout_of(conn: &mut PgConnection) -> Result<Option<Layout>, sqlx::Error> {
-    Ok(catalog::layout(conn).await?.map(|found| {
-        if found.partitioned {
-            Layout::Partitioned {
-                key: found.partition_key.unwrap_or_default(),
-                partitions: usize::try_from(found.partitions).unwrap_or(usize::MAX),
-            }
-        } else {
-            Layout::Plain
-        }
-    }))
 }
 
 /// For a table partitioned by hash: the hash remainders no partition takes,

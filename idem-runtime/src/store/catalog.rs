@@ -79,22 +79,37 @@ const LOCATE_TABLE: &str = "SELECT to_regclass('idem_records')::text AS table_na
 const COLUMNS: &str = "SELECT attname::text AS name, attnotnull AS not_null FROM pg_attribute \
      WHERE attrelid = to_regclass('idem_records') AND attnum > 0 AND NOT attisdropped";
 
-/// The indexes on `idem_records`, as [`Index`] reads them: their key
-/// columns in order, and their predicate as PostgreSQL prints it.
-const INDEXES: &str = "SELECT ic.relname::text AS name, \
-            i.indisunique AS is_unique, \
-            i.indisvalid AS is_valid, \
-            i.indimmediate AS is_immediate, \
-            i.indexprs IS NOT NULL AS has_expressions, \
-            ARRAY(SELECT a.attname::text \
-                  FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
-                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
-                  WHERE k.ord <= i.indnkeyatts \
-                  ORDER BY k.ord) AS columns, \
-            pg_get_expr(i.indpred, i.indrelid) AS predicate \
-     FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid \
-     WHERE i.indrelid = to_regclass('idem_records') \
-     ORDER BY ic.relname";
+/// The query of the indexes on a relation, as [`Index`] reads them: their
+/// key columns in order, and their predicate as PostgreSQL prints it. The
+/// relation is named by a `to_regclass` argument: `'idem_records'` here,
+/// `'%s'` (each shard's name) when Citus runs it on every placement.
+macro_rules! indexes_of {
+    ($relation:literal) => {
+        concat!(
+            "SELECT ic.relname::text AS name, \
+                    i.indisunique AS is_unique, \
+                    i.indisvalid AS is_valid, \
+                    i.indimmediate AS is_immediate, \
+                    i.indexprs IS NOT NULL AS has_expressions, \
+                    ARRAY(SELECT a.attname::text \
+                          FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                          WHERE k.ord <= i.indnkeyatts \
+                          ORDER BY k.ord) AS columns, \
+                    pg_get_expr(i.indpred, i.indrelid) AS predicate \
+             FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid \
+             WHERE i.indrelid = to_regclass(",
+            $relation,
+            ") \
+             ORDER BY ic.relname"
+        )
+    };
+}
+
+pub(super) use indexes_of;
+
+/// The indexes on `idem_records` (`indexes_of!`).
+const INDEXES: &str = indexes_of!("'idem_records'");
 
 /// Whether `idem_records` is partitioned, its partition key, and how many
 /// partitions are attached to it directly; no row when there is no table.
@@ -160,12 +175,19 @@ pub(crate) async fn create_partitioned(
 pub(crate) async fn migrate_and_commit(
     mut tx: Transaction<'_, Postgres>,
 ) -> Result<(), sqlx::Error> {
-    let current = current_version(&mut tx).await?;
+    migrate(&mut tx).await?;
+    tx.commit().await
+}
+
+/// Applies the migrations the schema lacks, as read under the lock, inside
+/// the set-up transaction.
+pub(crate) async fn migrate(tx: &mut Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
+    let current = current_version(tx).await?;
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
-        sqlx::raw_sql(migration.sql).execute(&mut *tx).await?;
+        sqlx::raw_sql(migration.sql).execute(&mut **tx).await?;
         tracing::info!(target: "idem", version = migration.version, "idem schema migrated");
     }
-    tx.commit().await
+    Ok(())
 }
 
 /// The highest schema version applied, 0 when idem was never set up here.

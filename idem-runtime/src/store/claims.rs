@@ -244,11 +244,22 @@ pub(super) const EXTEND: SplitOnNamespace = per_row!(
 /// The row keeps its lineage (the fence it began with). `$5`: the new lease
 /// in microseconds, or NULL; `$6`: the new fingerprint. Index: the partial
 /// unique index of its form.
+///
+/// The fence is drawn in a materialized CTE, not in the `SET` list: Citus
+/// refuses a volatile function in an `UPDATE` of a distributed table
+/// ("functions used in UPDATE queries on distributed tables must not be
+/// VOLATILE"), while it runs a CTE on the coordinator first and hands its
+/// one row to the worker. The guarantee is the same on one PostgreSQL and
+/// on Citus: one value drawn from the one sequence, before the row changes,
+/// so it is new and above every fence drawn before it; a taker that loses
+/// the race leaves a gap in the sequence, nothing else.
 pub(super) const TAKE_OVER: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET fence = nextval('idem_records_fence_seq'), created_at = now(), fingerprint = $6, \
+    "WITH drawn AS MATERIALIZED (SELECT nextval('idem_records_fence_seq') AS next_fence) \
+     UPDATE idem_records \
+     SET fence = drawn.next_fence, created_at = now(), fingerprint = $6, \
          first_fence = coalesce(first_fence, fence), \
-         lease_expires_at = now() + $5 * interval '1 microsecond'",
+         lease_expires_at = now() + $5 * interval '1 microsecond' \
+     FROM drawn",
     "state = 'pending' AND fence = $4 AND lease_expires_at < now()";
     "RETURNING fence, first_fence AS lineage"
 );

@@ -10,6 +10,7 @@
 //! | `metering` | usage events: record a batch, total a meter |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
 //! | `catalog` | schema set-up, its version, the verification and partition queries |
+//! | `citus` | the Citus catalog: coordinator, distribution, indexes on every shard placement, and distributing the table |
 //!
 //! # Rules every statement follows
 //!
@@ -39,6 +40,7 @@
 //!   import this.
 
 pub(crate) mod catalog;
+pub(crate) mod citus;
 mod claims;
 pub(crate) mod metering;
 pub mod operations;

@@ -1,0 +1,113 @@
+//! How `idem_records` is laid out: one table, partitioned by PostgreSQL, or
+//! distributed by Citus. Read from the catalog, never assumed.
+
+use std::fmt;
+
+use sqlx::{PgConnection, PgPool};
+
+use crate::store::{catalog, citus};
+
+/// How `idem_records` is laid out, as the catalog says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Layout {
+    /// One table: what [`set_up`](super::set_up) and
+    /// [`SCHEMA_SQL`](super::SCHEMA_SQL) create.
+    Plain,
+    /// A partitioned table.
+    Partitioned {
+        /// The partition key as PostgreSQL prints it: `HASH (account)` for
+        /// what [`set_up_partitioned`](super::set_up_partitioned) creates.
+        key: String,
+        /// How many partitions are attached directly to it.
+        partitions: usize,
+    },
+    /// A table Citus manages, read on its coordinator.
+    Distributed {
+        /// How Citus spreads it: `hash` for what
+        /// [`set_up_distributed`](super::set_up_distributed) creates;
+        /// `reference or local`, `append` or `range` otherwise.
+        method: &'static str,
+        /// The distribution column: `account` for what
+        /// [`set_up_distributed`](super::set_up_distributed) creates; `None`
+        /// for a reference or local table.
+        column: Option<String>,
+        /// How many shards it has.
+        shards: usize,
+    },
+}
+
+impl Layout {
+    /// What [`set_up_distributed`](super::set_up_distributed) creates, with
+    /// however many shards it has.
+    pub fn is_distributed_by_account(&self) -> bool {
+        matches!(
+            self,
+            Layout::Distributed { method: "hash", column: Some(column), .. } if column == "account"
+        )
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Layout::Plain => f.write_str("plain (not partitioned)"),
+            Layout::Partitioned { key, partitions } => {
+                write!(f, "partitioned by {key} into {partitions} partitions")
+            }
+            Layout::Distributed {
+                method,
+                column: Some(column),
+                shards,
+            } => write!(
+                f,
+                "distributed by Citus on {column} ({method}) into {shards} shards"
+            ),
+            Layout::Distributed { method, shards, .. } => {
+                write!(f, "a Citus {method} table ({shards} shards)")
+            }
+        }
+    }
+}
+
+/// How `idem_records` is laid out, or `None` when it does not exist where
+/// the connection's `search_path` looks.
+pub async fn layout(pool: &PgPool) -> Result<Option<Layout>, sqlx::Error> {
+    layout_of(&mut *pool.acquire().await?).await
+}
+
+pub(super) async fn layout_of(conn: &mut PgConnection) -> Result<Option<Layout>, sqlx::Error> {
+    let Some(found) = catalog::layout(conn).await? else {
+        return Ok(None);
+    };
+    // On a Citus coordinator a distributed table is a shell of the plain
+    // kind: Citus's own catalog says how it is spread.
+    if citus::citus_version(conn).await?.is_some()
+        && let Some(distribution) = citus::distribution(conn).await?
+    {
+        return Ok(Some(Layout::Distributed {
+            method: method_name(&distribution.method),
+            column: distribution.column_name,
+            shards: usize::try_from(distribution.shards).unwrap_or(usize::MAX),
+        }));
+    }
+    Ok(Some(if found.partitioned {
+        Layout::Partitioned {
+            key: found.partition_key.unwrap_or_default(),
+            partitions: usize::try_from(found.partitions).unwrap_or(usize::MAX),
+        }
+    } else {
+        Layout::Plain
+    }))
+}
+
+/// `pg_dist_partition.partmethod` in words.
+fn method_name(method: &str) -> &'static str {
+    match method {
+        "h" => "hash",
+        "n" => "reference or local",
+        "a" => "append",
+        "r" => "range",
+        _ => "unknown",
+    }
+}
