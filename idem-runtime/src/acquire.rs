@@ -250,7 +250,16 @@ impl Contender<'_> {
         // One connection for the whole attempt: every acquire may cost a
         // round trip of its own (the pool's liveness check).
         let mut conn = via.connection().await?;
-        let existing = match store::claim(&mut *conn, scope, address, new, want_output).await? {
+        let existing = match store::claim(
+            &mut *conn,
+            self.slots.engine(),
+            scope,
+            address,
+            new,
+            want_output,
+        )
+        .await?
+        {
             store::Claimed::Won(fence) => {
                 return Ok(Attempt::Won(Fenced {
                     fence,

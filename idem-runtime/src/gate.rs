@@ -17,6 +17,7 @@ use crate::mode::{Disposed, Mode};
 use crate::run::{self, outcome_of, replayed_outcome_of};
 use crate::schema;
 use crate::slots::{self, Slots};
+use crate::store::Engine;
 use crate::via::Via;
 
 /// Runs actions at most once per identity, with PostgreSQL as the arbiter.
@@ -70,8 +71,12 @@ impl Gate {
         if let Some(problems) = schema::verify(&pool).await? {
             return Err(Error::Schema(problems));
         }
+        let engine = match schema::layout(&pool).await? {
+            Some(schema::Layout::Distributed { .. }) => Engine::Citus,
+            _ => Engine::PostgreSQL,
+        };
         Ok(Gate {
-            slots: Slots::new(pool, Gate::DEFAULT_ACCOUNT),
+            slots: Slots::new(pool, engine, Gate::DEFAULT_ACCOUNT),
         })
     }
 

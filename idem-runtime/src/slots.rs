@@ -9,7 +9,7 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 use crate::error::Rejected;
-use crate::store::Scope;
+use crate::store::{Engine, Scope};
 
 /// The longest account or namespace name, in bytes. Both lead the unique
 /// indexes, whose entries PostgreSQL caps at about 2.7 kB; a longer name
@@ -20,14 +20,18 @@ pub(crate) const MAX_NAME_BYTES: usize = 1024;
 #[derive(Clone)]
 pub(crate) struct Slots {
     pool: PgPool,
+    /// What the table is on, read once when the gate connected: it picks
+    /// the claim statement's shape.
+    engine: Engine,
     account: Arc<str>,
     namespace: Option<Arc<str>>,
 }
 
 impl Slots {
-    pub(crate) fn new(pool: PgPool, account: &str) -> Slots {
+    pub(crate) fn new(pool: PgPool, engine: Engine, account: &str) -> Slots {
         Slots {
             pool,
+            engine,
             account: Arc::from(account),
             namespace: None,
         }
@@ -49,6 +53,10 @@ impl Slots {
 
     pub(crate) fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    pub(crate) fn engine(&self) -> Engine {
+        self.engine
     }
 
     pub(crate) fn account(&self) -> &str {

@@ -25,7 +25,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{PgExecutor, Postgres, Row};
 
-use super::{Commit, Scope, SplitOnNamespace, per_row};
+use super::{Commit, Engine, Scope, SplitOnNamespace, per_row};
 
 /// What a new claim row carries besides its scope and address.
 #[derive(Debug, Clone, Copy)]
@@ -131,6 +131,29 @@ pub(super) const CLAIM: SplitOnNamespace = SplitOnNamespace {
     within_namespace: claim_statement!("namespace = $3"),
 };
 
+/// The claim on Citus: the insert alone, which Citus routes to the worker
+/// holding the account's shard (the one-statement [`CLAIM`] is planned
+/// there as steps whose intermediate results go to every worker, so a
+/// stopped worker would refuse every account's claims, and each claim
+/// would cost several hops). When it inserts nothing, the caller looks the
+/// holder up with [`LOOKUP`], as it does when [`CLAIM`] meets a row it
+/// cannot see. One text serves both forms: the insert is arbitrated by
+/// whichever partial unique index the new row's namespace falls under.
+///
+/// `$1` account, `$2` address, `$3` namespace, `$4` identity, `$5`
+/// fingerprint, `$6` lease in microseconds (NULL: none).
+pub(super) const CLAIM_ROUTED: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: CLAIM_ROUTED_STATEMENT,
+    within_namespace: CLAIM_ROUTED_STATEMENT,
+};
+
+/// The text of [`CLAIM_ROUTED`].
+const CLAIM_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
+       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at) \
+     VALUES ($1, 'claim', $2, $3, 'pending', $4, $5, now() + $6 * interval '1 microsecond') \
+     ON CONFLICT DO NOTHING \
+     RETURNING fence";
+
 /// What the claim statement found.
 #[derive(Debug)]
 pub(crate) enum Claimed {
@@ -138,7 +161,8 @@ pub(crate) enum Claimed {
     Won(i64),
     /// The slot is held by a row the statement could see.
     Held(Existing),
-    /// The insert met a row the statement's snapshot cannot see: look again.
+    /// The insert met a row the statement's snapshot cannot see (or, on
+    /// Citus, any row: the routed claim does not look): look again.
     Hidden,
 }
 
@@ -307,14 +331,31 @@ async fn changed_one<'e>(
     Ok(query.execute(executor).await?.rows_affected() == 1)
 }
 
-/// Claims the slot, or finds who holds it, in one statement ([`CLAIM`]).
+/// Claims the slot, or finds who holds it: in one statement ([`CLAIM`]) on
+/// PostgreSQL; on Citus the insert alone ([`CLAIM_ROUTED`]), a row it
+/// could not insert then being [`Claimed::Hidden`] for the caller to look
+/// up.
 pub(crate) async fn claim<'e>(
     executor: impl PgExecutor<'e>,
+    engine: Engine,
     scope: Scope<'_>,
     address: &str,
     claim: NewClaim<'_>,
     with_output: bool,
 ) -> Result<Claimed, sqlx::Error> {
+    if engine == Engine::Citus {
+        let fence = CLAIM_ROUTED
+            .for_row(scope, address)
+            .bind(claim.identity)
+            .bind(claim.fingerprint)
+            .bind(claim.lease_micros)
+            .fetch_optional(executor)
+            .await?;
+        return match fence {
+            Some(row) => Ok(Claimed::Won(row.try_get("fence")?)),
+            None => Ok(Claimed::Hidden),
+        };
+    }
     let row = CLAIM
         .for_row(scope, address)
         .bind(claim.identity)

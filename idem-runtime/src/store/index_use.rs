@@ -100,6 +100,12 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             &[Bytes, Bytes, Int(1_000), Bool(true)],
             lookup,
         ),
+        per_row(
+            "claim_routed",
+            &claims::CLAIM_ROUTED,
+            &[Bytes, Bytes, Int(1_000)],
+            Expect::ArbitratedInsert,
+        ),
         per_row("lookup", &claims::LOOKUP, &[Bool(true)], lookup),
         per_row("settle", &claims::SETTLE, &[Int(1), output], lookup),
         per_row(

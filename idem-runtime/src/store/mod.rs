@@ -68,6 +68,19 @@ pub(crate) struct Scope<'a> {
     pub namespace: Option<&'a str>,
 }
 
+/// What the table is on, as far as the shape of a statement matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// One PostgreSQL, partitioned or not (or a table Citus does not
+    /// distribute).
+    PostgreSQL,
+    /// A table Citus distributes: a statement whose CTE modifies the table
+    /// is not routed to the one worker holding the account's shard, but
+    /// planned in steps whose intermediate results go to every worker, so
+    /// the claim takes the routed two-statement form there.
+    Citus,
+}
+
 /// How a settle or release commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Commit {

@@ -13,7 +13,7 @@ use sqlx::PgConnection;
 
 use super::claims::{self, Claimed, Existing, NewClaim};
 use super::scratch::Scratch;
-use super::{Commit, Scope, catalog};
+use super::{Commit, Engine, Scope, catalog};
 
 const SCOPE: Scope<'static> = Scope {
     account: "acme",
@@ -36,7 +36,7 @@ async fn won(conn: &mut PgConnection, address: &str, lease_micros: Option<i64>) 
         fingerprint: None,
         lease_micros,
     };
-    match claims::claim(&mut *conn, SCOPE, address, new, false).await {
+    match claims::claim(&mut *conn, Engine::PostgreSQL, SCOPE, address, new, false).await {
         Ok(Claimed::Won(fence)) => fence,
         other => panic!("a fresh slot is won: {other:?}"),
     }
@@ -144,7 +144,7 @@ async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_
         fingerprint: None,
         lease_micros: None,
     };
-    match claims::claim(&mut *conn, SCOPE, address, new, false).await {
+    match claims::claim(&mut *conn, Engine::PostgreSQL, SCOPE, address, new, false).await {
         Ok(Claimed::Held(existing)) => {
             assert_eq!(existing.state, "in_doubt");
             assert!(!existing.lease_expired);
