@@ -115,6 +115,7 @@ impl RowTrigger {
     pub async fn remove(self, pool: &sqlx::PgPool) {
         let name = &self.name;
         let statements = [
+            "SET citus.enable_unsafe_triggers TO on".to_owned(),
             format!("DROP TRIGGER {name} ON idem_records"),
             format!("DROP FUNCTION {name}()"),
         ];
