@@ -273,10 +273,14 @@ pub(super) fn find_statement(scope: &ScopeFilter<'_>) -> String {
 /// Deletes a claim only while it is pending (it may have settled since it
 /// was read), and returns it. `$1` account, `$2` address, `$3` namespace.
 /// Index: the partial unique index of its form.
+///
+/// The row is described outside the `DELETE`: its age reads `now()`, which
+/// Citus refuses in the `RETURNING` list of a distributed table ("non-
+/// IMMUTABLE functions are not allowed in the RETURNING clause").
 pub(super) const RELEASE_PENDING: SplitOnNamespace = per_row!(
-    "DELETE FROM idem_records r",
+    "WITH r AS (DELETE FROM idem_records",
     "state = 'pending'";
-    concat!("RETURNING ", claim_columns!())
+    concat!("RETURNING *) SELECT ", claim_columns!(), " FROM r")
 );
 
 /// Locks the claim at one address for the rest of the transaction and
