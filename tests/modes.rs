@@ -204,11 +204,25 @@ async fn an_expired_lease_is_taken_over_once_with_a_higher_fence_and_the_old_hol
     ));
 
     // The holder stalls past its lease; eight contenders race for the slot.
+    // The one that takes it over holds it until the seven others have been
+    // answered (however slow the server), so none can find it released.
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    let refused = std::sync::atomic::AtomicUsize::new(0);
     let report = race(8, || async {
-        let claim = gate.claim_with(&id, &mode).await?;
+        let claim = match gate.claim_with(&id, &mode).await {
+            Ok(claim) => claim,
+            Err(rejected) => {
+                refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                return Err(rejected);
+            }
+        };
         let fence = claim.fence();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..500 {
+            if refused.load(std::sync::atomic::Ordering::SeqCst) >= 7 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         claim.release().await?;
         Ok::<_, Rejected>(fence)
     })
