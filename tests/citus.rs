@@ -353,3 +353,45 @@ async fn drop_schemas<const N: usize>(names: &[&str], pools: [PgPool; N]) {
     let mut conn = admin.acquire().await.expect("a connection");
     schemas::drop_schemas(&mut conn, names).await;
 }
+
+/// A gate connected to a worker instead of the coordinator refuses to
+/// start, and says to connect to the coordinator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn a_gate_connected_to_a_worker_refuses_to_start() {
+    let pool = coordinator(1).await;
+    let worker = sqlx::query(
+        "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND isactive \
+         ORDER BY nodeid LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("a worker");
+    let port: i32 = worker.get("nodeport");
+    let host: String = worker.get("nodename");
+    let on_worker = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            schemas::options_in("public")
+                .host(&host)
+                .port(u16::try_from(port).expect("a port")),
+        )
+        .await
+        .expect("connect to the worker");
+    let refused = Gate::connect_without_setup(on_worker.clone()).await;
+    let Err(Error::Schema(problems)) = &refused else {
+        panic!("a worker is refused: {refused:?}");
+    };
+    assert!(
+        problems
+            .to_string()
+            .contains("connect idem to the coordinator"),
+        "{problems}"
+    );
+    let set_up = schema::set_up_distributed(&on_worker).await;
+    assert!(
+        matches!(&set_up, Err(Error::Setup(message)) if message.contains("not the coordinator")),
+        "{set_up:?}"
+    );
+    on_worker.close().await;
+}
