@@ -157,42 +157,42 @@ async fn forty_eight_way_races_across_accounts_on_both_workers_run_each_body_onc
 #[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
 async fn a_transaction_claiming_on_two_workers_commits_or_rolls_back_both() {
     let pool = coordinator(4).await;
-    let by_worker = accounts_by_worker(&pool, 1).await;
-    let accounts: Vec<&String> = by_worker.values().flatten().collect();
     let gate = Gate::connect(pool.clone()).await.expect("gate");
-    let mode = Mode::new();
+    let gates: Vec<Gate> = accounts_by_worker(&pool, 1)
+        .await
+        .values()
+        .flatten()
+        .map(|account| gate.account(account))
+        .collect();
     for commit in [false, true] {
         let id = Identity::new("citus_tx").part(u8::from(commit));
         let mut tx = pool.begin().await.expect("begin");
-        for account in &accounts {
-            let claim = gate
-                .account(account)
-                .claim_in(&mut tx, &id, &mode)
-                .await
-                .expect("claimed in the transaction");
-            claim.settle_in(&mut tx).await.expect("settled in it");
+        for on_worker in &gates {
+            let claim = on_worker.claim_in(&mut tx, &id, &Mode::new()).await;
+            let settled = claim
+                .expect("claimed in the transaction")
+                .settle_in(&mut tx);
+            settled.await.expect("settled in it");
         }
         if commit {
             tx.commit().await.expect("a two-worker commit");
         } else {
             tx.rollback().await.expect("rollback");
         }
-        for account in &accounts {
-            let again = gate
-                .account(account)
-                .run(&id, async { Ok::<_, JobError>(()) })
-                .await;
-            if commit {
-                assert!(
-                    matches!(again, Err(JobError::Rejected(Rejected::AlreadyDone))),
-                    "{account}: committed on both workers, so done: {again:?}"
-                );
+        let again = join_all(
+            gates
+                .iter()
+                .map(|g| g.run(&id, async { Ok::<_, JobError>(()) })),
+        );
+        for outcome in again.await {
+            let expected = if commit {
+                // Committed on both workers: done on both.
+                matches!(outcome, Err(JobError::Rejected(Rejected::AlreadyDone)))
             } else {
-                assert!(
-                    again.is_ok(),
-                    "{account}: rolled back on both workers, so free: {again:?}"
-                );
-            }
+                // Rolled back on both: free on both.
+                outcome.is_ok()
+            };
+            assert!(expected, "committed: {commit}, then {outcome:?}");
         }
     }
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use idem::sqlx::{self, Connection, PgConnection};
 
-use crate::binaries::{Binaries, BinariesError};
+use crate::binaries::Binaries;
 use crate::cluster::{self, Cluster, ClusterError, Setup};
 
 /// The coordinator's `max_connections`: the whole suite runs in parallel
@@ -47,10 +47,7 @@ const COORDINATOR: &str = "coordinator";
 /// Why a Citus cluster could not be started or set up.
 #[derive(Debug, thiserror::Error)]
 pub enum CitusError {
-    /// No server binaries.
-    #[error(transparent)]
-    Binaries(#[from] BinariesError),
-    /// A node could not be created or started.
+    /// No server binaries, or a node could not be created or started.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
     /// The server binaries have no Citus beside them.
@@ -105,7 +102,8 @@ impl CitusCluster {
     /// added to the coordinator. Blocking: call it from `spawn_blocking` in
     /// async code.
     pub fn start(dir: impl Into<PathBuf>, workers: usize) -> Result<CitusCluster, CitusError> {
-        CitusCluster::start_with(Binaries::local()?, dir.into(), workers)
+        let binaries = Binaries::local().map_err(ClusterError::from)?;
+        CitusCluster::start_with(binaries, dir.into(), workers)
     }
 
     /// As [`CitusCluster::start`], with these binaries.
