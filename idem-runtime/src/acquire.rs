@@ -15,7 +15,7 @@ use crate::mode::{Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::retry::{self, SERIALIZATION_BACKOFF};
 use crate::slots::Slots;
-use crate::store::{self, Commit, NewClaim};
+use crate::store::{self, Commit, Engine, NewClaim};
 use crate::via::Via;
 
 /// How often a claim re-tries, without `wait`, when the slot it lost is free
@@ -158,10 +158,15 @@ pub(crate) async fn acquire(
                     lease: Lease::from_now(mode.lease_duration()),
                     in_transaction,
                     // Never under a lease or in the caller's transaction:
-                    // see OutcomeCommit::Async.
+                    // see OutcomeCommit::Async. Nor on Citus, where the
+                    // setting is made on the coordinator, the worker that
+                    // writes the row commits durably all the same, and the
+                    // extra step only costs round trips (BENCHMARKS.md).
                     commit: match mode.outcome_commit_policy() {
                         OutcomeCommit::Async
-                            if mode.lease_duration().is_none() && !in_transaction =>
+                            if mode.lease_duration().is_none()
+                                && !in_transaction
+                                && slots.engine() == Engine::PostgreSQL =>
                         {
                             Commit::Async
                         }

@@ -149,7 +149,10 @@ pub enum OutcomeCommit {
     /// Ignored (the outcome commits durably) with a lease, where a lost
     /// settle followed by an expired lease would let a duplicate run the
     /// action again, and inside the caller's transaction, whose whole
-    /// commit it would otherwise make asynchronous.
+    /// commit it would otherwise make asynchronous. Ignored on a table
+    /// Citus distributes too: the setting would be made on the coordinator
+    /// while the worker that writes the row commits durably all the same,
+    /// and the extra step costs round trips (BENCHMARKS.md measures it).
     Async,
 }
 
