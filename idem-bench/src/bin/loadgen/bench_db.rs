@@ -14,6 +14,7 @@ use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem::sqlx::{self, AssertSqlSafe, PgPool};
 
 use crate::BoxError;
+use crate::accounts::Accounts;
 use crate::duplicates::Settled;
 use crate::{advisory, brandur};
 
@@ -26,6 +27,22 @@ pub enum Contents {
     Settled(u64),
     /// This many settled claims of history in `idem_records`.
     History(u64),
+    /// Both at once, laid down once for every run of the Citus comparison:
+    /// `history` settled claims, then `settled` ones for the duplicates
+    /// scenarios to refuse.
+    Preloaded { history: u64, settled: u64 },
+}
+
+/// How `idem_records` is laid out, by idem's own set-up functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableLayout {
+    /// One table (`Gate::connect`).
+    Plain,
+    /// Hash-partitioned on account (`idem::schema::set_up_partitioned`).
+    Partitioned(u16),
+    /// Distributed by Citus on account (`idem::schema::set_up_distributed`);
+    /// the URL must be the coordinator's.
+    Distributed,
 }
 
 /// The benchmark schema, and what its tables hold now.
@@ -34,29 +51,41 @@ pub struct BenchDb {
     connect: PgConnectOptions,
     /// For set-up and description; never measured.
     admin: PgPool,
+    layout: TableLayout,
+    /// Whose rows the pre-fill and the settled identities are.
+    accounts: Arc<Accounts>,
     contents: Option<Contents>,
     settled: Option<Arc<Settled>>,
     checkpoints: bool,
 }
 
-/// Settled claims `$2 ..= $3`, one statement. Addresses are spread over the
-/// key space like the gate's (md5 is built in; sha1 would need pgcrypto).
+/// Settled claims `$2 ..= $3`, one statement, row `i` in account
+/// `$1[i mod the number of accounts]`, as [`Accounts::of`] places
+/// operations. Addresses are spread over the key space like the gate's (md5
+/// is built in; sha1 would need pgcrypto). On Citus the coordinator runs
+/// the `SELECT` and routes each row to its account's shard.
 const PREFILL: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, created_at, settled_at) \
-     SELECT $1, 'claim', 'claim_' || left(md5(i::text), 24), NULL, 'success', \
+     SELECT ($1::text[])[1 + i % cardinality($1::text[])], 'claim', \
+            'claim_' || left(md5(i::text), 24), NULL, 'success', \
             decode(md5(i::text) || md5((-i)::text), 'hex'), now(), now() \
      FROM generate_series($2::bigint, $3::bigint) AS i";
 
-const EMPTY: &str = "TRUNCATE idem_records, idempotency_keys, advisory_outcomes";
+/// Two statements: Citus truncates a distributed table, but not in one
+/// statement with tables of the coordinator's own.
+const EMPTY: &str = "TRUNCATE idem_records; TRUNCATE idempotency_keys, advisory_outcomes";
 
 impl BenchDb {
     /// Drops `schema` if it exists (a crashed run's leftovers), creates it
-    /// afresh with idem's tables and the alternatives' tables.
+    /// afresh with idem's tables laid out as `layout` says and the
+    /// alternatives' tables; the pre-fill and the settled identities will
+    /// belong to `accounts`.
     pub async fn create(
         url: &str,
         schema: &str,
-        partitions: Option<u16>,
+        layout: TableLayout,
         checkpoints: bool,
+        accounts: Arc<Accounts>,
     ) -> Result<BenchDb, BoxError> {
         let connect = PgConnectOptions::from_str(url)?
             .application_name("idem-loadgen")
@@ -72,8 +101,12 @@ impl BenchDb {
         .execute(&admin)
         .await?;
         // The gate sets its own schema up where search_path points.
-        if let Some(partitions) = partitions {
-            idem::schema::set_up_partitioned(&admin, partitions).await?;
+        match layout {
+            TableLayout::Plain => {}
+            TableLayout::Partitioned(partitions) => {
+                idem::schema::set_up_partitioned(&admin, partitions).await?;
+            }
+            TableLayout::Distributed => idem::schema::set_up_distributed(&admin).await?,
         }
         Gate::connect(admin.clone()).await?;
         sqlx::raw_sql(brandur::SCHEMA).execute(&admin).await?;
@@ -82,6 +115,8 @@ impl BenchDb {
             schema: schema.to_owned(),
             connect,
             admin,
+            layout,
+            accounts,
             contents: None,
             settled: None,
             checkpoints,
@@ -117,11 +152,13 @@ impl BenchDb {
     /// next; history is kept too, growing by the few rows each run adds.
     pub async fn prepare(&mut self, want: Contents) -> Result<(), BoxError> {
         match (want, self.contents) {
-            (Contents::Settled(_) | Contents::History(_), Some(have)) if have == want => {}
+            (
+                Contents::Settled(_) | Contents::History(_) | Contents::Preloaded { .. },
+                Some(have),
+            ) if have == want => {}
             (Contents::Settled(count), _) => {
                 self.empty().await?;
-                eprintln!("settling {count} identities for the duplicates group ...");
-                self.settled = Some(Arc::new(Settled::insert(&self.admin, count).await?));
+                self.settle(count).await?;
             }
             (Contents::History(rows), Some(Contents::History(have))) if have < rows => {
                 self.prefill(have, rows).await?;
@@ -129,6 +166,11 @@ impl BenchDb {
             (Contents::History(rows), _) => {
                 self.empty().await?;
                 self.prefill(0, rows).await?;
+            }
+            (Contents::Preloaded { history, settled }, _) => {
+                self.empty().await?;
+                self.settle(settled).await?;
+                self.prefill(0, history).await?;
             }
             (Contents::Empty, _) => self.empty().await?,
         }
@@ -139,7 +181,7 @@ impl BenchDb {
     /// The settled rows, while the tables hold them.
     pub fn settled(&self) -> Option<Arc<Settled>> {
         match self.contents {
-            Some(Contents::Settled(_)) => self.settled.clone(),
+            Some(Contents::Settled(_) | Contents::Preloaded { .. }) => self.settled.clone(),
             _ => None,
         }
     }
@@ -156,6 +198,19 @@ impl BenchDb {
         Ok(())
     }
 
+    /// Whose rows the pre-fill and the settled identities are: the
+    /// accounts the measured operations claim in as well.
+    pub fn accounts(&self) -> Arc<Accounts> {
+        Arc::clone(&self.accounts)
+    }
+
+    async fn settle(&mut self, count: u64) -> Result<(), BoxError> {
+        eprintln!("settling {count} identities for the duplicates group ...");
+        let settled = Settled::insert(&self.admin, count, Arc::clone(&self.accounts)).await?;
+        self.settled = Some(Arc::new(settled));
+        Ok(())
+    }
+
     async fn empty(&mut self) -> Result<(), BoxError> {
         sqlx::raw_sql(EMPTY).execute(&self.admin).await?;
         self.settled = None;
@@ -168,7 +223,7 @@ impl BenchDb {
     async fn prefill(&self, have: u64, rows: u64) -> Result<(), BoxError> {
         eprintln!("pre-filling idem_records from {have} to {rows} settled rows ...");
         sqlx::query(PREFILL)
-            .bind(Gate::DEFAULT_ACCOUNT)
+            .bind(self.accounts.names())
             .bind(i64::try_from(have + 1)?)
             .bind(i64::try_from(rows)?)
             .execute(&self.admin)
@@ -180,12 +235,24 @@ impl BenchDb {
     }
 
     /// `CHECKPOINT` needs superuser or `pg_checkpoint`; without either, the
-    /// run goes on and says once that checkpoints fall where they fall.
+    /// run goes on and says once that checkpoints fall where they fall. On
+    /// Citus the rows and their WAL are the workers': each of them
+    /// checkpoints too.
     async fn checkpoint(&mut self) -> Result<(), BoxError> {
         if !self.checkpoints {
             return Ok(());
         }
-        if let Err(error) = sqlx::raw_sql("CHECKPOINT").execute(&self.admin).await {
+        let sql = match self.layout {
+            TableLayout::Distributed => {
+                "CHECKPOINT; \
+                 DO $$ BEGIN \
+                   IF EXISTS (SELECT FROM run_command_on_workers('CHECKPOINT') WHERE NOT success) \
+                   THEN RAISE EXCEPTION 'CHECKPOINT failed on a worker'; END IF; \
+                 END $$"
+            }
+            TableLayout::Plain | TableLayout::Partitioned(_) => "CHECKPOINT",
+        };
+        if let Err(error) = sqlx::raw_sql(sql).execute(&self.admin).await {
             eprintln!(
                 "note: CHECKPOINT failed ({error}); runs go on without one before each, \
                  so a checkpoint may land inside some runs"

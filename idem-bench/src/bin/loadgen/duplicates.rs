@@ -10,10 +10,13 @@
 //! - fused claims, written by hand: look and insert in one statement, in
 //!   either order ([`Fused`]); lookup-first is what the gate now runs.
 
+use std::sync::Arc;
+
 use idem::sqlx::{self, PgPool};
-use idem::{Gate, Identity, Rejected};
+use idem::{Identity, Rejected};
 
 use crate::BoxError;
+use crate::accounts::{Accounts, Gates};
 use crate::body::Body;
 use crate::fused::{Fused, Outcome};
 use crate::gated::{self, ACTION};
@@ -27,38 +30,48 @@ const BATCH: usize = 10_000;
 
 const INSERT_SETTLED: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, settled_at) \
-     SELECT $1, 'claim', address, NULL, 'success', identity, now() \
-     FROM unnest($2::text[], $3::bytea[]) AS settled(address, identity)";
+     SELECT account, 'claim', address, NULL, 'success', identity, now() \
+     FROM unnest($1::text[], $2::text[], $3::bytea[]) AS settled(account, address, identity)";
 
 const LOOKUP: &str = "SELECT state = 'success', identity FROM idem_records \
      WHERE account = $1 AND kind = 'claim' AND address = $2 AND namespace IS NULL";
 
-/// The settled identities, by position: number `FIRST + i` has address
-/// `addresses[i]` and canonical encoding `identities[i]`.
+/// The settled identities, by position: number `FIRST + i` is in account
+/// `accounts.of(FIRST + i)`, with address `addresses[i]` and canonical
+/// encoding `identities[i]`.
 pub struct Settled {
+    accounts: Arc<Accounts>,
     addresses: Vec<String>,
     identities: Vec<Vec<u8>>,
 }
 
 impl Settled {
-    /// Settles `count` identities of [`ACTION`] in `idem_records`.
-    pub async fn insert(pool: &PgPool, count: u64) -> Result<Settled, BoxError> {
+    /// Settles `count` identities of [`ACTION`] in `idem_records`, each in
+    /// its account of `accounts`.
+    pub async fn insert(
+        pool: &PgPool,
+        count: u64,
+        accounts: Arc<Accounts>,
+    ) -> Result<Settled, BoxError> {
         let mut settled = Settled {
+            accounts,
             addresses: Vec::new(),
             identities: Vec::new(),
         };
+        let mut owners = Vec::new();
         for number in FIRST..FIRST + count {
             let identity = Identity::new(ACTION).part(number);
+            owners.push(settled.accounts.of(number).to_owned());
             settled.addresses.push(identity.address());
             settled.identities.push(identity.canonical().to_vec());
         }
-        for (addresses, identities) in settled
-            .addresses
+        for ((owners, addresses), identities) in owners
             .chunks(BATCH)
+            .zip(settled.addresses.chunks(BATCH))
             .zip(settled.identities.chunks(BATCH))
         {
             sqlx::query(INSERT_SETTLED)
-                .bind(Gate::DEFAULT_ACCOUNT)
+                .bind(owners)
                 .bind(addresses)
                 .bind(identities)
                 .execute(pool)
@@ -79,7 +92,7 @@ impl Settled {
     pub async fn refuse_by_lookup(&self, pool: &PgPool, n: u64) -> Result<(), BoxError> {
         let at = self.pick(n);
         let found: Option<(bool, Vec<u8>)> = sqlx::query_as(LOOKUP)
-            .bind(Gate::DEFAULT_ACCOUNT)
+            .bind(self.accounts.of(FIRST + at as u64))
             .bind(&self.addresses[at])
             .fetch_optional(pool)
             .await?;
@@ -89,10 +102,12 @@ impl Settled {
         }
     }
 
-    /// The gate, through the guarded function.
-    pub async fn refuse_through_gate(&self, gate: &Gate, n: u64) -> Result<(), BoxError> {
+    /// The gate, through the guarded function, scoped to the settled
+    /// identity's account.
+    pub async fn refuse_through_gate(&self, gates: &Gates, n: u64) -> Result<(), BoxError> {
         let at = self.pick(n);
-        match gated::guarded(gate, FIRST + at as u64, Body::NoOp).await {
+        let number = FIRST + at as u64;
+        match gated::guarded(gates.of(number), number, Body::NoOp).await {
             Err(Rejected::AlreadyDone) => Ok(()),
             other => Err(self.not_refused(at, format!("the gate answered {other:?}"))),
         }
@@ -106,8 +121,9 @@ impl Settled {
         n: u64,
     ) -> Result<(), BoxError> {
         let at = self.pick(n);
+        let account = self.accounts.of(FIRST + at as u64);
         let (address, identity) = (&self.addresses[at], &self.identities[at]);
-        match fused.claim(pool, address, identity).await? {
+        match fused.claim(pool, account, address, identity).await? {
             Outcome::Held {
                 settled: true,
                 identity: stored,

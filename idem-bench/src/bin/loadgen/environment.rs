@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use idem::sqlx::postgres::PgConnectOptions;
-use idem::sqlx::{self, PgPool};
+use idem::sqlx::{self, AssertSqlSafe, PgPool};
 
 use crate::BoxError;
 use crate::flags::Flags;
@@ -32,6 +32,52 @@ const SETTINGS: &[&str] = &[
 
 /// A markdown list describing the run's command, machine and server.
 pub async fn describe(admin: &PgPool, flags: &Flags) -> Result<String, BoxError> {
+    let mut out = run()?;
+    out.push_str(&server(admin, &flags.database_url(), "").await?);
+    out.push_str(&client(flags)?);
+    writeln!(out, "- idem_records: {}", layout(admin).await?)?;
+    Ok(out)
+}
+
+/// The same for the Citus comparison: the run, then each server, the
+/// cluster's shape and what `idem_records` holds on each, read after the
+/// pre-load.
+pub async fn describe_citus(
+    postgres: &PgPool,
+    coordinator: &PgPool,
+    citus_url: &str,
+    flags: &Flags,
+) -> Result<String, BoxError> {
+    let mut out = run()?;
+    out.push_str(&client(flags)?);
+    writeln!(
+        out,
+        "- every operation and every pre-loaded row belongs to one of {} accounts, \
+         round robin, on both servers",
+        flags.citus_accounts
+    )?;
+    out.push_str("- one PostgreSQL:\n");
+    out.push_str(&server(postgres, &flags.database_url(), "  ").await?);
+    writeln!(
+        out,
+        "  - idem_records: {}, {} rows at start",
+        layout(postgres).await?,
+        rows(postgres).await?
+    )?;
+    out.push_str("- Citus:\n");
+    out.push_str(&server(coordinator, citus_url, "  ").await?);
+    out.push_str(&cluster(coordinator).await?);
+    writeln!(
+        out,
+        "  - idem_records: {}, {} rows at start",
+        layout(coordinator).await?,
+        rows(coordinator).await?
+    )?;
+    Ok(out)
+}
+
+/// The command, the machine and its load.
+fn run() -> Result<String, BoxError> {
     let mut out = String::new();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut command = "cargo run -p idem-bench --release --bin loadgen".to_owned();
@@ -45,40 +91,64 @@ pub async fn describe(admin: &PgPool, flags: &Flags) -> Result<String, BoxError>
     if !load.is_empty() {
         writeln!(out, "- load average at start: {}", load.join(" "))?;
     }
+    Ok(out)
+}
 
-    let url = flags.database_url();
-    let options = PgConnectOptions::from_str(&url)?;
-    let (version, others): (String, i64) = sqlx::query_as(
-        "SELECT version(), (SELECT count(*) FROM pg_stat_activity \
-                            WHERE backend_type = 'client backend' AND pid <> pg_backend_pid())",
+/// One server: its version and address, who else is connected, the
+/// settings that decide a commit's cost, the two probes. Each line starts
+/// with `indent`.
+async fn server(admin: &PgPool, url: &str, indent: &str) -> Result<String, BoxError> {
+    let mut out = String::new();
+    let options = PgConnectOptions::from_str(url)?;
+    let (version, others, tls): (String, i64, bool) = sqlx::query_as(
+        "SELECT version(), \
+                (SELECT count(*) FROM pg_stat_activity \
+                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()), \
+                coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
     )
     .fetch_one(admin)
     .await?;
     writeln!(
         out,
-        "- server: {version}, at {}:{}",
+        "{indent}- server: {version}, at {}:{}; the client's connections use TLS: {}",
         options.get_host(),
-        options.get_port()
+        options.get_port(),
+        if tls { "yes" } else { "no" }
     )?;
-    writeln!(out, "- other client connections at start: {others}")?;
+    writeln!(out, "{indent}- other client connections at start: {others}")?;
+    writeln!(
+        out,
+        "{indent}- server settings: {}",
+        settings(admin, SETTINGS).await?
+    )?;
+    let (round_trip, commit) = probe(admin).await?;
+    writeln!(
+        out,
+        "{indent}- measured at start (median of {PROBES}): round trip (`SELECT 1`) {:.3} ms, \
+         durable commit (one-row autocommitted `INSERT` into a table of its own) {:.3} ms",
+        round_trip.as_secs_f64() * 1e3,
+        commit.as_secs_f64() * 1e3
+    )?;
+    Ok(out)
+}
+
+/// `name=value, ...` for `names`, as the server behind `admin` has them.
+async fn settings(admin: &PgPool, names: &[&str]) -> Result<String, BoxError> {
     let settings: Vec<(String, Option<String>)> =
         sqlx::query_as("SELECT name, current_setting(name, true) FROM unnest($1::text[]) AS name")
-            .bind(SETTINGS)
+            .bind(names)
             .fetch_all(admin)
             .await?;
     let settings: Vec<String> = settings
         .into_iter()
         .map(|(name, value)| format!("{name}={}", value.as_deref().unwrap_or("?")))
         .collect();
-    writeln!(out, "- server settings: {}", settings.join(", "))?;
-    let (round_trip, commit) = probe(admin).await?;
-    writeln!(
-        out,
-        "- measured at start (median of {PROBES}): round trip (`SELECT 1`) {:.3} ms, \
-         durable commit (one-row autocommitted `INSERT`) {:.3} ms",
-        round_trip.as_secs_f64() * 1e3,
-        commit.as_secs_f64() * 1e3
-    )?;
+    Ok(settings.join(", "))
+}
+
+/// The client's side of every run.
+fn client(flags: &Flags) -> Result<String, BoxError> {
+    let mut out = String::new();
     writeln!(
         out,
         "- client: tokio multi-thread runtime, {} workers; sqlx pools sized per run, \
@@ -86,22 +156,116 @@ pub async fn describe(admin: &PgPool, flags: &Flags) -> Result<String, BoxError>
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         flags.ping_on_acquire
     )?;
+    let pools = if flags.citus_url.is_some() {
+        // The comparison has no slow body; its checkpoints reach the workers.
+        format!(
+            "pool = min(concurrency, {}); CHECKPOINT before each run (on Citus on the \
+             coordinator and every worker): {}",
+            flags.max_pool, flags.checkpoint
+        )
+    } else {
+        format!(
+            "pool = min(concurrency, {}), slow body: {} ms with pool = min(concurrency, {}); \
+             CHECKPOINT before each run: {}",
+            flags.max_pool, flags.slow_body_ms, flags.slow_pool, flags.checkpoint
+        )
+    };
     writeln!(
         out,
-        "- each run: {:.1} s warm-up (discarded), {:.1} s measured; pool = min(concurrency, {}), \
-         slow body: {} ms with pool = min(concurrency, {}); CHECKPOINT before each run: {}",
+        "- each run: {:.1} s warm-up (discarded), {:.1} s measured; {pools}",
         flags.warmup.as_secs_f64(),
         flags.measured.as_secs_f64(),
-        flags.max_pool,
-        flags.slow_body_ms,
-        flags.slow_pool,
-        flags.checkpoint
     )?;
-    let layout = idem::schema::layout(admin)
-        .await?
-        .map_or_else(|| "missing".to_owned(), |layout| layout.to_string());
-    writeln!(out, "- idem_records: {layout}")?;
     Ok(out)
+}
+
+async fn layout(admin: &PgPool) -> Result<String, BoxError> {
+    Ok(idem::schema::layout(admin)
+        .await?
+        .map_or_else(|| "missing".to_owned(), |layout| layout.to_string()))
+}
+
+async fn rows(admin: &PgPool) -> Result<String, BoxError> {
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+        .fetch_one(admin)
+        .await?;
+    Ok(thousands(rows))
+}
+
+/// The Citus settings that decide how a statement reaches its shard.
+const CITUS_SETTINGS: &[&str] = &[
+    "citus.shard_count",
+    "citus.shard_replication_factor",
+    "citus.max_cached_conns_per_worker",
+    "citus.max_adaptive_executor_pool_size",
+    "citus.node_conninfo",
+];
+
+/// The cluster behind the coordinator: Citus's version, its settings, and
+/// each worker with its shards of `idem_records`, the rows in them, and
+/// the settings that decide what its commits cost.
+async fn cluster(coordinator: &PgPool) -> Result<String, BoxError> {
+    let mut out = String::new();
+    let version: String = sqlx::query_scalar("SELECT split_part(citus_version(), ' ', 2)")
+        .fetch_one(coordinator)
+        .await?;
+    writeln!(
+        out,
+        "  - Citus {version}; coordinator settings: {}",
+        settings(coordinator, CITUS_SETTINGS).await?
+    )?;
+    let workers: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT s.nodename || ':' || s.nodeport, count(*), sum(r.result::bigint)::bigint \
+         FROM citus_shards s \
+         JOIN run_command_on_shards('idem_records', 'SELECT count(*) FROM %s') r \
+           ON r.shardid = s.shardid AND r.success \
+         WHERE s.table_name = 'idem_records'::regclass \
+         GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(coordinator)
+    .await?;
+    let placed: Vec<String> = workers
+        .iter()
+        .map(|(node, shards, rows)| {
+            format!(
+                "{node} ({shards} shards, {} rows of idem_records)",
+                thousands(*rows)
+            )
+        })
+        .collect();
+    writeln!(out, "  - {} workers: {}", workers.len(), placed.join(", "))?;
+    // The names are this file's constants, safe to write into SQL.
+    let names = SETTINGS
+        .iter()
+        .map(|name| format!("'{name}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let worker_settings: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT nodename || ':' || nodeport, result FROM run_command_on_workers( \
+           $command$SELECT string_agg(name || '=' || current_setting(name, true), ', ' \
+                                      ORDER BY place) \
+                    FROM unnest(ARRAY[{names}]) WITH ORDINALITY AS s(name, place)$command$) \
+         ORDER BY 1"
+    )))
+    .fetch_all(coordinator)
+    .await?;
+    for (node, settings) in worker_settings {
+        writeln!(out, "  - worker {node} settings: {settings}")?;
+    }
+    Ok(out)
+}
+
+/// `1,100,000`.
+fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (place, digit) in digits.chars().enumerate() {
+        if place > 0 && (digits.len() - place).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    if n < 0 { format!("-{out}") } else { out }
 }
 
 /// Samples per probe.

@@ -80,6 +80,25 @@ pub struct Flags {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub partitions: Option<u16>,
 
+    /// Run the Citus comparison instead of the matrix: the core scenarios
+    /// against this Citus coordinator (`idem_records` distributed by
+    /// `idem::schema::set_up_distributed`) and against `DATABASE_URL`, one
+    /// PostgreSQL, in the same run. `--into` then writes between the file's
+    /// Citus report markers.
+    #[arg(long, value_name = "URL")]
+    pub citus_url: Option<String>,
+
+    /// Settled rows laid down in `idem_records` on both servers before the
+    /// Citus comparison measures anything.
+    #[arg(long, value_name = "ROWS", default_value_t = 1_000_000)]
+    pub citus_rows: u64,
+
+    /// Accounts the Citus comparison spreads its rows and operations over,
+    /// on both servers: `idem_records` is distributed by account, so these
+    /// spread over the shards and the workers.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub citus_accounts: u32,
+
     /// The schema every table of the run lives in: dropped if it exists,
     /// created afresh, dropped again at the end.
     #[arg(long, default_value = "idem_bench", value_parser = plain_identifier)]

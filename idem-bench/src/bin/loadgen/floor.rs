@@ -13,7 +13,6 @@
 //! - the claim fused with the lookup that explains a refusal
 //!   ([`crate::fused`]), whose cost on a new claim shows here.
 
-use idem::Gate;
 use idem::sqlx::{self, PgPool};
 
 use crate::BoxError;
@@ -77,20 +76,32 @@ const SETTLE_ASYNC: &str = "UPDATE idem_records SET state = 'success', settled_a
        AND state = 'pending'";
 
 impl Floor {
-    /// Claims identity `n`, runs `body`, settles.
-    pub async fn run(self, pool: &PgPool, n: u64, body: Body) -> Result<(), BoxError> {
+    /// Claims identity `n` in `account`, runs `body`, settles.
+    pub async fn run(
+        self,
+        pool: &PgPool,
+        account: &str,
+        n: u64,
+        body: Body,
+    ) -> Result<(), BoxError> {
         let address = keys::address(n);
         let identity = format!("loadgen floor {n}").into_bytes();
-        self.claim(pool, &address, &identity).await?;
+        self.claim(pool, account, &address, &identity).await?;
         body.run().await;
-        self.settle(pool, &address).await
+        self.settle(pool, account, &address).await
     }
 
-    async fn claim(self, pool: &PgPool, address: &str, identity: &[u8]) -> Result<(), BoxError> {
+    async fn claim(
+        self,
+        pool: &PgPool,
+        account: &str,
+        address: &str,
+        identity: &[u8],
+    ) -> Result<(), BoxError> {
         match self.claim {
             Claim::Insert => {
                 sqlx::query(INSERT_PENDING)
-                    .bind(Gate::DEFAULT_ACCOUNT)
+                    .bind(account)
                     .bind(address)
                     .bind(identity)
                     .execute(pool)
@@ -99,7 +110,7 @@ impl Floor {
             }
             Claim::InsertOnConflict => {
                 let won: Option<bool> = sqlx::query_scalar(INSERT_PENDING_ON_CONFLICT)
-                    .bind(Gate::DEFAULT_ACCOUNT)
+                    .bind(account)
                     .bind(address)
                     .bind(identity)
                     .fetch_optional(pool)
@@ -109,25 +120,25 @@ impl Floor {
                     _ => Err(format!("the floor lost the claim on the fresh {address}").into()),
                 }
             }
-            Claim::Fused(fused) => match fused.claim(pool, address, identity).await? {
+            Claim::Fused(fused) => match fused.claim(pool, account, address, identity).await? {
                 Outcome::Won => Ok(()),
                 _ => Err(format!("the floor lost the claim on the fresh {address}").into()),
             },
         }
     }
 
-    async fn settle(self, pool: &PgPool, address: &str) -> Result<(), BoxError> {
+    async fn settle(self, pool: &PgPool, account: &str, address: &str) -> Result<(), BoxError> {
         let settled = match self.settle {
             Settle::Durable => {
                 sqlx::query(SETTLE)
-                    .bind(Gate::DEFAULT_ACCOUNT)
+                    .bind(account)
                     .bind(address)
                     .execute(pool)
                     .await?
             }
             Settle::AsyncInStatement => {
                 sqlx::query(SETTLE_ASYNC)
-                    .bind(Gate::DEFAULT_ACCOUNT)
+                    .bind(account)
                     .bind(address)
                     .execute(pool)
                     .await?
@@ -138,7 +149,7 @@ impl Floor {
                     .execute(&mut *tx)
                     .await?;
                 let settled = sqlx::query(SETTLE)
-                    .bind(Gate::DEFAULT_ACCOUNT)
+                    .bind(account)
                     .bind(address)
                     .execute(&mut *tx)
                     .await?;

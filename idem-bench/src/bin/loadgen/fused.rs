@@ -17,7 +17,6 @@
 //! row at all, which the gate already treats as "the slot changed hands:
 //! try again".
 
-use idem::Gate;
 use idem::sqlx::{self, PgPool, Row};
 
 /// Which of the two forms.
@@ -72,16 +71,17 @@ impl Fused {
         }
     }
 
-    /// Claims `address` (without a namespace) for `identity`, or finds who
-    /// holds it.
+    /// Claims `address` (without a namespace) in `account` for `identity`,
+    /// or finds who holds it.
     pub async fn claim(
         self,
         pool: &PgPool,
+        account: &str,
         address: &str,
         identity: &[u8],
     ) -> Result<Outcome, sqlx::Error> {
         let row = sqlx::query(self.sql())
-            .bind(Gate::DEFAULT_ACCOUNT)
+            .bind(account)
             .bind(address)
             .bind(identity)
             .fetch_optional(pool)

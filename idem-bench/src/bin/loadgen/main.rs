@@ -6,6 +6,8 @@
 //! cargo run -p idem-bench --release --bin loadgen                  # the full run of BENCHMARKS.md
 //! cargo run -p idem-bench --release --bin loadgen -- --seconds 1 --concurrency 1,4 --prefill 0
 //! cargo run -p idem-bench --release --bin loadgen -- --list        # the scenarios, and their SQL costs
+//! cargo run -p idem-bench --release --bin loadgen -- --citus-url postgres://postgres@127.0.0.1:9800/postgres \
+//!     --seconds 6 --concurrency 1,16 --into BENCHMARKS.md          # the Citus comparison
 //! ```
 //!
 //! Uses `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/postgres`.
@@ -16,12 +18,16 @@
 //! caches them per connection), a fresh identity per operation and the same
 //! warm-up. Progress goes to stderr; the report (markdown) to stdout, to
 //! `--out FILE` as well, and with `--into BENCHMARKS.md` between that file's
-//! report markers.
+//! report markers. With `--citus-url`, the same program runs the Citus
+//! comparison instead ([`citus`]), which has markers of its own.
 
+mod accounts;
 mod advisory;
 mod bench_db;
 mod body;
 mod brandur;
+mod citus;
+mod citus_report;
 mod drive;
 mod duplicates;
 mod environment;
@@ -42,10 +48,12 @@ use std::time::Instant;
 use clap::Parser;
 use idem::Gate;
 
-use bench_db::BenchDb;
+use accounts::Accounts;
+use bench_db::{BenchDb, Contents, TableLayout};
 use flags::Flags;
 use report::Row;
 use scenarios::{Run, Scenario};
+use splice::Markers;
 use workload::Workload;
 
 /// Any error, with its message: the load generator reports and stops.
@@ -77,17 +85,28 @@ async fn run(flags: &Flags) -> Result<(), BoxError> {
     let scenarios = scenarios::selected(flags)?;
     // A file without its markers fails now, not after the run.
     if let Some(path) = &flags.into {
-        splice::check(path)?;
+        let markers = match flags.citus_url {
+            Some(_) => splice::CITUS,
+            None => splice::MATRIX,
+        };
+        splice::check(path, markers)?;
     }
     if flags.list {
         print!("{}", report::legend(&scenarios));
         return Ok(());
     }
+    if let Some(citus_url) = &flags.citus_url {
+        return citus::run(flags, &scenarios, citus_url).await;
+    }
+    let layout = flags
+        .partitions
+        .map_or(TableLayout::Plain, TableLayout::Partitioned);
     let mut db = BenchDb::create(
         &flags.database_url(),
         &flags.schema,
-        flags.partitions,
+        layout,
         flags.checkpoint,
+        Arc::new(Accounts::default_only()),
     )
     .await?;
     let outcome = measure_all(flags, &mut db, &scenarios).await;
@@ -113,7 +132,7 @@ async fn measure_all(
     let mut rows = Vec::with_capacity(runs.len());
     let mut failure = None;
     for (done, run) in runs.iter().enumerate() {
-        match measure(flags, db, *run).await {
+        match measure(flags, db, *run, run.scenario.group.contents(flags)).await {
             Ok(row) => {
                 eprintln!("[{}/{}] {}", done + 1, runs.len(), row.progress());
                 rows.push(row);
@@ -129,31 +148,45 @@ async fn measure_all(
         }
     }
     let report = report::render(&environment, began.elapsed(), &rows, scenarios, flags);
-    println!("{report}");
-    if let Some(path) = &flags.out {
-        std::fs::write(path, &report)?;
-    }
-    if let Some(path) = &flags.into {
-        splice::write(path, &report)?;
-    }
+    publish(flags, &report, splice::MATRIX)?;
     match failure {
         Some(failure) => Err(failure.into()),
         None => Ok(()),
     }
 }
 
-/// One run: the tables as its group needs them, a fresh pool, the warm-up,
-/// the measured window.
-async fn measure(flags: &Flags, db: &mut BenchDb, run: Run) -> Result<Row, BoxError> {
+/// Prints the report, and writes it to `--out` and between `markers` of
+/// `--into`.
+fn publish(flags: &Flags, report: &str, markers: Markers) -> Result<(), BoxError> {
+    println!("{report}");
+    if let Some(path) = &flags.out {
+        std::fs::write(path, report)?;
+    }
+    if let Some(path) = &flags.into {
+        splice::write(path, markers, report)?;
+    }
+    Ok(())
+}
+
+/// One run: the tables as `contents` says, a fresh pool, the warm-up, the
+/// measured window.
+async fn measure(
+    flags: &Flags,
+    db: &mut BenchDb,
+    run: Run,
+    contents: Contents,
+) -> Result<Row, BoxError> {
     let group = run.scenario.group;
-    db.prepare(group.contents(flags)).await?;
+    db.prepare(contents).await?;
     let pool = db.pool(run.pool, flags.ping_on_acquire).await?;
     let gate = Gate::connect_without_setup(pool.clone()).await?;
+    let accounts = db.accounts();
     let workload = Arc::new(Workload {
         work: run.scenario.spec.work,
         body: group.body(flags),
         pool: pool.clone(),
-        gate,
+        gates: accounts.gates(&gate),
+        accounts,
         settled: db.settled(),
     });
     let measured = drive::drive(workload, run.concurrency, flags.warmup, flags.measured).await;

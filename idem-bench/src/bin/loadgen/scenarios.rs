@@ -289,6 +289,26 @@ const DUPLICATES: &[Spec] = &[
 
 const HISTORY: &[Spec] = &[FLOOR, GATE];
 
+/// The Citus comparison's new claims, on top of its pre-loaded rows: the
+/// floor and the gate, each also with its settle committed asynchronously
+/// (what `synchronous_commit` set inside the statement does when a
+/// coordinator runs it), and the gate's claim taken apart by hand: its
+/// `INSERT ... ON CONFLICT DO NOTHING RETURNING` alone, and its whole
+/// one-statement claim (a writable CTE, which a coordinator cannot route
+/// to one shard as it routes a plain `INSERT`).
+const CITUS_NEW: &[Spec] = &[
+    FLOOR,
+    SETTLE_ASYNC,
+    ON_CONFLICT,
+    FUSED_LOOKUP_FIRST,
+    GATE,
+    GATE_ASYNC,
+];
+
+/// The Citus comparison's refusals: the bare `SELECT` by address and the
+/// gate.
+const CITUS_DUPLICATES: &[Spec] = &[REFUSE_BY_LOOKUP, REFUSE_THROUGH_GATE];
+
 /// A spec placed in a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scenario {
@@ -318,8 +338,15 @@ pub struct Run {
     pub place: (usize, usize, usize),
 }
 
-/// Every scenario of the full run, in order, before filtering.
+/// Every scenario of the full run, in order, before filtering: the
+/// matrix's, or with `--citus-url` the Citus comparison's.
 pub fn all(flags: &Flags) -> Vec<Scenario> {
+    if flags.citus_url.is_some() {
+        return in_groups(vec![
+            (Group::History(flags.citus_rows), CITUS_NEW),
+            (Group::Duplicates, CITUS_DUPLICATES),
+        ]);
+    }
     let mut groups = vec![
         (Group::NoOp, NO_OP),
         (Group::Duplicates, DUPLICATES),
@@ -328,6 +355,10 @@ pub fn all(flags: &Flags) -> Vec<Scenario> {
     for rows in flags.history_sizes() {
         groups.push((Group::History(rows), HISTORY));
     }
+    in_groups(groups)
+}
+
+fn in_groups(groups: Vec<(Group, &[Spec])>) -> Vec<Scenario> {
     groups
         .into_iter()
         .flat_map(|(group, specs)| specs.iter().map(move |&spec| Scenario { group, spec }))

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use idem::Gate;
 use idem::sqlx::PgPool;
 
+use crate::accounts::{Accounts, Gates};
 use crate::body::Body;
 use crate::duplicates::Settled;
 use crate::floor::Floor;
@@ -47,8 +47,10 @@ pub struct Workload {
     pub work: Work,
     pub body: Body,
     pub pool: PgPool,
-    /// The gate over `pool`, in the default account.
-    pub gate: Gate,
+    /// Which account operation `n` claims in.
+    pub accounts: Arc<Accounts>,
+    /// The gate over `pool`, scoped to each of `accounts`.
+    pub gates: Gates,
     /// The rows the duplicates group refuses.
     pub settled: Option<Arc<Settled>>,
 }
@@ -58,13 +60,17 @@ impl Workload {
     /// other than what it claims to, and stops it.
     pub async fn run(&self, n: u64) -> Result<(), BoxError> {
         match self.work {
-            Work::Floor(floor) => floor.run(&self.pool, n, self.body).await,
-            Work::Gate => Ok(gated::guarded(&self.gate, n, self.body).await?),
+            Work::Floor(floor) => {
+                floor
+                    .run(&self.pool, self.accounts.of(n), n, self.body)
+                    .await
+            }
+            Work::Gate => Ok(gated::guarded(self.gates.of(n), n, self.body).await?),
             Work::GateMode(mode) => self.run_mode(mode, n).await,
             Work::Brandur => brandur::run(&self.pool, n, self.body).await,
             Work::Advisory => advisory::run(&self.pool, n, self.body).await,
             Work::RefuseByLookup => self.settled()?.refuse_by_lookup(&self.pool, n).await,
-            Work::RefuseThroughGate => self.settled()?.refuse_through_gate(&self.gate, n).await,
+            Work::RefuseThroughGate => self.settled()?.refuse_through_gate(&self.gates, n).await,
             Work::RefuseByFusedClaim(fused) => {
                 self.settled()?
                     .refuse_by_fused_claim(&self.pool, fused, n)
@@ -74,7 +80,7 @@ impl Workload {
     }
 
     async fn run_mode(&self, mode: GateMode, n: u64) -> Result<(), BoxError> {
-        let (gate, body) = (&self.gate, self.body);
+        let (gate, body) = (self.gates.of(n), self.body);
         match mode {
             GateMode::AsyncOutcome => gated::guarded_async(gate, n, body).await?,
             GateMode::Replay => {

@@ -1,0 +1,287 @@
+//! The Citus comparison's report: the ratios it exists for (the gate over
+//! the floor on each server, Citus over one PostgreSQL for each scenario,
+//! async over durable settles), the latency the coordinator adds, every
+//! run, and what each scenario runs.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::citus::{Cell, Target};
+use crate::flags::Flags;
+use crate::report::{self, Row};
+use crate::scenarios::{BASELINE, Group, Scenario};
+
+/// A scenario on one server: what a ratio is made of.
+#[derive(Debug, Clone, Copy)]
+struct On {
+    target: Target,
+    group: Group,
+    name: &'static str,
+}
+
+/// One line of the headline table: `of` ÷ `over` at each concurrency.
+struct Ratio {
+    what: &'static str,
+    of: On,
+    over: On,
+}
+
+/// The whole report, in markdown.
+pub fn render(
+    environment: &str,
+    took: Duration,
+    cells: &[Cell],
+    scenarios: &[Scenario],
+    flags: &Flags,
+) -> String {
+    let mut out = String::new();
+    out.push_str("### Cluster, servers and run\n\n");
+    out.push_str(environment);
+    let seconds = took.as_secs();
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "- the runs took {} min {:02} s (pre-loads, warm-ups and checkpoints included)",
+        seconds / 60,
+        seconds % 60
+    );
+    out.push_str("\n### Ratios\n\n");
+    out.push_str(&ratios(cells, flags));
+    out.push_str("\n### Latency the coordinator adds\n\n");
+    out.push_str(&added_latency(cells, flags));
+    out.push_str("\n### Results\n\n");
+    out.push_str(&table(cells, flags));
+    out.push_str("\n### Scenarios\n\n");
+    out.push_str(&report::legend(scenarios));
+    out
+}
+
+/// Throughput ratios, one column per concurrency.
+fn ratios(cells: &[Cell], flags: &Flags) -> String {
+    let new = Group::History(flags.citus_rows);
+    let dup = Group::Duplicates;
+    let on = |target, group, name| On {
+        target,
+        group,
+        name,
+    };
+    let (pg, citus) = (Target::Postgres, Target::Citus);
+    let lines = [
+        Ratio {
+            what: "gate ÷ floor, one PostgreSQL",
+            of: on(pg, new, "gate"),
+            over: on(pg, new, BASELINE),
+        },
+        Ratio {
+            what: "gate ÷ floor, Citus",
+            of: on(citus, new, "gate"),
+            over: on(citus, new, BASELINE),
+        },
+        Ratio {
+            what: "Citus ÷ PostgreSQL, floor (the coordinator hop on two bare statements)",
+            of: on(citus, new, BASELINE),
+            over: on(pg, new, BASELINE),
+        },
+        Ratio {
+            what: "Citus ÷ PostgreSQL, gate",
+            of: on(citus, new, "gate"),
+            over: on(pg, new, "gate"),
+        },
+        Ratio {
+            what: "on-conflict ÷ floor (the gate's `INSERT ... ON CONFLICT` alone), one PostgreSQL",
+            of: on(pg, new, "on-conflict"),
+            over: on(pg, new, BASELINE),
+        },
+        Ratio {
+            what: "on-conflict ÷ floor, Citus",
+            of: on(citus, new, "on-conflict"),
+            over: on(citus, new, BASELINE),
+        },
+        Ratio {
+            what: "fused-lookup-first ÷ floor (the gate's one-statement claim by hand), one PostgreSQL",
+            of: on(pg, new, "fused-lookup-first"),
+            over: on(pg, new, BASELINE),
+        },
+        Ratio {
+            what: "fused-lookup-first ÷ floor, Citus",
+            of: on(citus, new, "fused-lookup-first"),
+            over: on(citus, new, BASELINE),
+        },
+        Ratio {
+            what: "refused duplicate ÷ its floor (a bare `SELECT` by address), one PostgreSQL",
+            of: on(pg, dup, "gate"),
+            over: on(pg, dup, BASELINE),
+        },
+        Ratio {
+            what: "refused duplicate ÷ its floor, Citus",
+            of: on(citus, dup, "gate"),
+            over: on(citus, dup, BASELINE),
+        },
+        Ratio {
+            what: "Citus ÷ PostgreSQL, the bare `SELECT` by address",
+            of: on(citus, dup, BASELINE),
+            over: on(pg, dup, BASELINE),
+        },
+        Ratio {
+            what: "Citus ÷ PostgreSQL, refused duplicate",
+            of: on(citus, dup, "gate"),
+            over: on(pg, dup, "gate"),
+        },
+        Ratio {
+            what: "async ÷ durable settle, gate (`gate-async` ÷ `gate`), one PostgreSQL",
+            of: on(pg, new, "gate-async"),
+            over: on(pg, new, "gate"),
+        },
+        Ratio {
+            what: "async ÷ durable settle, gate, Citus",
+            of: on(citus, new, "gate-async"),
+            over: on(citus, new, "gate"),
+        },
+        Ratio {
+            what: "async ÷ durable settle, floor (`settle-async` ÷ `floor`), one PostgreSQL",
+            of: on(pg, new, "settle-async"),
+            over: on(pg, new, BASELINE),
+        },
+        Ratio {
+            what: "async ÷ durable settle, floor, Citus",
+            of: on(citus, new, "settle-async"),
+            over: on(citus, new, BASELINE),
+        },
+    ];
+    let mut out = header("throughput ratio", flags);
+    for line in &lines {
+        let _ = write!(out, "| {} |", line.what);
+        for &concurrency in &flags.concurrency {
+            let ratio = find(cells, line.of, concurrency)
+                .zip(find(cells, line.over, concurrency))
+                .and_then(|(of, over)| {
+                    (over.ops_per_second > 0.0).then(|| of.ops_per_second / over.ops_per_second)
+                });
+            let _ = write!(
+                out,
+                " {} |",
+                ratio.map_or("–".to_owned(), |r| format!("{r:.2}"))
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The median latency on Citus less the median on one PostgreSQL, per
+/// scenario and concurrency: the coordinator's hop in milliseconds.
+fn added_latency(cells: &[Cell], flags: &Flags) -> String {
+    let new = Group::History(flags.citus_rows);
+    let dup = Group::Duplicates;
+    let lines = [
+        ("floor (2 statements)", new, BASELINE),
+        ("gate (2 statements)", new, "gate"),
+        ("bare `SELECT` by address (1 statement)", dup, BASELINE),
+        ("refused duplicate (1 statement)", dup, "gate"),
+    ];
+    let mut out = header("p50 Citus − p50 PostgreSQL, ms", flags);
+    for (what, group, name) in lines {
+        let _ = write!(out, "| {what} |");
+        for &concurrency in &flags.concurrency {
+            let at = |target| {
+                find(
+                    cells,
+                    On {
+                        target,
+                        group,
+                        name,
+                    },
+                    concurrency,
+                )
+            };
+            let added = at(Target::Citus)
+                .zip(at(Target::Postgres))
+                .map(|(citus, pg)| citus.p50_ms - pg.p50_ms);
+            let _ = write!(
+                out,
+                " {} |",
+                added.map_or("–".to_owned(), |ms| format!("{ms:+.2}"))
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `| what | conc 1 | conc 16 |` and its alignment line.
+fn header(what: &str, flags: &Flags) -> String {
+    let mut out = format!("| {what} |");
+    for concurrency in &flags.concurrency {
+        let _ = write!(out, " conc {concurrency} |");
+    }
+    out.push_str("\n|---|");
+    for _ in &flags.concurrency {
+        out.push_str("--:|");
+    }
+    out.push('\n');
+    out
+}
+
+/// Every run, in the order of the scenario list, PostgreSQL before Citus,
+/// with its ratio to its server's floor and to the same scenario on one
+/// PostgreSQL.
+fn table(cells: &[Cell], flags: &Flags) -> String {
+    let mut order: Vec<&Cell> = cells.iter().collect();
+    order.sort_by_key(|cell| (cell.row.run.place, cell.target));
+    let mut out = String::from(
+        "| server | group | scenario | conc | pool | ops/s | p50 ms | p99 ms | × floor | × PostgreSQL |\n\
+         |---|---|---|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for cell in order {
+        let run = cell.row.run;
+        let (group, name, concurrency) =
+            (run.scenario.group, run.scenario.spec.name, run.concurrency);
+        let versus = |on| {
+            find(cells, on, concurrency)
+                .filter(|base| base.ops_per_second > 0.0)
+                .map_or("–".to_owned(), |base| {
+                    format!("{:.2}", cell.row.ops_per_second / base.ops_per_second)
+                })
+        };
+        let floor = versus(On {
+            target: cell.target,
+            group,
+            name: BASELINE,
+        });
+        let postgres = versus(On {
+            target: Target::Postgres,
+            group,
+            name,
+        });
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {} |",
+            cell.target.label(),
+            group.label(flags),
+            name,
+            concurrency,
+            run.pool,
+            cell.row.ops_per_second,
+            cell.row.p50_ms,
+            cell.row.p99_ms,
+            floor,
+            postgres,
+        );
+    }
+    out
+}
+
+fn find(cells: &[Cell], on: On, concurrency: u32) -> Option<&Row> {
+    cells
+        .iter()
+        .find(|cell| matches(cell, on, concurrency))
+        .map(|cell| &cell.row)
+}
+
+fn matches(cell: &Cell, on: On, concurrency: u32) -> bool {
+    let run = cell.row.run;
+    cell.target == on.target
+        && run.scenario.group == on.group
+        && run.scenario.spec.name == on.name
+        && run.concurrency == concurrency
+}
