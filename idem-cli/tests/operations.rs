@@ -146,17 +146,20 @@ fn ten_minutes_old(text: &str) -> String {
 /// account when the server is a Citus coordinator (so that the Citus run
 /// proves every command against a distributed table), else plain.
 async fn migrate_for_claims(conn: &mut PgConnection, schema: &str) {
-    let on_citus: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap_or_else(|e| panic!("ask whether this is Citus: {e}"));
-    let command = if on_citus {
+    let command = if on_citus(conn).await {
         "migrate --distributed"
     } else {
         "migrate"
     };
     idem_in(schema, command).expect_code(0);
+}
+
+/// Whether the server is a Citus coordinator (the extension is created).
+async fn on_citus(conn: &mut PgConnection) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("ask whether this is Citus: {e}"))
 }
 
 /// `idem COMMAND_LINE --schema SCHEMA`, the command line split at spaces;
@@ -678,6 +681,41 @@ async fn migrate_partitions_a_new_table_by_account_and_reports_the_layout() {
         report["layout"],
         "partitioned by HASH (account) into 8 partitions"
     );
+
+    drop_schemas(&mut conn, &[&schema]).await;
+}
+
+#[tokio::test]
+async fn migrate_distributed_needs_a_citus_coordinator_and_reports_the_layout() {
+    let mut conn = connect().await;
+    let schema = unique_name("idem_distributed");
+    create_schemas(&mut conn, &[&schema]).await;
+
+    if on_citus(&mut conn).await {
+        let run = idem_in(&schema, "migrate --distributed").expect_code(0);
+        assert_contains(
+            &run.stdout,
+            "  layout: distributed by Citus on account (hash) into ",
+        );
+        // Again: only verifies.
+        idem_in(&schema, "migrate --distributed").expect_code(0);
+    } else {
+        // Without Citus: refused, saying what is missing, and nothing made.
+        let run = idem_in(&schema, "migrate --distributed").expect_code(1);
+        assert_contains(&run.stderr, "no citus extension");
+        assert_contains(&run.stderr, "set_up_partitioned");
+        let absent: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NULL")
+            .bind(format!("{}.idem_records", ident(&schema)))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(absent, "a refused set-up creates nothing");
+    }
+    // Either way: one layout at a time, and --check changes nothing.
+    let run = idem_in(&schema, "migrate --distributed --partitions 8").expect_code(2);
+    assert_contains(&run.stderr, "cannot be used with");
+    let run = idem_in(&schema, "migrate --check --distributed").expect_code(2);
+    assert_contains(&run.stderr, "cannot be used with");
 
     drop_schemas(&mut conn, &[&schema]).await;
 }
