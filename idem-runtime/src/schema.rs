@@ -14,7 +14,7 @@ mod partitioned;
 
 pub use crate::store::catalog::{MIGRATIONS, Migration, SCHEMA_SQL, SCHEMA_VERSION};
 pub use distributed::set_up_distributed;
-pub use layout::{Layout, layout};
+pub use layout::{Distribution, Layout, layout};
 pub use partitioned::{MAX_PARTITIONS, partitioned_sql, set_up_partitioned};
 
 /// The definitions of the two unique indexes the gate relies on.

@@ -17,7 +17,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::error::{Error, SchemaProblem};
 use crate::store::{catalog, citus};
 
-use super::layout::{Layout, layout_of};
+use super::layout::{Distribution, Layout, layout_of};
 use super::{REQUIRED_INDEXES, RequiredIndex};
 
 /// Sets the schema up with `idem_records` distributed by Citus on
@@ -123,27 +123,19 @@ pub(super) async fn problems(conn: &mut PgConnection) -> Result<Vec<SchemaProble
     let Some(distribution) = citus::distribution(conn).await? else {
         return Ok(problems);
     };
-    match (
-        distribution.method.as_str(),
-        distribution.column_name.as_deref(),
-    ) {
-        ("h", Some("account")) => {}
+    let method = Distribution::from_catalog(&distribution.method);
+    match (method, distribution.column_name.as_deref()) {
+        (Distribution::Hash, Some("account")) => {}
         // A reference table has one copy per node, each enforcing both
         // indexes; a Citus local table is one table on the coordinator.
-        ("n", _) => return Ok(problems),
+        (Distribution::ReferenceOrLocal, _) => return Ok(problems),
         (method, column) => {
             problems.push(distribution_problem(format!(
-                "Citus distributes it by {} ({}), so its unique indexes are enforced only within \
-                 a shard and a claim can be routed away from the row that holds its slot: \
+                "Citus distributes it by {} ({method}), so its unique indexes are enforced only \
+                 within a shard and a claim can be routed away from the row that holds its slot: \
                  distribute it by hash on account (SELECT alter_distributed_table('idem_records', \
                  distribution_column := 'account'))",
                 column.unwrap_or("no column"),
-                match method {
-                    "h" => "hash",
-                    "a" => "append",
-                    "r" => "range",
-                    _ => "an unknown method",
-                }
             )));
             return Ok(problems);
         }

@@ -24,10 +24,9 @@ pub enum Layout {
     },
     /// A table Citus manages, read on its coordinator.
     Distributed {
-        /// How Citus spreads it: `hash` for what
-        /// [`set_up_distributed`](super::set_up_distributed) creates;
-        /// `reference or local`, `append` or `range` otherwise.
-        method: &'static str,
+        /// How Citus spreads it: [`Distribution::Hash`] for what
+        /// [`set_up_distributed`](super::set_up_distributed) creates.
+        method: Distribution,
         /// The distribution column: `account` for what
         /// [`set_up_distributed`](super::set_up_distributed) creates; `None`
         /// for a reference or local table.
@@ -37,13 +36,57 @@ pub enum Layout {
     },
 }
 
+/// How Citus spreads a table over its workers
+/// (`pg_dist_partition.partmethod`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Distribution {
+    /// By the hash of its distribution column: each value in one shard.
+    Hash,
+    /// Not spread: a reference table (a copy on every node) or a Citus
+    /// local table (on the coordinator).
+    ReferenceOrLocal,
+    /// Appended shards (no uniqueness across them).
+    Append,
+    /// By ranges of its distribution column.
+    Range,
+    /// A method this build of idem does not know.
+    Unknown,
+}
+
+impl Distribution {
+    /// `pg_dist_partition.partmethod`'s letter, read.
+    pub(super) fn from_catalog(method: &str) -> Distribution {
+        match method {
+            "h" => Distribution::Hash,
+            "n" => Distribution::ReferenceOrLocal,
+            "a" => Distribution::Append,
+            "r" => Distribution::Range,
+            _ => Distribution::Unknown,
+        }
+    }
+}
+
+impl fmt::Display for Distribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Distribution::Hash => "hash",
+            Distribution::ReferenceOrLocal => "reference or local",
+            Distribution::Append => "append",
+            Distribution::Range => "range",
+            Distribution::Unknown => "unknown",
+        })
+    }
+}
+
 impl Layout {
     /// What [`set_up_distributed`](super::set_up_distributed) creates, with
     /// however many shards it has.
     pub fn is_distributed_by_account(&self) -> bool {
         matches!(
             self,
-            Layout::Distributed { method: "hash", column: Some(column), .. } if column == "account"
+            Layout::Distributed { method: Distribution::Hash, column: Some(column), .. }
+                if column == "account"
         )
     }
 }
@@ -86,7 +129,7 @@ pub(super) async fn layout_of(conn: &mut PgConnection) -> Result<Option<Layout>,
         && let Some(distribution) = citus::distribution(conn).await?
     {
         return Ok(Some(Layout::Distributed {
-            method: method_name(&distribution.method),
+            method: Distribution::from_catalog(&distribution.method),
             column: distribution.column_name,
             shards: usize::try_from(distribution.shards).unwrap_or(usize::MAX),
         }));
@@ -99,15 +142,4 @@ pub(super) async fn layout_of(conn: &mut PgConnection) -> Result<Option<Layout>,
     } else {
         Layout::Plain
     }))
-}
-
-/// `pg_dist_partition.partmethod` in words.
-fn method_name(method: &str) -> &'static str {
-    match method {
-        "h" => "hash",
-        "n" => "reference or local",
-        "a" => "append",
-        "r" => "range",
-        _ => "unknown",
-    }
 }
