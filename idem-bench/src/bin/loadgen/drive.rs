@@ -10,7 +10,15 @@ use hdrhistogram::Histogram;
 
 use crate::BoxError;
 use crate::keys;
-use crate::workload::Workload;
+
+/// One operation of a run, by identity number: the matrix's [`Workload`]
+/// and River's side by side ([`crate::river`]) are driven alike.
+///
+/// [`Workload`]: crate::workload::Workload
+pub trait Operation: Send + Sync + 'static {
+    /// Runs operation number `n`; an error stops the run.
+    fn run(&self, n: u64) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
 
 /// The longest latency the histogram holds exactly; longer ones are
 /// recorded as this (a minute would already be a broken run).
@@ -39,8 +47,8 @@ impl Measurement {
 }
 
 /// Runs `workload` with `concurrency` workers: `warmup`, then `measured`.
-pub async fn drive(
-    workload: Arc<Workload>,
+pub async fn drive<W: Operation>(
+    workload: Arc<W>,
     concurrency: u32,
     warmup: Duration,
     measured: Duration,
@@ -85,8 +93,8 @@ struct Window {
 
 /// One worker: operations back to back until the window closes or another
 /// worker failed.
-async fn worker(
-    workload: Arc<Workload>,
+async fn worker<W: Operation>(
+    workload: Arc<W>,
     window: Window,
     stop: Arc<AtomicBool>,
 ) -> Result<(u64, Histogram<u64>), BoxError> {

@@ -99,6 +99,22 @@ pub struct Flags {
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub citus_accounts: u32,
 
+    /// Run River side by side instead of the matrix: River's Rust client
+    /// (`riverqueue`) against idem on the same PostgreSQL, pair by pair
+    /// (`river::scenarios`). `--into` then writes between the file's River
+    /// report markers.
+    #[arg(long, conflicts_with = "citus_url")]
+    pub river: bool,
+
+    /// Jobs River's duplicate scenario re-inserts (and idem identities the
+    /// gate refuses), round robin.
+    #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub river_duplicates: u64,
+
+    /// Jobs per `insert_many` (and keys per hand-written batch claim).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub river_batch: u64,
+
     /// The schema every table of the run lives in: dropped if it exists,
     /// created afresh, dropped again at the end.
     #[arg(long, default_value = "idem_bench", value_parser = plain_identifier)]

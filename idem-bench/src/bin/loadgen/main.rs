@@ -8,6 +8,8 @@
 //! cargo run -p idem-bench --release --bin loadgen -- --list        # the scenarios, and their SQL costs
 //! cargo run -p idem-bench --release --bin loadgen -- --citus-url postgres://postgres@127.0.0.1:9800/postgres \
 //!     --seconds 6 --concurrency 1,16 --into BENCHMARKS.md          # the Citus comparison
+//! cargo run -p idem-bench --release --bin loadgen -- --river --seconds 4 --concurrency 1,16 \
+//!     --into BENCHMARKS.md                                         # River side by side
 //! ```
 //!
 //! Uses `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/postgres`.
@@ -19,7 +21,8 @@
 //! warm-up. Progress goes to stderr; the report (markdown) to stdout, to
 //! `--out FILE` as well, and with `--into BENCHMARKS.md` between that file's
 //! report markers. With `--citus-url`, the same program runs the Citus
-//! comparison instead ([`citus`]), which has markers of its own.
+//! comparison instead ([`citus`]), which has markers of its own; with
+//! `--river`, River side by side ([`river`]), which has its own too.
 
 mod accounts;
 mod advisory;
@@ -37,6 +40,7 @@ mod fused;
 mod gated;
 mod keys;
 mod report;
+mod river;
 mod scenarios;
 mod splice;
 mod workload;
@@ -82,6 +86,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run(flags: &Flags) -> Result<(), BoxError> {
+    if flags.river {
+        return river::run(flags).await;
+    }
     let scenarios = scenarios::selected(flags)?;
     // A file without its markers fails now, not after the run.
     if let Some(path) = &flags.into {

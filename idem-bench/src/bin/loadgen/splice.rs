@@ -2,8 +2,9 @@
 //! the file's two marker lines is replaced by the report, exactly as it was
 //! rendered, and everything outside them is left alone. BENCHMARKS.md holds
 //! the method by hand and the report this way, so no figure in it is ever
-//! pasted. The matrix and the Citus comparison each have their own pair of
-//! markers, so writing one report leaves the other as it was.
+//! pasted. The matrix, the Citus comparison and River side by side each
+//! have their own pair of markers, so writing one report leaves the others
+//! as they were.
 
 use std::fs;
 use std::path::Path;
@@ -29,6 +30,12 @@ pub const MATRIX: Markers = Markers {
 pub const CITUS: Markers = Markers {
     begin: "<!-- loadgen citus report: begin (written by `loadgen --citus-url URL --into`; do not edit) -->",
     end: "<!-- loadgen citus report: end -->",
+};
+
+/// River side by side (`--river`).
+pub const RIVER: Markers = Markers {
+    begin: "<!-- loadgen river report: begin (written by `loadgen --river --into`; do not edit) -->",
+    end: "<!-- loadgen river report: end -->",
 };
 
 /// Fails unless `path` is readable and holds both `markers`, in order, once.

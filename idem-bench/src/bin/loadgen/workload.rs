@@ -6,6 +6,7 @@ use idem::sqlx::PgPool;
 
 use crate::accounts::{Accounts, Gates};
 use crate::body::Body;
+use crate::drive::Operation;
 use crate::duplicates::Settled;
 use crate::floor::Floor;
 use crate::fused::Fused;
@@ -107,5 +108,11 @@ impl Workload {
         self.settled
             .as_deref()
             .ok_or_else(|| "a refusal scenario ran without settled rows".into())
+    }
+}
+
+impl Operation for Workload {
+    fn run(&self, n: u64) -> impl Future<Output = Result<(), BoxError>> + Send {
+        Workload::run(self, n)
     }
 }

@@ -1,0 +1,325 @@
+//! River side by side: the scenarios, in four groups, each run at every
+//! concurrency, and the pairs the report divides (idem ÷ River).
+
+use crate::flags::Flags;
+
+/// Scenarios that share what the tables hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// A new key each time, nothing run: River's unique insert against
+    /// idem's claim.
+    New,
+    /// A key already taken each time: River's skipped insert against idem's
+    /// refusal.
+    Duplicate,
+    /// "Run this once per key", end to end: a job inserted and worked to
+    /// completion against the gate running the same (no-op) body.
+    EndToEnd,
+    /// Many new keys at once: River's `insert_many` against idem per call.
+    Batch,
+}
+
+impl Group {
+    /// The name `--scenarios` knows it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::New => "new",
+            Group::Duplicate => "dup",
+            Group::EndToEnd => "e2e",
+            Group::Batch => "batch",
+        }
+    }
+}
+
+/// Who a scenario measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    River,
+    Idem,
+}
+
+/// What one operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// `client.insert(job)`, unique by args, a new key.
+    RiverInsert,
+    /// The same, on a key whose job exists: skipped as a duplicate.
+    RiverInsertAgain,
+    /// Inserted, then awaited until a started client reports it completed.
+    RiverWorked,
+    /// `client.insert_many` of `--river-batch` new unique jobs.
+    RiverInsertMany,
+    /// `gate.claim`: the claim alone, left pending as River's job is left
+    /// available.
+    IdemClaim,
+    /// The `#[idempotent]` fn: claim, body, durable settle.
+    Gate,
+    /// The same with `outcome_commit = "async"`.
+    GateAsync,
+    /// The `#[idempotent]` fn on a settled identity: refused.
+    GateRefusal,
+    /// A batch of new claims as one hand-written statement: what idem's
+    /// batch claim (not built yet) would send.
+    BatchClaimSql,
+}
+
+/// One scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scenario {
+    pub group: Group,
+    pub name: &'static str,
+    pub side: Side,
+    pub work: Work,
+    /// What one operation sends, and its durable commits.
+    pub sends: &'static str,
+}
+
+impl Scenario {
+    /// `group/name`, as `--scenarios` and the progress lines spell it.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.group.name(), self.name)
+    }
+
+    /// Jobs (or keys) one operation handles: the batch size for the batch
+    /// scenarios, else one.
+    pub fn per_op(&self, flags: &Flags) -> u64 {
+        match self.work {
+            Work::RiverInsertMany | Work::BatchClaimSql => flags.river_batch,
+            _ => 1,
+        }
+    }
+
+    fn matches(&self, term: &str) -> bool {
+        term == "river" || term == self.group.name() || term == self.name || term == self.id()
+    }
+}
+
+const fn scenario(
+    group: Group,
+    name: &'static str,
+    side: Side,
+    work: Work,
+    sends: &'static str,
+) -> Scenario {
+    Scenario {
+        group,
+        name,
+        side,
+        work,
+        sends,
+    }
+}
+
+const RIVER_INSERT_SENDS: &str = "BEGIN; INSERT ... ON CONFLICT (unique_key) DO UPDATE SET kind = kind \
+     RETURNING (a writable CTE); pg_notify at most once per 100 ms (the fetch cooldown); COMMIT: \
+     3 round trips, 1 durable commit";
+
+/// Every scenario, in report order.
+pub const ALL: &[Scenario] = &[
+    scenario(
+        Group::New,
+        "river-insert",
+        Side::River,
+        Work::RiverInsert,
+        RIVER_INSERT_SENDS,
+    ),
+    scenario(
+        Group::New,
+        "idem-claim",
+        Side::Idem,
+        Work::IdemClaim,
+        "`gate.claim`: one statement (lookup, then INSERT ... ON CONFLICT DO NOTHING RETURNING), \
+         autocommitted: 1 round trip, 1 durable commit; the claim is left pending",
+    ),
+    scenario(
+        Group::New,
+        "gate-async",
+        Side::Idem,
+        Work::GateAsync,
+        "the `#[idempotent]` fn, `outcome_commit = \"async\"`: claim, no-op body, settle with \
+         synchronous_commit off: 2 round trips, 1 durable commit",
+    ),
+    scenario(
+        Group::New,
+        "gate",
+        Side::Idem,
+        Work::Gate,
+        "the `#[idempotent]` fn: claim, no-op body, settle: 2 round trips, 2 durable commits",
+    ),
+    scenario(
+        Group::Duplicate,
+        "river-insert",
+        Side::River,
+        Work::RiverInsertAgain,
+        "River's unique insert of a key whose job exists: the same statements; the conflict \
+         path updates the existing row (a new row version, WAL) and returns it: 3 round trips, \
+         1 durable commit",
+    ),
+    scenario(
+        Group::Duplicate,
+        "gate",
+        Side::Idem,
+        Work::GateRefusal,
+        "the `#[idempotent]` fn on a settled identity: its claim statement finds the row, \
+         `AlreadyDone`: 1 round trip, nothing written",
+    ),
+    scenario(
+        Group::EndToEnd,
+        "river-worked",
+        Side::River,
+        Work::RiverWorked,
+        "River's unique insert, then the wait until a started client (same process, fetch \
+         cooldown 1 ms) has fetched the job, run the no-op worker and committed `completed` \
+         (fetch and completion are batched across jobs; completions up to 10 ms apart)",
+    ),
+    scenario(
+        Group::EndToEnd,
+        "gate-async",
+        Side::Idem,
+        Work::GateAsync,
+        "the `#[idempotent]` fn, async outcome, the same no-op body: 2 round trips, 1 durable commit",
+    ),
+    scenario(
+        Group::EndToEnd,
+        "gate",
+        Side::Idem,
+        Work::Gate,
+        "the `#[idempotent]` fn, the same no-op body: 2 round trips, 2 durable commits",
+    ),
+    scenario(
+        Group::Batch,
+        "river-insert-many",
+        Side::River,
+        Work::RiverInsertMany,
+        "`client.insert_many` of a batch of new unique jobs: BEGIN; one INSERT ... ON CONFLICT \
+         per job (the Rust client loops; it has no multi-row insert); pg_notify at most once per \
+         100 ms; COMMIT: batch + 2 round trips, 1 durable commit per batch",
+    ),
+    scenario(
+        Group::Batch,
+        "gate",
+        Side::Idem,
+        Work::Gate,
+        "the `#[idempotent]` fn per key (idem has no batch claim yet): 2 round trips, \
+         2 durable commits per key",
+    ),
+    scenario(
+        Group::Batch,
+        "idem-claim",
+        Side::Idem,
+        Work::IdemClaim,
+        "`gate.claim` per key: 1 round trip, 1 durable commit per key",
+    ),
+    scenario(
+        Group::Batch,
+        "batch-claim-sql",
+        Side::Idem,
+        Work::BatchClaimSql,
+        "by hand, not idem's API: the batch's pending rows in `idem_records` as one \
+         INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING, autocommitted: \
+         1 round trip, 1 durable commit per batch (what a batch claim would send)",
+    ),
+];
+
+/// The scenarios `--scenarios` selects (all of them without it, or with
+/// `river`); a term that selects nothing is an error that lists them.
+pub fn selected(flags: &Flags) -> Result<Vec<Scenario>, String> {
+    if let Some(unknown) = flags
+        .scenarios
+        .iter()
+        .find(|term| !ALL.iter().any(|scenario| scenario.matches(term)))
+    {
+        let known: Vec<String> = ALL.iter().map(Scenario::id).collect();
+        return Err(format!(
+            "--scenarios {unknown:?} selects nothing with --river; there are: {}",
+            known.join(", ")
+        ));
+    }
+    Ok(ALL
+        .iter()
+        .copied()
+        .filter(|scenario| {
+            flags.scenarios.is_empty() || flags.scenarios.iter().any(|t| scenario.matches(t))
+        })
+        .collect())
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    pub scenario: Scenario,
+    pub concurrency: u32,
+    pub pool: u32,
+}
+
+/// The runs in the order they run: group by group (each group's tables
+/// prepared once), and within a group every scenario at one concurrency
+/// before the next, in listed order at one concurrency and reversed at the
+/// next, so every pair is measured back to back and a drift in the machine
+/// falls on both sides of a ratio alike.
+pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<Run> {
+    let mut groups: Vec<Group> = Vec::new();
+    for scenario in scenarios {
+        if !groups.contains(&scenario.group) {
+            groups.push(scenario.group);
+        }
+    }
+    let mut runs = Vec::new();
+    let mut level = 0;
+    for group in groups {
+        let members: Vec<Scenario> = scenarios
+            .iter()
+            .copied()
+            .filter(|scenario| scenario.group == group)
+            .collect();
+        for &concurrency in &flags.concurrency {
+            let mut order = members.clone();
+            if level % 2 == 1 {
+                order.reverse();
+            }
+            level += 1;
+            runs.extend(order.into_iter().map(|scenario| Run {
+                scenario,
+                concurrency,
+                pool: concurrency.min(flags.max_pool),
+            }));
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{ALL, Side, plan, selected};
+    use crate::flags::Flags;
+
+    #[test]
+    fn every_group_has_river_and_idem_and_every_run_is_planned_once() {
+        let flags = Flags::parse_from(["loadgen", "--river", "--concurrency", "1,16"]);
+        let scenarios = selected(&flags).expect("every scenario");
+        assert_eq!(scenarios.len(), ALL.len());
+        for group in scenarios.iter().map(|s| s.group) {
+            let sides: Vec<Side> = ALL
+                .iter()
+                .filter(|s| s.group == group)
+                .map(|s| s.side)
+                .collect();
+            assert!(sides.contains(&Side::River) && sides.contains(&Side::Idem));
+        }
+        let runs = plan(&scenarios, &flags);
+        assert_eq!(runs.len(), 2 * ALL.len());
+        // Within a group, the order alternates from one concurrency to the
+        // next.
+        assert_eq!(runs[0].scenario.name, "river-insert");
+        assert_eq!(runs[7].scenario.name, "river-insert");
+        assert_eq!(runs[7].concurrency, 16);
+    }
+
+    #[test]
+    fn a_term_that_selects_nothing_is_refused() {
+        let flags = Flags::parse_from(["loadgen", "--river", "--scenarios", "nope"]);
+        assert!(selected(&flags).is_err());
+    }
+}
