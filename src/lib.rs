@@ -54,6 +54,7 @@
 //! | the schema, your own migrations, the partitioned layout | [`schema`] |
 //! | testing your guarded functions | `testing`, `race_test!` (feature `testing`) |
 //! | the `Idempotency-Key` header for axum | `axum` (feature `axum`) |
+//! | answering duplicates of settled outcomes with no round trip | `cache` (feature `cache`) |
 //!
 //! # The insert is the lock
 //!
@@ -122,6 +123,43 @@
 //! | [`disposition`](macro@idempotent#disposition) | each `Err` released, kept as a definite failure ([`Rejected::AlreadyFailed`]), or held in doubt ([`Rejected::InDoubt`]), as your [`Disposition`] function says |
 //! | [`on_expiry = "in_doubt"`](macro@idempotent#on_expiry) | a claim whose lease ran out is held in doubt, never run again blindly |
 //!
+//! # A local cache of settled outcomes
+//!
+//! A settled success (and a kept failure) never changes while its row
+//! exists, so a process that has seen one can refuse (or, with `replay`,
+//! answer) the next duplicate itself, with no round trip. With the `cache`
+//! feature, give a gate an `idem::cache::OutcomeCache`, bounded by entries
+//! and bytes and with a time to live; every scoped copy of the gate shares
+//! it, and its entries never answer across accounts, namespaces or
+//! fingerprints:
+//!
+//! ```no_run
+//! # #[cfg(feature = "cache")]
+//! # async fn demo(pool: idem::sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use idem::{Gate, Identity, Rejected, cache::OutcomeCache};
+//!
+//! let cache = OutcomeCache::builder()
+//!     .max_entries(100_000)
+//!     .max_bytes(64 << 20)
+//!     .ttl(Duration::from_secs(300))
+//!     .build();
+//! let gate = Gate::connect(pool).await?.with_cache(cache);
+//! let id = Identity::new("charge").part("ord_1001");
+//!
+//! let _: Result<(), Rejected> = gate.run(&id, async { Ok(()) }).await;
+//! // Refused from the cache, without a statement.
+//! let again: Result<(), Rejected> = gate.run(&id, async { Ok(()) }).await;
+//! assert!(matches!(again, Err(Rejected::AlreadyDone)));
+//! # Ok(()) }
+//! ```
+//!
+//! It holds only final facts (never a claim pending, in flight or in
+//! doubt) and never learns from a settle inside your transaction. A row
+//! pruned (`idem prune`) or deleted by hand is still answered from the
+//! cache for up to its time to live: the `cache` module says what that
+//! means, and `Gate::without_cache` opts an action out.
+//!
 //! # Testing your guarded functions
 //!
 //! With the `testing` feature (in your dev-dependencies, with
@@ -156,6 +194,7 @@
 //! | `uuid` | `uuid::Uuid` key parts |
 //! | `testing` | `idem::testing` and `idem::race_test!`: a real database, isolated gates, races fired at one instant; pulls tokio's multi-threaded runtime, so enable it in dev-dependencies only |
 //! | `axum` | `idem::axum`: the `Idempotency-Key` header, `Rejected` as an HTTP response, responses replayed byte for byte |
+//! | `cache` | `idem::cache`: a bounded, expiring local cache of settled outcomes, so a duplicate this process has seen settled is answered with no round trip; pulls `moka` |
 //!
 //! The default feature set pulls no test-only dependency.
 //!
@@ -187,6 +226,10 @@ pub use idem_runtime::{
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub use idem_runtime::testing;
+
+#[cfg(feature = "cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
+pub use idem_runtime::cache;
 
 #[doc = include_str!("axum.md")]
 #[cfg(feature = "axum")]

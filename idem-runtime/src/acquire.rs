@@ -14,6 +14,7 @@ use crate::identity::Identity;
 use crate::mode::{Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::retry::{self, SERIALIZATION_BACKOFF};
+use crate::settled::{Fact, Final, Replay};
 use crate::slots::Slots;
 use crate::store::{self, Commit, Engine, NewClaim};
 use crate::via::Via;
@@ -110,30 +111,39 @@ pub(crate) async fn acquire(
         );
         observe::record(GateEvent::Retried);
     };
+    // A final fact this process already knows answers with no round trip;
+    // it is only ever a settled or a refused attempt.
+    let mut recalled = contender.recalled(new, want_output);
+    let cached = recalled.is_some();
     loop {
-        let attempt = retry::repeat!(
-            via.backoff(&SERIALIZATION_BACKOFF),
-            retry::is_serialization_failure,
-            on_repeat,
-            contender
-                .attempt(via, new, want_output, mode.on_expiry_policy())
-                .await,
-        );
-        let attempt = match attempt {
-            Ok(attempt) => attempt,
-            // Only an outage may fail open: an error of the request would
-            // meet every call, and run every body unguarded.
-            Err(error)
-                if mode.on_unavailable_policy() == OnUnavailable::Run
-                    && fault::classify(&error) == Fault::Outage =>
-            {
-                slot_event!(warn, contender, error = %error,
-                    "store unavailable; failing open as on_unavailable = run says: the body runs unguarded"
+        let attempt = match recalled.take() {
+            Some(attempt) => attempt,
+            None => {
+                let attempt = retry::repeat!(
+                    via.backoff(&SERIALIZATION_BACKOFF),
+                    retry::is_serialization_failure,
+                    on_repeat,
+                    contender
+                        .attempt(via, new, want_output, mode.on_expiry_policy())
+                        .await,
                 );
-                observe::record(GateEvent::Ungated);
-                return Ok(Acquired::Won(Claim::ungated()));
+                match attempt {
+                    Ok(attempt) => attempt,
+                    // Only an outage may fail open: an error of the request
+                    // would meet every call, and run every body unguarded.
+                    Err(error)
+                        if mode.on_unavailable_policy() == OnUnavailable::Run
+                            && fault::classify(&error) == Fault::Outage =>
+                    {
+                        slot_event!(warn, contender, error = %error,
+                            "store unavailable; failing open as on_unavailable = run says: the body runs unguarded"
+                        );
+                        observe::record(GateEvent::Ungated);
+                        return Ok(Acquired::Won(Claim::ungated()));
+                    }
+                    Err(error) => return Err(contender.store_failed(error)),
+                }
             }
-            Err(error) => return Err(contender.store_failed(error)),
         };
         match attempt {
             Attempt::Won(fenced) => {
@@ -178,17 +188,18 @@ pub(crate) async fn acquire(
                 slot_event!(
                     debug,
                     contender,
+                    cached,
                     "duplicate of a settled action: replaying its stored value"
                 );
                 observe::record(GateEvent::Replayed);
                 return Ok(Acquired::Settled(Some(output)));
             }
             Attempt::Settled(None) => {
-                contender.refused(&Rejected::AlreadyDone);
+                contender.refused_as(&Rejected::AlreadyDone, cached);
                 return Ok(Acquired::Settled(None));
             }
             Attempt::Refused(rejected) => {
-                contender.refused(&rejected);
+                contender.refused_as(&rejected, cached);
                 return Err(rejected);
             }
             // Freed: try again at once, a few times.
@@ -252,6 +263,7 @@ impl Contender<'_> {
         on_expiry: OnExpiry,
     ) -> Result<Attempt, sqlx::Error> {
         let (scope, address) = (self.slots.scope(), &*self.address);
+        let in_transaction = via.in_transaction();
         // One connection for the whole attempt: every acquire may cost a
         // round trip of its own (the pool's liveness check).
         let mut conn = via.connection().await?;
@@ -284,29 +296,26 @@ impl Contender<'_> {
                 }
             }
         };
-        if existing.identity != self.identity.canonical() {
-            return Ok(Attempt::Refused(Rejected::Collision {
-                address: address.to_owned(),
-            }));
+        // A final row read on a connection of the pool is committed: this
+        // process may remember it. One read inside the caller's
+        // transaction may be that transaction's own uncommitted settle.
+        if !in_transaction {
+            self.slots
+                .remember(address, || Final::of_row(&existing, want_output));
         }
-        // A stored value goes only to a caller whose payload is known to
-        // match: both gave the same fingerprint, or neither gave one. Either
-        // side without one makes the payloads incomparable: the duplicate is
-        // told the action is done, and is not handed the value.
-        let replayable = match (new.fingerprint, existing.fingerprint.as_deref()) {
-            (Some(ours), Some(theirs)) if ours != theirs => {
-                return Ok(Attempt::Refused(Rejected::KeyReused));
-            }
-            (ours, theirs) => ours.is_some() == theirs.is_some(),
-        };
+        let replayable =
+            match self.replayable(new, &existing.identity, existing.fingerprint.as_deref()) {
+                Ok(replayable) => replayable,
+                Err(refused) => return Ok(Attempt::Refused(refused)),
+            };
         if existing.settled {
-            return Ok(Attempt::Settled(existing.output.filter(|_| replayable)));
+            return Ok(settled(existing.output, replayable));
         }
         // Neither runs again: one may have taken effect, the other failed
         // for good. (A state this build does not know is held, as pending.)
         match existing.state.as_str() {
             "in_doubt" => return Ok(Attempt::Refused(Rejected::InDoubt)),
-            "failed" => return Ok(Attempt::Refused(Rejected::AlreadyFailed)),
+            "failed" => return Ok(kept_failure()),
             _ => {}
         }
         if existing.lease_expired && on_expiry == OnExpiry::InDoubt {
@@ -350,12 +359,65 @@ impl Contender<'_> {
         Ok(Attempt::Held)
     }
 
+    /// Whether the row found in the slot (its `identity` and `fingerprint`)
+    /// may hand this caller its stored value, or why it refuses it: the
+    /// rules every duplicate is judged by, whether the row was read from
+    /// the store or recalled from the outcome cache.
+    fn replayable(
+        &self,
+        new: NewClaim<'_>,
+        identity: &[u8],
+        fingerprint: Option<&[u8]>,
+    ) -> Result<bool, Rejected> {
+        if identity != self.identity.canonical() {
+            return Err(Rejected::Collision {
+                address: self.address.clone(),
+            });
+        }
+        // A stored value goes only to a caller whose payload is known to
+        // match: both gave the same fingerprint, or neither gave one. Either
+        // side without one makes the payloads incomparable: the duplicate is
+        // told the action is done, and is not handed the value.
+        match (new.fingerprint, fingerprint) {
+            (Some(ours), Some(theirs)) if ours != theirs => Err(Rejected::KeyReused),
+            (ours, theirs) => Ok(ours.is_some() == theirs.is_some()),
+        }
+    }
+
+    /// What a final fact this process remembers says to this caller, by
+    /// the same rules as a row read from the store; `None` when it cannot
+    /// say (nothing remembered, or a replaying caller meets a success
+    /// remembered without its value): the store is asked.
+    fn recalled(&self, new: NewClaim<'_>, want_output: bool) -> Option<Attempt> {
+        let known = self.slots.recall(&self.address)?;
+        let replayable = match self.replayable(new, &known.identity, known.fingerprint.as_deref()) {
+            Ok(replayable) => replayable,
+            Err(refused) => return Some(Attempt::Refused(refused)),
+        };
+        Some(match &known.fact {
+            Fact::Failed => kept_failure(),
+            // The value matters only to a replaying caller it may go to.
+            Fact::Success(_) if !(want_output && replayable) => settled(None, replayable),
+            Fact::Success(Replay::Known(output)) => {
+                settled(output.as_deref().map(str::to_owned), replayable)
+            }
+            Fact::Success(Replay::Unknown) => return None,
+        })
+    }
+
     /// Says why the claim was refused: to tracing, and to a race harness.
     fn refused(&self, rejected: &Rejected) {
+        self.refused_as(rejected, false);
+    }
+
+    /// [`refused`](Contender::refused), saying whether the answer came from
+    /// the outcome cache (`cached`) rather than the store.
+    fn refused_as(&self, rejected: &Rejected, cached: bool) {
         slot_event!(
             info,
             self,
             reason = rejected.reason(),
+            cached,
             "claim refused: {rejected}"
         );
         observe::record(GateEvent::Refused(rejected.clone()));
@@ -376,4 +438,15 @@ impl Contender<'_> {
         observe::record(GateEvent::Refused(rejected.clone()));
         rejected
     }
+}
+
+/// What a duplicate of a settled action gets: the stored `output`, if it
+/// may have it (`replayable`), or to hear that the action is done.
+fn settled(output: Option<String>, replayable: bool) -> Attempt {
+    Attempt::Settled(output.filter(|_| replayable))
+}
+
+/// What a duplicate of a failure kept for good gets.
+fn kept_failure() -> Attempt {
+    Attempt::Refused(Rejected::AlreadyFailed)
 }

@@ -18,6 +18,7 @@ use crate::identity::Identity;
 use crate::mode::{self, Disposition};
 use crate::observe::{self, GateEvent};
 use crate::retry;
+use crate::settled::Final;
 use crate::slots::Slots;
 use crate::store::{self, Commit, LateSuccess};
 use crate::via::Via;
@@ -360,6 +361,7 @@ impl Held {
     /// a success whose value the store refuses, again without the value;
     /// and, when it matched no row of ours, what became of the claim.
     async fn record(&self, outcome: Outcome<'_>, via: &mut Via<'_>) -> Result<(), Rejected> {
+        let mut written = outcome;
         let mut attempt = self.record_once(outcome, via).await;
         // Inside the caller's transaction the failure has aborted it: the
         // claim rolls back with the body's writes, and nothing is lost.
@@ -374,17 +376,39 @@ impl Held {
                          duplicates are refused as already done",
                         Some(&Rejected::from_store(error)),
                     );
-                    self.record_once(Outcome::Success { output: None }, via)
-                        .await
+                    written = Outcome::Success { output: None };
+                    self.record_once(written, via).await
                 }
                 other => other,
             };
         }
         match attempt {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                self.remember(written, via);
+                Ok(())
+            }
             Ok(false) => self.no_longer_ours(outcome, via).await,
             Err(error) => Err(Rejected::from_store(error)),
         }
+    }
+
+    /// Tells the outcome cache, if the gate has one, what was just written
+    /// over this holder's own row: a success (with the value it kept) or a
+    /// failure kept for good. Never from inside the caller's transaction,
+    /// which may still roll back.
+    fn remember(&self, written: Outcome<'_>, via: &Via<'_>) {
+        if via.in_transaction() {
+            return;
+        }
+        let (identity, fingerprint) = (
+            self.identity.canonical(),
+            self.fingerprint.as_ref().map(|f| f.as_slice()),
+        );
+        self.slots.remember(&self.address, || match written {
+            Outcome::Success { output } => Some(Final::settled(identity, fingerprint, output)),
+            Outcome::Failure(Disposition::Keep) => Some(Final::failed(identity, fingerprint)),
+            Outcome::Failure(_) => None,
+        });
     }
 
     /// One settle or release statement, retried after a transient failure

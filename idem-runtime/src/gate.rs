@@ -105,6 +105,40 @@ impl Gate {
         }
     }
 
+    /// A copy of this gate that answers duplicates of outcomes it has seen
+    /// settled (or failed for good) from `cache`, with no round trip. Its
+    /// [`account`](Gate::account) and [`namespace`](Gate::namespace)
+    /// copies share the cache: an entry answers only in the scope it was
+    /// learned in. See [`cache`](crate::cache) for what it holds and what
+    /// pruning means for it.
+    #[cfg(feature = "cache")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
+    #[must_use = "`with_cache` returns a copy and leaves this gate as it was"]
+    pub fn with_cache(&self, cache: crate::cache::OutcomeCache) -> Gate {
+        Gate {
+            slots: self.slots.with_cache(Some(cache)),
+        }
+    }
+
+    /// A copy of this gate that neither asks nor fills an outcome cache:
+    /// for an action whose settled rows are pruned or deleted while its
+    /// duplicates may still come, so that they must be seen at once.
+    #[cfg(feature = "cache")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
+    #[must_use = "`without_cache` returns a copy and leaves this gate as it was"]
+    pub fn without_cache(&self) -> Gate {
+        Gate {
+            slots: self.slots.with_cache(None),
+        }
+    }
+
+    /// The outcome cache this gate answers from, if any.
+    #[cfg(feature = "cache")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
+    pub fn outcome_cache(&self) -> Option<&crate::cache::OutcomeCache> {
+        self.slots.cache()
+    }
+
     /// The account this gate claims in.
     pub fn account_name(&self) -> &str {
         self.slots.account()

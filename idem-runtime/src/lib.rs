@@ -13,6 +13,9 @@
 
 // The reading path, top down: gate → run → acquire → claim → store.
 mod acquire;
+#[cfg(feature = "cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
+pub mod cache;
 mod claim;
 mod error;
 #[doc(hidden)]
@@ -30,6 +33,7 @@ pub mod reconcile;
 mod retry;
 mod run;
 pub mod schema;
+mod settled;
 mod slots;
 mod store;
 #[cfg(feature = "testing")]

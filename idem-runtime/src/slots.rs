@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+#[cfg(feature = "cache")]
+use crate::cache::{Key, OutcomeCache};
 use crate::error::Rejected;
+use crate::settled::Final;
 use crate::store::{Engine, Scope};
 
 /// The longest account or namespace name, in bytes. Both lead the unique
@@ -25,6 +28,10 @@ pub(crate) struct Slots {
     engine: Engine,
     account: Arc<str>,
     namespace: Option<Arc<str>>,
+    /// Final outcomes this process has seen, answered without a round
+    /// trip; shared by every scoped copy (its key includes the scope).
+    #[cfg(feature = "cache")]
+    cache: Option<OutcomeCache>,
 }
 
 impl Slots {
@@ -34,7 +41,22 @@ impl Slots {
             engine,
             account: Arc::from(account),
             namespace: None,
+            #[cfg(feature = "cache")]
+            cache: None,
         }
+    }
+
+    #[cfg(feature = "cache")]
+    pub(crate) fn with_cache(&self, cache: Option<OutcomeCache>) -> Slots {
+        Slots {
+            cache,
+            ..self.clone()
+        }
+    }
+
+    #[cfg(feature = "cache")]
+    pub(crate) fn cache(&self) -> Option<&OutcomeCache> {
+        self.cache.as_ref()
     }
 
     pub(crate) fn in_account(&self, account: &str) -> Slots {
@@ -100,4 +122,41 @@ impl Slots {
         }
         Ok(())
     }
+
+    /// The final fact this process knows for `address` in this scope, if
+    /// it caches outcomes and knows one.
+    #[cfg(feature = "cache")]
+    pub(crate) fn recall(&self, address: &str) -> Option<Arc<Final>> {
+        self.cache.as_ref()?.recall(&self.key(address))
+    }
+
+    /// Remembers a final fact for `address` in this scope, if this gate
+    /// caches outcomes. `fact` is made only then.
+    #[cfg(feature = "cache")]
+    pub(crate) fn remember(&self, address: &str, fact: impl FnOnce() -> Option<Final>) {
+        if let Some(cache) = &self.cache
+            && let Some(fact) = fact()
+        {
+            cache.remember(self.key(address), fact);
+        }
+    }
+
+    #[cfg(feature = "cache")]
+    fn key(&self, address: &str) -> Key {
+        Key {
+            account: Arc::clone(&self.account),
+            namespace: self.namespace.clone(),
+            address: address.into(),
+        }
+    }
+
+    /// Without the `cache` feature nothing is ever known.
+    #[cfg(not(feature = "cache"))]
+    pub(crate) fn recall(&self, _address: &str) -> Option<Arc<Final>> {
+        None
+    }
+
+    /// Without the `cache` feature nothing is remembered.
+    #[cfg(not(feature = "cache"))]
+    pub(crate) fn remember(&self, _address: &str, _fact: impl FnOnce() -> Option<Final>) {}
 }

@@ -336,8 +336,10 @@ pub async fn prune(
         return Err(CliError::NeedsConfirmation(format!(
             "would delete {count} settled claim{} (settled before {before_text}, {within}).\n\
              A retry of a pruned action runs it again: prune only what can no longer be retried. \
+             {}\n\
              Re-run with --yes to delete them.",
-            if count == 1 { "" } else { "s" }
+            if count == 1 { "" } else { "s" },
+            render::PRUNED_AND_CACHES,
         )));
     }
     let deleted = operations::prune(pool, &filter)

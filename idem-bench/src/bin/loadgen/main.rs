@@ -29,6 +29,7 @@ mod advisory;
 mod bench_db;
 mod body;
 mod brandur;
+mod cached;
 mod citus;
 mod citus_report;
 mod drive;
@@ -188,14 +189,16 @@ async fn measure(
     let pool = db.pool(run.pool, flags.ping_on_acquire).await?;
     let gate = Gate::connect_without_setup(pool.clone()).await?;
     let accounts = db.accounts();
+    let work = run.scenario.spec.work;
     let workload = Arc::new(Workload {
-        work: run.scenario.spec.work,
+        work,
         body: group.body(flags),
         pool: pool.clone(),
-        gates: accounts.gates(&gate),
+        gates: accounts.gates(&cached::gate_for(work, &gate, flags.duplicates)),
         accounts,
         settled: db.settled(),
     });
+    cached::warm(&workload, flags.duplicates).await?;
     let measured = drive::drive(workload, run.concurrency, flags.warmup, flags.measured).await;
     pool.close().await;
     Ok(Row::new(run, &measured?))

@@ -169,6 +169,13 @@ fn targets(rows: &[Row], flags: &Flags) -> String {
             judged: every_concurrency,
         },
         Target {
+            what: "cached duplicate refusal ≥ 50× its floor".to_owned(),
+            scenario: (Group::Duplicates, "gate-cached"),
+            baseline: (Group::Duplicates, BASELINE),
+            at_least: 50.0,
+            judged: every_concurrency,
+        },
+        Target {
             what: "gate ≥ 1.2× brandur".to_owned(),
             scenario: (Group::NoOp, "gate"),
             baseline: (Group::NoOp, "brandur"),

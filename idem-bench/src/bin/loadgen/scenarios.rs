@@ -231,6 +231,13 @@ const REFUSE_THROUGH_GATE: Spec = Spec {
     cost: cost(1, 1, 0),
 };
 
+const REFUSE_THROUGH_CACHED_GATE: Spec = Spec {
+    name: "gate-cached",
+    work: Work::RefuseThroughCachedGate,
+    summary: "the #[idempotent] fn on a settled identity through a gate with the local outcome cache (feature cache), warmed: answered in process, AlreadyDone",
+    cost: cost(0, 0, 0),
+};
+
 const REFUSE_BY_FUSED_INSERT_FIRST: Spec = Spec {
     name: "fused-insert-first",
     work: Work::RefuseByFusedClaim(Fused::InsertFirst),
@@ -285,6 +292,7 @@ const DUPLICATES: &[Spec] = &[
     REFUSE_THROUGH_GATE,
     REFUSE_BY_FUSED_INSERT_FIRST,
     REFUSE_BY_FUSED_LOOKUP_FIRST,
+    REFUSE_THROUGH_CACHED_GATE,
 ];
 
 const HISTORY: &[Spec] = &[FLOOR, GATE];

@@ -29,6 +29,9 @@ pub enum Work {
     RefuseByLookup,
     /// Refuses a settled identity through the gate.
     RefuseThroughGate,
+    /// Refuses a settled identity through a gate with the local outcome
+    /// cache, warmed ([`cached`](crate::cached)).
+    RefuseThroughCachedGate,
     /// Refuses a settled identity with a one-statement claim.
     RefuseByFusedClaim(Fused),
 }
@@ -71,7 +74,10 @@ impl Workload {
             Work::Brandur => brandur::run(&self.pool, n, self.body).await,
             Work::Advisory => advisory::run(&self.pool, n, self.body).await,
             Work::RefuseByLookup => self.settled()?.refuse_by_lookup(&self.pool, n).await,
-            Work::RefuseThroughGate => self.settled()?.refuse_through_gate(&self.gates, n).await,
+            // The gates of a cached run carry the cache (`cached::gate_for`).
+            Work::RefuseThroughGate | Work::RefuseThroughCachedGate => {
+                self.settled()?.refuse_through_gate(&self.gates, n).await
+            }
             Work::RefuseByFusedClaim(fused) => {
                 self.settled()?
                     .refuse_by_fused_claim(&self.pool, fused, n)
