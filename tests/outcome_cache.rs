@@ -42,6 +42,14 @@ async fn ok(gate: &Gate, id: &Identity) -> Result<(), JobError> {
     gate.run(id, async { Ok(()) }).await
 }
 
+/// Asserts that `outcome` was refused with a rejection matching `pattern`;
+/// the rest is the message, as for `assert!`.
+macro_rules! assert_refused {
+    ($outcome:expr, $pattern:pat, $($message:tt)+) => {
+        assert!(matches!(refused(&$outcome), Some($pattern)), $($message)+)
+    };
+}
+
 fn refused(result: &Result<(), JobError>) -> Option<&Rejected> {
     match result {
         Err(JobError::Rejected(rejected)) => Some(rejected),
@@ -77,8 +85,9 @@ async fn a_success_settled_here_is_answered_with_no_round_trip() {
     ok(&cached, &id).await.expect("the first call runs");
     proxy.cut().await;
     let (again, events) = testing::observe(ok(&cached, &id)).await;
-    assert!(
-        matches!(refused(&again), Some(Rejected::AlreadyDone)),
+    assert_refused!(
+        again,
+        Rejected::AlreadyDone,
         "answered from the cache with the store cut off: {again:?}"
     );
     assert!(
@@ -87,10 +96,7 @@ async fn a_success_settled_here_is_answered_with_no_round_trip() {
     );
     // The control: without the cache, the same call needs the store.
     let uncached = ok(&plain, &id).await;
-    assert!(
-        matches!(refused(&uncached), Some(Rejected::Unavailable { .. })),
-        "{uncached:?}"
-    );
+    assert_refused!(uncached, Rejected::Unavailable { .. }, "{uncached:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,10 +111,7 @@ async fn a_success_the_store_reports_is_cached_and_answered_with_no_round_trip()
     assert!(matches!(refused(&first), Some(Rejected::AlreadyDone)));
     proxy.cut().await;
     let again = ok(&gate, &id).await;
-    assert!(
-        matches!(refused(&again), Some(Rejected::AlreadyDone)),
-        "{again:?}"
-    );
+    assert_refused!(again, Rejected::AlreadyDone, "{again:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,16 +220,10 @@ async fn a_collision_is_still_detected_from_the_cache() {
     )
     .await;
     let first = ok(&gate, &id).await;
-    assert!(
-        matches!(refused(&first), Some(Rejected::Collision { .. })),
-        "{first:?}"
-    );
+    assert_refused!(first, Rejected::Collision { .. }, "{first:?}");
     proxy.cut().await;
     let again = ok(&gate, &id).await;
-    assert!(
-        matches!(refused(&again), Some(Rejected::Collision { .. })),
-        "{again:?}"
-    );
+    assert_refused!(again, Rejected::Collision { .. }, "{again:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,10 +265,7 @@ async fn a_claim_in_flight_or_in_doubt_is_never_cached() {
     assert!(matches!(timeout, Err(ChargeError::Timeout)));
     for _ in 0..2 {
         let held = ok(&gate, &doubtful).await;
-        assert!(
-            matches!(refused(&held), Some(Rejected::InDoubt)),
-            "{held:?}"
-        );
+        assert_refused!(held, Rejected::InDoubt, "{held:?}");
     }
     assert_eq!(cache.entry_count(), 1, "only the settled one");
     let resolved = operations::resolve(
