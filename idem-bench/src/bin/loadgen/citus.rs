@@ -19,8 +19,9 @@ use std::time::Instant;
 use crate::accounts::Accounts;
 use crate::bench_db::{BenchDb, Contents, TableLayout};
 use crate::flags::Flags;
-use crate::report::Row;
-use crate::scenarios::{self, Run, Scenario};
+use crate::report::{Row, Setting};
+use crate::runner::{self, Measured, Planned};
+use crate::scenarios::{self, Run, Scenario, Selectable};
 use crate::{BoxError, citus_report, environment, splice};
 
 /// Which server a run measured.
@@ -49,10 +50,23 @@ pub struct TargetRun {
     pub run: Run,
 }
 
+impl Planned for TargetRun {
+    fn name(&self) -> String {
+        let on = format!("{} on {}", self.run.scenario.id(), self.target.label());
+        scenarios::run_name(on, self.run.concurrency)
+    }
+}
+
 /// One measured run on one server.
 pub struct Cell {
     pub target: Target,
     pub row: Row,
+}
+
+impl Measured for Cell {
+    fn progress(&self) -> String {
+        format!("{}: {}", self.target.label(), self.row.progress())
+    }
 }
 
 /// The matrix's plan ([`scenarios::plan`]), each run on both servers back
@@ -76,25 +90,14 @@ pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<TargetRun> {
 /// `--keep-schema`).
 pub async fn run(flags: &Flags, scenarios: &[Scenario], citus_url: &str) -> Result<(), BoxError> {
     let accounts = Arc::new(Accounts::spread(flags.citus_accounts));
-    let layout = flags
-        .partitions
-        .map_or(TableLayout::Plain, TableLayout::Partitioned);
-    let mut postgres = BenchDb::create(
+    let mut postgres = runner::create_db(
+        flags,
         &flags.database_url(),
-        &flags.schema,
-        layout,
-        flags.checkpoint,
+        flags.table_layout(),
         Arc::clone(&accounts),
     )
     .await?;
-    let citus = BenchDb::create(
-        citus_url,
-        &flags.schema,
-        TableLayout::Distributed,
-        flags.checkpoint,
-        accounts,
-    )
-    .await;
+    let citus = runner::create_db(flags, citus_url, TableLayout::Distributed, accounts).await;
     let mut citus = match citus {
         Ok(citus) => citus,
         Err(error) => {
@@ -103,17 +106,11 @@ pub async fn run(flags: &Flags, scenarios: &[Scenario], citus_url: &str) -> Resu
         }
     };
     let outcome = measure_all(flags, &mut postgres, &mut citus, scenarios, citus_url).await;
-    if flags.keep_schema {
-        eprintln!("kept schema {} and its rows on both servers", flags.schema);
-    } else {
-        postgres.drop_schema().await?;
-        citus.drop_schema().await?;
-    }
-    outcome
+    runner::drop_dbs(flags, vec![postgres, citus], outcome).await
 }
 
 /// Lays the rows down on both servers, then runs every planned run and
-/// prints (and writes) the report, also when a run failed part way.
+/// prints (and writes) the report.
 async fn measure_all(
     flags: &Flags,
     postgres: &mut BenchDb,
@@ -136,42 +133,22 @@ async fn measure_all(
     let environment =
         environment::describe_citus(postgres.admin(), citus.admin(), citus_url, flags).await?;
     eprint!("{environment}");
-    let runs = plan(scenarios, flags);
-    let mut cells = Vec::with_capacity(runs.len());
-    let mut failure = None;
-    for (done, TargetRun { target, run }) in runs.iter().copied().enumerate() {
+    let on_target = async |&TargetRun { target, run }: &TargetRun| {
         let db = match target {
             Target::Postgres => &mut *postgres,
             Target::Citus => &mut *citus,
         };
-        match crate::measure(flags, db, run, contents).await {
-            Ok(row) => {
-                eprintln!(
-                    "[{}/{}] {}: {}",
-                    done + 1,
-                    runs.len(),
-                    target.label(),
-                    row.progress()
-                );
-                cells.push(Cell { target, row });
-            }
-            Err(error) => {
-                failure = Some(format!(
-                    "{} on {} at concurrency {}: {error}",
-                    run.scenario.id(),
-                    target.label(),
-                    run.concurrency
-                ));
-                break;
-            }
-        }
-    }
-    let report = citus_report::render(&environment, began.elapsed(), &cells, scenarios, flags);
-    crate::publish(flags, &report, splice::CITUS)?;
-    match failure {
-        Some(failure) => Err(failure.into()),
-        None => Ok(()),
-    }
+        let row = crate::measure(flags, db, run, contents).await?;
+        Ok(Cell { target, row })
+    };
+    runner::measure_each(
+        flags,
+        splice::CITUS,
+        &plan(scenarios, flags),
+        on_target,
+        |cells| citus_report::render(Setting::new(&environment, began), cells, scenarios, flags),
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -4,11 +4,12 @@
 //! run, and what each scenario runs.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use crate::citus::{Cell, Target};
 use crate::flags::Flags;
-use crate::report::{self, Row};
+use crate::report::{
+    self, Row, Setting, per_concurrency_head, per_concurrency_line, section, shown,
+};
 use crate::scenarios::{BASELINE, Group, Scenario};
 
 /// A scenario on one server: what a ratio is made of.
@@ -27,32 +28,16 @@ struct Ratio {
 }
 
 /// The whole report, in markdown.
-pub fn render(
-    environment: &str,
-    took: Duration,
-    cells: &[Cell],
-    scenarios: &[Scenario],
-    flags: &Flags,
-) -> String {
-    let mut out = String::new();
-    out.push_str("### Cluster, servers and run\n\n");
-    out.push_str(environment);
-    let seconds = took.as_secs();
-    // Writing to a String cannot fail.
-    let _ = writeln!(
-        out,
-        "- the runs took {} min {:02} s (pre-loads, warm-ups and checkpoints included)",
-        seconds / 60,
-        seconds % 60
+pub fn render(setting: Setting, cells: &[Cell], scenarios: &[Scenario], flags: &Flags) -> String {
+    let mut out = setting.opening("Cluster, servers and run", "", "pre-loads");
+    section(&mut out, "Ratios", &ratios(cells, flags));
+    section(
+        &mut out,
+        "Latency the coordinator adds",
+        &added_latency(cells, flags),
     );
-    out.push_str("\n### Ratios\n\n");
-    out.push_str(&ratios(cells, flags));
-    out.push_str("\n### Latency the coordinator adds\n\n");
-    out.push_str(&added_latency(cells, flags));
-    out.push_str("\n### Results\n\n");
-    out.push_str(&table(cells, flags));
-    out.push_str("\n### Scenarios\n\n");
-    out.push_str(&report::legend(scenarios));
+    section(&mut out, "Results", &table(cells, flags));
+    section(&mut out, "Scenarios", &report::legend(scenarios));
     out.push_str(ON_CITUS);
     out
 }
@@ -149,22 +134,16 @@ fn ratios(cells: &[Cell], flags: &Flags) -> String {
             over: on(citus, new, BASELINE),
         },
     ];
-    let mut out = header("throughput ratio", flags);
+    let mut out = per_concurrency_head("throughput ratio", flags);
     for line in &lines {
-        let _ = write!(out, "| {} |", line.what);
-        for &concurrency in &flags.concurrency {
-            let ratio = find(cells, line.of, concurrency)
-                .zip(find(cells, line.over, concurrency))
-                .and_then(|(of, over)| {
-                    (over.ops_per_second > 0.0).then(|| of.ops_per_second / over.ops_per_second)
-                });
-            let _ = write!(
-                out,
-                " {} |",
-                ratio.map_or("–".to_owned(), |r| format!("{r:.2}"))
-            );
-        }
-        out.push('\n');
+        per_concurrency_line(&mut out, line.what, flags, |concurrency| {
+            let of = find(cells, line.of, concurrency);
+            let over = find(cells, line.over, concurrency);
+            shown(
+                of.zip(over)
+                    .and_then(|(of, over)| report::divided(of.ops_per_second, over.ops_per_second)),
+            )
+        });
     }
     out
 }
@@ -187,46 +166,23 @@ fn added_latency(cells: &[Cell], flags: &Flags) -> String {
         ("bare `SELECT` by address (1 statement)", dup, BASELINE),
         ("refused duplicate (1 statement; 2 on Citus)", dup, "gate"),
     ];
-    let mut out = header("p50 Citus − p50 PostgreSQL, ms", flags);
+    let mut out = per_concurrency_head("p50 Citus − p50 PostgreSQL, ms", flags);
     for (what, group, name) in lines {
-        let _ = write!(out, "| {what} |");
-        for &concurrency in &flags.concurrency {
+        per_concurrency_line(&mut out, what, flags, |concurrency| {
             let at = |target| {
-                find(
-                    cells,
-                    On {
-                        target,
-                        group,
-                        name,
-                    },
-                    concurrency,
-                )
+                let on = On {
+                    target,
+                    group,
+                    name,
+                };
+                find(cells, on, concurrency)
             };
             let added = at(Target::Citus)
                 .zip(at(Target::Postgres))
                 .map(|(citus, pg)| citus.p50_ms - pg.p50_ms);
-            let _ = write!(
-                out,
-                " {} |",
-                added.map_or("–".to_owned(), |ms| format!("{ms:+.2}"))
-            );
-        }
-        out.push('\n');
+            added.map_or("–".to_owned(), |ms| format!("{ms:+.2}"))
+        });
     }
-    out
-}
-
-/// `| what | conc 1 | conc 16 |` and its alignment line.
-fn header(what: &str, flags: &Flags) -> String {
-    let mut out = format!("| {what} |");
-    for concurrency in &flags.concurrency {
-        let _ = write!(out, " conc {concurrency} |");
-    }
-    out.push_str("\n|---|");
-    for _ in &flags.concurrency {
-        out.push_str("--:|");
-    }
-    out.push('\n');
     out
 }
 
@@ -245,11 +201,10 @@ fn table(cells: &[Cell], flags: &Flags) -> String {
         let (group, name, concurrency) =
             (run.scenario.group, run.scenario.spec.name, run.concurrency);
         let versus = |on| {
-            find(cells, on, concurrency)
-                .filter(|base| base.ops_per_second > 0.0)
-                .map_or("–".to_owned(), |base| {
-                    format!("{:.2}", cell.row.ops_per_second / base.ops_per_second)
-                })
+            shown(
+                find(cells, on, concurrency)
+                    .and_then(|base| report::divided(cell.row.ops_per_second, base.ops_per_second)),
+            )
         };
         let floor = versus(On {
             target: cell.target,

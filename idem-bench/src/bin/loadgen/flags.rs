@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::bench_db::TableLayout;
+
 /// Where the tests' PostgreSQL answers when `DATABASE_URL` is not set.
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -144,6 +146,13 @@ impl Flags {
     /// `DATABASE_URL`, else the tests' default server.
     pub fn database_url(&self) -> String {
         std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+    }
+
+    /// How idem's table is laid out on one PostgreSQL: `--partitions`, else
+    /// one table.
+    pub fn table_layout(&self) -> TableLayout {
+        self.partitions
+            .map_or(TableLayout::Plain, TableLayout::Partitioned)
     }
 
     /// What the slow body sleeps.

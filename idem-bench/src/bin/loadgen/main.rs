@@ -42,6 +42,7 @@ mod gated;
 mod keys;
 mod report;
 mod river;
+mod runner;
 mod scenarios;
 mod splice;
 mod workload;
@@ -54,11 +55,10 @@ use clap::Parser;
 use idem::Gate;
 
 use accounts::Accounts;
-use bench_db::{BenchDb, Contents, TableLayout};
+use bench_db::{BenchDb, Contents};
 use flags::Flags;
-use report::Row;
+use report::{Row, Setting};
 use scenarios::{Run, Scenario};
-use splice::Markers;
 use workload::Workload;
 
 /// Any error, with its message: the load generator reports and stops.
@@ -106,28 +106,18 @@ async fn run(flags: &Flags) -> Result<(), BoxError> {
     if let Some(citus_url) = &flags.citus_url {
         return citus::run(flags, &scenarios, citus_url).await;
     }
-    let layout = flags
-        .partitions
-        .map_or(TableLayout::Plain, TableLayout::Partitioned);
-    let mut db = BenchDb::create(
+    let mut db = runner::create_db(
+        flags,
         &flags.database_url(),
-        &flags.schema,
-        layout,
-        flags.checkpoint,
+        flags.table_layout(),
         Arc::new(Accounts::default_only()),
     )
     .await?;
     let outcome = measure_all(flags, &mut db, &scenarios).await;
-    if flags.keep_schema {
-        eprintln!("kept schema {} and its rows", flags.schema);
-    } else {
-        db.drop_schema().await?;
-    }
-    outcome
+    runner::drop_dbs(flags, vec![db], outcome).await
 }
 
-/// Runs every planned run, then prints (and writes) the report, also when a
-/// run failed part way: the rows measured so far are still worth reading.
+/// Runs every planned run, then prints (and writes) the report.
 async fn measure_all(
     flags: &Flags,
     db: &mut BenchDb,
@@ -137,43 +127,14 @@ async fn measure_all(
     eprint!("{environment}");
     let runs = scenarios::plan(scenarios, flags);
     let began = Instant::now();
-    let mut rows = Vec::with_capacity(runs.len());
-    let mut failure = None;
-    for (done, run) in runs.iter().enumerate() {
-        match measure(flags, db, *run, run.scenario.group.contents(flags)).await {
-            Ok(row) => {
-                eprintln!("[{}/{}] {}", done + 1, runs.len(), row.progress());
-                rows.push(row);
-            }
-            Err(error) => {
-                failure = Some(format!(
-                    "{} at concurrency {}: {error}",
-                    run.scenario.id(),
-                    run.concurrency
-                ));
-                break;
-            }
-        }
-    }
-    let report = report::render(&environment, began.elapsed(), &rows, scenarios, flags);
-    publish(flags, &report, splice::MATRIX)?;
-    match failure {
-        Some(failure) => Err(failure.into()),
-        None => Ok(()),
-    }
-}
-
-/// Prints the report, and writes it to `--out` and between `markers` of
-/// `--into`.
-fn publish(flags: &Flags, report: &str, markers: Markers) -> Result<(), BoxError> {
-    println!("{report}");
-    if let Some(path) = &flags.out {
-        std::fs::write(path, report)?;
-    }
-    if let Some(path) = &flags.into {
-        splice::write(path, markers, report)?;
-    }
-    Ok(())
+    runner::measure_each(
+        flags,
+        splice::MATRIX,
+        &runs,
+        async |&run: &Run| measure(flags, db, run, run.scenario.group.contents(flags)).await,
+        |rows| report::render(Setting::new(&environment, began), rows, scenarios, flags),
+    )
+    .await
 }
 
 /// One run: the tables as `contents` says, a fresh pool, the warm-up, the

@@ -1,13 +1,17 @@
 //! The report: one markdown table of every run, each run's ratio to its
 //! group's floor at the same concurrency, the targets judged from
-//! those ratios, and what each scenario runs.
+//! those ratios, and what each scenario runs. Also the pieces the Citus and
+//! River reports share with it ([`Setting::opening`], [`section`],
+//! [`shown`], the tables with a column per concurrency), so the three read
+//! alike and a change of wording reaches all three.
 
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::drive::Measurement;
 use crate::flags::Flags;
-use crate::scenarios::{BASELINE, Group, Run, Scenario, Spec};
+use crate::runner::Measured;
+use crate::scenarios::{BASELINE, Group, Run, Scenario, Selectable, Spec};
 
 /// One measured run, as the table shows it.
 pub struct Row {
@@ -27,9 +31,10 @@ impl Row {
             p99_ms: measurement.latency_ms(0.99),
         }
     }
+}
 
-    /// One line for the progress log.
-    pub fn progress(&self) -> String {
+impl Measured for Row {
+    fn progress(&self) -> String {
         format!(
             "{} c={} pool={}: {:.0} ops/s, p50 {:.2} ms, p99 {:.2} ms",
             self.run.scenario.id(),
@@ -43,31 +48,91 @@ impl Row {
 }
 
 /// The whole report, in markdown.
-pub fn render(
-    environment: &str,
-    took: Duration,
-    rows: &[Row],
-    scenarios: &[Scenario],
-    flags: &Flags,
-) -> String {
-    let mut out = String::new();
-    out.push_str("### Machine, server and run\n\n");
-    out.push_str(environment);
-    let seconds = took.as_secs();
-    // Writing to a String cannot fail.
-    let _ = writeln!(
-        out,
-        "- the runs took {} min {:02} s (pre-fills, warm-ups and checkpoints included)",
-        seconds / 60,
-        seconds % 60
-    );
-    out.push_str("\n### Results\n\n");
-    out.push_str(&table(rows, flags));
-    out.push_str("\n### Targets\n\n");
-    out.push_str(&targets(rows, flags));
-    out.push_str("\n### Scenarios\n\n");
-    out.push_str(&legend(scenarios));
+pub fn render(setting: Setting, rows: &[Row], scenarios: &[Scenario], flags: &Flags) -> String {
+    let mut out = setting.opening("Machine, server and run", "", "pre-fills");
+    section(&mut out, "Results", &table(rows, flags));
+    section(&mut out, "Targets", &targets(rows, flags));
+    section(&mut out, "Scenarios", &legend(scenarios));
     out
+}
+
+/// Where the runs ran and how long they took: what every report opens
+/// with.
+#[derive(Clone, Copy)]
+pub struct Setting<'a> {
+    environment: &'a str,
+    took: Duration,
+}
+
+impl<'a> Setting<'a> {
+    /// Runs in `environment` that `began` then: taken once they are done,
+    /// so the report states their whole time.
+    pub fn new(environment: &'a str, began: Instant) -> Setting<'a> {
+        Setting {
+            environment,
+            took: began.elapsed(),
+        }
+    }
+
+    /// A report's opening: `### heading`, the environment, the `extra`
+    /// lines (each ending in a newline) and how long the runs took, their
+    /// `set_up` (the rows laid down), warm-ups and checkpoints included.
+    pub fn opening(self, heading: &str, extra: &str, set_up: &str) -> String {
+        let seconds = self.took.as_secs();
+        format!(
+            "### {heading}\n\n{}{extra}- the runs took {} min {:02} s ({set_up}, warm-ups and checkpoints included)\n",
+            self.environment,
+            seconds / 60,
+            seconds % 60
+        )
+    }
+}
+
+/// Appends the section `### title` and its `body`, after a blank line.
+pub fn section(out: &mut String, title: &str, body: &str) {
+    // Writing to a String cannot fail.
+    let _ = write!(out, "\n### {title}\n\n{body}");
+}
+
+/// A ratio as the tables show it: two decimals, or a dash when one of its
+/// runs is missing.
+pub fn shown(ratio: Option<f64>) -> String {
+    ratio.map_or("–".to_owned(), |r| format!("{r:.2}"))
+}
+
+/// Throughput `of` over throughput `over`, none when `over` measured
+/// nothing (a run that failed at once would divide by zero).
+pub fn divided(of: f64, over: f64) -> Option<f64> {
+    (over > 0.0).then(|| of / over)
+}
+
+/// `| what | conc 1 | conc 16 |` and its alignment line: the head of a
+/// table with a column per concurrency.
+pub fn per_concurrency_head(what: &str, flags: &Flags) -> String {
+    let mut out = format!("| {what} |");
+    for concurrency in &flags.concurrency {
+        let _ = write!(out, " conc {concurrency} |");
+    }
+    out.push_str("\n|---|");
+    for _ in &flags.concurrency {
+        out.push_str("--:|");
+    }
+    out.push('\n');
+    out
+}
+
+/// One line of such a table: `what`, then `cell` at each concurrency.
+pub fn per_concurrency_line(
+    out: &mut String,
+    what: &str,
+    flags: &Flags,
+    cell: impl Fn(u32) -> String,
+) {
+    let _ = write!(out, "| {what} |");
+    for &concurrency in &flags.concurrency {
+        let _ = write!(out, " {} |", cell(concurrency));
+    }
+    out.push('\n');
 }
 
 /// Every run, with its ratio to its group's floor at the same concurrency,
@@ -98,7 +163,7 @@ fn table(rows: &[Row], flags: &Flags) -> String {
             row.ops_per_second,
             row.p50_ms,
             row.p99_ms,
-            ratio.map_or("–".to_owned(), |r| format!("{r:.2}")),
+            shown(ratio),
         );
     }
     out
@@ -120,7 +185,7 @@ fn ratio(
         })
     };
     let (scenario, baseline) = (find(scenario)?, find(baseline)?);
-    (baseline.ops_per_second > 0.0).then(|| scenario.ops_per_second / baseline.ops_per_second)
+    divided(scenario.ops_per_second, baseline.ops_per_second)
 }
 
 /// One of the targets: `scenario` must reach `at_least` × `baseline`.
@@ -131,6 +196,33 @@ struct Target {
     at_least: f64,
     /// Concurrencies where the target says nothing (shown, not judged).
     judged: fn(u32, &Flags) -> bool,
+}
+
+impl Target {
+    /// `scenario` must reach `at_least` × `baseline`, both of `group`, at
+    /// every concurrency: what all but two targets are.
+    fn within(
+        group: Group,
+        scenario: &'static str,
+        baseline: &'static str,
+        at_least: f64,
+    ) -> Target {
+        Target {
+            what: String::new(),
+            scenario: (group, scenario),
+            baseline: (group, baseline),
+            at_least,
+            judged: every_concurrency,
+        }
+    }
+
+    /// The target, as the report's table names it.
+    fn named(self, what: impl Into<String>) -> Target {
+        Target {
+            what: what.into(),
+            ..self
+        }
+    }
 }
 
 fn every_concurrency(_: u32, _: &Flags) -> bool {
@@ -146,60 +238,30 @@ fn pool_smaller_than_workers(concurrency: u32, flags: &Flags) -> bool {
 /// Each target at each concurrency: the measured ratio and whether it holds.
 fn targets(rows: &[Row], flags: &Flags) -> String {
     let rows: Vec<&Row> = rows.iter().collect();
+    let (noop, dup) = (Group::NoOp, Group::Duplicates);
     let mut targets = vec![
+        Target::within(noop, "gate", BASELINE, 0.90).named("gate ≥ 0.90× floor"),
+        Target::within(noop, "gate", "on-conflict", 0.90)
+            .named("gate ≥ 0.90× on-conflict (the gate's own client work)"),
+        Target::within(dup, "gate", BASELINE, 0.90).named("duplicate refusal ≥ 0.90× its floor"),
+        Target::within(dup, "gate-cached", BASELINE, 50.0)
+            .named("cached duplicate refusal ≥ 50× its floor"),
+        Target::within(noop, "gate", "brandur", 1.2).named("gate ≥ 1.2× brandur"),
         Target {
-            what: "gate ≥ 0.90× floor".to_owned(),
-            scenario: (Group::NoOp, "gate"),
-            baseline: (Group::NoOp, BASELINE),
-            at_least: 0.90,
-            judged: every_concurrency,
-        },
-        Target {
-            what: "gate ≥ 0.90× on-conflict (the gate's own client work)".to_owned(),
-            scenario: (Group::NoOp, "gate"),
-            baseline: (Group::NoOp, "on-conflict"),
-            at_least: 0.90,
-            judged: every_concurrency,
-        },
-        Target {
-            what: "duplicate refusal ≥ 0.90× its floor".to_owned(),
-            scenario: (Group::Duplicates, "gate"),
-            baseline: (Group::Duplicates, BASELINE),
-            at_least: 0.90,
-            judged: every_concurrency,
-        },
-        Target {
-            what: "cached duplicate refusal ≥ 50× its floor".to_owned(),
-            scenario: (Group::Duplicates, "gate-cached"),
-            baseline: (Group::Duplicates, BASELINE),
-            at_least: 50.0,
-            judged: every_concurrency,
-        },
-        Target {
-            what: "gate ≥ 1.2× brandur".to_owned(),
-            scenario: (Group::NoOp, "gate"),
-            baseline: (Group::NoOp, "brandur"),
-            at_least: 1.2,
-            judged: every_concurrency,
-        },
-        Target {
-            what: format!("gate ≥ 2× advisory, {} ms body", flags.slow_body_ms),
-            scenario: (Group::SlowBody, "gate"),
-            baseline: (Group::SlowBody, "advisory"),
-            at_least: 2.0,
             judged: pool_smaller_than_workers,
+            ..Target::within(Group::SlowBody, "gate", "advisory", 2.0).named(format!(
+                "gate ≥ 2× advisory, {} ms body",
+                flags.slow_body_ms
+            ))
         },
     ];
     if let Some(&largest) = flags.history_sizes().last() {
+        let rows = crate::scenarios::count(largest);
         targets.push(Target {
-            what: format!(
-                "gate on {} rows ≥ 0.85× gate on an empty table",
-                crate::scenarios::count(largest)
-            ),
             scenario: (Group::History(largest), "gate"),
-            baseline: (Group::NoOp, "gate"),
-            at_least: 0.85,
-            judged: every_concurrency,
+            ..Target::within(noop, "gate", "gate", 0.85).named(format!(
+                "gate on {rows} rows ≥ 0.85× gate on an empty table"
+            ))
         });
     }
     let mut out = String::from("| target | conc | ratio | verdict |\n|---|--:|--:|---|\n");

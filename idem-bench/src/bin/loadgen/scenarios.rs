@@ -7,6 +7,7 @@ use crate::body::Body;
 use crate::flags::Flags;
 use crate::floor::{Claim, Floor, Settle};
 use crate::fused::Fused;
+use crate::runner::Planned;
 use crate::workload::{GateMode, Work};
 
 /// The scenario every group's ratios are against.
@@ -324,9 +325,8 @@ pub struct Scenario {
     pub spec: Spec,
 }
 
-impl Scenario {
-    /// `group/name`, as `--scenarios` and the progress lines spell it.
-    pub fn id(&self) -> String {
+impl Selectable for Scenario {
+    fn id(&self) -> String {
         format!("{}/{}", self.group.name(), self.spec.name)
     }
 
@@ -344,6 +344,12 @@ pub struct Run {
     /// Where the report lists it: by group, then concurrency, then the
     /// scenario's place in its list, whatever order it ran in.
     pub place: (usize, usize, usize),
+}
+
+impl Planned for Run {
+    fn name(&self) -> String {
+        run_name(self.scenario.id(), self.concurrency)
+    }
 }
 
 /// Every scenario of the full run, in order, before filtering: the
@@ -376,23 +382,39 @@ fn in_groups(groups: Vec<(Group, &[Spec])>) -> Vec<Scenario> {
 /// The scenarios `--scenarios` selects (all of them without it). A term
 /// that selects nothing is an error that lists what there is.
 pub fn selected(flags: &Flags) -> Result<Vec<Scenario>, String> {
-    let all = all(flags);
-    if let Some(unknown) = flags
-        .scenarios
+    select(all(flags), &flags.scenarios, "")
+}
+
+/// A scenario `--scenarios` can select: the matrix's, and River's.
+pub trait Selectable {
+    /// `group/name`, as `--scenarios` and the progress lines spell it.
+    fn id(&self) -> String;
+    /// Whether `term` (a group, a name or an id) selects it.
+    fn matches(&self, term: &str) -> bool;
+}
+
+/// The scenarios of `all` that `terms` select, all of them without terms.
+/// A term that selects nothing is an error listing every id, `nothing`
+/// saying where (River's list is not the matrix's), so a typo is not a run
+/// that silently measures less.
+pub fn select<S: Selectable>(
+    all: Vec<S>,
+    terms: &[String],
+    nothing: &str,
+) -> Result<Vec<S>, String> {
+    if let Some(unknown) = terms
         .iter()
         .find(|term| !all.iter().any(|scenario| scenario.matches(term)))
     {
-        let known: Vec<String> = all.iter().map(Scenario::id).collect();
+        let known: Vec<String> = all.iter().map(S::id).collect();
         return Err(format!(
-            "--scenarios {unknown:?} selects nothing; there are: {}",
+            "--scenarios {unknown:?} selects nothing{nothing}; there are: {}",
             known.join(", ")
         ));
     }
     Ok(all
         .into_iter()
-        .filter(|scenario| {
-            flags.scenarios.is_empty() || flags.scenarios.iter().any(|t| scenario.matches(t))
-        })
+        .filter(|scenario| terms.is_empty() || terms.iter().any(|t| scenario.matches(t)))
         .collect())
 }
 
@@ -403,19 +425,9 @@ pub fn selected(flags: &Flags) -> Result<Vec<Scenario>, String> {
 /// reverse at the next, so a drift in the machine (a warming cache, a
 /// neighbour's load) does not always fall on the same side of a ratio.
 pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<Run> {
-    let mut groups: Vec<Group> = Vec::new();
-    for scenario in scenarios {
-        if !groups.contains(&scenario.group) {
-            groups.push(scenario.group);
-        }
-    }
     let mut runs = Vec::new();
-    for (group_place, &group) in groups.iter().enumerate() {
-        let members: Vec<Scenario> = scenarios
-            .iter()
-            .copied()
-            .filter(|scenario| scenario.group == group)
-            .collect();
+    let groups = by_group(scenarios, |scenario| scenario.group);
+    for (group_place, (group, members)) in groups.into_iter().enumerate() {
         for (level, &concurrency) in flags.concurrency.iter().enumerate() {
             let mut order: Vec<usize> = (0..members.len()).collect();
             if level % 2 == 1 {
@@ -432,6 +444,29 @@ pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<Run> {
         }
     }
     runs
+}
+
+/// `scenarios` by group, the groups in the order they first appear and
+/// each group's scenarios in theirs: what both plans run group by group.
+pub fn by_group<S: Copy, G: PartialEq>(
+    scenarios: &[S],
+    group_of: impl Fn(&S) -> G,
+) -> Vec<(G, Vec<S>)> {
+    let mut groups: Vec<(G, Vec<S>)> = Vec::new();
+    for scenario in scenarios {
+        let group = group_of(scenario);
+        match groups.iter_mut().find(|(known, _)| *known == group) {
+            Some((_, members)) => members.push(*scenario),
+            None => groups.push((group, vec![*scenario])),
+        }
+    }
+    groups
+}
+
+/// A run as a failure names it: `noop/gate at concurrency 16`, where `id`
+/// names the scenario (and for Citus, the server).
+pub fn run_name(id: String, concurrency: u32) -> String {
+    format!("{id} at concurrency {concurrency}")
 }
 
 /// `5M`, `250k`, `1234`.

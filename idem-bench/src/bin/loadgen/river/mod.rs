@@ -28,7 +28,8 @@ use crate::body::Body;
 use crate::drive::{self, Operation};
 use crate::duplicates::Settled;
 use crate::flags::Flags;
-use crate::{BoxError, environment, gated, keys, splice};
+use crate::report::Setting;
+use crate::{BoxError, environment, gated, keys, runner, splice};
 
 use report::Row;
 use scenarios::{Group, Run, Scenario, Side, Work};
@@ -54,11 +55,10 @@ pub async fn run(flags: &Flags) -> Result<(), BoxError> {
         print!("{}", report::legend(&scenarios, flags));
         return Ok(());
     }
-    let mut db = BenchDb::create(
+    let mut db = runner::create_db(
+        flags,
         &flags.database_url(),
-        &flags.schema,
         TableLayout::Plain,
-        flags.checkpoint,
         Arc::new(Accounts::default_only()),
     )
     .await?;
@@ -66,12 +66,7 @@ pub async fn run(flags: &Flags) -> Result<(), BoxError> {
         Ok(_) => measure_all(flags, &mut db, &scenarios).await,
         Err(error) => Err(format!("River's migrations: {error}").into()),
     };
-    if flags.keep_schema {
-        eprintln!("kept schema {} and its rows", flags.schema);
-    } else {
-        db.drop_schema().await?;
-    }
-    outcome
+    runner::drop_dbs(flags, vec![db], outcome).await
 }
 
 /// What River's tables hold now.
@@ -80,8 +75,7 @@ struct RiverJobs {
     duplicates: Option<Arc<Duplicates>>,
 }
 
-/// Runs every planned run, then prints (and writes) the report, also when a
-/// run failed part way.
+/// Runs every planned run, then prints (and writes) the report.
 async fn measure_all(
     flags: &Flags,
     db: &mut BenchDb,
@@ -95,32 +89,17 @@ async fn measure_all(
     ));
     eprint!("{environment}");
     let runs = scenarios::plan(scenarios, flags);
-    let began = Instant::now();
-    let mut rows = Vec::with_capacity(runs.len());
+    // Kept from one run to the next: laying the duplicates down is slow.
     let mut river = RiverJobs::default();
-    let mut failure = None;
-    for (done, run) in runs.iter().enumerate() {
-        match measure(flags, db, &mut river, *run).await {
-            Ok(row) => {
-                eprintln!("[{}/{}] {}", done + 1, runs.len(), row.progress());
-                rows.push(row);
-            }
-            Err(error) => {
-                failure = Some(format!(
-                    "{} at concurrency {}: {error}",
-                    run.scenario.id(),
-                    run.concurrency
-                ));
-                break;
-            }
-        }
-    }
-    let report = report::render(&environment, began.elapsed(), &rows, scenarios, flags);
-    crate::publish(flags, &report, splice::RIVER)?;
-    match failure {
-        Some(failure) => Err(failure.into()),
-        None => Ok(()),
-    }
+    let began = Instant::now();
+    runner::measure_each(
+        flags,
+        splice::RIVER,
+        &runs,
+        async |&run: &Run| measure(flags, db, &mut river, run).await,
+        |rows| report::render(Setting::new(&environment, began), rows, scenarios, flags),
+    )
+    .await
 }
 
 /// Brings both sides' tables to what `group` runs on, then checkpoints

@@ -2,12 +2,14 @@
 //! concurrency with its verdict, every run, and what each scenario sends.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use super::scenarios::{Group, Run, Scenario, Side};
 use super::side_label;
 use crate::drive::Measurement;
 use crate::flags::Flags;
+use crate::report::{self, Setting, per_concurrency_head, per_concurrency_line, section, shown};
+use crate::runner::Measured;
+use crate::scenarios::Selectable;
 
 /// One measured run.
 pub struct Row {
@@ -21,6 +23,23 @@ pub struct Row {
     pub p99_ms: f64,
 }
 
+/// The pool in the line is the one the run had, not the planned one:
+/// River's worked jobs get a few more connections.
+impl Measured for Row {
+    fn progress(&self) -> String {
+        let (run, pool) = (self.run, self.pool);
+        format!(
+            "{} c={} pool={pool}: {:.0} ops/s ({:.0} jobs/s), p50 {:.2} ms, p99 {:.2} ms",
+            run.scenario.id(),
+            run.concurrency,
+            self.ops_per_second,
+            self.jobs_per_second,
+            self.p50_ms,
+            self.p99_ms
+        )
+    }
+}
+
 impl Row {
     pub fn new(run: Run, pool: u32, per_op: u64, measured: &Measurement) -> Row {
         let ops_per_second = measured.ops_per_second();
@@ -32,20 +51,6 @@ impl Row {
             p50_ms: measured.latency_ms(0.50),
             p99_ms: measured.latency_ms(0.99),
         }
-    }
-
-    /// One line for the progress log.
-    pub fn progress(&self) -> String {
-        format!(
-            "{} c={} pool={}: {:.0} ops/s ({:.0} jobs/s), p50 {:.2} ms, p99 {:.2} ms",
-            self.run.scenario.id(),
-            self.run.concurrency,
-            self.pool,
-            self.ops_per_second,
-            self.jobs_per_second,
-            self.p50_ms,
-            self.p99_ms
-        )
     }
 }
 
@@ -139,36 +144,17 @@ const PAIRS: &[Pair] = &[
 ];
 
 /// The whole report, in markdown.
-pub fn render(
-    environment: &str,
-    took: Duration,
-    rows: &[Row],
-    scenarios: &[Scenario],
-    flags: &Flags,
-) -> String {
-    let mut out = String::new();
-    out.push_str("### Machine, server and run\n\n");
-    out.push_str(environment);
-    let seconds = took.as_secs();
-    // Writing to a String cannot fail.
-    let _ = writeln!(
-        out,
+pub fn render(setting: Setting, rows: &[Row], scenarios: &[Scenario], flags: &Flags) -> String {
+    let batch = format!(
         "- River's batch: {} jobs per `insert_many`; its duplicates: {} existing jobs, idem's: \
-         as many settled identities\n\
-         - the runs took {} min {:02} s (lay-down, warm-ups and checkpoints included)",
-        flags.river_batch,
-        flags.river_duplicates,
-        seconds / 60,
-        seconds % 60
+         as many settled identities\n",
+        flags.river_batch, flags.river_duplicates,
     );
-    out.push_str("\n### idem ÷ River\n\n");
-    out.push_str(&ratios(rows, flags));
-    out.push_str("\n### Verdicts\n\n");
-    out.push_str(&verdicts(rows, flags));
-    out.push_str("\n### Results\n\n");
-    out.push_str(&table(rows, flags));
-    out.push_str("\n### Scenarios\n\n");
-    out.push_str(&legend(scenarios, flags));
+    let mut out = setting.opening("Machine, server and run", &batch, "lay-down");
+    section(&mut out, "idem ÷ River", &ratios(rows, flags));
+    section(&mut out, "Verdicts", &verdicts(rows, flags));
+    section(&mut out, "Results", &table(rows, flags));
+    section(&mut out, "Scenarios", &legend(scenarios, flags));
     out
 }
 
@@ -184,30 +170,15 @@ fn find<'r>(rows: &'r [Row], group: Group, name: &str, concurrency: u32) -> Opti
 fn ratio(rows: &[Row], group: Group, idem: &str, river: &str, concurrency: u32) -> Option<f64> {
     let of = find(rows, group, idem, concurrency)?;
     let over = find(rows, group, river, concurrency)?;
-    (over.jobs_per_second > 0.0).then(|| of.jobs_per_second / over.jobs_per_second)
-}
-
-fn shown(ratio: Option<f64>) -> String {
-    ratio.map_or("–".to_owned(), |r| format!("{r:.2}"))
+    report::divided(of.jobs_per_second, over.jobs_per_second)
 }
 
 fn ratios(rows: &[Row], flags: &Flags) -> String {
-    let mut out = String::from("| pair (throughput per key, idem ÷ River) |");
-    for concurrency in &flags.concurrency {
-        let _ = write!(out, " conc {concurrency} |");
-    }
-    out.push_str("\n|---|");
-    for _ in &flags.concurrency {
-        out.push_str("--:|");
-    }
-    out.push('\n');
+    let mut out = per_concurrency_head("pair (throughput per key, idem ÷ River)", flags);
     for pair in PAIRS {
-        let _ = write!(out, "| {} |", pair.what);
-        for &concurrency in &flags.concurrency {
-            let r = ratio(rows, pair.group, pair.idem, pair.river, concurrency);
-            let _ = write!(out, " {} |", shown(r));
-        }
-        out.push('\n');
+        per_concurrency_line(&mut out, pair.what, flags, |concurrency| {
+            shown(ratio(rows, pair.group, pair.idem, pair.river, concurrency))
+        });
     }
     out
 }
@@ -251,43 +222,28 @@ fn because(rows: &[Row], pair: &Pair, concurrency: u32, flags: &Flags) -> String
             _ => "it completed more keys per second in this run".to_owned(),
         }
     };
+    // The same group's other idem scenario that shows what River's edge is
+    // made of, against the same River scenario.
+    let instead = |idem| shown(ratio(rows, pair.group, idem, pair.river, concurrency));
     match pair.because {
         Because::Figures => figures(),
         Because::TwoCommits => format!(
             "the gate waits for two WAL flushes per call and River's insert for one: the same \
              gate with one durable commit (`gate-async`) is {}× River",
-            shown(ratio(
-                rows,
-                pair.group,
-                "gate-async",
-                pair.river,
-                concurrency
-            ))
+            instead("gate-async")
         ),
         Because::BatchedCompletions => format!(
             "the gate commits each outcome durably on its own while River's completer records \
              completions in batches (one UPDATE for many jobs): the gate with its outcome \
              committed asynchronously (`gate-async`) is {}× River",
-            shown(ratio(
-                rows,
-                pair.group,
-                "gate-async",
-                pair.river,
-                concurrency
-            ))
+            instead("gate-async")
         ),
         Because::NoBatchClaim => format!(
             "`insert_many` commits {} jobs with one WAL flush and idem has no batch claim yet \
              (issue 17, part 2), so it pays a commit per key: the same batch as one \
              hand-written claim statement (`batch-claim-sql`) is {}× River",
             flags.river_batch,
-            shown(ratio(
-                rows,
-                pair.group,
-                "batch-claim-sql",
-                pair.river,
-                concurrency
-            ))
+            instead("batch-claim-sql")
         ),
     }
 }
@@ -331,10 +287,8 @@ fn table(rows: &[Row], flags: &Flags) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {} |",
-            scenario.group.name(),
-            scenario.name,
-            side_label(scenario.side),
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {} |",
+            named(scenario),
             row.run.concurrency,
             row.pool,
             row.ops_per_second,
@@ -347,6 +301,12 @@ fn table(rows: &[Row], flags: &Flags) -> String {
     out
 }
 
+/// The group, scenario and side cells both tables start with.
+fn named(scenario: Scenario) -> String {
+    let side = side_label(scenario.side);
+    format!("{} | {} | {side}", scenario.group.name(), scenario.name)
+}
+
 /// What each scenario sends.
 pub fn legend(scenarios: &[Scenario], flags: &Flags) -> String {
     let mut out = String::from(
@@ -356,10 +316,8 @@ pub fn legend(scenarios: &[Scenario], flags: &Flags) -> String {
     for scenario in scenarios {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} |",
-            scenario.group.name(),
-            scenario.name,
-            side_label(scenario.side),
+            "| {} | {} | {} |",
+            named(*scenario),
             scenario.per_op(flags),
             scenario.sends
         );

@@ -2,6 +2,8 @@
 //! concurrency, and the pairs the report divides (idem ÷ River).
 
 use crate::flags::Flags;
+use crate::runner::Planned;
+use crate::scenarios::Selectable;
 
 /// Scenarios that share what the tables hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,12 +76,17 @@ pub struct Scenario {
     pub sends: &'static str,
 }
 
-impl Scenario {
-    /// `group/name`, as `--scenarios` and the progress lines spell it.
-    pub fn id(&self) -> String {
+impl Selectable for Scenario {
+    fn id(&self) -> String {
         format!("{}/{}", self.group.name(), self.name)
     }
 
+    fn matches(&self, term: &str) -> bool {
+        term == "river" || term == self.group.name() || term == self.name || term == self.id()
+    }
+}
+
+impl Scenario {
     /// Jobs (or keys) one operation handles: the batch size for the batch
     /// scenarios, else one.
     pub fn per_op(&self, flags: &Flags) -> u64 {
@@ -87,10 +94,6 @@ impl Scenario {
             Work::RiverInsertMany | Work::BatchClaimSql => flags.river_batch,
             _ => 1,
         }
-    }
-
-    fn matches(&self, term: &str) -> bool {
-        term == "river" || term == self.group.name() || term == self.name || term == self.id()
     }
 }
 
@@ -224,24 +227,7 @@ pub const ALL: &[Scenario] = &[
 /// The scenarios `--scenarios` selects (all of them without it, or with
 /// `river`); a term that selects nothing is an error that lists them.
 pub fn selected(flags: &Flags) -> Result<Vec<Scenario>, String> {
-    if let Some(unknown) = flags
-        .scenarios
-        .iter()
-        .find(|term| !ALL.iter().any(|scenario| scenario.matches(term)))
-    {
-        let known: Vec<String> = ALL.iter().map(Scenario::id).collect();
-        return Err(format!(
-            "--scenarios {unknown:?} selects nothing with --river; there are: {}",
-            known.join(", ")
-        ));
-    }
-    Ok(ALL
-        .iter()
-        .copied()
-        .filter(|scenario| {
-            flags.scenarios.is_empty() || flags.scenarios.iter().any(|t| scenario.matches(t))
-        })
-        .collect())
+    crate::scenarios::select(ALL.to_vec(), &flags.scenarios, " with --river")
 }
 
 /// One measured run.
@@ -252,26 +238,21 @@ pub struct Run {
     pub pool: u32,
 }
 
+impl Planned for Run {
+    fn name(&self) -> String {
+        crate::scenarios::run_name(self.scenario.id(), self.concurrency)
+    }
+}
+
 /// The runs in the order they run: group by group (each group's tables
 /// prepared once), and within a group every scenario at one concurrency
 /// before the next, in listed order at one concurrency and reversed at the
 /// next, so every pair is measured back to back and a drift in the machine
 /// falls on both sides of a ratio alike.
 pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<Run> {
-    let mut groups: Vec<Group> = Vec::new();
-    for scenario in scenarios {
-        if !groups.contains(&scenario.group) {
-            groups.push(scenario.group);
-        }
-    }
     let mut runs = Vec::new();
     let mut level = 0;
-    for group in groups {
-        let members: Vec<Scenario> = scenarios
-            .iter()
-            .copied()
-            .filter(|scenario| scenario.group == group)
-            .collect();
+    for (_, members) in crate::scenarios::by_group(scenarios, |scenario| scenario.group) {
         for &concurrency in &flags.concurrency {
             let mut order = members.clone();
             if level % 2 == 1 {
