@@ -17,7 +17,6 @@ use crate::mode::{Disposed, Mode};
 use crate::run::{self, outcome_of, replayed_outcome_of};
 use crate::schema;
 use crate::slots::{self, Slots};
-use crate::store::Engine;
 use crate::via::Via;
 
 /// Runs actions at most once per identity, with PostgreSQL as the arbiter.
@@ -68,13 +67,10 @@ impl Gate {
     /// without DDL rights, and for users who apply
     /// [`SCHEMA_SQL`](crate::schema::SCHEMA_SQL) with their own migrations.
     pub async fn connect_without_setup(pool: PgPool) -> Result<Gate, Error> {
-        if let Some(problems) = schema::verify(&pool).await? {
+        let (problems, engine) = schema::verify_for_gate(&pool).await?;
+        if let Some(problems) = problems {
             return Err(Error::Schema(problems));
         }
-        let engine = match schema::layout(&pool).await? {
-            Some(schema::Layout::Distributed { .. }) => Engine::Citus,
-            _ => Engine::PostgreSQL,
-        };
         Ok(Gate {
             slots: Slots::new(pool, engine, Gate::DEFAULT_ACCOUNT),
         })

@@ -6,6 +6,7 @@
 use sqlx::{PgConnection, PgPool};
 
 use crate::error::{SchemaProblem, SchemaProblems};
+use crate::store::Engine;
 use crate::store::catalog::{self, Index};
 
 mod distributed;
@@ -175,15 +176,24 @@ fn normalize_predicate(predicate: &str) -> String {
 ///
 /// Returns `Ok(None)` when the schema can enforce one claim per identity.
 pub async fn verify(pool: &PgPool) -> Result<Option<SchemaProblems>, sqlx::Error> {
+    Ok(verify_for_gate(pool).await?.0)
+}
+
+/// [`verify`], and what the table is on, as a starting gate needs both:
+/// the store's statement shapes depend on whether Citus distributes it.
+pub(crate) async fn verify_for_gate(
+    pool: &PgPool,
+) -> Result<(Option<SchemaProblems>, Engine), sqlx::Error> {
     let mut conn = pool.acquire().await?;
     let location = catalog::locate_table(&mut conn).await?;
     let Some(table) = location.table else {
-        return Ok(Some(SchemaProblems {
+        let missing = SchemaProblems {
             table: "idem_records".to_owned(),
             problems: vec![SchemaProblem::MissingTable {
                 search_path: location.search_path,
             }],
-        }));
+        };
+        return Ok((Some(missing), Engine::PostgreSQL));
     };
 
     let mut problems = Vec::new();
@@ -237,9 +247,16 @@ pub async fn verify(pool: &PgPool) -> Result<Option<SchemaProblems>, sqlx::Error
 
     // Citus: on the coordinator a distributed table is a shell whose
     // indexes say nothing of the shards that hold the rows.
-    problems.extend(distributed::problems(&mut conn).await?);
+    let citus = distributed::check(&mut conn).await?;
+    problems.extend(citus.problems);
+    let engine = if citus.distributed {
+        Engine::Citus
+    } else {
+        Engine::PostgreSQL
+    };
 
-    Ok((!problems.is_empty()).then_some(SchemaProblems { table, problems }))
+    let problems = (!problems.is_empty()).then_some(SchemaProblems { table, problems });
+    Ok((problems, engine))
 }
 
 #[cfg(test)]

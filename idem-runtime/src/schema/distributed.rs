@@ -108,27 +108,42 @@ const NOT_THE_COORDINATOR: &str = "connected to a Citus worker, not the coordina
      to the coordinator, whose sequence hands out every fence (fences drawn on two nodes come \
      from ranges of their own and would not rise in the order they were drawn)";
 
-/// What is wrong with how Citus holds `idem_records`, for
-/// [`verify`](super::verify); nothing when Citus is not installed or does
-/// not manage the table (a plain table on a coordinator is one PostgreSQL's
-/// table).
-pub(super) async fn problems(conn: &mut PgConnection) -> Result<Vec<SchemaProblem>, sqlx::Error> {
+/// What Citus says of `idem_records`, for [`verify`](super::verify).
+#[derive(Debug, Default)]
+pub(super) struct CitusCheck {
+    /// What is wrong with how Citus holds it: nothing when Citus is not
+    /// installed or does not manage the table (a plain table on a
+    /// coordinator is one PostgreSQL's table).
+    pub(super) problems: Vec<SchemaProblem>,
+    /// Citus manages the table, so statements take its routed shapes.
+    pub(super) distributed: bool,
+}
+
+/// Checks how Citus holds `idem_records` ([`CitusCheck`]).
+pub(super) async fn check(conn: &mut PgConnection) -> Result<CitusCheck, sqlx::Error> {
     if citus::citus_version(conn).await?.is_none() {
-        return Ok(Vec::new());
+        return Ok(CitusCheck::default());
     }
     let mut problems = Vec::new();
     if !citus::is_coordinator(conn).await? {
         problems.push(distribution_problem(NOT_THE_COORDINATOR.to_owned()));
     }
     let Some(distribution) = citus::distribution(conn).await? else {
-        return Ok(problems);
+        return Ok(CitusCheck {
+            problems,
+            distributed: false,
+        });
+    };
+    let check = |problems| CitusCheck {
+        problems,
+        distributed: true,
     };
     let method = Distribution::from_catalog(&distribution.method);
     match (method, distribution.column_name.as_deref()) {
         (Distribution::Hash, Some("account")) => {}
         // A reference table has one copy per node, each enforcing both
         // indexes; a Citus local table is one table on the coordinator.
-        (Distribution::ReferenceOrLocal, _) => return Ok(problems),
+        (Distribution::ReferenceOrLocal, _) => return Ok(check(problems)),
         (method, column) => {
             problems.push(distribution_problem(format!(
                 "Citus distributes it by {} ({method}), so its unique indexes are enforced only \
@@ -137,7 +152,7 @@ pub(super) async fn problems(conn: &mut PgConnection) -> Result<Vec<SchemaProble
                  distribution_column := 'account'))",
                 column.unwrap_or("no column"),
             )));
-            return Ok(problems);
+            return Ok(check(problems));
         }
     }
     for placement in citus::placement_indexes(conn).await? {
@@ -160,7 +175,7 @@ pub(super) async fn problems(conn: &mut PgConnection) -> Result<Vec<SchemaProble
             }
         }
     }
-    Ok(problems)
+    Ok(check(problems))
 }
 
 fn missing_on_placement(
