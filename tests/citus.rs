@@ -18,7 +18,7 @@ use idem::meter::Event;
 use idem::schema::{self, Layout};
 use idem::sqlx::{self, PgPool, Row};
 use idem::{Error, Gate, Identity, Mode, Rejected, SchemaProblem, testing};
-use idem_test_support::{JobError, schemas};
+use idem_test_support::{JobError, citus, schemas};
 
 /// The coordinator the suite runs against, checked to be one.
 async fn coordinator(connections: u32) -> PgPool {
@@ -42,15 +42,9 @@ async fn accounts_by_worker(pool: &PgPool, per_worker: usize) -> BTreeMap<String
     let mut by_worker: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for n in 0..10_000 {
         let account = format!("{prefix}_{n}");
-        let node: String = sqlx::query_scalar(
-            "SELECT nodename || ':' || nodeport FROM citus_shards \
-             WHERE table_name = 'idem_records'::regclass \
-               AND shardid = get_shard_id_for_distribution_column('idem_records', $1)",
-        )
-        .bind(&account)
-        .fetch_one(pool)
-        .await
-        .expect("where the account's shard is");
+        let node = citus::worker_of(pool, &account)
+            .await
+            .expect("where the account's shard is");
         let accounts = by_worker.entry(node).or_default();
         if accounts.len() < per_worker {
             accounts.push(account);

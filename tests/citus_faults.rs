@@ -12,11 +12,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem::sqlx::PgPool;
 use idem::sqlx::postgres::PgPoolOptions;
-use idem::sqlx::{self, PgPool};
 use idem::{Gate, Identity, Rejected, schema, testing};
 use idem_test_support::JobError;
-use idem_test_support::citus::CitusCluster;
+use idem_test_support::citus::{self, CitusCluster};
 use tokio::sync::Notify;
 
 #[derive(Default)]
@@ -35,17 +35,13 @@ impl Ledger {
 /// A new account whose shard is on the worker listening on `port`.
 async fn account_on(pool: &PgPool, port: u16) -> String {
     let prefix = testing::unique_name("on_worker");
+    let there = format!(":{port}");
     for n in 0..10_000 {
         let account = format!("{prefix}_{n}");
-        let there: i32 = sqlx::query_scalar(
-            "SELECT nodeport FROM citus_shards WHERE table_name = 'idem_records'::regclass \
-               AND shardid = get_shard_id_for_distribution_column('idem_records', $1)",
-        )
-        .bind(&account)
-        .fetch_one(pool)
-        .await
-        .expect("where the account's shard is");
-        if i64::from(there) == i64::from(port) {
+        let worker = citus::worker_of(pool, &account)
+            .await
+            .expect("where the account's shard is");
+        if worker.ends_with(&there) {
             return account;
         }
     }

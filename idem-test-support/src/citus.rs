@@ -379,6 +379,20 @@ fn setup_failed<'a>(node: &'a str, url: &'a str) -> impl FnOnce(sqlx::Error) -> 
     }
 }
 
+/// `host:port` of the worker holding `account`'s shard of `idem_records`,
+/// asked of the coordinator `pool` connects to: for a test that needs
+/// accounts on a given worker.
+pub async fn worker_of(pool: &sqlx::PgPool, account: &str) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT nodename || ':' || nodeport FROM citus_shards \
+         WHERE table_name = 'idem_records'::regclass \
+           AND shardid = get_shard_id_for_distribution_column('idem_records', $1)",
+    )
+    .bind(account)
+    .fetch_one(pool)
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
