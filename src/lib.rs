@@ -216,8 +216,8 @@ pub use idem_macros::idempotent;
 pub use idem_runtime::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Disposed, Disposition, Error, Fingerprint, Gate,
     GateEvent, Identity, KeyPart, Mode, NotCanonical, OnExpiry, OnUnavailable, OutcomeCommit,
-    PartValue, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems, meter, operations,
-    reconcile, schema, sqlx,
+    PartValue, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems, batch, meter,
+    operations, reconcile, schema, sqlx,
 };
 
 /// Test helpers (feature `testing`): a real database, isolated gates, and

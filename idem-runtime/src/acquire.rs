@@ -63,23 +63,11 @@ pub(crate) async fn acquire(
     want_output: bool,
     via: &mut Via<'_>,
 ) -> Result<Acquired, Rejected> {
+    let contender = Contender::new(slots, identity);
     if identity.is_absent() {
-        tracing::info!(
-            target: "idem",
-            account = slots.account(),
-            namespace = slots.namespace(),
-            action = identity.action(),
-            absent_part = identity.first_absent_part(),
-            "ungated: a key part is None, so there is no slot to claim and the body runs unguarded"
-        );
-        observe::record(GateEvent::Ungated);
+        contender.ungated();
         return Ok(Acquired::Won(Claim::ungated()));
     }
-    let contender = Contender {
-        slots,
-        identity,
-        address: identity.address(),
-    };
     let lease_micros = slots
         .check()
         .and_then(|()| mode.lease_micros())
@@ -145,70 +133,15 @@ pub(crate) async fn acquire(
                 }
             }
         };
-        match attempt {
-            Attempt::Won(fenced) => {
-                let Fenced {
-                    fence,
-                    lineage,
-                    took_over,
-                } = fenced;
-                slot_event!(debug, contender, fence, took_over, "claim won");
-                if took_over {
-                    observe::record(GateEvent::TookOver);
-                }
-                observe::record(GateEvent::Won);
-                let in_transaction = via.in_transaction();
-                return Ok(Acquired::Won(Claim::won(Held {
-                    slots: slots.clone(),
-                    identity: identity.clone(),
-                    fingerprint,
-                    address: contender.address,
-                    fence,
-                    lineage,
-                    lease: Lease::from_now(mode.lease_duration()),
-                    in_transaction,
-                    // Never under a lease or in the caller's transaction:
-                    // see OutcomeCommit::Async. Nor on Citus, where the
-                    // setting is made on the coordinator, the worker that
-                    // writes the row commits durably all the same, and the
-                    // extra step only costs round trips (BENCHMARKS.md).
-                    commit: match mode.outcome_commit_policy() {
-                        OutcomeCommit::Async
-                            if mode.lease_duration().is_none()
-                                && !in_transaction
-                                && slots.engine() == Engine::PostgreSQL =>
-                        {
-                            Commit::Async
-                        }
-                        _ => Commit::Durable,
-                    },
-                })));
-            }
-            Attempt::Settled(Some(output)) => {
-                slot_event!(
-                    debug,
-                    contender,
-                    cached,
-                    "duplicate of a settled action: replaying its stored value"
-                );
-                observe::record(GateEvent::Replayed);
-                return Ok(Acquired::Settled(Some(output)));
-            }
-            Attempt::Settled(None) => {
-                contender.refused_as(&Rejected::AlreadyDone, cached);
-                return Ok(Acquired::Settled(None));
-            }
-            Attempt::Refused(rejected) => {
-                contender.refused_as(&rejected, cached);
-                return Err(rejected);
-            }
+        match contender.conclude(attempt, mode, fingerprint, via.in_transaction(), cached) {
+            Concluded::Acquired(acquired) => return acquired,
             // Freed: try again at once, a few times.
-            Attempt::Freed if freed + 1 < CLAIM_ATTEMPTS => {
+            Concluded::Freed if freed + 1 < CLAIM_ATTEMPTS => {
                 freed += 1;
             }
             // Held (or freed on every attempt) while a wait is not over:
             // pause, then look again.
-            Attempt::Held | Attempt::Freed if waiting(deadline) => {
+            Concluded::Held | Concluded::Freed if waiting(deadline) => {
                 freed = 0;
                 let remaining = deadline
                     .flatten()
@@ -217,7 +150,7 @@ pub(crate) async fn acquire(
                 poll = (poll * 2).min(WAIT_LONGEST_POLL);
             }
             // Still held, or the slot changed hands on every attempt.
-            Attempt::Held | Attempt::Freed => {
+            Concluded::Held | Concluded::Freed => {
                 contender.refused(&Rejected::InFlight);
                 return Err(Rejected::InFlight);
             }
@@ -226,24 +159,46 @@ pub(crate) async fn acquire(
 }
 
 /// One caller trying for the slot of one identity.
-struct Contender<'a> {
+pub(crate) struct Contender<'a> {
     slots: &'a Slots,
     identity: &'a Identity,
     address: String,
 }
 
+/// What one attempt comes to for its caller.
+pub(crate) enum Concluded {
+    /// Decided: the slot is this caller's, or the caller is answered.
+    Acquired(Result<Acquired, Rejected>),
+    /// Pending under someone else, lease (if any) not run out.
+    Held,
+    /// Gone between the insert and the lookup, or taken over by another:
+    /// worth another try.
+    Freed,
+}
+
 /// A slot this caller now holds: its fence, and the lineage (the fence the
 /// claim began with, which a takeover keeps).
 #[derive(Debug, Clone, Copy)]
-struct Fenced {
+pub(crate) struct Fenced {
     fence: i64,
     lineage: i64,
     took_over: bool,
 }
 
+impl Fenced {
+    /// A slot just claimed (not taken over) with `fence`.
+    pub(crate) fn new(fence: i64) -> Fenced {
+        Fenced {
+            fence,
+            lineage: fence,
+            took_over: false,
+        }
+    }
+}
+
 /// One claim statement (and, when a row it could not see stopped it, one
 /// lookup).
-enum Attempt {
+pub(crate) enum Attempt {
     Won(Fenced),
     Settled(Option<String>),
     /// Pending under someone else, lease (if any) not run out.
@@ -253,7 +208,121 @@ enum Attempt {
     Refused(Rejected),
 }
 
-impl Contender<'_> {
+impl<'a> Contender<'a> {
+    pub(crate) fn new(slots: &'a Slots, identity: &'a Identity) -> Contender<'a> {
+        Contender {
+            slots,
+            identity,
+            address: identity.address(),
+        }
+    }
+
+    /// Says that the identity is absent (a key part is `None`), so the
+    /// body runs unguarded.
+    pub(crate) fn ungated(&self) {
+        tracing::info!(
+            target: "idem",
+            account = self.slots.account(),
+            namespace = self.slots.namespace(),
+            action = self.identity.action(),
+            absent_part = self.identity.first_absent_part(),
+            "ungated: a key part is None, so there is no slot to claim and the body runs unguarded"
+        );
+        observe::record(GateEvent::Ungated);
+    }
+
+    /// The slot's address.
+    pub(crate) fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// What `attempt` comes to: a won claim (with the `fingerprint` it was
+    /// made with, under `mode`), an answer, or another try. `cached`: the
+    /// attempt was answered from the outcome cache. Says so to tracing.
+    pub(crate) fn conclude(
+        &self,
+        attempt: Attempt,
+        mode: &Mode,
+        fingerprint: Option<[u8; 20]>,
+        in_transaction: bool,
+        cached: bool,
+    ) -> Concluded {
+        let acquired = match attempt {
+            Attempt::Won(fenced) => Ok(Acquired::Won(self.won(
+                fenced,
+                mode,
+                fingerprint,
+                in_transaction,
+            ))),
+            Attempt::Settled(Some(output)) => {
+                slot_event!(
+                    debug,
+                    self,
+                    cached,
+                    "duplicate of a settled action: replaying its stored value"
+                );
+                observe::record(GateEvent::Replayed);
+                Ok(Acquired::Settled(Some(output)))
+            }
+            Attempt::Settled(None) => {
+                self.refused_as(&Rejected::AlreadyDone, cached);
+                Ok(Acquired::Settled(None))
+            }
+            Attempt::Refused(rejected) => {
+                self.refused_as(&rejected, cached);
+                Err(rejected)
+            }
+            Attempt::Held => return Concluded::Held,
+            Attempt::Freed => return Concluded::Freed,
+        };
+        Concluded::Acquired(acquired)
+    }
+
+    /// The claim of a slot this caller won (`fenced`), under `mode`.
+    fn won(
+        &self,
+        fenced: Fenced,
+        mode: &Mode,
+        fingerprint: Option<[u8; 20]>,
+        in_transaction: bool,
+    ) -> Claim {
+        let Fenced {
+            fence,
+            lineage,
+            took_over,
+        } = fenced;
+        slot_event!(debug, self, fence, took_over, "claim won");
+        if took_over {
+            observe::record(GateEvent::TookOver);
+        }
+        observe::record(GateEvent::Won);
+        Claim::won(Held {
+            slots: self.slots.clone(),
+            identity: self.identity.clone(),
+            fingerprint,
+            address: self.address.clone(),
+            fence,
+            lineage,
+            lease: Lease::from_now(mode.lease_duration()),
+            in_transaction,
+            // Never under a lease or in the caller's transaction: see
+            // OutcomeCommit::Async. Nor on Citus, where the setting is made
+            // on the coordinator, the worker that writes the row commits
+            // durably all the same, and the extra step only costs round
+            // trips (BENCHMARKS.md).
+            commit: match mode.outcome_commit_policy() {
+                OutcomeCommit::Async
+                    if mode.lease_duration().is_none()
+                        && !in_transaction
+                        && self.slots.engine() == Engine::PostgreSQL =>
+                {
+                    Commit::Async
+                }
+                _ => Commit::Durable,
+            },
+        })
+    }
+
     /// One claim statement, and what it found.
     async fn attempt(
         &self,
@@ -277,13 +346,7 @@ impl Contender<'_> {
         )
         .await?
         {
-            store::Claimed::Won(fence) => {
-                return Ok(Attempt::Won(Fenced {
-                    fence,
-                    lineage: fence,
-                    took_over: false,
-                }));
-            }
+            store::Claimed::Won(fence) => return Ok(Attempt::Won(Fenced::new(fence))),
             store::Claimed::Held(existing) => existing,
             // Stopped by a row the statement could not see: look again,
             // with a new snapshot, to tell the caller why.
@@ -296,6 +359,32 @@ impl Contender<'_> {
                 }
             }
         };
+        self.judge(
+            &mut conn,
+            existing,
+            new,
+            want_output,
+            on_expiry,
+            in_transaction,
+        )
+        .await
+    }
+
+    /// What the row found holding the slot means for this caller: the rules
+    /// every duplicate is judged by, with the statements they may call for
+    /// on `conn` (a claim whose lease ran out is taken over, or turned in
+    /// doubt). `in_transaction`: the row was read inside the caller's
+    /// transaction, so it may be uncommitted and is not remembered.
+    pub(crate) async fn judge(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        existing: store::Existing,
+        new: NewClaim<'_>,
+        want_output: bool,
+        on_expiry: OnExpiry,
+        in_transaction: bool,
+    ) -> Result<Attempt, sqlx::Error> {
+        let (scope, address) = (self.slots.scope(), &*self.address);
         // A final row read on a connection of the pool is committed: this
         // process may remember it. One read inside the caller's
         // transaction may be that transaction's own uncommitted settle.
@@ -388,7 +477,7 @@ impl Contender<'_> {
     /// the same rules as a row read from the store; `None` when it cannot
     /// say (nothing remembered, or a replaying caller meets a success
     /// remembered without its value): the store is asked.
-    fn recalled(&self, new: NewClaim<'_>, want_output: bool) -> Option<Attempt> {
+    pub(crate) fn recalled(&self, new: NewClaim<'_>, want_output: bool) -> Option<Attempt> {
         let known = self.slots.recall(&self.address)?;
         let replayable = match self.replayable(new, &known.identity, known.fingerprint.as_deref()) {
             Ok(replayable) => replayable,
@@ -406,7 +495,7 @@ impl Contender<'_> {
     }
 
     /// Says why the claim was refused: to tracing, and to a race harness.
-    fn refused(&self, rejected: &Rejected) {
+    pub(crate) fn refused(&self, rejected: &Rejected) {
         self.refused_as(rejected, false);
     }
 
@@ -424,7 +513,7 @@ impl Contender<'_> {
     }
 
     /// A claim statement failed: an outage, or an error of the request.
-    fn store_failed(&self, error: sqlx::Error) -> Rejected {
+    pub(crate) fn store_failed(&self, error: sqlx::Error) -> Rejected {
         let rejected = Rejected::from_store(error);
         if rejected.is_outage() {
             slot_event!(error, self, error = %rejected,

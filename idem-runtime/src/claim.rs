@@ -32,7 +32,8 @@ const LATE_SUCCESS_ATTEMPTS: usize = 8;
 
 /// Pauses between attempts to record an outcome (settle or release), which
 /// are idempotent and worth a retry when a pooled connection died under them.
-const RECORD_BACKOFF: [Duration; 2] = [Duration::from_millis(25), Duration::from_millis(100)];
+pub(crate) const RECORD_BACKOFF: [Duration; 2] =
+    [Duration::from_millis(25), Duration::from_millis(100)];
 
 /// Runs one statement of a holder on a connection of `$via`, repeated after
 /// a transient failure while [`RECORD_BACKOFF`] lasts (none inside the
@@ -116,7 +117,7 @@ impl Lease {
 
 /// What a holder is recording.
 #[derive(Debug, Clone, Copy)]
-enum Outcome<'a> {
+pub(crate) enum Recording<'a> {
     Success {
         output: Option<&'a str>,
     },
@@ -168,7 +169,7 @@ impl Claim {
         let Some(pool) = self.pool() else {
             return Ok(());
         };
-        self.finish(Outcome::Success { output: None }, &mut Via::Pool(&pool))
+        self.finish(Recording::Success { output: None }, &mut Via::Pool(&pool))
             .await
     }
 
@@ -200,7 +201,7 @@ impl Claim {
         let Some(pool) = self.pool() else {
             return Ok(());
         };
-        self.finish(Outcome::Failure(disposition), &mut Via::Pool(&pool))
+        self.finish(Recording::Failure(disposition), &mut Via::Pool(&pool))
             .await
     }
 
@@ -208,7 +209,7 @@ impl Claim {
     /// made with [`Gate::claim_in`](crate::Gate::claim_in)): it takes effect when that commits.
     pub async fn settle_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
         self.finish(
-            Outcome::Success { output: None },
+            Recording::Success { output: None },
             &mut Via::Transaction(connection),
         )
         .await
@@ -226,7 +227,7 @@ impl Claim {
         disposition: Disposition,
     ) -> Result<(), Rejected> {
         self.finish(
-            Outcome::Failure(disposition),
+            Recording::Failure(disposition),
             &mut Via::Transaction(connection),
         )
         .await
@@ -282,7 +283,7 @@ impl Claim {
         output: Option<&str>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
-        self.finish(Outcome::Success { output }, via).await
+        self.finish(Recording::Success { output }, via).await
     }
 
     /// Records a failure as `disposition` says.
@@ -291,30 +292,57 @@ impl Claim {
         disposition: Disposition,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
-        self.finish(Outcome::Failure(disposition), via).await
+        self.finish(Recording::Failure(disposition), via).await
+    }
+
+    /// The slot this claim holds, if any.
+    pub(crate) fn held(&self) -> Option<&Held> {
+        self.held.as_ref()
+    }
+
+    /// `outcome` was written over this holder's own row by a batch
+    /// statement: remembers and reports it, as [`finish`](Claim::finish)
+    /// does after its own statement.
+    pub(crate) fn recorded_in_batch(mut self, outcome: Recording<'_>, via: &Via<'_>) {
+        if let Some(held) = self.held.take() {
+            held.remember(outcome, via);
+            held.report(outcome, &Ok(()));
+        }
     }
 
     /// Records `outcome` through `via`, and reports it.
-    async fn finish(mut self, outcome: Outcome<'_>, via: &mut Via<'_>) -> Result<(), Rejected> {
+    pub(crate) async fn finish(
+        mut self,
+        outcome: Recording<'_>,
+        via: &mut Via<'_>,
+    ) -> Result<(), Rejected> {
         let Some(held) = self.held.take() else {
             return Ok(());
         };
         let recorded = held.record(outcome, via).await;
-        match (&recorded, outcome) {
-            (Ok(()), Outcome::Success { .. }) => {
-                held.event(tracing::Level::DEBUG, "settled", None);
+        held.report(outcome, &recorded);
+        recorded
+    }
+}
+
+impl Held {
+    /// Says what became of `outcome`: to tracing, and to a race harness.
+    fn report(&self, outcome: Recording<'_>, recorded: &Result<(), Rejected>) {
+        match (recorded, outcome) {
+            (Ok(()), Recording::Success { .. }) => {
+                self.event(tracing::Level::DEBUG, "settled", None);
                 observe::record(GateEvent::Settled);
             }
-            (Ok(()), Outcome::Failure(Disposition::Keep)) => {
-                held.event(
+            (Ok(()), Recording::Failure(Disposition::Keep)) => {
+                self.event(
                     tracing::Level::INFO,
                     "failure kept: the slot is failed",
                     None,
                 );
                 observe::record(GateEvent::Kept);
             }
-            (Ok(()), Outcome::Failure(Disposition::InDoubt)) => {
-                held.event(
+            (Ok(()), Recording::Failure(Disposition::InDoubt)) => {
+                self.event(
                     tracing::Level::WARN,
                     "outcome in doubt: the slot is held until a reconciler or an operator \
                      resolves it",
@@ -322,50 +350,47 @@ impl Claim {
                 );
                 observe::record(GateEvent::InDoubt);
             }
-            (Ok(()), Outcome::Failure(_)) => {
-                held.event(tracing::Level::DEBUG, "released", None);
+            (Ok(()), Recording::Failure(_)) => {
+                self.event(tracing::Level::DEBUG, "released", None);
                 observe::record(GateEvent::Released);
             }
             (Err(rejected), _) => {
                 let message = match rejected {
                     Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => match outcome {
-                        Outcome::Success { .. } => {
+                        Recording::Success { .. } => {
                             "the claim was no longer this holder's when its success was recorded; \
                              the success is kept in the slot unless it was settled already"
                         }
-                        Outcome::Failure(_) => {
+                        Recording::Failure(_) => {
                             "the claim was taken over before its failure was recorded: the new \
                              holder decides"
                         }
                     },
                     _ => match outcome {
-                        Outcome::Success { .. } => {
+                        Recording::Success { .. } => {
                             "settle failed; the slot stays pending (fail closed) until resolved"
                         }
-                        Outcome::Failure(_) => {
+                        Recording::Failure(_) => {
                             "recording the failure failed; the slot stays pending (fail closed) \
                              until resolved"
                         }
                     },
                 };
-                held.event(tracing::Level::ERROR, message, Some(rejected));
+                self.event(tracing::Level::ERROR, message, Some(rejected));
                 observe::record(GateEvent::Unrecorded(rejected.clone()));
             }
         }
-        recorded
     }
-}
 
-impl Held {
     /// Records `outcome`: the statement, retried after a transient failure;
     /// a success whose value the store refuses, again without the value;
     /// and, when it matched no row of ours, what became of the claim.
-    async fn record(&self, outcome: Outcome<'_>, via: &mut Via<'_>) -> Result<(), Rejected> {
+    async fn record(&self, outcome: Recording<'_>, via: &mut Via<'_>) -> Result<(), Rejected> {
         let mut written = outcome;
         let mut attempt = self.record_once(outcome, via).await;
         // Inside the caller's transaction the failure has aborted it: the
         // claim rolls back with the body's writes, and nothing is lost.
-        let carries_a_value = matches!(outcome, Outcome::Success { output: Some(_) });
+        let carries_a_value = matches!(outcome, Recording::Success { output: Some(_) });
         if carries_a_value && !via.in_transaction() {
             attempt = match attempt {
                 Err(error) if fault::classify(&error) != Fault::Outage => {
@@ -376,7 +401,7 @@ impl Held {
                          duplicates are refused as already done",
                         Some(&Rejected::from_store(error)),
                     );
-                    written = Outcome::Success { output: None };
+                    written = Recording::Success { output: None };
                     self.record_once(written, via).await
                 }
                 other => other,
@@ -396,7 +421,7 @@ impl Held {
     /// over this holder's own row: a success (with the value it kept) or a
     /// failure kept for good. Never from inside the caller's transaction,
     /// which may still roll back.
-    fn remember(&self, written: Outcome<'_>, via: &Via<'_>) {
+    fn remember(&self, written: Recording<'_>, via: &Via<'_>) {
         if via.in_transaction() {
             return;
         }
@@ -405,9 +430,9 @@ impl Held {
             self.fingerprint.as_ref().map(|f| f.as_slice()),
         );
         self.slots.remember(&self.address, || match written {
-            Outcome::Success { output } => Some(Final::settled(identity, fingerprint, output)),
-            Outcome::Failure(Disposition::Keep) => Some(Final::failed(identity, fingerprint)),
-            Outcome::Failure(_) => None,
+            Recording::Success { output } => Some(Final::settled(identity, fingerprint, output)),
+            Recording::Failure(Disposition::Keep) => Some(Final::failed(identity, fingerprint)),
+            Recording::Failure(_) => None,
         });
     }
 
@@ -416,22 +441,23 @@ impl Held {
     /// no pending row under this fence.
     async fn record_once(
         &self,
-        outcome: Outcome<'_>,
+        outcome: Recording<'_>,
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
         let (scope, address, fence, commit) =
             (self.slots.scope(), &*self.address, self.fence, self.commit);
         repeat_recording!(via, |conn| match outcome {
-            Outcome::Success { output } => {
+            Recording::Success { output } => {
                 store::settle(&mut *conn, scope, address, fence, output, commit).await
             }
-            Outcome::Failure(Disposition::Keep) => {
+            Recording::Failure(Disposition::Keep) => {
                 store::keep(&mut *conn, scope, address, fence, commit, "kept_failure").await
             }
-            Outcome::Failure(Disposition::InDoubt) => {
+            Recording::Failure(Disposition::InDoubt) => {
                 store::hold_in_doubt(&mut *conn, scope, address, fence, "body_in_doubt").await
             }
-            Outcome::Failure(_) => store::release(&mut *conn, scope, address, fence, commit).await,
+            Recording::Failure(_) =>
+                store::release(&mut *conn, scope, address, fence, commit).await,
         })
     }
 
@@ -439,15 +465,15 @@ impl Held {
     /// out what became of the claim, and make sure a success is kept.
     async fn no_longer_ours(
         &self,
-        outcome: Outcome<'_>,
+        outcome: Recording<'_>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
         match outcome {
-            Outcome::Failure(_) => {
+            Recording::Failure(_) => {
                 let row = self.look(via).await?;
                 self.release_matched_nothing(row.as_ref())
             }
-            Outcome::Success { output } => self.keep_success(output, via).await,
+            Recording::Success { output } => self.keep_success(output, via).await,
         }
     }
 

@@ -13,6 +13,7 @@
 
 // The reading path, top down: gate → run → acquire → claim → store.
 mod acquire;
+pub mod batch;
 #[cfg(feature = "cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub mod cache;

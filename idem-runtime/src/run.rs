@@ -130,7 +130,7 @@ impl<R> OutcomeOf<R> {
 
     /// What a duplicate of a settled action returns: its stored value, or
     /// `AlreadyDone` when there is none to give (or it no longer reads back).
-    fn settled(&self, identity: &Identity, stored: Option<String>) -> R {
+    pub(crate) fn settled(&self, identity: &Identity, stored: Option<String>) -> R {
         if let (Some(replay), Some(json)) = (&self.replay, stored) {
             match (replay.decode)(&json) {
                 Ok(output) => return output,
@@ -157,30 +157,16 @@ impl<R> OutcomeOf<R> {
     /// (or, with `replay`, handed the value). A success the store failed to
     /// record keeps the body's value: the slot stays pending (fail closed)
     /// and a tracing error says so.
-    async fn record(&self, claim: Claim, output: R, via: &mut Via<'_>) -> R {
-        if !(self.is_success)(&output) {
-            let disposition = self
-                .dispose
-                .map_or(Disposition::Release, |dispose| dispose(&output));
-            // The body's error is what its caller needs; a failure that
-            // could not be recorded is reported by tracing and leaves the
-            // slot pending.
-            let _recorded = claim.dispose_via(disposition, via).await;
-            return output;
-        }
-        let json = match self.replay.as_ref().map(|replay| (replay.encode)(&output)) {
-            Some(Ok(json)) => json,
-            Some(Err(error)) => {
-                tracing::error!(
-                    target: "idem",
-                    address = claim.address(),
-                    error = %error,
-                    "the Ok value could not be serialized for replay; settling without it, \
-                     so duplicates are refused as already done"
-                );
-                None
+    pub(crate) async fn record(&self, claim: Claim, output: R, via: &mut Via<'_>) -> R {
+        let json = match self.wanted(claim.address(), &output) {
+            Wanted::Failure(disposition) => {
+                // The body's error is what its caller needs; a failure that
+                // could not be recorded is reported by tracing and leaves the
+                // slot pending.
+                let _recorded = claim.dispose_via(disposition, via).await;
+                return output;
             }
-            None => None,
+            Wanted::Success(json) => json,
         };
         match claim.settle_with(json.as_deref(), via).await {
             Err(lost @ (Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. })) => {
@@ -189,6 +175,52 @@ impl<R> OutcomeOf<R> {
             _ => output,
         }
     }
+
+    /// What `output`, the body's return of the claim at `address`, asks
+    /// its slot to record: a success (with, for `replay`, the `Ok` value as
+    /// JSON), or a failure and what it means for the slot.
+    pub(crate) fn wanted(&self, address: Option<&str>, output: &R) -> Wanted {
+        if !(self.is_success)(output) {
+            return Wanted::Failure(
+                self.dispose
+                    .map_or(Disposition::Release, |dispose| dispose(output)),
+            );
+        }
+        Wanted::Success(
+            match self.replay.as_ref().map(|replay| (replay.encode)(output)) {
+                Some(Ok(json)) => json,
+                Some(Err(error)) => {
+                    tracing::error!(
+                        target: "idem",
+                        address,
+                        error = %error,
+                        "the Ok value could not be serialized for replay; settling without it, \
+                         so duplicates are refused as already done"
+                    );
+                    None
+                }
+                None => None,
+            },
+        )
+    }
+
+    /// What a refused invocation returns.
+    pub(crate) fn refused(&self, rejected: Rejected) -> R {
+        (self.rejected)(rejected)
+    }
+
+    /// Whether duplicates of a settled action are handed its stored value.
+    pub(crate) fn replays(&self) -> bool {
+        self.replay.is_some()
+    }
+}
+
+/// What a body's output asks its slot to record.
+pub(crate) enum Wanted {
+    /// A success, keeping this value (JSON) for replay, if any.
+    Success(Option<String>),
+    /// A failure, and what it means for the slot.
+    Failure(Disposition),
 }
 
 /// Claims `identity` in `slots`, runs `body` only if the claim was won, then

@@ -114,6 +114,9 @@ struct Shared {
     /// Statements whose next execution loses its reply, once each.
     armed: Mutex<Vec<Statement>>,
     lost: Mutex<Vec<LostReply>>,
+    /// Statements executed through the proxy (Execute messages and simple
+    /// Queries), on every connection.
+    executions: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -142,6 +145,7 @@ impl Proxy {
             connections: Mutex::new(JoinSet::new()),
             armed: Mutex::new(Vec::new()),
             lost: Mutex::new(Vec::new()),
+            executions: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept(listener, shared.clone()));
         Proxy {
@@ -205,6 +209,12 @@ impl Proxy {
     /// The replies lost since the last call, oldest first.
     pub fn take_lost_replies(&self) -> Vec<LostReply> {
         std::mem::take(&mut *lock(&self.shared.lost))
+    }
+
+    /// How many statements have been executed through the proxy so far, on
+    /// every connection: to count a caller's round trips.
+    pub fn executions(&self) -> u64 {
+        self.shared.executions.load(Ordering::SeqCst)
     }
 
     /// Disarms every reply not lost yet.
@@ -338,6 +348,9 @@ async fn frontend(
     let mut executed: Option<Statement> = None;
     loop {
         let message = Message::read(&mut from).await?;
+        if matches!(message.kind, b'E' | b'Q') {
+            shared.executions.fetch_add(1, Ordering::SeqCst);
+        }
         match message.kind {
             b'P' => parsed = message.sql().as_deref().and_then(Statement::of),
             b'E' => executed = parsed.filter(|statement| shared.take_armed(*statement)),

@@ -123,6 +123,7 @@ macro_rules! existing_columns {
          (state = 'pending' AND coalesce(lease_expires_at < now(), false)) AS lease_expired"
     };
 }
+pub(super) use existing_columns;
 
 /// Claims a slot, or finds the row that holds it, in one statement (see
 /// `claim_statement!`). Index: the partial unique index of its form.

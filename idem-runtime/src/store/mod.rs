@@ -7,6 +7,7 @@
 //! | module | its statements |
 //! |---|---|
 //! | `claims` | the claim path: claim, lookup, take over, settle, release, extend, late successes, keep a failure, hold in doubt |
+//! | `batch` | the claim path for many slots at once: claim, look up, and one statement per kind of outcome |
 //! | `metering` | usage events: record a batch, total a meter |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
 //! | `catalog` | schema set-up, its version, the verification and partition queries |
@@ -39,12 +40,15 @@
 //!   expansion, the meter, the schema module or the test helpers; they
 //!   import this.
 
+mod batch;
 pub(crate) mod catalog;
 pub(crate) mod citus;
 mod claims;
 pub(crate) mod metering;
 pub mod operations;
 
+#[cfg(test)]
+mod batch_plans;
 #[cfg(test)]
 mod index_use;
 #[cfg(test)]
@@ -56,6 +60,7 @@ use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 
+pub(crate) use batch::{BatchOutcome, NewBatchItem, claim_batch, lookup_batch, record_batch};
 pub(crate) use claims::{
     Claimed, Existing, LateSuccess, NewClaim, claim, expire_in_doubt, extend, hold_in_doubt, keep,
     lookup, release, settle, settle_over, settle_vacant, take_over,

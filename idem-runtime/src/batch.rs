@@ -1,0 +1,764 @@
+//! Batches for message consumers: one statement claims a whole batch, the
+//! won items' bodies run, and their outcomes are recorded with one
+//! statement per kind.
+//!
+//! A consumer that reads 100 messages from Kafka, SQS or NATS and must
+//! process each at most once (the inbox pattern) would pay two statements
+//! per message through [`Gate::run`]. [`Gate::run_batch`] pays two per
+//! batch in the common case:
+//!
+//! 1. **Claim**: one `INSERT ... SELECT ... ON CONFLICT DO NOTHING` over
+//!    every identity of the batch, in address order. Each item is won, or
+//!    held by someone; the holders of the lost ones are read in one more
+//!    statement, and each is judged by the rules every duplicate is judged
+//!    by: in flight, done (or replayed), failed for good, in doubt, another
+//!    payload, a lease that ran out (taken over, or turned in doubt).
+//! 2. **Run**: the won items' bodies, at most
+//!    [`concurrency`](Batch::concurrency) at a time (one by default, in the
+//!    batch's order). A body that is not won is never called.
+//! 3. **Record**: one statement per kind of outcome among the won items
+//!    (settle, release, keep, hold in doubt), each matched per item on its
+//!    claim's fence, in address order. An item the statement did not match
+//!    (its claim was taken over or released meanwhile) is recorded alone,
+//!    as [`Gate::run`] records it.
+//!
+//! Overlapping batches, from any number of consumers, cannot deadlock:
+//! every statement visits its rows in address order. Each item's result is
+//! what [`Gate::run`] would have returned for it, in the batch's order.
+//!
+//! ```no_run
+//! # async fn demo(gate: idem_runtime::Gate) {
+//! use idem_runtime::batch::Batch;
+//! use idem_runtime::{Identity, Rejected};
+//!
+//! struct Message { id: String, amount: i64 }
+//! # async fn deliver(_: &Message) -> Result<(), Rejected> { Ok(()) }
+//! # let messages: Vec<Message> = Vec::new();
+//!
+//! // The messages are borrowed: each body gets `&Message`.
+//! let batch: Batch<&Message> = messages
+//!     .iter()
+//!     .map(|message| (message, Identity::new("deliver").part(&message.id)))
+//!     .collect();
+//! let results = gate
+//!     .run_batch(batch.concurrency(8), |message| async move { deliver(message).await })
+//!     .await;
+//! for (message, result) in messages.iter().zip(results) {
+//!     match result {
+//!         Ok(()) | Err(Rejected::AlreadyDone) => { /* acknowledge */ }
+//!         Err(rejected) if rejected.is_retryable() => { /* redeliver later */ }
+//!         Err(_) => { /* dead-letter */ }
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! # Modes
+//!
+//! A batch takes the modes that make sense for many items at once, as
+//! methods of [`Batch`]: a [`lease`](Batch::lease) and what its expiry
+//! means ([`on_expiry`](Batch::on_expiry)), a per-item payload
+//! [`Fingerprint`] ([`Batch::push_fingerprinted`]), how outcomes commit
+//! ([`outcome_commit`](Batch::outcome_commit)), and, by the gate method
+//! called, replay ([`Gate::run_batch_replayed`]) and dispositions
+//! ([`Gate::run_batch_disposed`]). The rest are not offered, so asking for
+//! them does not compile: a batch does not wait for items in flight (they
+//! are refused [`Rejected::InFlight`], for the consumer to redeliver), never
+//! fails open (a store down refuses every item [`Rejected::Unavailable`]),
+//! and runs outside the caller's transaction.
+//!
+//! A batch's outcomes are recorded when its last body returns: give a
+//! [`lease`](Batch::lease) the whole batch's time, not one body's.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream;
+
+use crate::acquire::{Acquired, Attempt, Concluded, Contender, Fenced, acquire};
+use crate::claim::{Claim, Recording};
+use crate::error::Rejected;
+use crate::gate::Gate;
+use crate::identity::Identity;
+use crate::mode::{Disposed, Disposition, Fingerprint, Mode, OnExpiry, OutcomeCommit};
+use crate::observe::{self, GateEvent};
+use crate::retry::{self, SERIALIZATION_BACKOFF};
+use crate::run::{OutcomeOf, Wanted, disposition_by_trait, outcome_of, replayed_outcome_of};
+use crate::slots::Slots;
+use crate::store::{self, BatchOutcome, NewBatchItem, NewClaim};
+use crate::via::Via;
+
+/// The items of a batch, each a message and the identity it is processed
+/// under, and the modes they are claimed with. Build it with
+/// [`push`](Batch::push) or by collecting `(message, identity)` pairs.
+///
+/// `M` is what each body is handed: the message itself, or (to keep the
+/// messages, say to acknowledge them after) a reference to it.
+pub struct Batch<M> {
+    items: Vec<Item<M>>,
+    mode: Mode,
+    concurrency: usize,
+}
+
+struct Item<M> {
+    message: M,
+    identity: Identity,
+    fingerprint: Option<Fingerprint>,
+}
+
+impl<M> Default for Batch<M> {
+    fn default() -> Self {
+        Batch::new()
+    }
+}
+
+impl<M> Batch<M> {
+    /// An empty batch: no lease, durable outcomes, one body at a time.
+    pub fn new() -> Batch<M> {
+        Batch {
+            items: Vec::new(),
+            mode: Mode::new(),
+            concurrency: 1,
+        }
+    }
+
+    /// Adds `message`, to be processed at most once under `identity`.
+    pub fn push(&mut self, message: M, identity: Identity) -> &mut Batch<M> {
+        self.items.push(Item {
+            message,
+            identity,
+            fingerprint: None,
+        });
+        self
+    }
+
+    /// Adds `message` with a digest of its payload: a duplicate whose
+    /// fingerprint differs is refused [`Rejected::KeyReused`], as with
+    /// [`Mode::fingerprint`].
+    pub fn push_fingerprinted(
+        &mut self,
+        message: M,
+        identity: Identity,
+        fingerprint: Fingerprint,
+    ) -> &mut Batch<M> {
+        self.items.push(Item {
+            message,
+            identity,
+            fingerprint: Some(fingerprint),
+        });
+        self
+    }
+
+    /// Each claim expires after `lease`, as [`Mode::lease`] says (and is
+    /// checked as it is). The batch's outcomes are recorded when its last
+    /// body returns, so the lease must cover the whole batch.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Batch<M> {
+        self.mode = self.mode.lease(lease);
+        self
+    }
+
+    /// What a claim whose lease ran out becomes; see [`OnExpiry`].
+    #[must_use]
+    pub fn on_expiry(mut self, on_expiry: OnExpiry) -> Batch<M> {
+        self.mode = self.mode.on_expiry(on_expiry);
+        self
+    }
+
+    /// How the outcomes commit; see [`OutcomeCommit`] (ignored under a
+    /// lease, and on Citus, as it is for one claim).
+    #[must_use]
+    pub fn outcome_commit(mut self, commit: OutcomeCommit) -> Batch<M> {
+        self.mode = self.mode.outcome_commit(commit);
+        self
+    }
+
+    /// Runs at most `bodies` won bodies at a time (at least one; one by
+    /// default, in the batch's order).
+    #[must_use]
+    pub fn concurrency(mut self, bodies: usize) -> Batch<M> {
+        self.concurrency = bodies.max(1);
+        self
+    }
+
+    /// How many items the batch holds.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether the batch holds no items.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+impl<M> FromIterator<(M, Identity)> for Batch<M> {
+    fn from_iter<I: IntoIterator<Item = (M, Identity)>>(pairs: I) -> Batch<M> {
+        let mut batch = Batch::new();
+        batch.extend(pairs);
+        batch
+    }
+}
+
+impl<M> Extend<(M, Identity)> for Batch<M> {
+    fn extend<I: IntoIterator<Item = (M, Identity)>>(&mut self, pairs: I) {
+        for (message, identity) in pairs {
+            self.push(message, identity);
+        }
+    }
+}
+
+impl<M> fmt::Debug for Batch<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("len", &self.items.len())
+            .field("mode", &self.mode)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gate {
+    /// Runs each item's `body` whose claim this batch wins, at most once
+    /// per identity, with one statement to claim the whole batch and one
+    /// per kind of outcome to record it (see [`batch`](crate::batch)).
+    ///
+    /// Returns, in the batch's order, what [`Gate::run`] would have
+    /// returned for each item: the body's output when it ran (a success
+    /// settles the slot, a failure releases it), or the [`Rejected`] that
+    /// refused it, converted into `E`.
+    pub async fn run_batch<M, T, E, F, Fut>(&self, batch: Batch<M>, body: F) -> Vec<Result<T, E>>
+    where
+        F: FnMut(M) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: From<Rejected>,
+    {
+        run(self.slots(), batch, outcome_of(), body).await
+    }
+
+    /// [`run_batch`](Gate::run_batch), recording each failure as its error
+    /// says ([`Disposed`]), as [`Gate::run_disposed`] does.
+    pub async fn run_batch_disposed<M, T, E, F, Fut>(
+        &self,
+        batch: Batch<M>,
+        body: F,
+    ) -> Vec<Result<T, E>>
+    where
+        F: FnMut(M) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: From<Rejected> + Disposed,
+    {
+        let outcome = outcome_of().disposed_by(disposition_by_trait::<T, E>);
+        run(self.slots(), batch, outcome, body).await
+    }
+
+    /// [`run_batch`](Gate::run_batch), keeping each `Ok` value so that a
+    /// later duplicate is handed it instead of running, as
+    /// [`Gate::run_replayed`] does.
+    pub async fn run_batch_replayed<M, T, E, F, Fut>(
+        &self,
+        batch: Batch<M>,
+        body: F,
+    ) -> Vec<Result<T, E>>
+    where
+        F: FnMut(M) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        E: From<Rejected>,
+    {
+        run(self.slots(), batch, replayed_outcome_of(), body).await
+    }
+}
+
+/// What becomes of one item before any body runs.
+enum Fate<R> {
+    /// Its body runs under this claim (ungated for an absent identity).
+    Run(Claim),
+    /// It is answered without running.
+    Answered(R),
+}
+
+/// The batch's run: claim, run the won bodies, record. See the module docs.
+async fn run<M, R, F, Fut>(slots: &Slots, batch: Batch<M>, outcome: OutcomeOf<R>, body: F) -> Vec<R>
+where
+    F: FnMut(M) -> Fut,
+    Fut: Future<Output = R>,
+{
+    let Batch {
+        items,
+        mode,
+        concurrency,
+    } = batch;
+    let (messages, claimed): (Vec<M>, Vec<Claimed>) = items
+        .into_iter()
+        .map(|item| {
+            let digest = item.fingerprint.as_ref().map(Fingerprint::digest);
+            (
+                item.message,
+                Claimed {
+                    identity: item.identity,
+                    fingerprint: item.fingerprint,
+                    digest,
+                },
+            )
+        })
+        .unzip();
+    let fates = claim(slots, &claimed, &mode, &outcome).await;
+    let mut results: Vec<Option<R>> = Vec::with_capacity(fates.len());
+    let mut won = Vec::new();
+    for ((index, fate), message) in fates.into_iter().enumerate().zip(messages) {
+        match fate {
+            Fate::Run(claim) => {
+                results.push(None);
+                won.push((index, claim, message));
+            }
+            Fate::Answered(answer) => results.push(Some(answer)),
+        }
+    }
+    let ran = run_bodies(won, body, concurrency).await;
+    for (index, output) in record(slots, ran, &outcome, concurrency).await {
+        results[index] = Some(output);
+    }
+    results
+        .into_iter()
+        .map(|result| result.unwrap_or_else(|| unreachable_result(&outcome)))
+        .collect()
+}
+
+/// Every item is answered or run and recorded; should one not be, it is
+/// refused rather than reported as done.
+fn unreachable_result<R>(outcome: &OutcomeOf<R>) -> R {
+    outcome.refused(Rejected::InFlight)
+}
+
+/// An item as the claim sees it.
+struct Claimed {
+    identity: Identity,
+    fingerprint: Option<Fingerprint>,
+    /// The fingerprint's digest, as the store keeps it.
+    digest: Option<[u8; 20]>,
+}
+
+impl Claimed {
+    /// `mode` with this item's fingerprint: how one claim of it is made.
+    fn alone(&self, mode: &Mode) -> Mode {
+        match &self.fingerprint {
+            Some(fingerprint) => mode.clone().fingerprint(fingerprint.clone()),
+            None => mode.clone(),
+        }
+    }
+}
+
+/// The modes a batch cannot honour are not offered by [`Batch`]; what is
+/// left to check is the lease and the scope, as one claim checks them.
+fn check(slots: &Slots, mode: &Mode) -> Result<Option<i64>, Rejected> {
+    slots.check()?;
+    mode.lease_micros()
+}
+
+/// Claims every item: answers those it can without the store (absent
+/// identities run ungated, the outcome cache), claims the rest in one
+/// statement, and judges the holders of the lost ones.
+async fn claim<R>(
+    slots: &Slots,
+    items: &[Claimed],
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+) -> Vec<Fate<R>> {
+    let contenders: Vec<Contender<'_>> = items
+        .iter()
+        .map(|item| Contender::new(slots, &item.identity))
+        .collect();
+    let lease_micros = match check(slots, mode) {
+        Ok(lease_micros) => lease_micros,
+        Err(rejected) => {
+            return contenders
+                .iter()
+                .map(|contender| {
+                    contender.refused(&rejected);
+                    Fate::Answered(outcome.refused(rejected.clone()))
+                })
+                .collect();
+        }
+    };
+    let want_output = outcome.replays();
+    let new = |index: usize| NewClaim {
+        identity: items[index].identity.canonical(),
+        fingerprint: items[index].digest.as_ref().map(|f| f.as_slice()),
+        lease_micros,
+    };
+    let conclude = |index: usize, attempt: Attempt, cached: bool| -> Concluded {
+        contenders[index].conclude(attempt, mode, items[index].digest, false, cached)
+    };
+
+    let mut fates: Vec<Option<Fate<R>>> = (0..items.len()).map(|_| None).collect();
+    // The first item of each address claims it; a later one in the same
+    // batch finds it in flight (or, another identity, a collision).
+    let mut first_of: HashMap<&str, usize> = HashMap::new();
+    let mut to_claim = Vec::new();
+    for (index, contender) in contenders.iter().enumerate() {
+        if items[index].identity.is_absent() {
+            contender.ungated();
+            fates[index] = Some(Fate::Run(Claim::ungated()));
+            continue;
+        }
+        if let Some(attempt) = contender.recalled(new(index), want_output)
+            && let Concluded::Acquired(acquired) = conclude(index, attempt, true)
+        {
+            fates[index] = Some(answer(acquired, &items[index].identity, outcome));
+            continue;
+        }
+        match first_of.get(contender.address()) {
+            Some(&first) => {
+                let rejected =
+                    if items[first].identity.canonical() == items[index].identity.canonical() {
+                        Rejected::InFlight
+                    } else {
+                        Rejected::Collision {
+                            address: contender.address().to_owned(),
+                        }
+                    };
+                contender.refused(&rejected);
+                fates[index] = Some(Fate::Answered(outcome.refused(rejected)));
+            }
+            None => {
+                first_of.insert(contender.address(), index);
+                to_claim.push(index);
+            }
+        }
+    }
+
+    let mut freed = Vec::new();
+    if !to_claim.is_empty() {
+        let claimed = claim_in_store(slots, &contenders, &to_claim, &new, want_output, mode).await;
+        match claimed {
+            Ok(attempts) => {
+                for (index, attempt) in attempts {
+                    match attempt.map(|attempt| conclude(index, attempt, false)) {
+                        Ok(Concluded::Acquired(acquired)) => {
+                            fates[index] = Some(answer(acquired, &items[index].identity, outcome));
+                        }
+                        Ok(Concluded::Held) => {
+                            contenders[index].refused(&Rejected::InFlight);
+                            fates[index] =
+                                Some(Fate::Answered(outcome.refused(Rejected::InFlight)));
+                        }
+                        Ok(Concluded::Freed) => freed.push(index),
+                        Err(rejected) => {
+                            fates[index] = Some(Fate::Answered(outcome.refused(rejected)));
+                        }
+                    }
+                }
+            }
+            Err(rejected) => {
+                for &index in &to_claim {
+                    contenders[index].refused(&rejected);
+                    fates[index] = Some(Fate::Answered(outcome.refused(rejected.clone())));
+                }
+            }
+        }
+    }
+    // A slot freed between the batch's insert and its lookup (its holder
+    // failed and released it): tried again alone, as one claim would be.
+    for index in freed {
+        let (item, via) = (&items[index], &mut Via::Pool(slots.pool()));
+        let acquired = acquire(slots, &item.identity, &item.alone(mode), want_output, via).await;
+        fates[index] = Some(answer(acquired, &items[index].identity, outcome));
+    }
+    fates
+        .into_iter()
+        .map(|fate| fate.unwrap_or_else(|| Fate::Answered(unreachable_result(outcome))))
+        .collect()
+}
+
+/// A decided claim as an item's fate.
+fn answer<R>(
+    acquired: Result<Acquired, Rejected>,
+    identity: &Identity,
+    outcome: &OutcomeOf<R>,
+) -> Fate<R> {
+    match acquired {
+        Ok(Acquired::Won(claim)) => Fate::Run(claim),
+        Ok(Acquired::Settled(stored)) => Fate::Answered(outcome.settled(identity, stored)),
+        Err(rejected) => Fate::Answered(outcome.refused(rejected)),
+    }
+}
+
+/// The statements of the claim: one insert for every item of `to_claim`,
+/// then one lookup of the holders of those it lost, each then judged (which
+/// may take a statement of its own: a lease that ran out). Per item, the
+/// attempt, or the refusal a statement of its own met. `Err`: the insert or
+/// the lookup failed, and no item is decided.
+async fn claim_in_store<'i>(
+    slots: &Slots,
+    contenders: &[Contender<'_>],
+    to_claim: &[usize],
+    new: &impl Fn(usize) -> NewClaim<'i>,
+    want_output: bool,
+    mode: &Mode,
+) -> Result<Vec<(usize, Result<Attempt, Rejected>)>, Rejected> {
+    let failed = |error: sqlx::Error| batch_failed(slots, to_claim.len(), error);
+    let scope = slots.scope();
+    let mut conn = slots.pool().acquire().await.map_err(failed)?;
+    let lease_micros = new(to_claim[0]).lease_micros;
+    let batch: Vec<NewBatchItem<'_>> = to_claim
+        .iter()
+        .map(|&index| NewBatchItem {
+            address: contenders[index].address(),
+            identity: new(index).identity,
+            fingerprint: new(index).fingerprint,
+        })
+        .collect();
+    // Rolled back whole by a serialization failure or a deadlock, it is
+    // sent again; after a lost connection its effect is unknown, so it is
+    // not (the won rows are held, as after one claim's lost reply).
+    let won = retry::repeat!(
+        &SERIALIZATION_BACKOFF,
+        retry::is_serialization_failure,
+        |_, _| observe::record(GateEvent::Retried),
+        store::claim_batch(&mut *conn, scope, &batch, lease_micros).await,
+    )
+    .map_err(failed)?;
+    let won: HashMap<String, i64> = won.into_iter().collect();
+    let lost: Vec<&str> = batch
+        .iter()
+        .map(|item| item.address)
+        .filter(|address| !won.contains_key(*address))
+        .collect();
+    let mut holders: HashMap<String, store::Existing> = if lost.is_empty() {
+        HashMap::new()
+    } else {
+        store::lookup_batch(&mut *conn, slots.engine(), scope, &lost, want_output)
+            .await
+            .map_err(failed)?
+            .into_iter()
+            .collect()
+    };
+    tracing::debug!(
+        target: "idem",
+        account = slots.account(),
+        namespace = slots.namespace(),
+        items = to_claim.len(),
+        won = won.len(),
+        "batch claimed"
+    );
+    let mut attempts = Vec::with_capacity(to_claim.len());
+    for &index in to_claim {
+        let contender = &contenders[index];
+        let attempt = if let Some(&fence) = won.get(contender.address()) {
+            Ok(Attempt::Won(Fenced::new(fence)))
+        } else {
+            match holders.remove(contender.address()) {
+                Some(existing) => contender
+                    .judge(
+                        &mut conn,
+                        existing,
+                        new(index),
+                        want_output,
+                        mode.on_expiry_policy(),
+                        false,
+                    )
+                    .await
+                    .map_err(|error| contender.store_failed(error)),
+                // Released between the insert and the lookup.
+                None => Ok(Attempt::Freed),
+            }
+        };
+        attempts.push((index, attempt));
+    }
+    Ok(attempts)
+}
+
+/// The batch's claim or lookup failed: no item of it is decided, and each
+/// is refused with what this says (an outage, or an error of the request).
+fn batch_failed(slots: &Slots, items: usize, error: sqlx::Error) -> Rejected {
+    let rejected = Rejected::from_store(error);
+    let message = if rejected.is_outage() {
+        "store unavailable; failing closed, no body of the batch runs"
+    } else {
+        "store refused the batch's claim (not an outage); no body of the batch runs"
+    };
+    tracing::error!(
+        target: "idem",
+        account = slots.account(),
+        namespace = slots.namespace(),
+        items,
+        error = %rejected,
+        "{message}"
+    );
+    rejected
+}
+
+/// Runs the won bodies, at most `concurrency` at a time: per item, its
+/// index, claim and output.
+async fn run_bodies<M, R, F, Fut>(
+    won: Vec<(usize, Claim, M)>,
+    mut body: F,
+    concurrency: usize,
+) -> Vec<(usize, Claim, R)>
+where
+    F: FnMut(M) -> Fut,
+    Fut: Future<Output = R>,
+{
+    stream::iter(won)
+        .map(|(index, claim, message)| {
+            let running = body(message);
+            async move { (index, claim, running.await) }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await
+}
+
+/// One kind of outcome, and the claims to record it for.
+struct Group<R> {
+    kind: GroupKind,
+    /// Per claim: its item's index, the claim, the body's output and the
+    /// value to keep (for a settle with replay).
+    members: Vec<(usize, Claim, R, Option<String>)>,
+}
+
+/// The kinds of outcome, one statement each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GroupKind {
+    Settle,
+    Release,
+    Keep,
+    InDoubt,
+}
+
+impl GroupKind {
+    fn of(disposition: Disposition) -> GroupKind {
+        match disposition {
+            Disposition::Keep => GroupKind::Keep,
+            Disposition::InDoubt => GroupKind::InDoubt,
+            _ => GroupKind::Release,
+        }
+    }
+
+    /// What the claim records, for its report.
+    fn recording(self, output: Option<&str>) -> Recording<'_> {
+        match self {
+            GroupKind::Settle => Recording::Success { output },
+            GroupKind::Release => Recording::Failure(Disposition::Release),
+            GroupKind::Keep => Recording::Failure(Disposition::Keep),
+            GroupKind::InDoubt => Recording::Failure(Disposition::InDoubt),
+        }
+    }
+}
+
+/// Records the outcome of every body that ran: one statement per kind, and
+/// alone (as [`Gate::run`] records) each item that statement did not match,
+/// every ungated item (which records nothing), and every item of a
+/// statement that failed. Per item, its index and what the caller gets.
+async fn record<R>(
+    slots: &Slots,
+    ran: Vec<(usize, Claim, R)>,
+    outcome: &OutcomeOf<R>,
+    concurrency: usize,
+) -> Vec<(usize, R)> {
+    let kinds = [
+        GroupKind::Settle,
+        GroupKind::Release,
+        GroupKind::Keep,
+        GroupKind::InDoubt,
+    ];
+    let mut groups: Vec<Group<R>> = kinds
+        .iter()
+        .map(|&kind| Group {
+            kind,
+            members: Vec::new(),
+        })
+        .collect();
+    let mut alone = Vec::new();
+    for (index, claim, output) in ran {
+        if !claim.is_gated() {
+            alone.push((index, claim, output));
+            continue;
+        }
+        let (kind, json) = match outcome.wanted(claim.address(), &output) {
+            Wanted::Success(json) => (GroupKind::Settle, json),
+            Wanted::Failure(disposition) => (GroupKind::of(disposition), None),
+        };
+        if let Some(group) = groups.iter_mut().find(|group| group.kind == kind) {
+            group.members.push((index, claim, output, json));
+        }
+    }
+    let mut results = Vec::new();
+    let via = Via::Pool(slots.pool());
+    for group in groups.into_iter().filter(|group| !group.members.is_empty()) {
+        let changed = record_group(slots, &group).await;
+        for (index, claim, output, json) in group.members {
+            let matched = changed
+                .as_ref()
+                .is_some_and(|changed| claim.address().is_some_and(|a| changed.contains(a)));
+            if matched {
+                claim.recorded_in_batch(group.kind.recording(json.as_deref()), &via);
+                results.push((index, output));
+            } else {
+                alone.push((index, claim, output));
+            }
+        }
+    }
+    let recorded_alone: Vec<(usize, R)> = stream::iter(alone)
+        .map(|(index, claim, output)| async move {
+            let via = &mut Via::Pool(slots.pool());
+            (index, outcome.record(claim, output, via).await)
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.extend(recorded_alone);
+    results
+}
+
+/// The one statement of `group`, repeated after a transient failure (it is
+/// matched on each claim's fence, so a repeat changes nothing): the
+/// addresses it changed, or `None` when it failed (every member is then
+/// recorded alone).
+async fn record_group<R>(slots: &Slots, group: &Group<R>) -> Option<HashSet<String>> {
+    let mut addresses = Vec::with_capacity(group.members.len());
+    let mut fences = Vec::with_capacity(group.members.len());
+    let mut outputs = Vec::with_capacity(group.members.len());
+    let mut commit = store::Commit::Durable;
+    for (_, claim, _, json) in &group.members {
+        let held = claim.held()?;
+        addresses.push(held.address.as_str());
+        fences.push(held.fence);
+        outputs.push(json.as_deref());
+        commit = held.commit;
+    }
+    let kind = match group.kind {
+        GroupKind::Settle => BatchOutcome::Settle(&outputs),
+        GroupKind::Release => BatchOutcome::Release,
+        GroupKind::Keep => BatchOutcome::Keep("kept_failure"),
+        GroupKind::InDoubt => BatchOutcome::HoldInDoubt("body_in_doubt"),
+    };
+    let (engine, scope) = (slots.engine(), slots.scope());
+    let recorded = retry::repeat!(
+        &crate::claim::RECORD_BACKOFF,
+        retry::is_transient,
+        |_, _| {},
+        async {
+            let mut conn = slots.pool().acquire().await?;
+            store::record_batch(&mut *conn, engine, scope, &addresses, &fences, kind, commit).await
+        }
+        .await,
+    );
+    match recorded {
+        Ok(changed) => Some(changed.into_iter().collect()),
+        Err(error) => {
+            tracing::warn!(
+                target: "idem",
+                account = slots.account(),
+                namespace = slots.namespace(),
+                items = addresses.len(),
+                error = %error,
+                "recording a batch's outcomes failed; recording each alone"
+            );
+            None
+        }
+    }
+}

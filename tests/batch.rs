@@ -1,0 +1,602 @@
+//! Batch claims for message consumers (issue 17 part 2): one statement
+//! claims a batch, the won bodies run, one statement per kind records
+//! their outcomes; every answer is what `Gate::run` gives one item.
+//!
+//! Races fire at one instant (a barrier) against a real PostgreSQL; round
+//! trips are counted by a proxy that sees every statement the gate sends.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use idem::batch::Batch;
+use idem::operations::{self, Slot};
+use idem::testing;
+use idem::{Fingerprint, Gate, GateEvent, Identity, OnExpiry, Rejected};
+use idem_test_support::fault_proxy::{Proxy, Statement};
+use idem_test_support::{ChargeError, JobError, rows};
+use tokio::sync::Barrier;
+
+/// How often each identity's body ran, by key.
+#[derive(Default)]
+struct Ledger(Mutex<HashMap<String, usize>>);
+
+impl Ledger {
+    fn ran(&self, key: &str) {
+        let mut runs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *runs.entry(key.to_owned()).or_default() += 1;
+    }
+
+    fn runs(&self) -> HashMap<String, usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+fn id(key: &str) -> Identity {
+    Identity::new("deliver").part(key)
+}
+
+fn batch_of(keys: &[String]) -> Batch<&str> {
+    keys.iter().map(|key| (key.as_str(), id(key))).collect()
+}
+
+fn keys(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{prefix}_{i}")).collect()
+}
+
+fn refusal<T>(result: &Result<T, JobError>) -> Option<&Rejected> {
+    match result {
+        Err(JobError::Rejected(rejected)) => Some(rejected),
+        _ => None,
+    }
+}
+
+/// The state of `key`'s row, if there is one.
+async fn state(gate: &Gate, key: &str) -> Option<String> {
+    rows::row_state(gate, &id(key).address()).await
+}
+
+/// A gate in an account of its own whose pool goes through a fresh proxy.
+async fn gate_behind_a_proxy(connections: u32) -> (Proxy, Gate) {
+    let proxy = Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(connections).await).await;
+    (proxy, gate)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_consumers_racing_overlapping_batches_run_each_identity_once() {
+    const CONSUMERS: usize = 8;
+    const ROUNDS: usize = 12;
+    const BATCH: usize = 100;
+    // Each consumer reads a window of 100 out of 300 messages, shifted by
+    // 40 (wrapping): every message is in several consumers' batches, in a different
+    // order in each (the windows are reversed for odd consumers).
+    const MESSAGES: usize = 300;
+    let gate = testing::gate().await;
+    for round in 0..ROUNDS {
+        let all = keys(&format!("r{round}"), 0..MESSAGES);
+        let amount = |key: &str| -> i64 {
+            key.rsplit('_')
+                .next()
+                .and_then(|n| n.parse::<i64>().ok())
+                .map_or(0, |n| n + 1)
+        };
+        let ledger = Ledger::default();
+        let total = AtomicI64::new(0);
+        let barrier = Barrier::new(CONSUMERS);
+        let consumers = (0..CONSUMERS).map(|consumer| {
+            let mut window: Vec<String> = (0..BATCH)
+                .map(|i| all[(consumer * 40 + i) % MESSAGES].clone())
+                .collect();
+            if consumer % 2 == 1 {
+                window.reverse();
+            }
+            let (gate, ledger, total, barrier) = (&gate, &ledger, &total, &barrier);
+            async move {
+                let batch = batch_of(&window).concurrency(8);
+                barrier.wait().await;
+                let (results, events) = tokio::time::timeout(
+                    Duration::from_secs(60),
+                    testing::observe(gate.run_batch(batch, |key| async move {
+                        ledger.ran(key);
+                        total.fetch_add(amount(key), Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        Ok::<_, JobError>(())
+                    })),
+                )
+                .await
+                .expect("overlapping batches finish");
+                // A deadlock would be detected by PostgreSQL (after its
+                // deadlock_timeout) and the claim sent again: none may be.
+                let retried = events
+                    .iter()
+                    .filter(|event| matches!(event, GateEvent::Retried))
+                    .count();
+                assert_eq!(retried, 0, "round {round}: a batch claim deadlocked");
+                (window, results)
+            }
+        });
+        let mut covered = HashMap::new();
+        let done = join_all(consumers).await;
+        for (window, results) in done {
+            assert_eq!(window.len(), results.len());
+            for (key, result) in window.iter().zip(&results) {
+                match result {
+                    Ok(()) => *covered.entry(key.clone()).or_insert(0) += 1,
+                    Err(JobError::Rejected(Rejected::InFlight | Rejected::AlreadyDone)) => {
+                        covered.entry(key.clone()).or_insert(0);
+                    }
+                    other => panic!("round {round}, {key}: {other:?}"),
+                }
+            }
+        }
+        let runs = ledger.runs();
+        let covered_keys: Vec<&String> = covered.keys().collect();
+        assert_eq!(
+            covered_keys.len(),
+            MESSAGES,
+            "round {round}: every message was read"
+        );
+        for key in &all {
+            assert_eq!(
+                runs.get(key),
+                Some(&1),
+                "round {round}: {key} ran once: {runs:?}"
+            );
+            assert_eq!(covered.get(key), Some(&1), "round {round}: {key} won once");
+        }
+        let expected: i64 = all.iter().map(|key| amount(key)).sum();
+        assert_eq!(
+            total.load(Ordering::SeqCst),
+            expected,
+            "round {round}: totals exact"
+        );
+        // Nothing is left in flight: every message is now done.
+        let again = gate
+            .run_batch(batch_of(&all), |_| async { Ok::<_, JobError>(()) })
+            .await;
+        assert!(
+            again
+                .iter()
+                .all(|result| matches!(refusal(result), Some(Rejected::AlreadyDone))),
+            "round {round}: {again:?}"
+        );
+    }
+    assert_eq!(rows::count_rows(&gate, "pending").await, 0);
+    assert_eq!(
+        rows::count_rows(&gate, "success").await,
+        i64::try_from(ROUNDS * MESSAGES).expect("small")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_costs_one_statement_to_claim_and_one_per_kind_of_outcome() {
+    let (proxy, gate) = gate_behind_a_proxy(2).await;
+    let fresh = keys("fresh", 0..100);
+
+    let before = proxy.executions();
+    let results = gate
+        .run_batch(batch_of(&fresh), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(proxy.executions() - before, 2, "one claim, one settle");
+
+    // Duplicates of settled items: the insert, then one lookup.
+    let before = proxy.executions();
+    let results = gate
+        .run_batch(batch_of(&fresh), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(refusal(r), Some(Rejected::AlreadyDone)))
+    );
+    assert_eq!(proxy.executions() - before, 2, "one claim, one lookup");
+
+    // Half succeed, half fail: one settle and one release.
+    let mixed = keys("mixed", 0..100);
+    let before = proxy.executions();
+    let results = gate
+        .run_batch(batch_of(&mixed), |key| async move {
+            let n: usize = key
+                .rsplit('_')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            if n.is_multiple_of(2) {
+                Ok(())
+            } else {
+                Err(JobError::Failed)
+            }
+        })
+        .await;
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 50);
+    assert_eq!(
+        proxy.executions() - before,
+        3,
+        "one claim, one settle, one release"
+    );
+    assert_eq!(rows::count_rows(&gate, "success").await, 150);
+    assert_eq!(rows::count_rows(&gate, "pending").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_item_gets_what_gate_run_would_give_it() {
+    let gate = testing::gate().await;
+    let ledger = Ledger::default();
+    // Done before; in flight (held by a claim of its own); failed for good;
+    // in doubt; and a fresh one, twice in the batch; and one ungated.
+    gate.run(&id("done"), async { Ok::<_, JobError>(()) })
+        .await
+        .expect("settled");
+    let in_flight = gate.claim(&id("in_flight")).await.expect("claimed");
+    let failed = gate.claim(&id("failed")).await.expect("claimed");
+    failed.dispose(idem::Disposition::Keep).await.expect("kept");
+    let doubtful = gate.claim(&id("in_doubt")).await.expect("claimed");
+    doubtful
+        .dispose(idem::Disposition::InDoubt)
+        .await
+        .expect("held");
+
+    let mut batch = Batch::new();
+    for key in ["done", "in_flight", "failed", "in_doubt", "fresh", "fresh"] {
+        batch.push(key, id(key));
+    }
+    batch.push("ungated", Identity::new("deliver").part(None::<&str>));
+    let results = gate
+        .run_batch(batch, |key| {
+            let ledger = &ledger;
+            async move {
+                ledger.ran(key);
+                Ok::<_, JobError>(key.len())
+            }
+        })
+        .await;
+    assert!(
+        matches!(refusal(&results[0]), Some(Rejected::AlreadyDone)),
+        "{results:?}"
+    );
+    assert!(
+        matches!(refusal(&results[1]), Some(Rejected::InFlight)),
+        "{results:?}"
+    );
+    assert!(
+        matches!(refusal(&results[2]), Some(Rejected::AlreadyFailed)),
+        "{results:?}"
+    );
+    assert!(
+        matches!(refusal(&results[3]), Some(Rejected::InDoubt)),
+        "{results:?}"
+    );
+    assert!(matches!(results[4], Ok(5)), "{results:?}");
+    assert!(
+        matches!(refusal(&results[5]), Some(Rejected::InFlight)),
+        "the same identity twice in a batch runs once: {results:?}"
+    );
+    assert!(
+        matches!(results[6], Ok(7)),
+        "an absent identity runs ungated: {results:?}"
+    );
+    let runs = ledger.runs();
+    assert_eq!(runs.get("fresh"), Some(&1));
+    assert_eq!(runs.get("ungated"), Some(&1));
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    in_flight.release().await.expect("released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_hands_duplicates_the_stored_values() {
+    let gate = testing::gate().await;
+    let keys = keys("replayed", 0..20);
+    let first = gate
+        .run_batch_replayed(batch_of(&keys), |key| async move {
+            Ok::<_, JobError>(format!("receipt for {key}"))
+        })
+        .await;
+    let again = gate
+        .run_batch_replayed(batch_of(&keys), |_| async {
+            Ok::<String, JobError>("ran again".into())
+        })
+        .await;
+    // One at a time, as a single call would see it, too.
+    let single = gate
+        .run_replayed(&id(&keys[3]), &idem::Mode::new(), async {
+            Ok::<String, JobError>("ran again".into())
+        })
+        .await;
+    for (key, (first, again)) in keys.iter().zip(first.iter().zip(&again)) {
+        let expected = format!("receipt for {key}");
+        assert_eq!(first.as_deref().ok(), Some(expected.as_str()));
+        assert_eq!(again.as_deref().ok(), Some(expected.as_str()), "replayed");
+    }
+    assert_eq!(single.ok().as_deref(), Some("receipt for replayed_3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_that_differs_is_refused_as_a_reused_key() {
+    let gate = testing::gate().await;
+    let mut batch = Batch::new();
+    batch.push_fingerprinted("a", id("fp_a"), Fingerprint::new().part(100));
+    batch.push_fingerprinted("b", id("fp_b"), Fingerprint::new().part(200));
+    let first = gate
+        .run_batch(batch, |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(first.iter().all(Result::is_ok));
+
+    let mut batch = Batch::new();
+    batch.push_fingerprinted("a", id("fp_a"), Fingerprint::new().part(100));
+    batch.push_fingerprinted("b", id("fp_b"), Fingerprint::new().part(999));
+    let again = gate
+        .run_batch(batch, |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(
+        matches!(refusal(&again[0]), Some(Rejected::AlreadyDone)),
+        "{again:?}"
+    );
+    assert!(
+        matches!(refusal(&again[1]), Some(Rejected::KeyReused)),
+        "{again:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispositions_release_keep_or_hold_each_failure() {
+    let gate = testing::gate().await;
+    let outcomes = ["ok", "invalid", "declined", "timeout"];
+    let batch: Batch<&str> = outcomes.iter().map(|&key| (key, id(key))).collect();
+    let results = gate
+        .run_batch_disposed(batch, |key| async move {
+            match key {
+                "invalid" => Err(ChargeError::Invalid),
+                "declined" => Err(ChargeError::Declined),
+                "timeout" => Err(ChargeError::Timeout),
+                _ => Ok(()),
+            }
+        })
+        .await;
+    assert!(results[0].is_ok());
+    assert_eq!(state(&gate, "ok").await.as_deref(), Some("success"));
+    assert_eq!(
+        state(&gate, "invalid").await,
+        None,
+        "released: a retry runs"
+    );
+    assert_eq!(state(&gate, "declined").await.as_deref(), Some("failed"));
+    assert_eq!(state(&gate, "timeout").await.as_deref(), Some("in_doubt"));
+
+    let batch: Batch<&str> = outcomes.iter().map(|&key| (key, id(key))).collect();
+    let ran = AtomicUsize::new(0);
+    let again = gate
+        .run_batch_disposed(batch, |_| async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ChargeError>(())
+        })
+        .await;
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "only the released one runs again"
+    );
+    assert!(again[1].is_ok());
+    assert!(matches!(
+        again[2],
+        Err(ChargeError::Rejected(Rejected::AlreadyFailed))
+    ));
+    assert!(matches!(
+        again[3],
+        Err(ChargeError::Rejected(Rejected::InDoubt))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_ran_out_is_taken_over_or_turned_in_doubt_as_asked() {
+    let gate = testing::gate().await;
+    let short = idem::Mode::new().lease(Duration::from_millis(1));
+    let abandoned = ["take_me", "doubt_me"];
+    for key in abandoned {
+        let claim = gate.claim_with(&id(key), &short).await.expect("claimed");
+        // The holder vanishes without a word.
+        std::mem::forget(claim);
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let batch = Batch::from_iter([("take_me", id("take_me"))]).lease(Duration::from_secs(30));
+    let taken = gate
+        .run_batch(batch, |_| async { Ok::<_, JobError>("ran") })
+        .await;
+    assert_eq!(
+        taken[0].as_deref().ok(),
+        Some("ran"),
+        "taken over: {taken:?}"
+    );
+
+    let batch = Batch::from_iter([("doubt_me", id("doubt_me"))])
+        .lease(Duration::from_secs(30))
+        .on_expiry(OnExpiry::InDoubt);
+    let held = gate
+        .run_batch(batch, |_| async { Ok::<_, JobError>("ran") })
+        .await;
+    assert!(
+        matches!(refusal(&held[0]), Some(Rejected::InDoubt)),
+        "{held:?}"
+    );
+    assert_eq!(state(&gate, "take_me").await.as_deref(), Some("success"));
+    assert_eq!(state(&gate, "doubt_me").await.as_deref(), Some("in_doubt"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_released_under_its_body_keeps_the_success_and_says_so() {
+    let gate = testing::gate().await;
+    let keys = keys("released", 0..3);
+    let results = gate
+        .run_batch(batch_of(&keys), |key| {
+            let gate = &gate;
+            async move {
+                if key == "released_1" {
+                    // An operator releases it while the body runs.
+                    let address = id(key).address();
+                    let slot = Slot {
+                        account: gate.account_name(),
+                        namespace: None,
+                        address: &address,
+                    };
+                    operations::release_pending(gate.pool(), slot)
+                        .await
+                        .expect("released by hand")
+                        .expect("it was pending");
+                }
+                Ok::<_, JobError>(())
+            }
+        })
+        .await;
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    assert!(
+        matches!(refusal(&results[1]), Some(Rejected::ClaimLost { .. })),
+        "{results:?}"
+    );
+    assert_eq!(
+        rows::row_state(&gate, &id("released_1").address())
+            .await
+            .as_deref(),
+        Some("success"),
+        "the success is kept in the vacant slot"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_down_refuses_every_item_and_runs_none() {
+    let (proxy, gate) = gate_behind_a_proxy(2).await;
+    proxy.cut().await;
+    let keys = keys("down", 0..10);
+    let ran = AtomicUsize::new(0);
+    let results = gate
+        .run_batch(batch_of(&keys), |_| async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, JobError>(())
+        })
+        .await;
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    assert!(
+        results
+            .iter()
+            .all(|r| refusal(r).is_some_and(Rejected::is_outage)),
+        "{results:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_claim_whose_reply_is_lost_holds_its_items_and_never_runs_them() {
+    let (proxy, gate) = gate_behind_a_proxy(2).await;
+    let keys = keys("lost", 0..10);
+    let ran = AtomicUsize::new(0);
+    assert!(proxy.lose_next_reply(Statement::Claim));
+    let results = gate
+        .run_batch(batch_of(&keys), |_| async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, JobError>(())
+        })
+        .await;
+    assert_eq!(
+        proxy.take_lost_replies().len(),
+        1,
+        "the claim's reply was lost"
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| refusal(r).is_some_and(Rejected::is_outage))
+    );
+    // Committed all the same: every retry finds its item held, none runs.
+    let again = gate
+        .run_batch(batch_of(&keys), |_| async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, JobError>(())
+        })
+        .await;
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    assert!(
+        again
+            .iter()
+            .all(|r| matches!(refusal(r), Some(Rejected::InFlight))),
+        "{again:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_settle_whose_reply_is_lost_is_kept_and_reported_settled() {
+    let (proxy, gate) = gate_behind_a_proxy(2).await;
+    let keys = keys("settle_lost", 0..10);
+    assert!(proxy.lose_next_reply(Statement::Settle));
+    let results = gate
+        .run_batch(batch_of(&keys), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert_eq!(
+        proxy.take_lost_replies().len(),
+        1,
+        "the settle's reply was lost"
+    );
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(rows::count_rows(&gate, "success").await, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_run_at_most_as_many_at_a_time_as_asked() {
+    let gate = testing::gate().await;
+    let keys = keys("bounded", 0..24);
+    let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let results = gate
+        .run_batch(batch_of(&keys).concurrency(4), |_| async {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            running.fetch_sub(1, Ordering::SeqCst);
+            Ok::<_, JobError>(())
+        })
+        .await;
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(most.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_lease_refuses_the_batch_before_any_statement() {
+    let (proxy, gate) = gate_behind_a_proxy(2).await;
+    let keys = keys("zero", 0..3);
+    let before = proxy.executions();
+    let results = gate
+        .run_batch(batch_of(&keys).lease(Duration::ZERO), |_| async {
+            Ok::<_, JobError>(())
+        })
+        .await;
+    assert!(results.iter().all(|r| matches!(
+        refusal(r),
+        Some(Rejected::InvalidOption {
+            option: "lease",
+            ..
+        })
+    )));
+    assert_eq!(proxy.executions(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_in_a_namespace_never_meets_the_same_identities_without_one() {
+    let gate = testing::gate().await;
+    let live = gate.namespace("live");
+    let keys = keys("scoped", 0..5);
+    let plain = gate
+        .run_batch(batch_of(&keys), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    let scoped = live
+        .run_batch(batch_of(&keys), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(plain.iter().chain(&scoped).all(Result::is_ok));
+    let again = live
+        .run_batch(batch_of(&keys), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(
+        again
+            .iter()
+            .all(|r| matches!(refusal(r), Some(Rejected::AlreadyDone)))
+    );
+}
