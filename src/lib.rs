@@ -51,6 +51,7 @@
 //! | what makes an action unique, and what can be a key | [`Identity`], [`KeyPart`] |
 //! | why a duplicate was refused, and what to do next | [`Rejected`] |
 //! | usage metering: a re-sent batch deduplicates | [`meter`] |
+//! | message consumers: a whole batch claimed in one statement | [`batch`] |
 //! | the schema, your own migrations, the partitioned layout | [`schema`] |
 //! | testing your guarded functions | `testing`, `race_test!` (feature `testing`) |
 //! | the `Idempotency-Key` header for axum | `axum` (feature `axum`) |
@@ -122,6 +123,48 @@
 //! | [`on_unavailable = "run"`](macro@idempotent#on_unavailable) | fail open on an outage, for harmless duplicates |
 //! | [`disposition`](macro@idempotent#disposition) | each `Err` released, kept as a definite failure ([`Rejected::AlreadyFailed`]), or held in doubt ([`Rejected::InDoubt`]), as your [`Disposition`] function says |
 //! | [`on_expiry = "in_doubt"`](macro@idempotent#on_expiry) | a claim whose lease ran out is held in doubt, never run again blindly |
+//!
+//! # Batches, for message consumers
+//!
+//! A consumer that reads messages in batches (Kafka, SQS, NATS: the inbox
+//! pattern) hands the whole batch to [`Gate::run_batch`]: one statement
+//! claims every identity, the bodies of the won ones run (as many at a time
+//! as [`Batch::concurrency`](batch::Batch::concurrency) says), and one
+//! statement per kind of outcome records them. Each message gets what
+//! [`Gate::run`] would have given it; overlapping batches from many
+//! consumers run each identity once, and cannot deadlock:
+//!
+//! ```
+//! use idem::batch::Batch;
+//! use idem::{Gate, Identity, Rejected};
+//!
+//! struct Message {
+//!     id: u64,
+//!     cents: i64,
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let url = idem::testing::database_url();
+//! # let pool = idem::sqlx::PgPool::connect(&url).await?;
+//! # let gate = Gate::connect(pool).await?.account(idem::testing::unique_name("docs"));
+//! let messages: Vec<Message> = (1..=3).map(|id| Message { id, cents: 100 * id as i64 }).collect();
+//! let batch = || -> Batch<&Message> {
+//!     messages.iter().map(|m| (m, Identity::new("credit").part(m.id))).collect()
+//! };
+//!
+//! let credited = gate
+//!     .run_batch(batch().concurrency(8), |m| async move { Ok::<_, Rejected>(m.cents) })
+//!     .await;
+//! assert!(credited.iter().all(Result::is_ok));
+//!
+//! // The broker redelivers the batch: nothing runs twice.
+//! let redelivered = gate
+//!     .run_batch(batch(), |m| async move { Ok::<_, Rejected>(m.cents) })
+//!     .await;
+//! assert!(redelivered.iter().all(|r| matches!(r, Err(Rejected::AlreadyDone))));
+//! # Ok(()) }
+//! ```
 //!
 //! # A local cache of settled outcomes
 //!
