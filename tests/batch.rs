@@ -177,6 +177,13 @@ async fn a_batch_costs_one_statement_to_claim_and_one_per_kind_of_outcome() {
     let fresh = keys("fresh", 0..100);
 
     let before = proxy.executions();
+    let nothing = gate
+        .run_batch(Batch::<&str>::new(), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(nothing.is_empty());
+    assert_eq!(proxy.executions(), before, "an empty batch sends nothing");
+
+    let before = proxy.executions();
     let results = gate
         .run_batch(batch_of(&fresh), |_| async { Ok::<_, JobError>(()) })
         .await;

@@ -371,3 +371,41 @@ async fn the_cache_is_bounded_by_entries_and_by_bytes() {
         "10 kB values in 64 kB: at most 6, holds {held}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_answers_what_its_gate_has_seen_settled_with_no_statement() {
+    let (proxy, gate) = gate_behind_a_proxy().await;
+    let gate = gate.with_cache(cache());
+    let keys: Vec<String> = (0..10).map(|i| format!("batched_{i}")).collect();
+    let batch = || -> idem::batch::Batch<&str> {
+        keys.iter()
+            .map(|key| (key.as_str(), Identity::new("cached_batch").part(key)))
+            .collect()
+    };
+    let first = gate
+        .run_batch(batch(), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(first.iter().all(Result::is_ok));
+
+    // Settled by this batch, so known: the redelivered batch is answered
+    // in process, and another process's batch still asks the store.
+    let before = proxy.executions();
+    let again = gate
+        .run_batch(batch(), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert_eq!(proxy.executions(), before, "no statement: {again:?}");
+    assert!(
+        again
+            .iter()
+            .all(|r| matches!(refused(r), Some(Rejected::AlreadyDone)))
+    );
+    let other = elsewhere(&gate).await;
+    let there = other
+        .run_batch(batch(), |_| async { Ok::<_, JobError>(()) })
+        .await;
+    assert!(
+        there
+            .iter()
+            .all(|r| matches!(refused(r), Some(Rejected::AlreadyDone)))
+    );
+}
