@@ -118,7 +118,8 @@ pub struct Flags {
     #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub river_duplicates: u64,
 
-    /// Jobs per `insert_many` (and keys per hand-written batch claim).
+    /// Jobs per `insert_many` (and keys per `gate.run_batch` and per
+    /// hand-written batch claim).
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub river_batch: u64,
 
