@@ -37,7 +37,7 @@ pub fn render(setting: Setting, cells: &[Cell], scenarios: &[Scenario], flags: &
         &added_latency(cells, flags),
     );
     section(&mut out, "Results", &table(cells, flags));
-    section(&mut out, "Scenarios", &report::legend(scenarios));
+    section(&mut out, "Scenarios", &report::legend(scenarios, flags));
     out.push_str(ON_CITUS);
     out
 }

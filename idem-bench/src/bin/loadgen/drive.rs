@@ -46,6 +46,21 @@ impl Measurement {
     }
 }
 
+#[cfg(test)]
+impl Measurement {
+    /// `ops` operations in one second, a millisecond each: a run for the
+    /// reports' tests.
+    pub fn of_ops(ops: u64) -> Measurement {
+        let mut latency = histogram().expect("the histogram's bounds");
+        latency.record(1000).expect("a millisecond is in bounds");
+        Measurement {
+            ops,
+            window: Duration::from_secs(1),
+            latency,
+        }
+    }
+}
+
 /// Runs `workload` with `concurrency` workers: `warmup`, then `measured`.
 pub async fn drive<W: Operation>(
     workload: Arc<W>,

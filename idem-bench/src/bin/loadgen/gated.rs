@@ -1,10 +1,15 @@
 //! The gate, as users meet it: an `async fn` under `#[idempotent]`, plain
-//! and in each opt-in mode. Every one is the same action, so the duplicates
+//! and in each opt-in mode, and a batch of messages through
+//! `Gate::run_batch`. Every one is the same action, so the duplicates
 //! group's settled rows are theirs too.
 
-use idem::sqlx::{Postgres, Transaction};
-use idem::{Gate, Rejected, idempotent};
+use std::ops::Range;
 
+use idem::batch::Batch;
+use idem::sqlx::{Postgres, Transaction};
+use idem::{Gate, Identity, Rejected, idempotent};
+
+use crate::BoxError;
 use crate::body::Body;
 
 /// The action of every function here. The duplicates group settles
@@ -64,5 +69,35 @@ pub async fn guarded_in_transaction(
     body: Body,
 ) -> Result<(), Rejected> {
     body.run().await;
+    Ok(())
+}
+
+/// Messages `numbers` as one batch through `Gate::run_batch`, each under
+/// the identity the functions above give its number (one claim statement
+/// for the batch, `body` for each won message, one settle statement): an
+/// error unless every message ran and settled.
+pub async fn batch(gate: &Gate, numbers: Range<u64>, body: Body) -> Result<(), BoxError> {
+    let batch: Batch<u64> = numbers
+        .map(|n| (n, Identity::new(ACTION).part(n)))
+        .collect();
+    let size = batch.len();
+    let results = gate
+        .run_batch(batch, |_| async move {
+            body.run().await;
+            Ok::<(), Rejected>(())
+        })
+        .await;
+    let refused: Vec<&Rejected> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    if results.len() != size || !refused.is_empty() {
+        let first = refused
+            .first()
+            .map_or(String::new(), |r| format!(", the first: {r}"));
+        return Err(format!(
+            "gate.run_batch of {size} new identities answered {} items, {} refused{first}",
+            results.len(),
+            refused.len()
+        )
+        .into());
+    }
     Ok(())
 }

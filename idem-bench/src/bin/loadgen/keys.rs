@@ -1,5 +1,6 @@
 //! Distinct identities for every operation, and keys shaped like the gate's.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One counter for the whole process: no two operations, in any scenario or
@@ -10,6 +11,14 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 /// The identity number of the next operation.
 pub fn next() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `count` identity numbers at once, from the same counter as [`next`]:
+/// the messages of one batch, whose identities no other operation (or
+/// message) has or will have.
+pub fn next_many(count: u64) -> Range<u64> {
+    let first = NEXT.fetch_add(count, Ordering::Relaxed);
+    first..first + count
 }
 
 /// 24 hex digits, spread uniformly over the key space like the gate's sha1

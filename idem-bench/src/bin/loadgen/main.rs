@@ -100,7 +100,7 @@ async fn run(flags: &Flags) -> Result<(), BoxError> {
         splice::check(path, markers)?;
     }
     if flags.list {
-        print!("{}", report::legend(&scenarios));
+        print!("{}", report::legend(&scenarios, flags));
         return Ok(());
     }
     if let Some(citus_url) = &flags.citus_url {
@@ -156,11 +156,12 @@ async fn measure(
         body: group.body(flags),
         pool: pool.clone(),
         gates: accounts.gates(&cached::gate_for(work, &gate, flags.duplicates)),
+        batch_size: flags.batch_size,
         accounts,
         settled: db.settled(),
     });
     cached::warm(&workload, flags.duplicates).await?;
     let measured = drive::drive(workload, run.concurrency, flags.warmup, flags.measured).await;
     pool.close().await;
-    Ok(Row::new(run, &measured?))
+    Ok(Row::new(run, run.scenario.spec.messages(flags), &measured?))
 }

@@ -17,16 +17,23 @@ use crate::scenarios::{BASELINE, Group, Run, Scenario, Selectable, Spec};
 pub struct Row {
     pub run: Run,
     pub ops_per_second: f64,
+    /// Messages each operation handled: one but for the batch scenario.
+    pub messages: u64,
+    /// Operations per second times `messages`: what the ratios divide.
+    pub messages_per_second: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
 }
 
 impl Row {
-    /// The figures of `run`.
-    pub fn new(run: Run, measurement: &Measurement) -> Row {
+    /// The figures of `run`, each of whose operations handled `messages`.
+    pub fn new(run: Run, messages: u64, measurement: &Measurement) -> Row {
+        let ops_per_second = measurement.ops_per_second();
         Row {
             run,
-            ops_per_second: measurement.ops_per_second(),
+            ops_per_second,
+            messages,
+            messages_per_second: ops_per_second * messages as f64,
             p50_ms: measurement.latency_ms(0.50),
             p99_ms: measurement.latency_ms(0.99),
         }
@@ -35,8 +42,13 @@ impl Row {
 
 impl Measured for Row {
     fn progress(&self) -> String {
+        // Messages only where they are not the operations.
+        let messages = match self.messages {
+            1 => String::new(),
+            _ => format!(" ({:.0} msgs/s)", self.messages_per_second),
+        };
         format!(
-            "{} c={} pool={}: {:.0} ops/s, p50 {:.2} ms, p99 {:.2} ms",
+            "{} c={} pool={}: {:.0} ops/s{messages}, p50 {:.2} ms, p99 {:.2} ms",
             self.run.scenario.id(),
             self.run.concurrency,
             self.run.pool,
@@ -52,7 +64,7 @@ pub fn render(setting: Setting, rows: &[Row], scenarios: &[Scenario], flags: &Fl
     let mut out = setting.opening("Machine, server and run", "", "pre-fills");
     section(&mut out, "Results", &table(rows, flags));
     section(&mut out, "Targets", &targets(rows, flags));
-    section(&mut out, "Scenarios", &legend(scenarios));
+    section(&mut out, "Scenarios", &legend(scenarios, flags));
     out
 }
 
@@ -135,14 +147,14 @@ pub fn per_concurrency_line(
     out.push('\n');
 }
 
-/// Every run, with its ratio to its group's floor at the same concurrency,
-/// in the order of the scenario list.
+/// Every run, with its ratio to its group's floor at the same concurrency
+/// (per message), in the order of the scenario list.
 fn table(rows: &[Row], flags: &Flags) -> String {
     let mut rows: Vec<&Row> = rows.iter().collect();
     rows.sort_by_key(|row| row.run.place);
     let mut out = String::from(
-        "| group | scenario | conc | pool | ops/s | p50 ms | p99 ms | × floor |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|\n",
+        "| group | scenario | conc | pool | ops/s | msgs/s | p50 ms | p99 ms | × floor |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for row in &rows {
         let scenario = row.run.scenario;
@@ -155,12 +167,13 @@ fn table(rows: &[Row], flags: &Flags) -> String {
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {} |",
             scenario.group.label(flags),
             scenario.spec.name,
             row.run.concurrency,
             row.run.pool,
             row.ops_per_second,
+            row.messages_per_second,
             row.p50_ms,
             row.p99_ms,
             shown(ratio),
@@ -170,7 +183,8 @@ fn table(rows: &[Row], flags: &Flags) -> String {
 }
 
 /// Throughput of `scenario` over throughput of `baseline`, at `concurrency`,
-/// when both were run.
+/// when both were run: messages per second, so a batch is compared with a
+/// call per message.
 fn ratio(
     rows: &[&Row],
     scenario: (Group, &str),
@@ -185,7 +199,7 @@ fn ratio(
         })
     };
     let (scenario, baseline) = (find(scenario)?, find(baseline)?);
-    divided(scenario.ops_per_second, baseline.ops_per_second)
+    divided(scenario.messages_per_second, baseline.messages_per_second)
 }
 
 /// One of the issue's targets: `scenario` must reach `at_least` × `baseline`.
@@ -238,7 +252,7 @@ fn pool_smaller_than_workers(concurrency: u32, flags: &Flags) -> bool {
 /// Each target at each concurrency: the measured ratio and whether it holds.
 fn targets(rows: &[Row], flags: &Flags) -> String {
     let rows: Vec<&Row> = rows.iter().collect();
-    let (noop, dup) = (Group::NoOp, Group::Duplicates);
+    let (noop, batch, dup) = (Group::NoOp, Group::Batch, Group::Duplicates);
     let mut targets = vec![
         Target::within(noop, "gate", BASELINE, 0.90).named("gate ≥ 0.90× floor"),
         Target::within(noop, "gate", "on-conflict", 0.90)
@@ -247,6 +261,10 @@ fn targets(rows: &[Row], flags: &Flags) -> String {
         Target::within(dup, "gate-cached", BASELINE, 50.0)
             .named("cached duplicate refusal ≥ 50× its floor"),
         Target::within(noop, "gate", "brandur", 1.2).named("gate ≥ 1.2× brandur"),
+        Target::within(batch, "gate-batch", "gate", 10.0).named(format!(
+            "gate-batch ≥ 10× gate, per message (batches of {})",
+            flags.batch_size
+        )),
         Target {
             judged: pool_smaller_than_workers,
             ..Target::within(Group::SlowBody, "gate", "advisory", 2.0).named(format!(
@@ -291,8 +309,9 @@ fn targets(rows: &[Row], flags: &Flags) -> String {
     out
 }
 
-/// What each scenario runs and costs by construction.
-pub fn legend(scenarios: &[Scenario]) -> String {
+/// What each scenario runs and costs by construction (a batch scenario's
+/// costs per batch, which its line says).
+pub fn legend(scenarios: &[Scenario], flags: &Flags) -> String {
     let mut specs: Vec<(Spec, Vec<&'static str>)> = Vec::new();
     for scenario in scenarios {
         match specs.iter_mut().find(|(spec, _)| *spec == scenario.spec) {
@@ -307,10 +326,17 @@ pub fn legend(scenarios: &[Scenario]) -> String {
     );
     for (spec, groups) in specs {
         let cost = spec.cost;
+        let per_batch = match spec.messages(flags) {
+            1 => String::new(),
+            messages => format!(
+                "; one operation is {messages} messages (`--batch-size`): its costs are per batch \
+                 of {messages}, its msgs/s and × floor per message, its p50 and p99 per batch"
+            ),
+        };
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {}{per_batch} | {} | {} | {} | {} |",
             spec.name,
             groups.join(", "),
             spec.summary,
@@ -321,4 +347,67 @@ pub fn legend(scenarios: &[Scenario]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Row, table, targets};
+    use crate::drive::Measurement;
+    use crate::flags::Flags;
+    use crate::scenarios::{self, Run};
+
+    /// The batch group at concurrency 1, its floor, gate and gate-batch
+    /// having completed these operations per second.
+    fn rows(flags: &Flags, ops: [u64; 3]) -> Vec<Row> {
+        let scenarios = scenarios::selected(flags).expect("the batch group");
+        scenarios::plan(&scenarios, flags)
+            .into_iter()
+            .zip(ops)
+            .map(|(run, ops): (Run, u64)| {
+                Row::new(
+                    run,
+                    run.scenario.spec.messages(flags),
+                    &Measurement::of_ops(ops),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_counts_messages_and_is_compared_per_message() {
+        let flags = Flags::parse_from(["loadgen", "--scenarios", "batch", "--concurrency", "1"]);
+        let rows = rows(&flags, [400, 300, 40]);
+        let table = table(&rows, &flags);
+        assert!(
+            table.contains("| batch of 100, no-op body | gate-batch | 1 | 1 | 40 | 4000 | 1.00 | 1.00 | 10.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "| batch of 100, no-op body | gate | 1 | 1 | 300 | 300 | 1.00 | 1.00 | 0.75 |"
+            ),
+            "{table}"
+        );
+        let targets = targets(&rows, &flags);
+        assert!(
+            targets.contains(
+                "| gate-batch ≥ 10× gate, per message (batches of 100) | 1 | 13.33 | met |"
+            ),
+            "{targets}"
+        );
+    }
+
+    #[test]
+    fn a_batch_below_ten_times_the_gate_per_message_misses() {
+        let flags = Flags::parse_from(["loadgen", "--scenarios", "batch", "--concurrency", "1"]);
+        let targets = targets(&rows(&flags, [400, 300, 29]), &flags);
+        assert!(
+            targets.contains(
+                "| gate-batch ≥ 10× gate, per message (batches of 100) | 1 | 9.67 | **missed** |"
+            ),
+            "{targets}"
+        );
+    }
 }

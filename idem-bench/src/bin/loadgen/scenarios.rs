@@ -18,6 +18,10 @@ pub const BASELINE: &str = "floor";
 pub enum Group {
     /// New identities, a body that does nothing: the bookkeeping alone.
     NoOp,
+    /// New identities, a body that does nothing, per call and in batches
+    /// of `--batch-size` through `Gate::run_batch`: its ratios count
+    /// messages, not operations.
+    Batch,
     /// Identities that are already settled, refused.
     Duplicates,
     /// New identities, a body that sleeps (an external call), and fewer
@@ -32,6 +36,7 @@ impl Group {
     pub fn name(self) -> &'static str {
         match self {
             Group::NoOp => "noop",
+            Group::Batch => "batch",
             Group::Duplicates => "dup",
             Group::SlowBody => "slow",
             Group::History(_) => "history",
@@ -42,6 +47,7 @@ impl Group {
     pub fn label(self, flags: &Flags) -> String {
         match self {
             Group::NoOp => "no-op body".to_owned(),
+            Group::Batch => format!("batch of {}, no-op body", flags.batch_size),
             Group::Duplicates => "duplicates".to_owned(),
             Group::SlowBody => format!("{} ms body", flags.slow_body_ms),
             Group::History(rows) => format!("history {}", count(rows)),
@@ -70,12 +76,13 @@ impl Group {
         match self {
             Group::Duplicates => Contents::Settled(flags.duplicates),
             Group::History(rows) => Contents::History(rows),
-            Group::NoOp | Group::SlowBody => Contents::Empty,
+            Group::NoOp | Group::Batch | Group::SlowBody => Contents::Empty,
         }
     }
 }
 
-/// What one operation costs by construction, counted from the SQL it runs.
+/// What one operation costs by construction, counted from the SQL it runs
+/// (for a batch scenario, one operation is the whole batch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cost {
     /// Statements sent, `BEGIN` and `COMMIT` included: each a round trip.
@@ -96,6 +103,18 @@ pub struct Spec {
     pub work: Work,
     pub summary: &'static str,
     pub cost: Cost,
+}
+
+impl Spec {
+    /// Messages one operation handles, each with an identity of its own:
+    /// `--batch-size` for the batch scenario, else one. Throughput and
+    /// ratios count messages.
+    pub fn messages(&self, flags: &Flags) -> u64 {
+        match self.work {
+            Work::GateBatch => flags.batch_size,
+            _ => 1,
+        }
+    }
 }
 
 const fn cost(statements: u32, acquires: u32, durable_commits: u32) -> Cost {
@@ -200,6 +219,15 @@ const GATE_TX: Spec = Spec {
     },
 };
 
+const GATE_BATCH: Spec = Spec {
+    name: "gate-batch",
+    work: Work::GateBatch,
+    summary: "`gate.run_batch` of new identities, no-op bodies: one INSERT ... SELECT FROM unnest(...) ORDER BY address \
+              ON CONFLICT DO NOTHING RETURNING claims the whole batch, the bodies run, one UPDATE ... FROM unnest(...) \
+              settles it, each autocommitted",
+    cost: cost(2, 2, 2),
+};
+
 const BRANDUR: Spec = Spec {
     name: "brandur",
     work: Work::Brandur,
@@ -288,6 +316,11 @@ const SLOW_BODY: &[Spec] = &[
     GATE_TX,
 ];
 
+/// New identities with a body that does nothing, by the message: the floor
+/// and the gate per call, against the gate's batch API, each of whose
+/// operations is `--batch-size` messages.
+const BATCH: &[Spec] = &[FLOOR, GATE, GATE_BATCH];
+
 const DUPLICATES: &[Spec] = &[
     REFUSE_BY_LOOKUP,
     REFUSE_THROUGH_GATE,
@@ -363,6 +396,7 @@ pub fn all(flags: &Flags) -> Vec<Scenario> {
     }
     let mut groups = vec![
         (Group::NoOp, NO_OP),
+        (Group::Batch, BATCH),
         (Group::Duplicates, DUPLICATES),
         (Group::SlowBody, SLOW_BODY),
     ];
@@ -475,5 +509,107 @@ pub fn count(n: u64) -> String {
         n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
         n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
         n => n.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{BASELINE, Group, Scenario, plan, selected};
+    use crate::flags::Flags;
+    use crate::workload::Work;
+
+    fn flags(args: &[&str]) -> Flags {
+        Flags::parse_from(["loadgen"].iter().chain(args))
+    }
+
+    fn names(scenarios: &[Scenario]) -> Vec<&'static str> {
+        scenarios.iter().map(|s| s.spec.name).collect()
+    }
+
+    #[test]
+    fn every_group_has_its_baseline_first() {
+        let scenarios = selected(&flags(&[])).expect("every scenario");
+        for (group, members) in super::by_group(&scenarios, |s| s.group) {
+            assert_eq!(members[0].spec.name, BASELINE, "{}", group.name());
+        }
+    }
+
+    #[test]
+    fn the_batch_group_is_the_floor_and_the_gate_per_call_against_run_batch() {
+        let flags = flags(&["--scenarios", "batch"]);
+        let scenarios = selected(&flags).expect("the batch group");
+        assert_eq!(names(&scenarios), ["floor", "gate", "gate-batch"]);
+        assert!(scenarios.iter().all(|s| s.group == Group::Batch));
+        assert_eq!(Group::Batch.label(&flags), "batch of 100, no-op body");
+        let batch = scenarios[2].spec;
+        assert_eq!(batch.work, Work::GateBatch);
+        // Two statements and two durable commits per batch, whatever its
+        // size; the messages per operation are the batch's.
+        assert_eq!((batch.cost.statements, batch.cost.durable_commits), (2, 2));
+        assert_eq!(batch.messages(&flags), 100);
+        assert_eq!(scenarios[0].spec.messages(&flags), 1);
+        assert_eq!(scenarios[1].spec.messages(&flags), 1);
+    }
+
+    #[test]
+    fn the_batch_size_is_a_flag() {
+        let flags = flags(&["--scenarios", "gate-batch", "--batch-size", "250"]);
+        let scenarios = selected(&flags).expect("the batch scenario");
+        assert_eq!(scenarios.len(), 1);
+        assert_eq!(scenarios[0].spec.messages(&flags), 250);
+        assert_eq!(Group::Batch.label(&flags), "batch of 250, no-op body");
+        assert!(Flags::try_parse_from(["loadgen", "--batch-size", "0"]).is_err());
+    }
+
+    #[test]
+    fn a_name_selects_it_in_every_group_and_an_id_in_one() {
+        let flags = flags(&["--scenarios", "gate", "--prefill", "0"]);
+        let groups: Vec<&str> = selected(&flags)
+            .expect("the gate")
+            .iter()
+            .map(|s| s.group.name())
+            .collect();
+        assert_eq!(groups, ["noop", "batch", "dup", "slow"]);
+        let flags = self::flags(&["--scenarios", "batch/gate"]);
+        let scenarios = selected(&flags).expect("one scenario");
+        assert_eq!(scenarios.len(), 1);
+        assert_eq!(scenarios[0].group, Group::Batch);
+    }
+
+    #[test]
+    fn a_term_that_selects_nothing_is_refused() {
+        let error = selected(&flags(&["--scenarios", "batch/nope"])).expect_err("a typo");
+        assert!(error.contains("batch/gate-batch"), "{error}");
+    }
+
+    #[test]
+    fn each_group_runs_every_scenario_at_one_concurrency_before_the_next_reversed() {
+        let flags = flags(&["--scenarios", "noop/floor,batch", "--concurrency", "1,64"]);
+        let scenarios = selected(&flags).expect("two groups");
+        let runs = plan(&scenarios, &flags);
+        let planned: Vec<(&str, &str, u32, u32)> = runs
+            .iter()
+            .map(|r| {
+                let s = r.scenario;
+                (s.group.name(), s.spec.name, r.concurrency, r.pool)
+            })
+            .collect();
+        assert_eq!(
+            planned,
+            [
+                ("noop", "floor", 1, 1),
+                ("noop", "floor", 64, 32),
+                ("batch", "floor", 1, 1),
+                ("batch", "gate", 1, 1),
+                ("batch", "gate-batch", 1, 1),
+                ("batch", "gate-batch", 64, 32),
+                ("batch", "gate", 64, 32),
+                ("batch", "floor", 64, 32),
+            ]
+        );
+        // The report lists them by group, concurrency and place in the list.
+        assert_eq!(runs[5].place, (1, 1, 2));
     }
 }

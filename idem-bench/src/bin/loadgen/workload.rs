@@ -10,7 +10,7 @@ use crate::drive::Operation;
 use crate::duplicates::Settled;
 use crate::floor::Floor;
 use crate::fused::Fused;
-use crate::{BoxError, advisory, brandur, gated};
+use crate::{BoxError, advisory, brandur, gated, keys};
 
 /// What one operation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub enum Work {
     Gate,
     /// The `#[idempotent]` function in an opt-in mode.
     GateMode(GateMode),
+    /// `Gate::run_batch` of `--batch-size` new identities.
+    GateBatch,
     /// The Stripe-style `idempotency_keys` table.
     Brandur,
     /// A session advisory lock held across the body.
@@ -55,6 +57,8 @@ pub struct Workload {
     pub accounts: Arc<Accounts>,
     /// The gate over `pool`, scoped to each of `accounts`.
     pub gates: Gates,
+    /// Messages per batch, for [`Work::GateBatch`].
+    pub batch_size: u64,
     /// The rows the duplicates group refuses.
     pub settled: Option<Arc<Settled>>,
 }
@@ -71,6 +75,12 @@ impl Workload {
             }
             Work::Gate => Ok(gated::guarded(self.gates.of(n), n, self.body).await?),
             Work::GateMode(mode) => self.run_mode(mode, n).await,
+            // `n` picks the account; the batch's identities are fresh ones
+            // of their own.
+            Work::GateBatch => {
+                let identities = keys::next_many(self.batch_size);
+                gated::batch(self.gates.of(n), identities, self.body).await
+            }
             Work::Brandur => brandur::run(&self.pool, n, self.body).await,
             Work::Advisory => advisory::run(&self.pool, n, self.body).await,
             Work::RefuseByLookup => self.settled()?.refuse_by_lookup(&self.pool, n).await,

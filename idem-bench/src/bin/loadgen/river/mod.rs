@@ -5,9 +5,10 @@
 //! Four groups ([`scenarios`]): a new unique insert against idem's claim, a
 //! duplicate unique insert against idem's refusal, "run this once per key"
 //! end to end (a unique job inserted and worked to completion against the
-//! gate with the same body), and River's `insert_many` against idem per
-//! call (idem has no batch claim yet) and against the batch as one
-//! hand-written statement. River's tables are created by River's own
+//! gate with the same body), and River's `insert_many` against idem's
+//! batch API (`gate.run_batch`: one claim statement and one settle for the
+//! whole batch), against idem per call, and against run_batch's claim
+//! statement alone, sent by hand. River's tables are created by River's own
 //! migrations in the benchmark's schema, next to idem's, and dropped with
 //! it. The report ([`report`]) has its own markers in BENCHMARKS.md.
 
@@ -195,13 +196,19 @@ struct Op {
     duplicates: Option<Arc<Duplicates>>,
 }
 
-/// The batch of pending claims as one statement: what a batch claim sends.
-const BATCH_CLAIM: &str = "INSERT INTO idem_records \
-       (account, kind, address, namespace, state, identity) \
-     SELECT $1, 'claim', address, NULL, 'pending', identity \
-     FROM unnest($2::text[], $3::bytea[]) AS batch(address, identity) \
+/// The statement `gate.run_batch` sends to claim a batch: the runtime's
+/// `CLAIM_BATCH` (idem-runtime/src/store/batch.rs, not public), copied
+/// word for word; a test holds the two to the same text. `$1` account,
+/// `$2` addresses, `$3` namespace, `$4` identities, `$5` fingerprints,
+/// `$6` lease in microseconds.
+const CLAIM_BATCH: &str = "INSERT INTO idem_records \
+       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at) \
+     SELECT $1, 'claim', item.address, $3, 'pending', item.identity, item.fingerprint, \
+            now() + $6 * interval '1 microsecond' \
+     FROM unnest($2::text[], $4::bytea[], $5::bytea[]) AS item(address, identity, fingerprint) \
+     ORDER BY item.address \
      ON CONFLICT DO NOTHING \
-     RETURNING true";
+     RETURNING address, fence";
 
 impl Op {
     async fn run(&self, n: u64) -> Result<(), BoxError> {
@@ -243,7 +250,12 @@ impl Op {
                     .ok_or("the refusal ran without settled identities")?;
                 settled.refuse_through_gate(&self.gates, n).await
             }
-            Work::BatchClaimSql => self.batch_claim(n).await,
+            // `n` picks the account; the keys are fresh ones of their own.
+            Work::IdemRunBatch => {
+                let keys = keys::next_many(self.batch);
+                gated::batch(self.gates.of(n), keys, Body::NoOp).await
+            }
+            Work::BatchClaimSql => self.batch_claim().await,
         }
     }
 
@@ -253,22 +265,23 @@ impl Op {
             .ok_or_else(|| "a River scenario ran without a River client".into())
     }
 
-    /// Keys `n * batch ..` as one statement, each an address and identity
-    /// shaped like the gate's.
-    async fn batch_claim(&self, n: u64) -> Result<(), BoxError> {
-        let first = n * self.batch;
-        let (addresses, identities): (Vec<String>, Vec<Vec<u8>>) = (first..first + self.batch)
-            .map(|key| {
-                (
-                    format!("batch_{}", keys::hex24(key)),
-                    format!("loadgen batch {key}").into_bytes(),
-                )
-            })
-            .unzip();
-        let won: Vec<bool> = sqlx::query_scalar(BATCH_CLAIM)
+    /// `batch` fresh keys claimed with [`CLAIM_BATCH`], bound as
+    /// `gate.run_batch` binds it for them: the identities `run-batch`
+    /// gives its keys, their addresses, no namespace, fingerprint or lease.
+    async fn batch_claim(&self) -> Result<(), BoxError> {
+        let identities: Vec<Identity> = keys::next_many(self.batch)
+            .map(|key| Identity::new(gated::ACTION).part(key))
+            .collect();
+        let addresses: Vec<String> = identities.iter().map(Identity::address).collect();
+        let canonical: Vec<&[u8]> = identities.iter().map(Identity::canonical).collect();
+        let fingerprints: Vec<Option<&[u8]>> = vec![None; identities.len()];
+        let won = sqlx::query(CLAIM_BATCH)
             .bind(self.gate.account_name())
             .bind(&addresses)
-            .bind(&identities)
+            .bind(None::<&str>)
+            .bind(&canonical)
+            .bind(&fingerprints)
+            .bind(None::<i64>)
             .fetch_all(&self.pool)
             .await?;
         if won.len() as u64 != self.batch {
@@ -299,7 +312,7 @@ fn side_label(side: Side) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::RIVER_VERSION;
+    use super::{CLAIM_BATCH, RIVER_VERSION};
 
     #[test]
     fn the_reported_river_version_is_the_one_depended_on() {
@@ -307,6 +320,26 @@ mod tests {
         assert!(
             manifest.contains(&format!("riverqueue = \"{RIVER_VERSION}\"")),
             "update RIVER_VERSION to idem-bench's riverqueue dependency"
+        );
+    }
+
+    /// `batch-claim-sql` says it sends what `gate.run_batch` sends to
+    /// claim: the runtime's statement, read from its source (a string
+    /// literal whose lines end in `\`, which drops the newline and the
+    /// next line's indentation).
+    #[test]
+    fn the_hand_written_batch_claim_is_the_runtimes() {
+        let source = include_str!("../../../../../idem-runtime/src/store/batch.rs");
+        let opening = "pub(super) const CLAIM_BATCH: &str = \"";
+        let start = source.find(opening).expect("CLAIM_BATCH in the runtime") + opening.len();
+        let literal = &source[start..];
+        let literal = &literal[..literal.find('"').expect("the literal's end")];
+        let mut pieces = literal.split("\\\n");
+        let first = pieces.next().unwrap_or_default().to_owned();
+        let runtime = pieces.fold(first, |text, piece| text + piece.trim_start());
+        assert_eq!(
+            CLAIM_BATCH, runtime,
+            "copy the runtime's CLAIM_BATCH into river/mod.rs"
         );
     }
 }

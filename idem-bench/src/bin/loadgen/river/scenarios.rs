@@ -17,7 +17,8 @@ pub enum Group {
     /// "Run this once per key", end to end: a job inserted and worked to
     /// completion against the gate running the same (no-op) body.
     EndToEnd,
-    /// Many new keys at once: River's `insert_many` against idem per call.
+    /// Many new keys at once: River's `insert_many` against idem per call
+    /// and through its batch API, `gate.run_batch`.
     Batch,
 }
 
@@ -60,8 +61,12 @@ pub enum Work {
     GateAsync,
     /// The `#[idempotent]` fn on a settled identity: refused.
     GateRefusal,
-    /// A batch of new claims as one hand-written statement: what idem's
-    /// batch claim (not built yet) would send.
+    /// `gate.run_batch` of `--river-batch` new keys, no-op bodies: claim
+    /// and settle, one statement each for the whole batch.
+    IdemRunBatch,
+    /// A batch of new claims as one hand-written statement: the statement
+    /// `gate.run_batch` sends to claim (the runtime's `CLAIM_BATCH`), sent
+    /// alone and left pending, so run-batch's claim on its own.
     BatchClaimSql,
 }
 
@@ -91,7 +96,7 @@ impl Scenario {
     /// scenarios, else one.
     pub fn per_op(&self, flags: &Flags) -> u64 {
         match self.work {
-            Work::RiverInsertMany | Work::BatchClaimSql => flags.river_batch,
+            Work::RiverInsertMany | Work::IdemRunBatch | Work::BatchClaimSql => flags.river_batch,
             _ => 1,
         }
     }
@@ -200,11 +205,21 @@ pub const ALL: &[Scenario] = &[
     ),
     scenario(
         Group::Batch,
+        "run-batch",
+        Side::Idem,
+        Work::IdemRunBatch,
+        "`gate.run_batch` of a batch of new keys, no-op bodies: one INSERT ... SELECT FROM \
+         unnest(...) ORDER BY address ON CONFLICT DO NOTHING RETURNING claims the batch, the \
+         bodies run, one UPDATE ... FROM unnest(...) settles it, each autocommitted: 2 round \
+         trips, 2 durable commits per batch",
+    ),
+    scenario(
+        Group::Batch,
         "gate",
         Side::Idem,
         Work::Gate,
-        "the `#[idempotent]` fn per key (idem has no batch claim yet): 2 round trips, \
-         2 durable commits per key",
+        "the `#[idempotent]` fn per key, one call per message (not the batch API): 2 round \
+         trips, 2 durable commits per key",
     ),
     scenario(
         Group::Batch,
@@ -218,9 +233,11 @@ pub const ALL: &[Scenario] = &[
         "batch-claim-sql",
         Side::Idem,
         Work::BatchClaimSql,
-        "by hand, not idem's API: the batch's pending rows in `idem_records` as one \
-         INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING, autocommitted: \
-         1 round trip, 1 durable commit per batch (what a batch claim would send)",
+        "by hand, not through idem's API: the statement `gate.run_batch` sends to claim a batch \
+         (`CLAIM_BATCH`, idem-runtime/src/store/batch.rs), INSERT ... SELECT FROM unnest(...) \
+         ORDER BY address ON CONFLICT DO NOTHING RETURNING, with the same addresses and \
+         identities, autocommitted and left pending: run-batch's claim alone, 1 round trip, \
+         1 durable commit per batch",
     ),
 ];
 
@@ -273,7 +290,7 @@ pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<Run> {
 mod tests {
     use clap::Parser;
 
-    use super::{ALL, Side, plan, selected};
+    use super::{ALL, Side, Work, plan, selected};
     use crate::flags::Flags;
 
     #[test]
@@ -302,5 +319,41 @@ mod tests {
     fn a_term_that_selects_nothing_is_refused() {
         let flags = Flags::parse_from(["loadgen", "--river", "--scenarios", "nope"]);
         assert!(selected(&flags).is_err());
+    }
+
+    #[test]
+    fn the_batch_group_measures_run_batch_per_key_next_to_insert_many() {
+        let flags = Flags::parse_from([
+            "loadgen",
+            "--river",
+            "--scenarios",
+            "batch",
+            "--river-batch",
+            "50",
+            "--concurrency",
+            "1,16",
+        ]);
+        let scenarios = selected(&flags).expect("the batch group");
+        let names: Vec<&str> = scenarios.iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "river-insert-many",
+                "run-batch",
+                "gate",
+                "idem-claim",
+                "batch-claim-sql"
+            ]
+        );
+        let keys: Vec<u64> = scenarios.iter().map(|s| s.per_op(&flags)).collect();
+        assert_eq!(keys, [50, 50, 1, 1, 50]);
+        assert_eq!(scenarios[1].work, Work::IdemRunBatch);
+        // run-batch and insert_many run back to back at each concurrency.
+        let runs: Vec<(&str, u32)> = plan(&scenarios, &flags)
+            .iter()
+            .map(|run| (run.scenario.name, run.concurrency))
+            .collect();
+        assert_eq!(&runs[..2], [("river-insert-many", 1), ("run-batch", 1)]);
+        assert_eq!(&runs[8..], [("run-batch", 16), ("river-insert-many", 16)]);
     }
 }
