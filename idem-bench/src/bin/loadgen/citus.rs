@@ -67,6 +67,10 @@ impl Measured for Cell {
     fn progress(&self) -> String {
         format!("{}: {}", self.target.label(), self.row.progress())
     }
+
+    fn throughput(&self) -> f64 {
+        self.row.throughput()
+    }
 }
 
 /// The matrix's plan ([`scenarios::plan`]), each run on both servers back

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use crate::BoxError;
+use crate::cpu::{CpuClock, CpuUse};
 use crate::keys;
 
 /// One operation of a run, by identity number: the matrix's [`Workload`]
@@ -32,6 +33,8 @@ pub struct Measurement {
     pub window: Duration,
     /// Their latencies, in microseconds.
     pub latency: Histogram<u64>,
+    /// CPU time per operation over the measured window, when asked for.
+    pub cpu: Option<CpuUse>,
 }
 
 impl Measurement {
@@ -57,6 +60,7 @@ impl Measurement {
             ops,
             window: Duration::from_secs(1),
             latency,
+            cpu: None,
         }
     }
 }
@@ -68,6 +72,18 @@ pub async fn drive<W: Operation>(
     warmup: Duration,
     measured: Duration,
 ) -> Result<Measurement, BoxError> {
+    drive_timed(workload, concurrency, warmup, measured, None).await
+}
+
+/// [`drive`], also reading the CPU time `clock` counts at the edges of the
+/// measured window ([`Measurement::cpu`]).
+pub async fn drive_timed<W: Operation>(
+    workload: Arc<W>,
+    concurrency: u32,
+    warmup: Duration,
+    measured: Duration,
+    clock: Option<CpuClock>,
+) -> Result<Measurement, BoxError> {
     let start = Instant::now();
     let window = Window {
         from: start + warmup,
@@ -77,10 +93,19 @@ pub async fn drive<W: Operation>(
     let workers: Vec<_> = (0..concurrency)
         .map(|_| tokio::spawn(worker(Arc::clone(&workload), window, Arc::clone(&stop))))
         .collect();
+    let cpu = clock.map(|clock| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(window.from.into()).await;
+            let before = clock.sample();
+            tokio::time::sleep_until(window.to.into()).await;
+            (before, clock.sample())
+        })
+    });
     let mut total = Measurement {
         ops: 0,
         window: measured,
         latency: histogram()?,
+        cpu: None,
     };
     let mut first_error = None;
     for worker in workers {
@@ -93,6 +118,10 @@ pub async fn drive<W: Operation>(
                 first_error.get_or_insert(error);
             }
         }
+    }
+    if let Some(cpu) = cpu {
+        let (before, after) = cpu.await?;
+        total.cpu = before.per_op(&after, total.ops);
     }
     match first_error {
         Some(error) => Err(error),

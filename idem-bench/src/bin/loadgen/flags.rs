@@ -106,6 +106,13 @@ pub struct Flags {
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub citus_accounts: u32,
 
+    /// Measures every run this many times, the whole plan over again each
+    /// round (so the rounds of one run are spread over the whole run, and
+    /// a drift in the machine meets every scenario), and reports the run
+    /// whose throughput is the median.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub rounds: u32,
+
     /// Run River side by side instead of the matrix: River's Rust client
     /// (`riverqueue`) against idem on the same PostgreSQL, pair by pair
     /// (`river::scenarios`). `--into` then writes between the file's River

@@ -32,6 +32,7 @@ mod brandur;
 mod cached;
 mod citus;
 mod citus_report;
+mod cpu;
 mod drive;
 mod duplicates;
 mod environment;
@@ -56,6 +57,7 @@ use idem::Gate;
 
 use accounts::Accounts;
 use bench_db::{BenchDb, Contents};
+use cpu::CpuClock;
 use flags::Flags;
 use report::{Row, Setting};
 use scenarios::{Run, Scenario};
@@ -161,7 +163,15 @@ async fn measure(
         settled: db.settled(),
     });
     cached::warm(&workload, flags.duplicates).await?;
-    let measured = drive::drive(workload, run.concurrency, flags.warmup, flags.measured).await;
+    let clock = CpuClock::find(&pool).await;
+    let measured = drive::drive_timed(
+        workload,
+        run.concurrency,
+        flags.warmup,
+        flags.measured,
+        Some(clock),
+    )
+    .await;
     pool.close().await;
     Ok(Row::new(run, run.scenario.spec.messages(flags), &measured?))
 }

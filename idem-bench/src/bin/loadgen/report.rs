@@ -8,6 +8,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use crate::cpu::CpuUse;
 use crate::drive::Measurement;
 use crate::flags::Flags;
 use crate::runner::Measured;
@@ -23,6 +24,8 @@ pub struct Row {
     pub messages_per_second: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// CPU time per message over the measured window, when it was read.
+    pub cpu: Option<CpuUse>,
 }
 
 impl Row {
@@ -36,7 +39,21 @@ impl Row {
             messages_per_second: ops_per_second * messages as f64,
             p50_ms: measurement.latency_ms(0.50),
             p99_ms: measurement.latency_ms(0.99),
+            cpu: measurement.cpu.map(|per_op| CpuUse {
+                client_us: per_op.client_us / messages as f64,
+                server_us: per_op.server_us.map(|us| us / messages as f64),
+            }),
         }
+    }
+
+    /// The client's and the server's CPU µs per message, as the table
+    /// shows them.
+    fn cpu_cells(&self) -> (String, String) {
+        let us = |us: Option<f64>| us.map_or("–".to_owned(), |us| format!("{us:.0}"));
+        (
+            us(self.cpu.map(|cpu| cpu.client_us)),
+            us(self.cpu.and_then(|cpu| cpu.server_us)),
+        )
     }
 }
 
@@ -57,11 +74,18 @@ impl Measured for Row {
             self.p99_ms
         )
     }
+
+    fn throughput(&self) -> f64 {
+        self.messages_per_second
+    }
 }
 
 /// The whole report, in markdown.
 pub fn render(setting: Setting, rows: &[Row], scenarios: &[Scenario], flags: &Flags) -> String {
-    let mut out = setting.opening("Machine, server and run", "", "pre-fills");
+    let cpu = "- CPU per message: the client's (this process) and the server's (its postmaster \
+               and every process it started), read from `/proc` at the edges of each measured \
+               window; – when the server is not on this machine\n";
+    let mut out = setting.opening("Machine, server and run", cpu, "pre-fills");
     section(&mut out, "Results", &table(rows, flags));
     section(&mut out, "Targets", &targets(rows, flags));
     section(&mut out, "Scenarios", &legend(scenarios, flags));
@@ -153,8 +177,8 @@ fn table(rows: &[Row], flags: &Flags) -> String {
     let mut rows: Vec<&Row> = rows.iter().collect();
     rows.sort_by_key(|row| row.run.place);
     let mut out = String::from(
-        "| group | scenario | conc | pool | ops/s | msgs/s | p50 ms | p99 ms | × floor |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| group | scenario | conc | pool | ops/s | msgs/s | p50 ms | p99 ms | client CPU µs/msg | server CPU µs/msg | × floor |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for row in &rows {
         let scenario = row.run.scenario;
@@ -164,10 +188,11 @@ fn table(rows: &[Row], flags: &Flags) -> String {
             (scenario.group, BASELINE),
             row.run.concurrency,
         );
+        let (client_cpu, server_cpu) = row.cpu_cells();
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {client_cpu} | {server_cpu} | {} |",
             scenario.group.label(flags),
             scenario.spec.name,
             row.run.concurrency,
@@ -381,12 +406,12 @@ mod tests {
         let rows = rows(&flags, [400, 300, 40]);
         let table = table(&rows, &flags);
         assert!(
-            table.contains("| batch of 100, no-op body | gate-batch | 1 | 1 | 40 | 4000 | 1.00 | 1.00 | 10.00 |"),
+            table.contains("| batch of 100, no-op body | gate-batch | 1 | 1 | 40 | 4000 | 1.00 | 1.00 | – | – | 10.00 |"),
             "{table}"
         );
         assert!(
             table.contains(
-                "| batch of 100, no-op body | gate | 1 | 1 | 300 | 300 | 1.00 | 1.00 | 0.75 |"
+                "| batch of 100, no-op body | gate | 1 | 1 | 300 | 300 | 1.00 | 1.00 | – | – | 0.75 |"
             ),
             "{table}"
         );

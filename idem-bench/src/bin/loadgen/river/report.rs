@@ -38,6 +38,10 @@ impl Measured for Row {
             self.p99_ms
         )
     }
+
+    fn throughput(&self) -> f64 {
+        self.jobs_per_second
+    }
 }
 
 impl Row {
