@@ -607,3 +607,33 @@ async fn a_batch_in_a_namespace_never_meets_the_same_identities_without_one() {
             .all(|r| matches!(refusal(r), Some(Rejected::AlreadyDone)))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asynchronous_outcomes_settle_and_release_a_batch_alike() {
+    let gate = testing::gate().await;
+    let keys = keys("async", 0..6);
+    let results = gate
+        .run_batch(
+            batch_of(&keys).outcome_commit(idem::OutcomeCommit::Async),
+            |key| async move {
+                let n: usize = key
+                    .rsplit('_')
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                if n < 3 { Ok(()) } else { Err(JobError::Failed) }
+            },
+        )
+        .await;
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        3,
+        "{results:?}"
+    );
+    assert_eq!(rows::count_rows(&gate, "success").await, 3);
+    assert_eq!(
+        rows::count_rows(&gate, "pending").await,
+        0,
+        "released, not left"
+    );
+}

@@ -65,19 +65,10 @@ impl Measurement {
     }
 }
 
-/// Runs `workload` with `concurrency` workers: `warmup`, then `measured`.
-pub async fn drive<W: Operation>(
-    workload: Arc<W>,
-    concurrency: u32,
-    warmup: Duration,
-    measured: Duration,
-) -> Result<Measurement, BoxError> {
-    drive_timed(workload, concurrency, warmup, measured, None).await
-}
-
-/// [`drive`], also reading the CPU time `clock` counts at the edges of the
+/// Runs `workload` with `concurrency` workers: `warmup`, then `measured`,
+/// reading the CPU time `clock` counts (if given) at the edges of the
 /// measured window ([`Measurement::cpu`]).
-pub async fn drive_timed<W: Operation>(
+pub async fn drive<W: Operation>(
     workload: Arc<W>,
     concurrency: u32,
     warmup: Duration,

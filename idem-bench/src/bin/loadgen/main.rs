@@ -164,7 +164,7 @@ async fn measure(
     });
     cached::warm(&workload, flags.duplicates).await?;
     let clock = CpuClock::find(&pool).await;
-    let measured = drive::drive_timed(
+    let measured = drive::drive(
         workload,
         run.concurrency,
         flags.warmup,

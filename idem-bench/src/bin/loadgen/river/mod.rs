@@ -26,6 +26,7 @@ use riverqueue::Client;
 use crate::accounts::{Accounts, Gates};
 use crate::bench_db::{BenchDb, Contents, TableLayout};
 use crate::body::Body;
+use crate::cpu::CpuClock;
 use crate::drive::{self, Operation};
 use crate::duplicates::Settled;
 use crate::flags::Flags;
@@ -166,11 +167,13 @@ async fn measure(
         _ => {}
     }
     let op = Arc::new(op);
+    let clock = CpuClock::find(&pool).await;
     let measured = drive::drive(
         Arc::clone(&op),
         run.concurrency,
         flags.warmup,
         flags.measured,
+        Some(clock),
     )
     .await;
     let stopped = match Arc::into_inner(op).and_then(|op| op.worker) {

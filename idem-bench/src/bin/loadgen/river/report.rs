@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use super::scenarios::{Group, Run, Scenario, Side};
 use super::side_label;
+use crate::cpu::CpuUse;
 use crate::drive::Measurement;
 use crate::flags::Flags;
 use crate::report::{self, Setting, per_concurrency_head, per_concurrency_line, section, shown};
@@ -21,6 +22,8 @@ pub struct Row {
     pub jobs_per_second: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// CPU time per key over the measured window, when it was read.
+    pub cpu: Option<CpuUse>,
 }
 
 /// The pool in the line is the one the run had, not the planned one:
@@ -54,6 +57,10 @@ impl Row {
             jobs_per_second: ops_per_second * per_op as f64,
             p50_ms: measured.latency_ms(0.50),
             p99_ms: measured.latency_ms(0.99),
+            cpu: measured.cpu.map(|cpu| CpuUse {
+                client_us: cpu.client_us / per_op as f64,
+                server_us: cpu.server_us.map(|us| us / per_op as f64),
+            }),
         }
     }
 }
@@ -228,11 +235,21 @@ fn because(rows: &[Row], pair: &Pair, concurrency: u32, flags: &Flags) -> String
         let idem = find(rows, pair.group, pair.idem, concurrency);
         let river = find(rows, pair.group, pair.river, concurrency);
         match (idem, river) {
-            (Some(idem), Some(river)) => format!(
-                "it completed more keys per second in this run (p50 per operation: idem {:.2} ms, \
-                 River {:.2} ms), which the statements each sends (see Scenarios) do not explain",
-                idem.p50_ms, river.p50_ms
-            ),
+            (Some(idem), Some(river)) => {
+                let cpu = match (idem.cpu, river.cpu) {
+                    (Some(ours), Some(theirs)) => format!(
+                        "; CPU per key, client + server: idem {}, River {}",
+                        cpu_sum(ours),
+                        cpu_sum(theirs)
+                    ),
+                    _ => String::new(),
+                };
+                format!(
+                    "it completed more keys per second in this run (p50 per operation: idem \
+                     {:.2} ms, River {:.2} ms{cpu})",
+                    idem.p50_ms, river.p50_ms
+                )
+            }
             _ => "it completed more keys per second in this run".to_owned(),
         }
     };
@@ -287,8 +304,8 @@ fn table(rows: &[Row], flags: &Flags) -> String {
     let mut order: Vec<&Row> = rows.iter().collect();
     order.sort_by_key(|row| place_in_list(row));
     let mut out = String::from(
-        "| group | scenario | side | conc | pool | ops/s | keys/s | p50 ms | p99 ms | × River |\n\
-         |---|---|---|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| group | scenario | side | conc | pool | ops/s | keys/s | p50 ms | p99 ms | client CPU µs/key | server CPU µs/key | × River |\n\
+         |---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for row in order {
         let scenario = row.run.scenario;
@@ -306,9 +323,10 @@ fn table(rows: &[Row], flags: &Flags) -> String {
             )),
             _ => "–".to_owned(),
         };
+        let (client_cpu, server_cpu) = cpu_cells(row.cpu);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {client_cpu} | {server_cpu} | {} |",
             named(scenario),
             row.run.concurrency,
             row.pool,
@@ -320,6 +338,27 @@ fn table(rows: &[Row], flags: &Flags) -> String {
         );
     }
     out
+}
+
+/// CPU µs per key, the client's and the server's, as the table shows them.
+fn cpu_cells(cpu: Option<CpuUse>) -> (String, String) {
+    let us = |us: Option<f64>| us.map_or("–".to_owned(), |us| format!("{us:.0}"));
+    (
+        us(cpu.map(|cpu| cpu.client_us)),
+        us(cpu.and_then(|cpu| cpu.server_us)),
+    )
+}
+
+/// `client + server = total µs`, as a verdict cites it.
+fn cpu_sum(cpu: CpuUse) -> String {
+    match cpu.server_us {
+        Some(server) => format!(
+            "{:.0} + {server:.0} = {:.0} µs",
+            cpu.client_us,
+            cpu.client_us + server
+        ),
+        None => format!("{:.0} µs (client only)", cpu.client_us),
+    }
 }
 
 /// The group, scenario and side cells both tables start with.
