@@ -237,7 +237,7 @@
 //! | `uuid` | `uuid::Uuid` key parts |
 //! | `testing` | `idem::testing` and `idem::race_test!`: a real database, isolated gates, races fired at one instant; pulls tokio's multi-threaded runtime, so enable it in dev-dependencies only |
 //! | `axum` | `idem::axum`: the `Idempotency-Key` header, `Rejected` as an HTTP response, responses replayed byte for byte |
-//! | `cache` | `idem::cache`: a bounded, expiring local cache of settled outcomes, so a duplicate this process has seen settled is answered with no round trip; pulls `moka` |
+//! | `cache` | `idem::cache`: a bounded, expiring local cache of settled outcomes, so a duplicate this process has seen settled is answered with no round trip; pulls `quick_cache` |
 //!
 //! The default feature set pulls no test-only dependency.
 //!

@@ -63,7 +63,13 @@
 //! entries and about [`max_bytes`](OutcomeCacheBuilder::max_bytes) bytes
 //! (keys, identities, fingerprints and replay values), evicting the least
 //! useful first, and forgets each entry [`ttl`](OutcomeCacheBuilder::ttl)
-//! after it was learned (a hit does not extend it).
+//! after it was learned (a hit does not extend it). The capacity is split
+//! among a few shards (each of at least 1 MiB, or all of `max_bytes` when
+//! that is less), so that concurrent lookups rarely meet on one lock; an
+//! entry heavier than its shard (a value to replay of more than about a
+//! MiB) is not kept, and its duplicates ask the store. Keys spread over
+//! the shards by their hash, not evenly, so a full cache may evict a few
+//! percent before it holds `max_entries`: size it with room to spare.
 //!
 //! The time to live bounds how long a change the store's rules allow,
 //! made elsewhere, goes unseen by this process:
@@ -86,14 +92,23 @@
 //!   bounded by the TTL too.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::settled::{Fact, Final, Replay};
 
 /// What every entry costs besides its heap bytes: the key's and the value's
 /// fixed parts and the cache's own bookkeeping, roughly.
 const ENTRY_OVERHEAD_BYTES: u64 = 160;
+
+/// The least capacity a shard of the cache gets: the largest entry always
+/// kept (a value to replay of up to about this size), unless `max_bytes`
+/// is smaller.
+const MIN_SHARD_BYTES: u64 = 1 << 20;
+
+/// The most shards: enough that threads rarely meet on one lock.
+const MAX_SHARDS: usize = 32;
 
 /// The longest time to live taken: the cache refuses longer ones, and no
 /// answer should outlive this by far.
@@ -110,12 +125,35 @@ pub struct OutcomeCache {
 }
 
 struct Shared {
-    entries: moka::sync::Cache<Key, Arc<Final>>,
+    entries: quick_cache::sync::Cache<Key, Entry, Weight>,
     ttl: Duration,
 }
 
+/// A final fact, and when this process learned it: the time to live is
+/// counted from then, and checked when the entry is read.
+#[derive(Clone)]
+struct Entry {
+    fact: Arc<Final>,
+    learned: Instant,
+}
+
+/// What an entry weighs against the capacity: its bytes, but never less
+/// than its share of the capacity among `max_entries`, so that neither
+/// bound can be passed.
+#[derive(Clone)]
+struct Weight {
+    share: u64,
+}
+
+impl quick_cache::Weighter<Key, Entry> for Weight {
+    fn weight(&self, key: &Key, entry: &Entry) -> u64 {
+        let bytes = u64::try_from(key.heap_bytes() + entry.fact.heap_bytes()).unwrap_or(u64::MAX);
+        bytes.saturating_add(ENTRY_OVERHEAD_BYTES).max(self.share)
+    }
+}
+
 /// Where a final fact was found: it answers only there.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Key {
     pub(crate) account: Arc<str>,
     pub(crate) namespace: Option<Arc<str>>,
@@ -125,6 +163,35 @@ pub(crate) struct Key {
 impl Key {
     fn heap_bytes(&self) -> usize {
         self.account.len() + self.namespace.as_deref().map_or(0, str::len) + self.address.len()
+    }
+
+    fn borrowed(&self) -> KeyRef<'_> {
+        KeyRef {
+            account: &self.account,
+            namespace: self.namespace.as_deref(),
+            address: &self.address,
+        }
+    }
+}
+
+/// A [`Key`] borrowed from the caller's scope and address: a lookup
+/// allocates nothing. Hashed as the key it stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KeyRef<'a> {
+    pub(crate) account: &'a str,
+    pub(crate) namespace: Option<&'a str>,
+    pub(crate) address: &'a str,
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.borrowed().hash(state);
+    }
+}
+
+impl quick_cache::Equivalent<Key> for KeyRef<'_> {
+    fn equivalent(&self, key: &Key) -> bool {
+        *self == key.borrowed()
     }
 }
 
@@ -153,23 +220,27 @@ impl OutcomeCache {
         self.shared.ttl
     }
 
-    /// How many entries the cache holds, once the evictions and expiries
-    /// it has pending are done (it does them lazily, as it is used).
+    /// How many entries the cache holds (an entry past its time to live
+    /// counts until it is next read or evicted).
     pub fn entry_count(&self) -> u64 {
-        self.shared.entries.run_pending_tasks();
-        self.shared.entries.entry_count()
+        u64::try_from(self.shared.entries.len()).unwrap_or(u64::MAX)
     }
 
-    /// Forgets every entry: for a process that has just pruned claims (or
-    /// been told so) and wants its gates to see it at once.
+    /// Forgets every entry: for after a prune, so that no pruned outcome is
+    /// answered from here any more.
     pub fn clear(&self) {
-        self.shared.entries.invalidate_all();
-        self.shared.entries.run_pending_tasks();
+        self.shared.entries.clear();
     }
 
-    /// The final fact known for `key`, if any.
-    pub(crate) fn recall(&self, key: &Key) -> Option<Arc<Final>> {
-        self.shared.entries.get(key)
+    /// The final fact known at `key`, if it is not older than the time to
+    /// live (an older one is forgotten here).
+    pub(crate) fn recall(&self, key: &KeyRef<'_>) -> Option<Arc<Final>> {
+        let entry = self.shared.entries.get(key)?;
+        if entry.learned.elapsed() < self.shared.ttl {
+            return Some(entry.fact);
+        }
+        self.shared.entries.remove(key);
+        None
     }
 
     /// Remembers `fact` for `key`, unless it would forget a replay value
@@ -177,7 +248,7 @@ impl OutcomeCache {
     /// that does not replay reads the row without it).
     pub(crate) fn remember(&self, key: Key, fact: Final) {
         if matches!(fact.fact, Fact::Success(Replay::Unknown))
-            && self.shared.entries.get(&key).is_some_and(|known| {
+            && self.recall(&key.borrowed()).is_some_and(|known| {
                 matches!(known.fact, Fact::Success(Replay::Known(_)))
                     && known.identity == fact.identity
                     && known.fingerprint == fact.fingerprint
@@ -185,7 +256,11 @@ impl OutcomeCache {
         {
             return;
         }
-        self.shared.entries.insert(key, Arc::new(fact));
+        let entry = Entry {
+            fact: Arc::new(fact),
+            learned: Instant::now(),
+        };
+        self.shared.entries.insert(key, entry);
     }
 }
 
@@ -216,23 +291,34 @@ impl OutcomeCacheBuilder {
     pub fn build(self) -> OutcomeCache {
         let ttl = self.ttl.min(MAX_TTL);
         // One capacity bounds both: each entry weighs its bytes, but never
-        // less than its share of the capacity among `max_entries`, so that
-        // neither bound can be passed. (A weight is a `u32`: a share larger
-        // than that lowers the capacity to keep the count bounded.)
-        let capacity = self
-            .max_bytes
-            .min(self.max_entries.saturating_mul(u64::from(u32::MAX)));
-        let share = capacity.div_ceil(self.max_entries.max(1)).max(1);
-        let entries = moka::sync::Cache::builder()
-            .max_capacity(capacity)
-            .time_to_live(ttl)
-            .weigher(move |key: &Key, fact: &Arc<Final>| {
-                let bytes = u64::try_from(key.heap_bytes() + fact.heap_bytes())
-                    .unwrap_or(u64::MAX)
-                    .saturating_add(ENTRY_OVERHEAD_BYTES);
-                u32::try_from(bytes.max(share)).unwrap_or(u32::MAX)
-            })
+        // less than its share of the capacity among `max_entries`.
+        let max_entries = self.max_entries.max(1);
+        let max_bytes = self.max_bytes.max(1);
+        let weight = Weight {
+            share: max_bytes.div_ceil(max_entries).max(1),
+        };
+        let items = usize::try_from(max_entries).unwrap_or(usize::MAX);
+        // The capacity is split among shards, and an entry heavier than
+        // its shard is not kept: no more shards than leave each at least
+        // MIN_SHARD_BYTES (or the whole capacity, when it is smaller).
+        let shards = usize::try_from(max_bytes / MIN_SHARD_BYTES)
+            .unwrap_or(usize::MAX)
+            .clamp(1, MAX_SHARDS);
+        let options = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(items)
+            .weight_capacity(max_bytes)
+            .shards(shards)
             .build();
+        let entries = match options {
+            Ok(options) => quick_cache::sync::Cache::with_options(
+                options,
+                weight,
+                quick_cache::DefaultHashBuilder::default(),
+                quick_cache::sync::DefaultLifecycle::default(),
+            ),
+            // Only a capacity left unset is refused, and both are set.
+            Err(_) => quick_cache::sync::Cache::with_weighter(items, max_bytes, weight),
+        };
         OutcomeCache {
             shared: Arc::new(Shared { entries, ttl }),
         }
@@ -243,8 +329,8 @@ impl fmt::Debug for OutcomeCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutcomeCache")
             .field("ttl", &self.shared.ttl)
-            .field("entries", &self.shared.entries.entry_count())
-            .field("weighted_bytes", &self.shared.entries.weighted_size())
+            .field("entries", &self.shared.entries.len())
+            .field("weighted_bytes", &self.shared.entries.weight())
             .finish_non_exhaustive()
     }
 }

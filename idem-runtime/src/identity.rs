@@ -313,16 +313,33 @@ fn write_field(out: &mut Vec<u8>, tag: u8, payload: &[u8]) {
 
 /// Writes decimal digits of `magnitude` (with a leading `-` if `negative`)
 /// into a field, without allocating.
-fn write_integer_field(out: &mut Vec<u8>, negative: bool, mut magnitude: u128) {
+fn write_integer_field(out: &mut Vec<u8>, negative: bool, magnitude: u128) {
     // u128::MAX has 39 digits; one more for the sign.
     let mut buf = [0u8; 40];
     let mut start = buf.len();
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (magnitude % 10) as u8;
-        magnitude /= 10;
-        if magnitude == 0 {
-            break;
+    // The same digits either way; a magnitude that fits 64 bits (every
+    // integer key but the largest u128s) is divided in hardware, not by
+    // the 128-bit division routine, which cost a cached refusal 6% of its
+    // CPU when it ran digit by digit.
+    match u64::try_from(magnitude) {
+        Ok(mut small) => loop {
+            start -= 1;
+            buf[start] = b'0' + (small % 10) as u8;
+            small /= 10;
+            if small == 0 {
+                break;
+            }
+        },
+        Err(_) => {
+            let mut large = magnitude;
+            loop {
+                start -= 1;
+                buf[start] = b'0' + (large % 10) as u8;
+                large /= 10;
+                if large == 0 {
+                    break;
+                }
+            }
         }
     }
     if negative {
@@ -644,6 +661,34 @@ mod tests {
 
     fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn integer_fields_are_the_decimal_digits_on_both_sides_of_64_bits() {
+        let boundaries = [
+            0,
+            9,
+            10,
+            u128::from(u32::MAX),
+            u128::from(u64::MAX) - 1,
+            u128::from(u64::MAX),
+            u128::from(u64::MAX) + 1,
+            u128::MAX,
+        ];
+        for magnitude in boundaries {
+            for negative in [false, true] {
+                let mut field = Vec::new();
+                write_integer_field(&mut field, negative, magnitude);
+                let sign = if negative { "-" } else { "" };
+                let mut expected = Vec::new();
+                write_field(
+                    &mut expected,
+                    TAG_INTEGER,
+                    format!("{sign}{magnitude}").as_bytes(),
+                );
+                assert_eq!(field, expected, "{sign}{magnitude}");
+            }
+        }
     }
 
     #[test]

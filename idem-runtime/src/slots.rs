@@ -9,7 +9,7 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 #[cfg(feature = "cache")]
-use crate::cache::{Key, OutcomeCache};
+use crate::cache::{Key, KeyRef, OutcomeCache};
 use crate::error::Rejected;
 use crate::settled::Final;
 use crate::store::{Engine, Scope};
@@ -127,7 +127,11 @@ impl Slots {
     /// it caches outcomes and knows one.
     #[cfg(feature = "cache")]
     pub(crate) fn recall(&self, address: &str) -> Option<Arc<Final>> {
-        self.cache.as_ref()?.recall(&self.key(address))
+        self.cache.as_ref()?.recall(&KeyRef {
+            account: &self.account,
+            namespace: self.namespace.as_deref(),
+            address,
+        })
     }
 
     /// Remembers a final fact for `address` in this scope, if this gate

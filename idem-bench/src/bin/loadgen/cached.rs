@@ -23,15 +23,17 @@ const TTL: Duration = Duration::from_secs(3600);
 const WARMERS: u64 = 16;
 
 /// The gate `work` runs through: with a cache for every settled identity
-/// (`settled` of them) when it is the cached refusal, else `gate` as it is.
+/// (`settled` of them, with room to spare: the cache's capacity is split
+/// among shards, which the identities' hashes do not fill evenly) when it
+/// is the cached refusal, else `gate` as it is.
 pub fn gate_for(work: Work, gate: &Gate, settled: u64) -> Gate {
     if work != Work::RefuseThroughCachedGate {
         return gate.clone();
     }
     gate.with_cache(
         OutcomeCache::builder()
-            .max_entries(settled)
-            .max_bytes(settled.saturating_mul(1024))
+            .max_entries(settled.saturating_mul(2))
+            .max_bytes(settled.saturating_mul(2048))
             .ttl(TTL)
             .build(),
     )
