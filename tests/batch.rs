@@ -53,9 +53,48 @@ fn refusal<T>(result: &Result<T, JobError>) -> Option<&Rejected> {
     }
 }
 
+/// Asserts that `result` was refused with a rejection matching `pattern`;
+/// the rest is the message, as for `assert!`.
+macro_rules! assert_refused {
+    ($result:expr, $pattern:pat, $($message:tt)+) => {
+        assert!(matches!(refusal(&$result), Some($pattern)), $($message)+)
+    };
+}
+
+/// Whether every result was refused with a rejection matching `pattern`.
+macro_rules! all_refused {
+    ($results:expr, $pattern:pat) => {
+        $results
+            .iter()
+            .all(|result| matches!(refusal(result), Some($pattern)))
+    };
+}
+
+/// Runs `batch` on `gate` with bodies that do nothing.
+async fn run_noop<M>(gate: &Gate, batch: Batch<M>) -> Vec<Result<(), JobError>> {
+    gate.run_batch(batch, |_| async { Ok::<_, JobError>(()) })
+        .await
+}
+
 /// The state of `key`'s row, if there is one.
 async fn state(gate: &Gate, key: &str) -> Option<String> {
     rows::row_state(gate, &id(key).address()).await
+}
+
+/// Runs a batch of `keys` whose bodies count themselves in `ran`.
+async fn counted(gate: &Gate, keys: &[String], ran: &AtomicUsize) -> Vec<Result<(), JobError>> {
+    gate.run_batch(batch_of(keys), |_| async {
+        ran.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, JobError>(())
+    })
+    .await
+}
+
+/// Whether every result was refused as an outage.
+fn all_outages<T>(results: &[Result<T, JobError>]) -> bool {
+    results
+        .iter()
+        .all(|result| refusal(result).is_some_and(Rejected::is_outage))
 }
 
 /// A gate in an account of its own whose pool goes through a fresh proxy.
@@ -154,13 +193,9 @@ async fn eight_consumers_racing_overlapping_batches_run_each_identity_once() {
             "round {round}: totals exact"
         );
         // Nothing is left in flight: every message is now done.
-        let again = gate
-            .run_batch(batch_of(&all), |_| async { Ok::<_, JobError>(()) })
-            .await;
+        let again = run_noop(&gate, batch_of(&all)).await;
         assert!(
-            again
-                .iter()
-                .all(|result| matches!(refusal(result), Some(Rejected::AlreadyDone))),
+            all_refused!(again, Rejected::AlreadyDone),
             "round {round}: {again:?}"
         );
     }
@@ -177,29 +212,19 @@ async fn a_batch_costs_one_statement_to_claim_and_one_per_kind_of_outcome() {
     let fresh = keys("fresh", 0..100);
 
     let before = proxy.executions();
-    let nothing = gate
-        .run_batch(Batch::<&str>::new(), |_| async { Ok::<_, JobError>(()) })
-        .await;
+    let nothing = run_noop(&gate, Batch::<&str>::new()).await;
     assert!(nothing.is_empty());
     assert_eq!(proxy.executions(), before, "an empty batch sends nothing");
 
     let before = proxy.executions();
-    let results = gate
-        .run_batch(batch_of(&fresh), |_| async { Ok::<_, JobError>(()) })
-        .await;
+    let results = run_noop(&gate, batch_of(&fresh)).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     assert_eq!(proxy.executions() - before, 2, "one claim, one settle");
 
     // Duplicates of settled items: the insert, then one lookup.
     let before = proxy.executions();
-    let results = gate
-        .run_batch(batch_of(&fresh), |_| async { Ok::<_, JobError>(()) })
-        .await;
-    assert!(
-        results
-            .iter()
-            .all(|r| matches!(refusal(r), Some(Rejected::AlreadyDone)))
-    );
+    let results = run_noop(&gate, batch_of(&fresh)).await;
+    assert!(all_refused!(results, Rejected::AlreadyDone));
     assert_eq!(proxy.executions() - before, 2, "one claim, one lookup");
 
     // Half succeed, half fail: one settle and one release.
@@ -261,25 +286,14 @@ async fn each_item_gets_what_gate_run_would_give_it() {
             }
         })
         .await;
-    assert!(
-        matches!(refusal(&results[0]), Some(Rejected::AlreadyDone)),
-        "{results:?}"
-    );
-    assert!(
-        matches!(refusal(&results[1]), Some(Rejected::InFlight)),
-        "{results:?}"
-    );
-    assert!(
-        matches!(refusal(&results[2]), Some(Rejected::AlreadyFailed)),
-        "{results:?}"
-    );
-    assert!(
-        matches!(refusal(&results[3]), Some(Rejected::InDoubt)),
-        "{results:?}"
-    );
+    assert_refused!(results[0], Rejected::AlreadyDone, "{results:?}");
+    assert_refused!(results[1], Rejected::InFlight, "{results:?}");
+    assert_refused!(results[2], Rejected::AlreadyFailed, "{results:?}");
+    assert_refused!(results[3], Rejected::InDoubt, "{results:?}");
     assert!(matches!(results[4], Ok(5)), "{results:?}");
-    assert!(
-        matches!(refusal(&results[5]), Some(Rejected::InFlight)),
+    assert_refused!(
+        results[5],
+        Rejected::InFlight,
         "the same identity twice in a batch runs once: {results:?}"
     );
     assert!(
@@ -327,25 +341,15 @@ async fn a_fingerprint_that_differs_is_refused_as_a_reused_key() {
     let mut batch = Batch::new();
     batch.push_fingerprinted("a", id("fp_a"), Fingerprint::new().part(100));
     batch.push_fingerprinted("b", id("fp_b"), Fingerprint::new().part(200));
-    let first = gate
-        .run_batch(batch, |_| async { Ok::<_, JobError>(()) })
-        .await;
+    let first = run_noop(&gate, batch).await;
     assert!(first.iter().all(Result::is_ok));
 
     let mut batch = Batch::new();
     batch.push_fingerprinted("a", id("fp_a"), Fingerprint::new().part(100));
     batch.push_fingerprinted("b", id("fp_b"), Fingerprint::new().part(999));
-    let again = gate
-        .run_batch(batch, |_| async { Ok::<_, JobError>(()) })
-        .await;
-    assert!(
-        matches!(refusal(&again[0]), Some(Rejected::AlreadyDone)),
-        "{again:?}"
-    );
-    assert!(
-        matches!(refusal(&again[1]), Some(Rejected::KeyReused)),
-        "{again:?}"
-    );
+    let again = run_noop(&gate, batch).await;
+    assert_refused!(again[0], Rejected::AlreadyDone, "{again:?}");
+    assert_refused!(again[1], Rejected::KeyReused, "{again:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -425,10 +429,7 @@ async fn a_lease_that_ran_out_is_taken_over_or_turned_in_doubt_as_asked() {
     let held = gate
         .run_batch(batch, |_| async { Ok::<_, JobError>("ran") })
         .await;
-    assert!(
-        matches!(refusal(&held[0]), Some(Rejected::InDoubt)),
-        "{held:?}"
-    );
+    assert_refused!(held[0], Rejected::InDoubt, "{held:?}");
     assert_eq!(state(&gate, "take_me").await.as_deref(), Some("success"));
     assert_eq!(state(&gate, "doubt_me").await.as_deref(), Some("in_doubt"));
 }
@@ -459,10 +460,7 @@ async fn a_claim_released_under_its_body_keeps_the_success_and_says_so() {
         })
         .await;
     assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
-    assert!(
-        matches!(refusal(&results[1]), Some(Rejected::ClaimLost { .. })),
-        "{results:?}"
-    );
+    assert_refused!(results[1], Rejected::ClaimLost { .. }, "{results:?}");
     assert_eq!(
         rows::row_state(&gate, &id("released_1").address())
             .await
@@ -478,19 +476,9 @@ async fn a_store_down_refuses_every_item_and_runs_none() {
     proxy.cut().await;
     let keys = keys("down", 0..10);
     let ran = AtomicUsize::new(0);
-    let results = gate
-        .run_batch(batch_of(&keys), |_| async {
-            ran.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, JobError>(())
-        })
-        .await;
+    let results = counted(&gate, &keys, &ran).await;
     assert_eq!(ran.load(Ordering::SeqCst), 0);
-    assert!(
-        results
-            .iter()
-            .all(|r| refusal(r).is_some_and(Rejected::is_outage)),
-        "{results:?}"
-    );
+    assert!(all_outages(&results), "{results:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,36 +487,17 @@ async fn a_batch_claim_whose_reply_is_lost_holds_its_items_and_never_runs_them()
     let keys = keys("lost", 0..10);
     let ran = AtomicUsize::new(0);
     assert!(proxy.lose_next_reply(Statement::Claim));
-    let results = gate
-        .run_batch(batch_of(&keys), |_| async {
-            ran.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, JobError>(())
-        })
-        .await;
+    let results = counted(&gate, &keys, &ran).await;
     assert_eq!(
         proxy.take_lost_replies().len(),
         1,
         "the claim's reply was lost"
     );
-    assert!(
-        results
-            .iter()
-            .all(|r| refusal(r).is_some_and(Rejected::is_outage))
-    );
+    assert!(all_outages(&results), "{results:?}");
     // Committed all the same: every retry finds its item held, none runs.
-    let again = gate
-        .run_batch(batch_of(&keys), |_| async {
-            ran.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, JobError>(())
-        })
-        .await;
+    let again = counted(&gate, &keys, &ran).await;
     assert_eq!(ran.load(Ordering::SeqCst), 0);
-    assert!(
-        again
-            .iter()
-            .all(|r| matches!(refusal(r), Some(Rejected::InFlight))),
-        "{again:?}"
-    );
+    assert!(all_refused!(again, Rejected::InFlight), "{again:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -536,9 +505,7 @@ async fn a_batch_settle_whose_reply_is_lost_is_kept_and_reported_settled() {
     let (proxy, gate) = gate_behind_a_proxy(2).await;
     let keys = keys("settle_lost", 0..10);
     assert!(proxy.lose_next_reply(Statement::Settle));
-    let results = gate
-        .run_batch(batch_of(&keys), |_| async { Ok::<_, JobError>(()) })
-        .await;
+    let results = run_noop(&gate, batch_of(&keys)).await;
     assert_eq!(
         proxy.take_lost_replies().len(),
         1,
@@ -591,21 +558,11 @@ async fn a_batch_in_a_namespace_never_meets_the_same_identities_without_one() {
     let gate = testing::gate().await;
     let live = gate.namespace("live");
     let keys = keys("scoped", 0..5);
-    let plain = gate
-        .run_batch(batch_of(&keys), |_| async { Ok::<_, JobError>(()) })
-        .await;
-    let scoped = live
-        .run_batch(batch_of(&keys), |_| async { Ok::<_, JobError>(()) })
-        .await;
+    let plain = run_noop(&gate, batch_of(&keys)).await;
+    let scoped = run_noop(&live, batch_of(&keys)).await;
     assert!(plain.iter().chain(&scoped).all(Result::is_ok));
-    let again = live
-        .run_batch(batch_of(&keys), |_| async { Ok::<_, JobError>(()) })
-        .await;
-    assert!(
-        again
-            .iter()
-            .all(|r| matches!(refusal(r), Some(Rejected::AlreadyDone)))
-    );
+    let again = run_noop(&live, batch_of(&keys)).await;
+    assert!(all_refused!(again, Rejected::AlreadyDone));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

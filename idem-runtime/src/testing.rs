@@ -30,6 +30,13 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postg
 /// many tests in parallel stay under PostgreSQL's default 100 connections.
 pub const TEST_POOL_CONNECTIONS: u32 = 12;
 
+/// The statement [`Gate::run_batch`](crate::Gate::run_batch) claims a
+/// batch with, for benchmarks that send it by hand to measure the claim
+/// alone: `$1` account, `$2` addresses (no repeats), `$3` namespace, `$4`
+/// identities, `$5` fingerprints, `$6` lease in microseconds (or NULL);
+/// it returns the won addresses and their fences.
+pub const BATCH_CLAIM_SQL: &str = crate::store::CLAIM_BATCH;
+
 /// `DATABASE_URL`, or [`DEFAULT_DATABASE_URL`].
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())

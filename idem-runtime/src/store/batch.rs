@@ -92,7 +92,7 @@ impl PerEngine {
 /// `AND $and`, and `$tail` (its `RETURNING` list). In all four forms, `$1`
 /// is the account, `$2` the addresses, `$3` the namespace.
 macro_rules! per_batch {
-    ($head:expr, $items:literal, $and:literal, $tail:literal) => {
+    ($head:expr, $items:expr, $and:literal, $tail:literal) => {
         PerEngine {
             postgres: SplitOnNamespace {
                 without_namespace: per_batch!(@postgres $head, $items,
@@ -108,7 +108,7 @@ macro_rules! per_batch {
             },
         }
     };
-    (@postgres $head:expr, $items:literal, $namespace_test:literal, $and:literal,
+    (@postgres $head:expr, $items:expr, $namespace_test:literal, $and:literal,
      $tail:literal) => {
         concat!(
             $head,
@@ -124,7 +124,7 @@ macro_rules! per_batch {
             $and, " ", $tail
         )
     };
-    (@citus $head:expr, $items:literal, $namespace_test:literal, $and:literal,
+    (@citus $head:expr, $items:expr, $namespace_test:literal, $and:literal,
      $tail:literal) => {
         concat!(
             $head,
@@ -146,7 +146,7 @@ macro_rules! per_batch {
 /// microseconds (NULL: none). The same text serves every form: the insert
 /// is arbitrated by the index the new row's namespace falls under, and
 /// Citus routes it by the one account.
-pub(super) const CLAIM_BATCH: &str = "INSERT INTO idem_records \
+pub(crate) const CLAIM_BATCH: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at) \
      SELECT $1, 'claim', item.address, $3, 'pending', item.identity, item.fingerprint, \
             now() + $6 * interval '1 microsecond' \
@@ -204,84 +204,99 @@ pub(super) const LOOKUP_BATCH: PerEngine = PerEngine {
     },
 };
 
+/// A batch statement over the holder's pending claims, each matched on
+/// its fence (`$4`), returning the addresses it changed: `$head` up to its
+/// `FROM` or `USING` list, and the array parameters' `unnest` (the
+/// addresses and the fences, unless given).
+macro_rules! on_held {
+    ($head:expr) => {
+        on_held!(
+            $head,
+            "unnest($2::text[], $4::bigint[]) AS item(address, fence)"
+        )
+    };
+    ($head:expr, $items:expr) => {
+        per_batch!(
+            $head,
+            $items,
+            "r.state = 'pending' AND r.fence = item.fence",
+            "RETURNING r.address"
+        )
+    };
+}
+
+/// The first item of a `FROM` (or `USING`) list that makes the statement
+/// commit without waiting for its WAL to reach the disk: `synchronous_commit`
+/// set for its own transaction only, as the one-claim path's asynchronous
+/// forms do.
+macro_rules! async_commit {
+    () => {
+        " (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit,"
+    };
+}
+
+/// What a settle sets: `success`, and the output to keep (from the item).
+macro_rules! settle_set {
+    () => {
+        "UPDATE idem_records r \
+         SET state = 'success', settled_at = now(), lease_expires_at = NULL, \
+             output_json = item.output \
+         FROM"
+    };
+}
+
+/// The items of a settle: each address, its fence and the output to keep.
+macro_rules! settle_items {
+    () => {
+        "unnest($2::text[], $4::bigint[], $5::text[]) AS item(address, fence, output)"
+    };
+}
+
+/// What keeping a failure sets: `failed`, and why (`$5`).
+macro_rules! keep_set {
+    () => {
+        "UPDATE idem_records r \
+         SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5 \
+         FROM"
+    };
+}
+
 /// Settles the holder's pending claims, each matched on its fence. `$4`
 /// fences, `$5` outputs to keep (NULL elements: none). Returns the settled
 /// addresses. Index: one probe per address into the partial unique index
 /// of its form.
-pub(super) const SETTLE_BATCH: PerEngine = per_batch!(
-    "UPDATE idem_records r \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, \
-         output_json = item.output \
-     FROM",
-    "unnest($2::text[], $4::bigint[], $5::text[]) AS item(address, fence, output)",
-    "r.state = 'pending' AND r.fence = item.fence",
-    "RETURNING r.address"
-);
+pub(super) const SETTLE_BATCH: PerEngine = on_held!(settle_set!(), settle_items!());
 
 /// [`SETTLE_BATCH`] committing without waiting for its WAL to reach the
 /// disk, as the single settle's asynchronous form does.
-pub(super) const SETTLE_BATCH_ASYNC: PerEngine = per_batch!(
-    "UPDATE idem_records r \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, \
-         output_json = item.output \
-     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit,",
-    "unnest($2::text[], $4::bigint[], $5::text[]) AS item(address, fence, output)",
-    "r.state = 'pending' AND r.fence = item.fence",
-    "RETURNING r.address"
-);
+pub(super) const SETTLE_BATCH_ASYNC: PerEngine =
+    on_held!(concat!(settle_set!(), async_commit!()), settle_items!());
 
 /// Deletes the holder's pending claims, each matched on its fence, freeing
 /// their slots. `$4` fences. Returns the released addresses. Index: one
 /// probe per address into the partial unique index of its form.
-pub(super) const RELEASE_BATCH: PerEngine = per_batch!(
-    "DELETE FROM idem_records r USING",
-    "unnest($2::text[], $4::bigint[]) AS item(address, fence)",
-    "r.state = 'pending' AND r.fence = item.fence",
-    "RETURNING r.address"
-);
+pub(super) const RELEASE_BATCH: PerEngine = on_held!("DELETE FROM idem_records r USING");
 
 /// [`RELEASE_BATCH`], committing as [`SETTLE_BATCH_ASYNC`] does.
-pub(super) const RELEASE_BATCH_ASYNC: PerEngine = per_batch!(
-    "DELETE FROM idem_records r \
-     USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit,",
-    "unnest($2::text[], $4::bigint[]) AS item(address, fence)",
-    "r.state = 'pending' AND r.fence = item.fence",
-    "RETURNING r.address"
-);
+pub(super) const RELEASE_BATCH_ASYNC: PerEngine =
+    on_held!(concat!("DELETE FROM idem_records r USING", async_commit!()));
 
 /// Keeps the holder's pending claims as definite failures, each matched on
 /// its fence. `$4` fences, `$5` how they got there (`state_reason`).
 /// Returns the kept addresses. Index: as [`SETTLE_BATCH`].
-pub(super) const KEEP_BATCH: PerEngine = per_batch!(
-    "UPDATE idem_records r \
-     SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5 \
-     FROM",
-    "unnest($2::text[], $4::bigint[]) AS item(address, fence)",
-    "r.state = 'pending' AND r.fence = item.fence",
-    "RETURNING r.address"
-);
+pub(super) const KEEP_BATCH: PerEngine = on_held!(keep_set!());
 
 /// [`KEEP_BATCH`], committing as [`SETTLE_BATCH_ASYNC`] does.
-pub(super) const KEEP_BATCH_ASYNC: PerEngine = per_batch!(
-    "UPDATE idem_records r \
-     SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5 \
-     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit,",
-    "unnest($2::text[], $4::bigint[]) AS item(address, fence)",
-    "r.state = 'pending' AND r.fence = item.fence",
-    "RETURNING r.address"
-);
+pub(super) const KEEP_BATCH_ASYNC: PerEngine = on_held!(concat!(keep_set!(), async_commit!()));
 
 /// Holds the holder's pending claims in doubt, each matched on its fence;
 /// the lease is cleared, so none can be taken over. `$4` fences, `$5` how
 /// they got there (`state_reason`). Returns the held addresses. Index: as
 /// [`SETTLE_BATCH`].
-pub(super) const HOLD_IN_DOUBT_BATCH: PerEngine = per_batch!(
+pub(super) const HOLD_IN_DOUBT_BATCH: PerEngine = on_held!(
     "UPDATE idem_records r \
      SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5 \
-     FROM",
-    "unnest($2::text[], $4::bigint[]) AS item(address, fence)",
-    "r.state = 'pending' AND r.fence = item.fence",
-    "RETURNING r.address"
+     FROM"
 );
 
 /// What a new claim of a batch carries besides its address: as

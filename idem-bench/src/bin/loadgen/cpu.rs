@@ -43,6 +43,28 @@ pub struct CpuUse {
     pub server_us: Option<f64>,
 }
 
+impl CpuUse {
+    /// The same CPU time spread over `n` messages (or keys) an operation
+    /// handled.
+    pub fn per(self, n: u64) -> CpuUse {
+        let n = n.max(1) as f64;
+        CpuUse {
+            client_us: self.client_us / n,
+            server_us: self.server_us.map(|us| us / n),
+        }
+    }
+
+    /// The client's and the server's µs, as a report's table shows them
+    /// (– when unknown).
+    pub fn cells(cpu: Option<CpuUse>) -> (String, String) {
+        let us = |us: Option<f64>| us.map_or("–".to_owned(), |us| format!("{us:.0}"));
+        (
+            us(cpu.map(|cpu| cpu.client_us)),
+            us(cpu.and_then(|cpu| cpu.server_us)),
+        )
+    }
+}
+
 impl CpuClock {
     /// Finds the server behind `pool`: the parent of one of its backends.
     pub async fn find(pool: &PgPool) -> CpuClock {

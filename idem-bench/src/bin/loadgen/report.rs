@@ -39,21 +39,8 @@ impl Row {
             messages_per_second: ops_per_second * messages as f64,
             p50_ms: measurement.latency_ms(0.50),
             p99_ms: measurement.latency_ms(0.99),
-            cpu: measurement.cpu.map(|per_op| CpuUse {
-                client_us: per_op.client_us / messages as f64,
-                server_us: per_op.server_us.map(|us| us / messages as f64),
-            }),
+            cpu: measurement.cpu.map(|per_op| per_op.per(messages)),
         }
-    }
-
-    /// The client's and the server's CPU µs per message, as the table
-    /// shows them.
-    fn cpu_cells(&self) -> (String, String) {
-        let us = |us: Option<f64>| us.map_or("–".to_owned(), |us| format!("{us:.0}"));
-        (
-            us(self.cpu.map(|cpu| cpu.client_us)),
-            us(self.cpu.and_then(|cpu| cpu.server_us)),
-        )
     }
 }
 
@@ -188,7 +175,7 @@ fn table(rows: &[Row], flags: &Flags) -> String {
             (scenario.group, BASELINE),
             row.run.concurrency,
         );
-        let (client_cpu, server_cpu) = row.cpu_cells();
+        let (client_cpu, server_cpu) = CpuUse::cells(row.cpu);
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,

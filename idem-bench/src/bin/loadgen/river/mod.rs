@@ -199,19 +199,9 @@ struct Op {
     duplicates: Option<Arc<Duplicates>>,
 }
 
-/// The statement `gate.run_batch` sends to claim a batch: the runtime's
-/// `CLAIM_BATCH` (idem-runtime/src/store/batch.rs, not public), copied
-/// word for word; a test holds the two to the same text. `$1` account,
-/// `$2` addresses, `$3` namespace, `$4` identities, `$5` fingerprints,
-/// `$6` lease in microseconds.
-const CLAIM_BATCH: &str = "INSERT INTO idem_records \
-       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at) \
-     SELECT $1, 'claim', item.address, $3, 'pending', item.identity, item.fingerprint, \
-            now() + $6 * interval '1 microsecond' \
-     FROM unnest($2::text[], $4::bytea[], $5::bytea[]) AS item(address, identity, fingerprint) \
-     ORDER BY item.address \
-     ON CONFLICT DO NOTHING \
-     RETURNING address, fence";
+/// The statement `gate.run_batch` sends to claim a batch, from the
+/// runtime itself.
+const CLAIM_BATCH: &str = idem::testing::BATCH_CLAIM_SQL;
 
 impl Op {
     async fn run(&self, n: u64) -> Result<(), BoxError> {
@@ -315,7 +305,7 @@ fn side_label(side: Side) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::{CLAIM_BATCH, RIVER_VERSION};
+    use super::RIVER_VERSION;
 
     #[test]
     fn the_reported_river_version_is_the_one_depended_on() {
@@ -323,26 +313,6 @@ mod tests {
         assert!(
             manifest.contains(&format!("riverqueue = \"{RIVER_VERSION}\"")),
             "update RIVER_VERSION to idem-bench's riverqueue dependency"
-        );
-    }
-
-    /// `batch-claim-sql` says it sends what `gate.run_batch` sends to
-    /// claim: the runtime's statement, read from its source (a string
-    /// literal whose lines end in `\`, which drops the newline and the
-    /// next line's indentation).
-    #[test]
-    fn the_hand_written_batch_claim_is_the_runtimes() {
-        let source = include_str!("../../../../../idem-runtime/src/store/batch.rs");
-        let opening = "pub(super) const CLAIM_BATCH: &str = \"";
-        let start = source.find(opening).expect("CLAIM_BATCH in the runtime") + opening.len();
-        let literal = &source[start..];
-        let literal = &literal[..literal.find('"').expect("the literal's end")];
-        let mut pieces = literal.split("\\\n");
-        let first = pieces.next().unwrap_or_default().to_owned();
-        let runtime = pieces.fold(first, |text, piece| text + piece.trim_start());
-        assert_eq!(
-            CLAIM_BATCH, runtime,
-            "copy the runtime's CLAIM_BATCH into river/mod.rs"
         );
     }
 }

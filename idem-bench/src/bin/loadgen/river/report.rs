@@ -57,10 +57,7 @@ impl Row {
             jobs_per_second: ops_per_second * per_op as f64,
             p50_ms: measured.latency_ms(0.50),
             p99_ms: measured.latency_ms(0.99),
-            cpu: measured.cpu.map(|cpu| CpuUse {
-                client_us: cpu.client_us / per_op as f64,
-                server_us: cpu.server_us.map(|us| us / per_op as f64),
-            }),
+            cpu: measured.cpu.map(|cpu| cpu.per(per_op)),
         }
     }
 }
@@ -343,7 +340,7 @@ fn table(rows: &[Row], flags: &Flags) -> String {
             )),
             _ => "–".to_owned(),
         };
-        let (client_cpu, server_cpu) = cpu_cells(row.cpu);
+        let (client_cpu, server_cpu) = CpuUse::cells(row.cpu);
         let _ = writeln!(
             out,
             "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {client_cpu} | {server_cpu} | {} |",
@@ -358,15 +355,6 @@ fn table(rows: &[Row], flags: &Flags) -> String {
         );
     }
     out
-}
-
-/// CPU µs per key, the client's and the server's, as the table shows them.
-fn cpu_cells(cpu: Option<CpuUse>) -> (String, String) {
-    let us = |us: Option<f64>| us.map_or("–".to_owned(), |us| format!("{us:.0}"));
-    (
-        us(cpu.map(|cpu| cpu.client_us)),
-        us(cpu.and_then(|cpu| cpu.server_us)),
-    )
 }
 
 /// `client + server = total µs`, as a verdict cites it.
