@@ -47,14 +47,33 @@ fn rejected(result: &Result<Receipt, JobError>) -> Option<&Rejected> {
 
 // ---------------------------------------------------------------- replay
 
+/// How many invocations of a race have returned: the winner's body waits
+/// for the others, so that each of them meets the claim in flight however
+/// slowly its own claim arrives (on Citus, under load, a fixed pause was
+/// not always long enough).
+#[derive(Default)]
+struct Returned(AtomicUsize);
+
+impl Returned {
+    /// Waits until `others` invocations have returned, at most 10 s.
+    async fn wait_for(&self, others: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.0.load(Ordering::SeqCst) < others && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 #[idempotent(key = "order", replay)]
 async fn pay_replayed(
     gate: &Gate,
     order: &str,
     amount_cents: i64,
     provider: &Provider,
+    returned: &Returned,
+    others: usize,
 ) -> Result<Receipt, JobError> {
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    returned.wait_for(others).await;
     Ok(provider.charge(order, amount_cents))
 }
 
@@ -62,7 +81,13 @@ async fn pay_replayed(
 async fn replay_returns_the_stored_value_to_later_duplicates_and_refuses_in_flight_ones() {
     let gate = testing::gate().await;
     let provider = Provider::default();
-    let report = race(12, || pay_replayed(&gate, "ord_1", 500, &provider)).await;
+    let returned = Returned::default();
+    let report = race(12, || async {
+        let result = pay_replayed(&gate, "ord_1", 500, &provider, &returned, 11).await;
+        returned.0.fetch_add(1, Ordering::SeqCst);
+        result
+    })
+    .await;
     report.assert_exactly_once();
     assert_eq!(
         report.refused, 11,
@@ -82,7 +107,10 @@ async fn replay_returns_the_stored_value_to_later_duplicates_and_refuses_in_flig
         .expect("the winner's receipt");
 
     // Settled: every duplicate, even 12 at once, gets the same receipt back.
-    let report = race(12, || pay_replayed(&gate, "ord_1", 500, &provider)).await;
+    let report = race(12, || {
+        pay_replayed(&gate, "ord_1", 500, &provider, &returned, 0)
+    })
+    .await;
     assert_eq!(report.replayed, 12, "{report}");
     for invocation in &report.invocations {
         assert_eq!(
