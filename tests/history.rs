@@ -127,15 +127,29 @@ async fn a_long_history_of_every_mode_under_every_fault_keeps_every_promise() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_without_its_unique_indexes_is_caught() {
     let target = Target::cluster(CONNECTIONS).await;
+    // Without the indexes, two claims of one identity both win when each
+    // took its snapshot before the other committed. An insert that takes
+    // 20 ms makes that window wide enough that rivals always fall in it,
+    // even on a loaded machine, and bodies longer than the window make the
+    // two winners' bodies overlap: the race collides every time instead of
+    // when the scheduler happens to line it up.
     sqlx::raw_sql(
-        "DROP INDEX idem_records_unique_without_namespace, idem_records_unique_within_namespace",
+        "DROP INDEX idem_records_unique_without_namespace, idem_records_unique_within_namespace;
+         CREATE FUNCTION idem_test_slow_insert() RETURNS trigger LANGUAGE plpgsql
+             AS $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$;
+         CREATE TRIGGER idem_test_slow_insert BEFORE INSERT ON idem_records
+             FOR EACH ROW EXECUTE FUNCTION idem_test_slow_insert();",
     )
     .execute(&target.admin)
     .await
-    .expect("drop the unique indexes");
+    .expect("drop the unique indexes, slow the insert down");
     // Three identities in play at a time, twelve tasks racing on them.
     let seed = XorShift::seed_from_env(SEED_VARIABLE);
-    let plain = Workload::plain(TASKS, 1_200, 200, Plans::succeed_or_fail(30), seed);
+    let plans = Plans {
+        work: Duration::from_millis(40),
+        ..Plans::succeed_or_fail(30)
+    };
+    let plain = Workload::plain(TASKS, 1_200, 200, plans, seed);
     let workload = Workload {
         in_play: 3,
         ..plain
