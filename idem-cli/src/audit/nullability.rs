@@ -72,6 +72,21 @@ pub struct Function {
     pub strict: bool,
     /// In `pg_catalog` and in [`NEVER_NULL_FUNCTIONS`].
     pub never_null: bool,
+    /// The built-in `=` (`Some(true)`, `booleq`) or `<>` (`Some(false)`,
+    /// `boolne`) of two booleans, which `CHECK ((a IS NULL) <> (b IS NULL))`
+    /// calls: the audit evaluates it.
+    pub boolean_equality: Option<bool>,
+}
+
+/// What a row is assumed to hold: these expressions are NULL in it, those
+/// are not. Sound reasoning under the assumption says what a row of that
+/// shape can make a predicate or a check evaluate to.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Given<'e> {
+    /// NULL in the row.
+    pub null: &'e [&'e Expr],
+    /// Not NULL in the row.
+    pub not_null: &'e [&'e Expr],
 }
 
 /// Everything a proof may use about one index.
@@ -90,6 +105,12 @@ pub struct Facts<'a> {
 impl Facts<'_> {
     fn strict(&self, function: u32) -> bool {
         self.functions.get(&function).is_some_and(|f| f.strict)
+    }
+
+    fn boolean_equality(&self, function: u32) -> Option<bool> {
+        self.functions
+            .get(&function)
+            .and_then(|f| f.boolean_equality)
     }
 }
 
@@ -138,14 +159,80 @@ pub fn why_nullable(key: &Expr, facts: &Facts<'_>) -> Vec<String> {
 /// `true` when `predicate` cannot be TRUE in a row where `key` is NULL, so
 /// such rows are not in the index.
 pub fn predicate_excludes_null(predicate: &Expr, key: &Expr, facts: &Facts<'_>) -> bool {
-    !outcomes(predicate, key, facts).can_be_true
+    let null = [key];
+    !outcomes(predicate, &given_null(&null), facts).can_be_true
 }
 
 /// `true` when the `CHECK` constraint `check` fails in every row where `key`
 /// is NULL, so no such row exists.
 pub fn check_rejects_null(check: &Expr, key: &Expr, facts: &Facts<'_>) -> bool {
-    let o = outcomes(check, key, facts);
+    let null = [key];
+    check_rejects(check, &given_null(&null), facts)
+}
+
+fn given_null<'e>(null: &'e [&'e Expr]) -> Given<'e> {
+    Given {
+        null,
+        not_null: &[],
+    }
+}
+
+/// `true` when `check` fails in every row shaped as `given`: a check passes
+/// when TRUE or NULL, so it must be certainly FALSE.
+fn check_rejects(check: &Expr, given: &Given<'_>, facts: &Facts<'_>) -> bool {
+    let o = outcomes(check, given, facts);
     !o.can_be_true && !o.can_be_null
+}
+
+/// `true` when a row shaped as `given` can be in the index: the predicate
+/// can be TRUE for it and no validated `CHECK` rejects it. `false` is a
+/// proof that no such row exists.
+pub fn row_possible(given: &Given<'_>, facts: &Facts<'_>) -> bool {
+    facts
+        .predicate
+        .is_none_or(|predicate| outcomes(predicate, given, facts).can_be_true)
+        && !facts
+            .checks
+            .iter()
+            .any(|check| check_rejects(check, given, facts))
+}
+
+/// `true` when `expr` is proven non-NULL in every row of the index shaped as
+/// `given`: assumed so, non-NULL by [`why_nullable`]'s rules, or because
+/// a row shaped as `given` with `expr` NULL as well cannot exist.
+pub fn not_null_given(expr: &Expr, given: &Given<'_>, facts: &Facts<'_>) -> bool {
+    if given.not_null.iter().any(|e| same(e, expr)) || why_nullable(expr, facts).is_empty() {
+        return true;
+    }
+    let mut null: Vec<&Expr> = given.null.to_vec();
+    null.push(expr);
+    !row_possible(
+        &Given {
+            null: &null,
+            not_null: given.not_null,
+        },
+        facts,
+    )
+}
+
+/// `true` when `predicate` is TRUE in every row of the index shaped as
+/// `given`: each of its conjuncts is certainly TRUE there, or is also a
+/// conjunct of the index's own predicate.
+pub fn holds_given(predicate: &Expr, given: &Given<'_>, facts: &Facts<'_>) -> bool {
+    let own: Vec<&Expr> = facts.predicate.map(conjuncts).unwrap_or_default();
+    conjuncts(predicate).into_iter().all(|conjunct| {
+        own.iter().any(|o| same(o, conjunct)) || {
+            let o = outcomes(conjunct, given, facts);
+            o.can_be_true && !o.can_be_false && !o.can_be_null
+        }
+    })
+}
+
+fn conjuncts(expr: &Expr) -> Vec<&Expr> {
+    match expr {
+        Expr::And(args) => args.iter().flat_map(conjuncts).collect(),
+        other => vec![other],
+    }
 }
 
 /// The values a boolean expression may take in a row where `key` is NULL.
@@ -185,7 +272,7 @@ impl Outcomes {
     }
 }
 
-fn outcomes(expr: &Expr, key: &Expr, facts: &Facts<'_>) -> Outcomes {
+fn outcomes(expr: &Expr, key: &Given<'_>, facts: &Facts<'_>) -> Outcomes {
     if null_when_null(expr, key, facts) {
         return Outcomes::NULL;
     }
@@ -219,7 +306,18 @@ fn outcomes(expr: &Expr, key: &Expr, facts: &Facts<'_>) -> Outcomes {
         Expr::NullTest { arg, is_null } if null_when_null(arg, key, facts) => {
             Outcomes::exactly(*is_null)
         }
+        Expr::NullTest { arg, is_null } if not_null_when(arg, key, facts) => {
+            Outcomes::exactly(!*is_null)
+        }
         Expr::NullTest { .. } => Outcomes::test(true, true),
+        Expr::Call { function, args, .. } => match (facts.boolean_equality(*function), &args[..]) {
+            (Some(equal), [left, right]) => compare_booleans(
+                outcomes(left, key, facts),
+                outcomes(right, key, facts),
+                equal,
+            ),
+            _ => Outcomes::ANY,
+        },
         Expr::BoolTest { arg, test } => {
             let o = outcomes(arg, key, facts);
             let (is_true, is_false, is_unknown) = (o.can_be_true, o.can_be_false, o.can_be_null);
@@ -252,9 +350,47 @@ fn outcomes(expr: &Expr, key: &Expr, facts: &Facts<'_>) -> Outcomes {
     }
 }
 
-/// `true` when `expr` is certainly NULL in a row where `key` is NULL.
-fn null_when_null(expr: &Expr, key: &Expr, facts: &Facts<'_>) -> bool {
-    if same(expr, key) {
+/// `a = b` (`equal`) or `a <> b` of two booleans: strict, so NULL when
+/// either is.
+fn compare_booleans(a: Outcomes, b: Outcomes, equal: bool) -> Outcomes {
+    let values = |o: Outcomes| {
+        [(o.can_be_true, true), (o.can_be_false, false)]
+            .into_iter()
+            .filter(|(possible, _)| *possible)
+            .map(|(_, value)| value)
+            .collect::<Vec<bool>>()
+    };
+    let mut result = Outcomes {
+        can_be_true: false,
+        can_be_false: false,
+        can_be_null: a.can_be_null || b.can_be_null,
+    };
+    for x in values(a) {
+        for y in values(b) {
+            if (x == y) == equal {
+                result.can_be_true = true;
+            } else {
+                result.can_be_false = true;
+            }
+        }
+    }
+    result
+}
+
+/// `true` when `expr` is certainly not NULL in a row shaped as `given`:
+/// assumed so, a non-NULL constant, or a `NOT NULL` column.
+fn not_null_when(expr: &Expr, given: &Given<'_>, facts: &Facts<'_>) -> bool {
+    match expr {
+        Expr::Const { is_null, .. } => !is_null,
+        Expr::Column(attnum) if facts.columns.get(attnum).is_some_and(|(_, nn)| *nn) => true,
+        Expr::Cast(arg) => not_null_when(arg, given, facts),
+        _ => given.not_null.iter().any(|e| same(e, expr)),
+    }
+}
+
+/// `true` when `expr` is certainly NULL in a row shaped as `given`.
+fn null_when_null(expr: &Expr, key: &Given<'_>, facts: &Facts<'_>) -> bool {
+    if key.null.iter().any(|null| same(expr, null)) {
         return true;
     }
     match expr {
@@ -269,7 +405,7 @@ fn null_when_null(expr: &Expr, key: &Expr, facts: &Facts<'_>) -> bool {
 
 /// Structural equality of two expressions; an opaque one equals nothing, so
 /// a key we cannot read is never matched by a predicate (conservative).
-fn same(a: &Expr, b: &Expr) -> bool {
+pub fn same(a: &Expr, b: &Expr) -> bool {
     let all_same =
         |x: &[Expr], y: &[Expr]| x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y));
     match (a, b) {
@@ -296,8 +432,23 @@ fn same(a: &Expr, b: &Expr) -> bool {
                 args: ay,
             },
         ) => fx == fy && cx == cy && *fx != 0 && all_same(ax, ay),
-        (Expr::Cast(x), Expr::Cast(y)) => same(x, y),
-        (Expr::Coalesce(x), Expr::Coalesce(y)) => all_same(x, y),
+        (Expr::Cast(x), Expr::Cast(y)) | (Expr::Not(x), Expr::Not(y)) => same(x, y),
+        (Expr::Coalesce(x), Expr::Coalesce(y))
+        | (Expr::And(x), Expr::And(y))
+        | (Expr::Or(x), Expr::Or(y)) => all_same(x, y),
+        (
+            Expr::NullTest {
+                arg: x,
+                is_null: nx,
+            },
+            Expr::NullTest {
+                arg: y,
+                is_null: ny,
+            },
+        ) => nx == ny && same(x, y),
+        (Expr::BoolTest { arg: x, test: tx }, Expr::BoolTest { arg: y, test: ty }) => {
+            tx == ty && same(x, y)
+        }
         _ => false,
     }
 }
@@ -378,6 +529,7 @@ mod tests {
                 signature: signature.to_owned(),
                 strict,
                 never_null,
+                boolean_equality: None,
             };
             World {
                 // 1: id NOT NULL, 2: email NULL, 3: flag NULL, 4: data NOT NULL
