@@ -35,6 +35,7 @@ use super::quote::Quoter;
 /// Past this many nullable keys the patterns (2^n) are not enumerated: every
 /// pattern is taken as possible and nothing as covered.
 const MAX_PATTERN_KEYS: usize = 8;
+const _: () = assert!(super::fix::MAX_SPLIT_KEYS <= MAX_PATTERN_KEYS);
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,7 +333,13 @@ pub fn judge(
     };
     Some(Finding {
         lets_through: lets_through(&key_sql, &nullable_positions),
-        notes: notes(index, &fix, &key_sql, &nullable_positions),
+        notes: notes(
+            index,
+            &fix,
+            &key_sql,
+            &nullable_positions,
+            every_key_possible,
+        ),
         conflicts_sql: conflicts_sql(index, &compared),
         severity,
         severity_reason,
@@ -345,11 +352,12 @@ pub fn judge(
 }
 
 /// The NULL patterns (bit `j`: the `j`-th nullable key is NULL) a row of the
-/// index can have, ascending. Past [`MAX_PATTERN_KEYS`] nullable keys, all of
-/// them, unproven.
+/// index can have, ascending. Past [`MAX_PATTERN_KEYS`] nullable keys, just
+/// pattern 0: unproven, so a hole (no split is written out for that many).
 fn possible_patterns(parsed: &Parsed, nullable: &[usize], facts: &Facts<'_>) -> Vec<u32> {
     if nullable.len() > MAX_PATTERN_KEYS {
-        return (0u32..1 << MAX_PATTERN_KEYS.min(nullable.len())).collect();
+        // Unproven: a hole. The split is not written out for this many.
+        return vec![0];
     }
     (0u32..1 << nullable.len())
         .filter(|&pattern| {
@@ -419,7 +427,6 @@ fn cover(
         let found = neighbours.iter().find_map(|n| {
             let other = n.index;
             if !other.valid
-                || other.predicate_tree.is_some() && n.parsed.predicate.is_none()
                 || n.parsed
                     .predicate
                     .as_ref()
@@ -605,7 +612,15 @@ fn lets_through(key_sql: &[String], nullable: &[usize]) -> String {
     )
 }
 
-fn notes(index: &UniqueIndex, fix: &Fix, key_sql: &[String], nullable: &[usize]) -> Vec<String> {
+/// What else to know before a fix. `every_key_possible`: some row can have
+/// every key present, so the split has an index for such rows.
+fn notes(
+    index: &UniqueIndex,
+    fix: &Fix,
+    key_sql: &[String],
+    nullable: &[usize],
+    every_key_possible: bool,
+) -> Vec<String> {
     let mut notes = Vec::new();
     if index.referenced_by_foreign_keys {
         notes.push(
@@ -631,19 +646,26 @@ fn notes(index: &UniqueIndex, fix: &Fix, key_sql: &[String], nullable: &[usize])
             None => format!("({})", key_sql.join(", ")),
             Some(predicate) => format!("({}) WHERE {predicate}", key_sql.join(", ")),
         };
+        let instead = if every_key_possible {
+            format!(
+                "Name the index for rows without NULL instead, ON CONFLICT ({}) WHERE {}, or use \
+                 the NULLS NOT DISTINCT fix",
+                key_sql.join(", "),
+                present.join(" AND ")
+            )
+        } else {
+            "Use the NULLS NOT DISTINCT fix".to_owned()
+        };
         notes.push(format!(
             "Upserts: after the split, INSERT ... ON CONFLICT {target}{by_constraint} fail \
              (\"there is no unique or exclusion constraint matching the ON CONFLICT \
-             specification\"): no index matches {matches} any more. Name the index for rows \
-             without NULL instead, ON CONFLICT ({keys}) WHERE {present}, or use the NULLS NOT \
-             DISTINCT fix, which keeps ON CONFLICT {target} working.",
+             specification\"): no index matches {matches} any more. {instead}, which keeps \
+             ON CONFLICT {target} working.",
             matches = if index.predicate_sql.is_some() {
                 "those keys with exactly that predicate"
             } else {
                 "those keys without a predicate"
             },
-            keys = key_sql.join(", "),
-            present = present.join(" AND "),
         ));
         if index.constraint.as_ref().is_some_and(|c| c.deferrable) {
             notes.push(

@@ -10,9 +10,17 @@
 //!   the index covers, by the rules in [`nullability`]. `INCLUDE` columns
 //!   are not keys and never count.
 //!
+//! Each finding has a severity (see [`finding`]): a **hole** lets rows with
+//! a NULL key in however equal they are; an **inert** index has a NULL key in
+//! every row (the table's `CHECK` constraints say so), so it rejects nothing
+//! at all; a **covered** one lets NULL rows through but other unique indexes
+//! of the table reject every such duplicate (informational: no fix). Holes
+//! and inert indexes make `idem audit` exit 1.
+//!
 //! The audit only reads the catalog; it writes nothing and needs no
-//! privilege beyond connecting. Each finding comes with both fixes from
-//! [`fix`].
+//! privilege beyond connecting. Each hole and inert index comes with both
+//! fixes from [`fix`], the lock each takes, and a query that counts the rows
+//! the fixes would reject today.
 
 pub mod catalog;
 mod finding;

@@ -46,7 +46,8 @@ Before you apply a fix:
   - Run each statement on its own, outside a transaction: CONCURRENTLY refuses to run in one.
   - Both fixes make NULL count as a value: rows equal in every key, NULLs included, then collide.
     Building the new index fails while such duplicates exist: each finding's count query finds
-    them; resolve them first.
+    them; resolve them first. A CREATE INDEX CONCURRENTLY that fails leaves an INVALID index
+    behind: DROP INDEX CONCURRENTLY it before trying again.
   - Storage parameters (WITH ...) and tablespaces of the old index are not carried over.
   - If rows with NULL are meant to be exempt, say so instead: add WHERE <column> IS NOT NULL to
     the index; the audit accepts that.";
