@@ -492,4 +492,59 @@ mod tests {
         assert!(fix.nulls_not_distinct[0].contains("(a) INCLUDE (payload) NULLS NOT DISTINCT;"));
         assert!(fix.partial_indexes[0].contains("(a) INCLUDE (payload) WHERE a IS NOT NULL;"));
     }
+
+    #[test]
+    fn the_split_writes_an_index_only_for_the_patterns_a_row_can_have() {
+        let keys = strings(&["a", "b"]);
+        let mut fix_input = input(&keys, &[0, 1]);
+        fix_input.patterns = &[1, 2];
+        let fix = fixes(&fix_input, &Quoter::default());
+        assert_eq!(
+            fix.partial_indexes,
+            strings(&[
+                "CREATE UNIQUE INDEX CONCURRENTLY users_email_key_n10 ON public.users USING btree (b) WHERE a IS NULL AND b IS NOT NULL;",
+                "CREATE UNIQUE INDEX CONCURRENTLY users_email_key_n01 ON public.users USING btree (a) WHERE a IS NOT NULL AND b IS NULL;",
+                "DROP INDEX CONCURRENTLY public.users_email_key;",
+            ])
+        );
+    }
+
+    #[test]
+    fn a_constraint_also_gets_the_form_built_concurrently_except_on_a_partitioned_table() {
+        let keys = strings(&["code"]);
+        let mut fix_input = input(&keys, &[0]);
+        fix_input.constraint = Some(ConstraintInput {
+            sql: "codes_code_key",
+            deferrable: true,
+            initially_deferred: false,
+        });
+        let fix = fixes(&fix_input, &Quoter::default());
+        assert_eq!(
+            fix.nulls_not_distinct_without_blocking,
+            strings(&[
+                "CREATE UNIQUE INDEX CONCURRENTLY users_email_key_nnd ON public.users USING btree (code) NULLS NOT DISTINCT;",
+                "ALTER TABLE public.users DROP CONSTRAINT codes_code_key, ADD CONSTRAINT codes_code_key UNIQUE USING INDEX users_email_key_nnd DEFERRABLE;",
+            ])
+        );
+        assert!(
+            fix.locks
+                .nulls_not_distinct
+                .as_deref()
+                .is_some_and(|l| l.starts_with("ACCESS EXCLUSIVE"))
+        );
+        assert!(fix.locks.nulls_not_distinct_without_blocking.is_some());
+
+        fix_input.table_is_partitioned = true;
+        let fix = fixes(&fix_input, &Quoter::default());
+        assert!(fix.nulls_not_distinct_without_blocking.is_empty());
+        assert_eq!(fix.locks.nulls_not_distinct_without_blocking, None);
+        assert!(
+            fix.locks
+                .partial_indexes
+                .as_deref()
+                .is_some_and(|l| l.contains("writes wait"))
+        );
+        let index = fixes(&input(&keys, &[0]), &Quoter::default());
+        assert!(index.nulls_not_distinct_without_blocking.is_empty());
+    }
 }

@@ -488,6 +488,8 @@ mod tests {
     const LOWER: u32 = 870; // lower(text), strict, never NULL
     const JSON_FIELD: u32 = 3214; // jsonb ->> text, strict, may be NULL
     const NOT_STRICT: u32 = 9999;
+    const BOOLEQ: u32 = 60;
+    const BOOLNE: u32 = 84;
 
     fn col(n: i16) -> Expr {
         Expr::Column(n)
@@ -547,6 +549,20 @@ mod tests {
                         f("jsonb_object_field_text(jsonb, text)", true, false),
                     ),
                     (NOT_STRICT, f("mine(text)", false, false)),
+                    (
+                        BOOLEQ,
+                        Function {
+                            boolean_equality: Some(true),
+                            ..f("booleq(boolean, boolean)", true, false)
+                        },
+                    ),
+                    (
+                        BOOLNE,
+                        Function {
+                            boolean_equality: Some(false),
+                            ..f("boolne(boolean, boolean)", true, false)
+                        },
+                    ),
                 ]),
             }
         }
@@ -707,6 +723,113 @@ mod tests {
         assert!(
             !w.excludes(&is_not_null(case.clone()), &case),
             "opaque never matches"
+        );
+    }
+
+    /// `(email IS NULL) <> (flag IS NULL)`: exactly one of them is NULL.
+    fn exactly_one_null() -> Expr {
+        call(BOOLNE, vec![is_null(col(2)), is_null(col(3))])
+    }
+
+    fn possible(w: &World, checks: &[Expr], null: &[&Expr], not_null: &[&Expr]) -> bool {
+        row_possible(
+            &Given { null, not_null },
+            &Facts {
+                columns: &w.columns,
+                functions: &w.functions,
+                predicate: None,
+                checks,
+            },
+        )
+    }
+
+    #[test]
+    fn boolean_equality_of_null_tests_rules_patterns_out() {
+        let w = World::new();
+        let (email, flag) = (col(2), col(3));
+        let check = [exactly_one_null()];
+        assert!(!possible(&w, &check, &[], &[&email, &flag]), "both present");
+        assert!(!possible(&w, &check, &[&email, &flag], &[]), "both NULL");
+        assert!(possible(&w, &check, &[&email], &[&flag]));
+        assert!(possible(&w, &check, &[&flag], &[&email]));
+        // `=` instead of `<>`: both or neither.
+        let same = [call(BOOLEQ, vec![is_null(col(2)), is_null(col(3))])];
+        assert!(possible(&w, &same, &[], &[&email, &flag]));
+        assert!(!possible(&w, &same, &[&email], &[&flag]));
+        // Unknown about flag: nothing ruled out.
+        assert!(possible(&w, &check, &[], &[&email]));
+        // A NOT NULL column is present without being assumed so.
+        let with_id = [call(BOOLNE, vec![is_null(col(2)), is_null(col(1))])];
+        assert!(!possible(&w, &with_id, &[], &[&email]));
+    }
+
+    #[test]
+    fn a_check_that_may_be_null_rules_nothing_out() {
+        let w = World::new();
+        let (email, flag) = (col(2), col(3));
+        // `email > 0 <> flag IS NULL` is NULL when email is: the check passes.
+        let check = [call(
+            BOOLNE,
+            vec![call(GT, vec![col(2), konst("0")]), is_null(col(3))],
+        )];
+        assert!(possible(&w, &check, &[&email], &[&flag]));
+        assert!(possible(&w, &check, &[&email, &flag], &[]));
+    }
+
+    #[test]
+    fn keys_tied_by_a_check_are_present_where_the_other_is_null() {
+        let w = World::new();
+        let checks = [exactly_one_null()];
+        let facts = Facts {
+            columns: &w.columns,
+            functions: &w.functions,
+            predicate: None,
+            checks: &checks,
+        };
+        let (email, flag) = (col(2), col(3));
+        let null_email = [&email];
+        let given = Given {
+            null: &null_email,
+            not_null: &[],
+        };
+        assert!(not_null_given(&flag, &given, &facts));
+        assert!(not_null_given(&col(1), &given, &facts), "NOT NULL column");
+        let nothing = Given::default();
+        assert!(!not_null_given(&flag, &nothing, &facts));
+        let at_most_one = [Expr::Or(vec![is_null(col(2)), is_null(col(3))])];
+        let facts = Facts {
+            checks: &at_most_one,
+            ..facts
+        };
+        assert!(!not_null_given(&flag, &given, &facts));
+    }
+
+    #[test]
+    fn a_predicate_holds_when_each_conjunct_is_certain_or_the_indexs_own() {
+        let w = World::new();
+        let own = Expr::And(vec![is_null(col(3)), call(GT, vec![col(1), konst("0")])]);
+        let facts = Facts {
+            columns: &w.columns,
+            functions: &w.functions,
+            predicate: Some(&own),
+            checks: &[],
+        };
+        let email = col(2);
+        let null_email = [&email];
+        let given = Given {
+            null: &null_email,
+            not_null: &[],
+        };
+        assert!(holds_given(&is_null(col(2)), &given, &facts));
+        assert!(!holds_given(&is_not_null(col(2)), &given, &facts));
+        assert!(holds_given(
+            &Expr::And(vec![is_null(col(2)), call(GT, vec![col(1), konst("0")])]),
+            &given,
+            &facts
+        ));
+        assert!(
+            !holds_given(&call(GT, vec![col(1), konst("1")]), &given, &facts),
+            "not the index's own"
         );
     }
 }
