@@ -374,8 +374,8 @@ async fn every_fixture_case_is_judged_as_expected() {
     let f = finding(&findings, "inert_exactly_one_null");
     assert_eq!(
         f["severity_reason"],
-        "No row can have warehouse_id, store_id all present (the table's CHECK constraints or \
-         the index predicate rule it out), so this index never compares two rows: it rejects \
+        "No row can have warehouse_id and store_id both present (the table's CHECK constraints \
+         or the index predicate rule it out), so this index never compares two rows: it rejects \
          no row at all."
     );
     assert_eq!(

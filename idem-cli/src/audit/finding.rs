@@ -516,10 +516,15 @@ fn cover(
 /// Why an index whose rows all have a NULL key is inert.
 fn inert_reason(key_sql: &[String], nullable: &[usize]) -> String {
     let keys: Vec<&str> = nullable.iter().map(|&p| key_sql[p].as_str()).collect();
+    let all = match keys.as_slice() {
+        [one] => format!("{one} present"),
+        [a, b] => format!("{a} and {b} both present"),
+        [init @ .., last] => format!("{} and {last} all present", init.join(", ")),
+        [] => "every key present".to_owned(),
+    };
     format!(
-        "No row can have {} all present (the table's CHECK constraints or the index predicate \
-         rule it out), so this index never compares two rows: it rejects no row at all.",
-        keys.join(", ")
+        "No row can have {all} (the table's CHECK constraints or the index predicate rule it \
+         out), so this index never compares two rows: it rejects no row at all."
     )
 }
 

@@ -106,8 +106,9 @@ pub fn text(report: &Report) -> String {
              NULL.{covered_sentence}\n"
         ));
     } else {
+        let verb = if failing == 1 { "lets" } else { "let" };
         out.push_str(&format!(
-            "{failing} of the {checked} in {schemas} let duplicates through \
+            "{failing} of the {checked} in {schemas} {verb} duplicates through \
              NULL.{covered_sentence}\n\n{BEFORE_FIXING}\n",
         ));
         if !report.nulls_not_distinct {
