@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use sqlx::{PgPool, Row};
 
-use super::nullability::{Function, NEVER_NULL_FUNCTIONS};
+use super::nullability::{Function, Known, NEVER_NULL_FUNCTIONS};
 
 /// One unique index, or the index behind one unique constraint.
 #[derive(Debug, Clone)]
@@ -364,15 +364,10 @@ pub async fn functions(pool: &PgPool, oids: &[u32]) -> Result<HashMap<u32, Funct
         };
         let signature: String = row.try_get("signature")?;
         let builtin: bool = row.try_get("builtin")?;
-        let boolean_equality = match signature.as_str() {
-            "booleq(boolean, boolean)" if builtin => Some(true),
-            "boolne(boolean, boolean)" if builtin => Some(false),
-            _ => None,
-        };
         functions.insert(
             oid,
             Function {
-                boolean_equality,
+                known: builtin.then(|| Known::of(&signature)).flatten(),
                 never_null: builtin && NEVER_NULL_FUNCTIONS.contains(&signature.as_str()),
                 strict: row.try_get("strict")?,
                 signature,

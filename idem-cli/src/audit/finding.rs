@@ -10,8 +10,9 @@
 //! are NULL and the others are not). Then:
 //!
 //! - **inert**: no row can have every key present (say
-//!   `CHECK ((a IS NULL) <> (b IS NULL))` over keys `a, b`), so the index
-//!   compares nothing and rejects no row at all;
+//!   `CHECK ((a IS NULL) <> (b IS NULL))` or `CHECK (num_nonnulls(a, b) = 1)`
+//!   over keys `a, b`), so the index compares nothing and rejects no row at
+//!   all;
 //! - **covered**: for every possible pattern with a NULL, some other valid
 //!   unique index of the table (a primary key too) rejects two rows of that
 //!   pattern that are equal in this index's non-NULL keys (and, when it has

@@ -72,10 +72,64 @@ pub struct Function {
     pub strict: bool,
     /// In `pg_catalog` and in [`NEVER_NULL_FUNCTIONS`].
     pub never_null: bool,
-    /// The built-in `=` (`Some(true)`, `booleq`) or `<>` (`Some(false)`,
-    /// `boolne`) of two booleans, which `CHECK ((a IS NULL) <> (b IS NULL))`
-    /// calls: the audit evaluates it.
-    pub boolean_equality: Option<bool>,
+    /// A built-in the audit evaluates in `CHECK` constraints, if it is one.
+    pub known: Option<Known>,
+}
+
+/// Built-in functions whose value the audit computes, so that the usual ways
+/// to say "exactly one of these is set" are understood:
+/// `CHECK ((a IS NULL) <> (b IS NULL))`, `CHECK (num_nonnulls(a, b) = 1)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Known {
+    /// `booleq` (`equal`) or `boolne` of two booleans.
+    BooleanEquality {
+        /// `=` rather than `<>`.
+        equal: bool,
+    },
+    /// `int4eq`, `int4ne`, `int4lt`, `int4le`, `int4gt`, `int4ge`.
+    IntegerComparison(Comparison),
+    /// `num_nulls` (`nulls`) or `num_nonnulls`: never NULL itself.
+    CountNulls {
+        /// Counts the NULL arguments rather than the others.
+        nulls: bool,
+    },
+}
+
+/// An integer comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Comparison {
+    /// `=`
+    Eq,
+    /// `<>`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+impl Known {
+    /// The built-in `pg_catalog` function with this signature (as
+    /// [`Function::signature`] spells it), if the audit evaluates it.
+    pub fn of(signature: &str) -> Option<Known> {
+        Some(match signature {
+            "booleq(boolean, boolean)" => Known::BooleanEquality { equal: true },
+            "boolne(boolean, boolean)" => Known::BooleanEquality { equal: false },
+            "int4eq(integer, integer)" => Known::IntegerComparison(Comparison::Eq),
+            "int4ne(integer, integer)" => Known::IntegerComparison(Comparison::Ne),
+            "int4lt(integer, integer)" => Known::IntegerComparison(Comparison::Lt),
+            "int4le(integer, integer)" => Known::IntegerComparison(Comparison::Le),
+            "int4gt(integer, integer)" => Known::IntegerComparison(Comparison::Gt),
+            "int4ge(integer, integer)" => Known::IntegerComparison(Comparison::Ge),
+            "num_nulls(\"any\")" => Known::CountNulls { nulls: true },
+            "num_nonnulls(\"any\")" => Known::CountNulls { nulls: false },
+            _ => return None,
+        })
+    }
 }
 
 /// What a row is assumed to hold: these expressions are NULL in it, those
@@ -107,10 +161,8 @@ impl Facts<'_> {
         self.functions.get(&function).is_some_and(|f| f.strict)
     }
 
-    fn boolean_equality(&self, function: u32) -> Option<bool> {
-        self.functions
-            .get(&function)
-            .and_then(|f| f.boolean_equality)
+    fn known(&self, function: u32) -> Option<Known> {
+        self.functions.get(&function).and_then(|f| f.known)
     }
 }
 
@@ -310,12 +362,18 @@ fn outcomes(expr: &Expr, key: &Given<'_>, facts: &Facts<'_>) -> Outcomes {
             Outcomes::exactly(!*is_null)
         }
         Expr::NullTest { .. } => Outcomes::test(true, true),
-        Expr::Call { function, args, .. } => match (facts.boolean_equality(*function), &args[..]) {
-            (Some(equal), [left, right]) => compare_booleans(
+        Expr::Call { function, args, .. } => match (facts.known(*function), &args[..]) {
+            (Some(Known::BooleanEquality { equal }), [left, right]) => compare_booleans(
                 outcomes(left, key, facts),
                 outcomes(right, key, facts),
                 equal,
             ),
+            (Some(Known::IntegerComparison(comparison)), [left, right]) => {
+                match (range(left, key, facts), range(right, key, facts)) {
+                    (Some(left), Some(right)) => compare_ranges(comparison, left, right),
+                    _ => Outcomes::ANY,
+                }
+            }
             _ => Outcomes::ANY,
         },
         Expr::BoolTest { arg, test } => {
@@ -375,6 +433,77 @@ fn compare_booleans(a: Outcomes, b: Outcomes, equal: bool) -> Outcomes {
         }
     }
     result
+}
+
+/// The values an integer expression can take in a row shaped as `given`, as
+/// an interval, when it is a small constant or a `num_nulls`/`num_nonnulls`
+/// count; `None` otherwise (it may then also be NULL).
+fn range(expr: &Expr, given: &Given<'_>, facts: &Facts<'_>) -> Option<(i64, i64)> {
+    match expr {
+        Expr::Const {
+            is_null: false,
+            value,
+        } => small_integer(value).map(|v| (v, v)),
+        Expr::Call { function, args, .. } => match facts.known(*function)? {
+            Known::CountNulls { nulls } => {
+                let certainly_null = args.iter().filter(|a| null_when_null(a, given, facts));
+                let certainly_null = i64::try_from(certainly_null.count()).ok()?;
+                let present = args.iter().filter(|a| not_null_when(a, given, facts));
+                let present = i64::try_from(present.count()).ok()?;
+                let all = i64::try_from(args.len()).ok()?;
+                Some(if nulls {
+                    (certainly_null, all - present)
+                } else {
+                    (present, all - certainly_null)
+                })
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// An `integer` constant from 0 to 127, as the stored tree holds it
+/// (`23 4 [ v 0 0 0 0 0 0 0 ]`: type, the type's length, the datum's bytes). Only this shape
+/// is read, which means the same on little- and big-endian servers (a
+/// big-endian server stores such a value with the byte last); anything else
+/// is `None`, and proves nothing.
+fn small_integer(value: &str) -> Option<i64> {
+    let mut words = value.split_whitespace();
+    if words.next()? != "23" {
+        return None;
+    }
+    let length: usize = words.next()?.parse().ok()?;
+    let bytes: Vec<&str> = words.collect();
+    let [open, first, rest @ .., close] = bytes.as_slice() else {
+        return None;
+    };
+    let v: i64 = first.parse().ok()?;
+    (*open == "["
+        && *close == "]"
+        && length == 4
+        // A by-value datum is printed whole: 8 bytes, or 4 on a 32-bit server.
+        && (rest.len() + 1 == 8 || rest.len() + 1 == 4)
+        && (0..=127).contains(&v)
+        && rest.iter().all(|b| *b == "0"))
+    .then_some(v)
+}
+
+/// The outcomes of comparing a value in `left` with one in `right`: both
+/// are never NULL.
+fn compare_ranges(comparison: Comparison, left: (i64, i64), right: (i64, i64)) -> Outcomes {
+    let ((a_lo, a_hi), (b_lo, b_hi)) = (left, right);
+    let overlap = a_lo <= b_hi && b_lo <= a_hi;
+    let single_equal = a_lo == a_hi && b_lo == b_hi && a_lo == b_lo;
+    let (when_true, when_false) = match comparison {
+        Comparison::Eq => (overlap, !single_equal),
+        Comparison::Ne => (!single_equal, overlap),
+        Comparison::Lt => (a_lo < b_hi, a_hi >= b_lo),
+        Comparison::Le => (a_lo <= b_hi, a_hi > b_lo),
+        Comparison::Gt => (a_hi > b_lo, a_lo <= b_hi),
+        Comparison::Ge => (a_hi >= b_lo, a_lo < b_hi),
+    };
+    Outcomes::test(when_true, when_false)
 }
 
 /// `true` when `expr` is certainly not NULL in a row shaped as `given`:
@@ -490,6 +619,10 @@ mod tests {
     const NOT_STRICT: u32 = 9999;
     const BOOLEQ: u32 = 60;
     const BOOLNE: u32 = 84;
+    const INT4EQ: u32 = 65;
+    const INT4LE: u32 = 149;
+    const NUM_NULLS: u32 = 438;
+    const NUM_NONNULLS: u32 = 440;
 
     fn col(n: i16) -> Expr {
         Expr::Column(n)
@@ -531,7 +664,7 @@ mod tests {
                 signature: signature.to_owned(),
                 strict,
                 never_null,
-                boolean_equality: None,
+                known: None,
             };
             World {
                 // 1: id NOT NULL, 2: email NULL, 3: flag NULL, 4: data NOT NULL
@@ -552,15 +685,43 @@ mod tests {
                     (
                         BOOLEQ,
                         Function {
-                            boolean_equality: Some(true),
+                            known: Known::of("booleq(boolean, boolean)"),
                             ..f("booleq(boolean, boolean)", true, false)
                         },
                     ),
                     (
                         BOOLNE,
                         Function {
-                            boolean_equality: Some(false),
+                            known: Known::of("boolne(boolean, boolean)"),
                             ..f("boolne(boolean, boolean)", true, false)
+                        },
+                    ),
+                    (
+                        INT4EQ,
+                        Function {
+                            known: Known::of("int4eq(integer, integer)"),
+                            ..f("int4eq(integer, integer)", true, false)
+                        },
+                    ),
+                    (
+                        INT4LE,
+                        Function {
+                            known: Known::of("int4le(integer, integer)"),
+                            ..f("int4le(integer, integer)", true, false)
+                        },
+                    ),
+                    (
+                        NUM_NONNULLS,
+                        Function {
+                            known: Known::of("num_nonnulls(\"any\")"),
+                            ..f("num_nonnulls(\"any\")", false, false)
+                        },
+                    ),
+                    (
+                        NUM_NULLS,
+                        Function {
+                            known: Known::of("num_nulls(\"any\")"),
+                            ..f("num_nulls(\"any\")", false, false)
                         },
                     ),
                 ]),
@@ -831,5 +992,45 @@ mod tests {
             !holds_given(&call(GT, vec![col(1), konst("1")]), &given, &facts),
             "not the index's own"
         );
+    }
+
+    fn int(v: u8) -> Expr {
+        konst(&format!("23 4 [ {v} 0 0 0 0 0 0 0 ]"))
+    }
+
+    #[test]
+    fn counts_of_nulls_compared_with_small_constants_rule_patterns_out() {
+        let w = World::new();
+        let (email, flag) = (col(2), col(3));
+        let exactly_one = [call(
+            INT4EQ,
+            vec![call(NUM_NONNULLS, vec![col(2), col(3)]), int(1)],
+        )];
+        assert!(!possible(&w, &exactly_one, &[], &[&email, &flag]));
+        assert!(!possible(&w, &exactly_one, &[&email, &flag], &[]));
+        assert!(possible(&w, &exactly_one, &[&email], &[&flag]));
+        assert!(possible(&w, &exactly_one, &[&email], &[]), "flag unknown");
+        let at_most_one_null = [call(
+            INT4LE,
+            vec![call(NUM_NULLS, vec![col(2), col(3)]), int(1)],
+        )];
+        assert!(!possible(&w, &at_most_one_null, &[&email, &flag], &[]));
+        assert!(possible(&w, &at_most_one_null, &[&email], &[]));
+        assert!(possible(&w, &at_most_one_null, &[], &[&email, &flag]));
+    }
+
+    #[test]
+    fn only_small_integer_constants_in_the_shape_both_byte_orders_share_are_read() {
+        assert_eq!(small_integer("23 4 [ 1 0 0 0 0 0 0 0 ]"), Some(1));
+        assert_eq!(small_integer("23 4 [ 0 0 0 0 0 0 0 0 ]"), Some(0));
+        assert_eq!(small_integer("23 4 [ 2 0 0 0 ]"), Some(2), "32-bit datum");
+        assert_eq!(small_integer("23 4 [ 0 0 0 0 0 0 0 1 ]"), None);
+        assert_eq!(
+            small_integer("23 4 [ 255 255 255 255 255 255 255 255 ]"),
+            None
+        );
+        assert_eq!(small_integer("23 4 [ 0 1 0 0 0 0 0 0 ]"), None);
+        assert_eq!(small_integer("20 8 [ 1 0 0 0 0 0 0 0 ]"), None, "bigint");
+        assert_eq!(small_integer("23 4 [ 1 0 0 ]"), None);
     }
 }
