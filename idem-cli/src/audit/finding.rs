@@ -437,15 +437,21 @@ fn cover(
             }
             let mut extras = Vec::new();
             for (key, (expr, _)) in other.keys.iter().zip(&n.parsed.keys) {
-                let in_key = index.keys.iter().zip(&parsed.keys).enumerate().find(
-                    |(_, (mine, (my_expr, _)))| {
-                        same(my_expr, expr)
-                            && mine.opclass == key.opclass
-                            && mine.collation == key.collation
-                    },
-                );
+                let in_key = index
+                    .keys
+                    .iter()
+                    .zip(&parsed.keys)
+                    .position(|(_, (my_expr, _))| same(my_expr, expr));
                 match in_key {
-                    Some((position, _)) if !key_is_null(position) || other.nulls_not_distinct => {}
+                    // Compared another way (a case-insensitive collation, an
+                    // operator class of its own): proves nothing.
+                    Some(position)
+                        if index.keys[position].opclass != key.opclass
+                            || index.keys[position].collation != key.collation =>
+                    {
+                        return None;
+                    }
+                    Some(position) if !key_is_null(position) || other.nulls_not_distinct => {}
                     Some(_) => return None,
                     // A key of its own counts only when it may be NULL in
                     // general yet is proven present in rows of this pattern:
