@@ -86,6 +86,7 @@ pub struct Finding {
     pub changes: String,
     /// A query counting the groups of rows that would collide after either
     /// fix, so that no fix fails half-way: it must print 0 before one runs.
+    /// Empty when there is no fix (covered).
     pub conflicts_sql: String,
     /// The SQL that closes the hole (nothing when covered).
     pub fix: Fix,
@@ -341,7 +342,11 @@ pub fn judge(
             &nullable_positions,
             every_key_possible,
         ),
-        conflicts_sql: conflicts_sql(index, &compared),
+        conflicts_sql: if severity == Severity::Covered {
+            String::new()
+        } else {
+            conflicts_sql(index, &compared)
+        },
         severity,
         severity_reason,
         changes,

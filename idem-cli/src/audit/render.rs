@@ -18,7 +18,7 @@
 //! | `severity` | `"hole"`, `"inert"` or `"covered"` | see below |
 //! | `severity_reason` | string or null | why it is inert or covered (null for a hole) |
 //! | `changes` | string | what either fix rejects that the table accepts today (empty when covered) |
-//! | `conflicts_sql` | string | a query counting the groups of rows that would collide after either fix: 0 means the fix applies |
+//! | `conflicts_sql` | string | a query counting the groups of rows that would collide after either fix: 0 means the fix applies (empty when covered) |
 //! | `fix.nulls_not_distinct` | array of strings | statements, PostgreSQL 15+ |
 //! | `fix.nulls_not_distinct_without_blocking` | array of strings | for a constraint: the same without a long `ACCESS EXCLUSIVE` lock (empty otherwise) |
 //! | `fix.nulls_not_distinct_supported` | bool | whether the audited server (15+) can run them |
