@@ -34,6 +34,14 @@
 //! where `c` is NULL, as do `c IS NOT NULL`, any `AND` containing one of
 //! those, and an `OR` whose every branch is one of those. An `OR` with a
 //! branch that says nothing about `c` (`c IS NOT NULL OR archived`) does not.
+//!
+//! The same evaluation runs under a [`Given`] shape of row (these keys NULL,
+//! those present), which is how the audit decides whether a NULL pattern of
+//! an index can occur at all ([`row_possible`]) and whether a key is present
+//! in every row of a pattern ([`not_null_given`]). For that it also computes
+//! a few built-ins ([`Known`]): `=`/`<>` of two booleans, so
+//! `CHECK ((a IS NULL) <> (b IS NULL))` says exactly one is NULL, and
+//! `num_nulls`/`num_nonnulls` compared with a small integer constant.
 
 use std::collections::HashMap;
 
