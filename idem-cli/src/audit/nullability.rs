@@ -597,6 +597,7 @@ fn describe(expr: &Expr) -> String {
             "NULLIFEXPR" => "NULLIF".to_owned(),
             "SUBSCRIPTINGREF" => "a subscript".to_owned(),
             "FIELDSELECT" => "a field of a composite value".to_owned(),
+            "VARIADIC" => "a call with VARIADIC arguments".to_owned(),
             tag => format!("a {} expression", tag.to_lowercase()),
         },
         Expr::ArrayComparison { .. } => "an ANY/ALL comparison".to_owned(),
