@@ -16,11 +16,14 @@
 //! - **covered**: for every possible pattern with a NULL, some other valid
 //!   unique index of the table (a primary key too) rejects two rows of that
 //!   pattern that are equal in this index's non-NULL keys (and, when it has
-//!   keys of its own, equal in those, which must be proven non-NULL in such
-//!   rows). Its keys compare the same way (operator class and collation), and
-//!   its predicate must hold in every such row. So no two rows equal in every
-//!   key, NULLs included, both get in: this index alone lets them, the others
-//!   do not. Anything not proven this way is not covered;
+//!   keys of its own, equal in those: each must be nullable in general yet
+//!   proven present in such rows, tied to the NULL keys by a `CHECK`; a
+//!   `NOT NULL` key would cover anything). Its keys compare the same way
+//!   (operator class and collation), and its predicate must hold in every
+//!   such row. So no two rows equal in every key, NULLs included, both get
+//!   in: this index alone lets them, the others do not. Anything not proven
+//!   this way is not covered. An inert index covered only through keys it
+//!   does not have stays inert: it most likely meant something else;
 //! - **hole** otherwise: duplicates with a NULL get in.
 
 use std::collections::HashMap;
@@ -33,8 +36,8 @@ use super::nullability::{
 };
 use super::quote::Quoter;
 
-/// Past this many nullable keys the patterns (2^n) are not enumerated: every
-/// pattern is taken as possible and nothing as covered.
+/// Past this many nullable keys the patterns (2^n) are not enumerated: the
+/// index is taken as a hole, unproven.
 const MAX_PATTERN_KEYS: usize = 8;
 const _: () = assert!(super::fix::MAX_SPLIT_KEYS <= MAX_PATTERN_KEYS);
 
