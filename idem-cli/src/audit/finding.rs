@@ -201,7 +201,7 @@ pub struct Neighbour<'a> {
 }
 
 /// The finding for `index`, or `None` when every key is proven non-NULL in
-/// the rows it covers (or it is `NULLS NOT DISTINCT`). `neighbours` are the
+/// the rows it covers (or it is `NULLS NOT DISTINCT`, or a primary key). `neighbours` are the
 /// other unique indexes of its table.
 pub fn judge(
     index: &UniqueIndex,
