@@ -30,9 +30,18 @@ pub enum Command {
     ///
     /// Reports every unique index or unique constraint with a key column or
     /// expression that can be NULL in a row it covers, with one sentence on
-    /// the duplicates it accepts and two fixes: NULLS NOT DISTINCT
-    /// (PostgreSQL 15+) and a split into partial unique indexes (any
-    /// version). Exits 1 when anything is found, so it can gate CI.
+    /// the duplicates it accepts, its severity, a query counting the rows
+    /// either fix would reject today, and two fixes with the lock each
+    /// takes: NULLS NOT DISTINCT (PostgreSQL 15+; for a constraint also a
+    /// form built CONCURRENTLY) and a split into partial unique indexes (any
+    /// version).
+    ///
+    /// Severity: hole (rows with a NULL key get in however equal they are),
+    /// inert (the table's CHECK constraints leave a NULL key in every row:
+    /// the index rejects nothing at all), covered (other unique indexes
+    /// reject every duplicate it lets through: informational, no fix).
+    /// Exits 1 when there is a hole or an inert index, 0 when there is none
+    /// (covered findings included), 2 when it cannot run: it can gate CI.
     Audit(AuditArgs),
     /// Set up idem's schema (idempotent), then verify it.
     Migrate(MigrateArgs),

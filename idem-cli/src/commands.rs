@@ -43,7 +43,7 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             };
             Ok(Done {
                 output,
-                found: !report.findings.is_empty(),
+                found: report.lets_duplicates_in(),
             })
         }
         Command::Migrate(args) => {

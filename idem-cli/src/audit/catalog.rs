@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use sqlx::{PgPool, Row};
 
-use super::nullability::{Function, NEVER_NULL_FUNCTIONS};
+use super::nullability::{Function, Known, NEVER_NULL_FUNCTIONS};
 
 /// One unique index, or the index behind one unique constraint.
 #[derive(Debug, Clone)]
@@ -25,8 +25,17 @@ pub struct UniqueIndex {
     pub schema_sql: String,
     /// `schema.table`, quoted for SQL.
     pub table_sql: String,
+    /// The table's OID: other unique indexes of the same table may cover
+    /// this one's NULL rows.
+    pub table_oid: i64,
     /// The table is partitioned: its indexes cannot be built `CONCURRENTLY`.
     pub table_is_partitioned: bool,
+    /// The primary key: never a finding, but it rejects duplicates that
+    /// other indexes let through.
+    pub primary_key: bool,
+    /// `pg_index.indisvalid`: an index left invalid by a failed
+    /// `CREATE INDEX CONCURRENTLY` is not trusted to reject anything.
+    pub valid: bool,
     /// The index, exactly as in the catalog (unquoted).
     pub index_name: String,
     /// The index, quoted for SQL (unqualified).
@@ -81,6 +90,9 @@ pub struct Key {
     pub sql: String,
     /// The index's collation for this key, 0 if none.
     pub collation: i64,
+    /// The operator class's OID: two indexes compare a key the same way
+    /// when they share it and the collation.
+    pub opclass: i64,
     /// That collation, qualified and quoted.
     pub collation_sql: Option<String>,
     /// The operator class, qualified and quoted, when it is not the default
@@ -166,7 +178,10 @@ macro_rules! unique_indexes_query {
                     t.relname::text AS table_name,
                     quote_ident(n.nspname) AS schema_sql,
                     quote_ident(n.nspname) || '.' || quote_ident(t.relname) AS table_sql,
+                    t.oid::int8 AS table_oid,
                     t.relkind = 'p' AS table_is_partitioned,
+                    i.indisprimary AS primary_key,
+                    i.indisvalid AS valid,
                     ic.relname::text AS index_name,
                     quote_ident(ic.relname) AS index_sql,
                     con.conname::text AS constraint_name,
@@ -183,6 +198,7 @@ macro_rules! unique_indexes_query {
                                 'attnum', i.indkey[k - 1],
                                 'sql', pg_get_indexdef(i.indexrelid, k, true),
                                 'collation', i.indcollation[k - 1]::int8,
+                                'opclass', i.indclass[k - 1]::int8,
                                 'collation_sql',
                                     (SELECT quote_ident(cn.nspname) || '.' || quote_ident(c.collname)
                                      FROM pg_collation c
@@ -242,10 +258,10 @@ macro_rules! unique_indexes_query {
              JOIN pg_am am ON am.oid = ic.relam
              LEFT JOIN pg_constraint con
                     ON con.conindid = i.indexrelid AND con.conrelid = i.indrelid
-                   AND con.contype IN ('u', 'p', 'x')
+                   AND con.contype = 'u'
+             -- Primary keys come too: never findings, but they reject
+             -- duplicates the other indexes let through.
              WHERE i.indisunique
-               AND NOT i.indisprimary
-               AND (con.oid IS NULL OR con.contype = 'u')
                -- A partition's copy of a partitioned index is reported once,
                -- through its parent.
                AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
@@ -258,8 +274,8 @@ macro_rules! unique_indexes_query {
 const UNIQUE_INDEXES_SINCE_15: &str = unique_indexes_query!("i.indnullsnotdistinct");
 const UNIQUE_INDEXES_BEFORE_15: &str = unique_indexes_query!("false");
 
-/// Every unique index and unique constraint (never a primary key) on tables
-/// in `schemas`.
+/// Every unique index, unique constraint and primary key on tables in
+/// `schemas`.
 pub async fn unique_indexes(
     pool: &PgPool,
     server: &Server,
@@ -292,7 +308,10 @@ fn unique_index(row: &sqlx::postgres::PgRow) -> Result<UniqueIndex, sqlx::Error>
         table_name: row.try_get("table_name")?,
         schema_sql: row.try_get("schema_sql")?,
         table_sql: row.try_get("table_sql")?,
+        table_oid: row.try_get("table_oid")?,
         table_is_partitioned: row.try_get("table_is_partitioned")?,
+        primary_key: row.try_get("primary_key")?,
+        valid: row.try_get("valid")?,
         index_name: row.try_get("index_name")?,
         index_sql: row.try_get("index_sql")?,
         constraint,
@@ -348,6 +367,7 @@ pub async fn functions(pool: &PgPool, oids: &[u32]) -> Result<HashMap<u32, Funct
         functions.insert(
             oid,
             Function {
+                known: builtin.then(|| Known::of(&signature)).flatten(),
                 never_null: builtin && NEVER_NULL_FUNCTIONS.contains(&signature.as_str()),
                 strict: row.try_get("strict")?,
                 signature,

@@ -5,12 +5,20 @@
 //!
 //! 1. `NULLS NOT DISTINCT` (PostgreSQL 15+): build the new index beside the
 //!    old one, drop the old one, give the new one the old name. A constraint
-//!    is dropped and re-added in one `ALTER TABLE`.
+//!    is dropped and re-added in one `ALTER TABLE`, which holds an
+//!    `ACCESS EXCLUSIVE` lock while it builds; so for a constraint the
+//!    non-blocking form comes too: `CREATE UNIQUE INDEX CONCURRENTLY`, then
+//!    one `ALTER TABLE` that swaps the constraint onto it
+//!    (`ADD CONSTRAINT ... UNIQUE USING INDEX`) and builds nothing.
 //! 2. The split, for any version: one partial unique index per pattern of
 //!    NULLs among the nullable keys, each over the keys that are not NULL in
 //!    that pattern (a constant `(true)` when none is), the existing predicate
-//!    AND-ed to each. With `n` nullable keys that is `2^n` indexes, so the
-//!    split is offered up to [`MAX_SPLIT_KEYS`] of them.
+//!    AND-ed to each. A pattern no row can have (the table's `CHECK`
+//!    constraints rule it out) gets no index: it could never match a row.
+//!    With `n` nullable keys that is up to `2^n` indexes, so the split is
+//!    offered up to [`MAX_SPLIT_KEYS`] of them.
+//!
+//! Each form says which lock it takes ([`Locks`]).
 //!
 //! Kept from the old index: access method, key order, collations, operator
 //! classes, `DESC`/`NULLS FIRST|LAST`, `INCLUDE` columns, the predicate,
@@ -45,6 +53,9 @@ pub struct FixInput<'a> {
     pub key_sql: &'a [String],
     /// Positions (into the keys) of the nullable keys, in key order.
     pub nullable: &'a [usize],
+    /// The NULL patterns a row can have, ascending (bit `j` set: the `j`-th
+    /// nullable key is NULL): the split writes one index for each.
+    pub patterns: &'a [u32],
     /// `INCLUDE` columns, quoted.
     pub include_sql: &'a [String],
     /// The existing predicate, as SQL.
@@ -65,15 +76,40 @@ pub struct ConstraintInput<'a> {
 }
 
 /// Both fixes, each a list of statements to run one at a time.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Fix {
     /// PostgreSQL 15+.
     pub nulls_not_distinct: Vec<String>,
+    /// PostgreSQL 15+, for a constraint on a table that is not partitioned:
+    /// the same change without an `ACCESS EXCLUSIVE` lock during the build.
+    /// Empty otherwise (an index's fix is already built `CONCURRENTLY`).
+    pub nulls_not_distinct_without_blocking: Vec<String>,
     /// Any version; empty when [`Fix::partial_indexes_omitted`] says why.
     pub partial_indexes: Vec<String>,
     /// Why there is no split.
     pub partial_indexes_omitted: Option<String>,
+    /// The lock each form takes.
+    pub locks: Locks,
 }
+
+/// The lock each form of the fix takes on the table, in one sentence each.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Locks {
+    /// For [`Fix::nulls_not_distinct`] (`None` when there is no fix).
+    pub nulls_not_distinct: Option<String>,
+    /// For [`Fix::nulls_not_distinct_without_blocking`], when there is one.
+    pub nulls_not_distinct_without_blocking: Option<String>,
+    /// For [`Fix::partial_indexes`], when there is a split.
+    pub partial_indexes: Option<String>,
+}
+
+/// `CREATE`/`DROP INDEX CONCURRENTLY`'s lock.
+const CONCURRENT_BUILD: &str = "SHARE UPDATE EXCLUSIVE: reads and writes go on while \
+    the index builds (CONCURRENTLY cannot run inside a transaction block: run each statement \
+    on its own)";
+/// A partitioned table's `CREATE INDEX`.
+const PARTITIONED_BUILD: &str = "SHARE on the table and every partition while the index \
+    builds: writes wait, reads go on (a partitioned table refuses CONCURRENTLY)";
 
 /// Both fixes for `input`.
 pub fn fixes(input: &FixInput<'_>, quoter: &Quoter) -> Fix {
@@ -81,10 +117,92 @@ pub fn fixes(input: &FixInput<'_>, quoter: &Quoter) -> Fix {
         Some(why) => (Vec::new(), Some(why)),
         None => (split(input, quoter), None),
     };
+    let nulls_not_distinct_without_blocking = match input.constraint {
+        Some(constraint) if !input.table_is_partitioned => {
+            swap_onto_concurrent_index(input, constraint, quoter)
+        }
+        _ => Vec::new(),
+    };
     Fix {
+        locks: locks(
+            input,
+            !nulls_not_distinct_without_blocking.is_empty(),
+            !partial_indexes.is_empty(),
+        ),
         nulls_not_distinct: nulls_not_distinct(input, quoter),
+        nulls_not_distinct_without_blocking,
         partial_indexes,
         partial_indexes_omitted,
+    }
+}
+
+fn locks(input: &FixInput<'_>, without_blocking: bool, split: bool) -> Locks {
+    let build = if input.table_is_partitioned {
+        PARTITIONED_BUILD
+    } else {
+        CONCURRENT_BUILD
+    };
+    let nulls_not_distinct = if input.constraint.is_some() {
+        "ACCESS EXCLUSIVE for the whole ALTER TABLE, which builds the new index: reads and \
+         writes of the table wait until it is done"
+            .to_owned()
+    } else if input.table_is_partitioned {
+        format!("{build}; DROP INDEX takes ACCESS EXCLUSIVE, briefly")
+    } else {
+        format!("{build}; DROP INDEX CONCURRENTLY and the RENAME take the same lock")
+    };
+    let last = if input.constraint.is_some() {
+        "the closing ALTER TABLE takes ACCESS EXCLUSIVE only for a moment, as it builds nothing"
+    } else if input.table_is_partitioned {
+        "DROP INDEX takes ACCESS EXCLUSIVE, briefly"
+    } else {
+        "DROP INDEX CONCURRENTLY takes the same lock"
+    };
+    Locks {
+        nulls_not_distinct: Some(nulls_not_distinct),
+        nulls_not_distinct_without_blocking: without_blocking.then(|| {
+            format!(
+                "{CONCURRENT_BUILD}; the closing ALTER TABLE takes ACCESS EXCLUSIVE only for a \
+                 moment, as it builds nothing"
+            )
+        }),
+        partial_indexes: split.then(|| format!("{build}; {last}")),
+    }
+}
+
+/// The constraint's `NULLS NOT DISTINCT` fix without the long lock: build
+/// the index `CONCURRENTLY`, then swap the constraint onto it. The new index
+/// takes the constraint's name as it becomes the constraint's.
+fn swap_onto_concurrent_index(
+    input: &FixInput<'_>,
+    constraint: ConstraintInput<'_>,
+    quoter: &Quoter,
+) -> Vec<String> {
+    let new = quoter.quote(&name_with_suffix(input.name, "_nnd"));
+    vec![
+        format!(
+            "CREATE UNIQUE INDEX CONCURRENTLY {new} ON {table} USING {method} ({columns}){include} \
+             NULLS NOT DISTINCT;",
+            table = input.table_sql,
+            method = input.method_sql,
+            columns = input.key_definitions.join(", "),
+            include = include(input),
+        ),
+        format!(
+            "ALTER TABLE {table} DROP CONSTRAINT {c}, ADD CONSTRAINT {c} UNIQUE USING INDEX \
+             {new}{deferrable};",
+            table = input.table_sql,
+            c = constraint.sql,
+            deferrable = deferrable(constraint),
+        ),
+    ]
+}
+
+fn deferrable(constraint: ConstraintInput<'_>) -> &'static str {
+    match (constraint.deferrable, constraint.initially_deferred) {
+        (false, _) => "",
+        (true, false) => " DEFERRABLE",
+        (true, true) => " DEFERRABLE INITIALLY DEFERRED",
     }
 }
 
@@ -108,11 +226,7 @@ fn nulls_not_distinct(input: &FixInput<'_>, quoter: &Quoter) -> Vec<String> {
     let columns = input.key_definitions.join(", ");
     let include = include(input);
     if let Some(constraint) = input.constraint {
-        let deferrable = match (constraint.deferrable, constraint.initially_deferred) {
-            (false, _) => "",
-            (true, false) => " DEFERRABLE",
-            (true, true) => " DEFERRABLE INITIALLY DEFERRED",
-        };
+        let deferrable = deferrable(constraint);
         return vec![format!(
             "ALTER TABLE {table} DROP CONSTRAINT {c}, ADD CONSTRAINT {c} \
              UNIQUE NULLS NOT DISTINCT ({columns}){include}{deferrable};",
@@ -168,10 +282,10 @@ fn split(input: &FixInput<'_>, quoter: &Quoter) -> Vec<String> {
     let include = include(input);
     let concurrently = concurrently(input);
     let nullable = input.nullable;
-    let mut statements = Vec::with_capacity((1 << nullable.len()) + 1);
+    let mut statements = Vec::with_capacity(input.patterns.len() + 1);
     // Pattern bit j set: the j-th nullable key IS NULL. Pattern 0, every key
     // present, comes first: it is the index most rows live in.
-    for pattern in 0u32..(1 << nullable.len()) {
+    for &pattern in input.patterns {
         let is_null = |j: usize| pattern & (1 << j) != 0;
         let columns: Vec<&str> = input
             .key_definitions
@@ -243,11 +357,14 @@ mod tests {
             key_definitions: keys,
             key_sql: keys,
             nullable,
+            patterns: &ALL_PATTERNS[..1 << nullable.len()],
             include_sql: &[],
             predicate_sql: None,
             referenced_by_foreign_keys: false,
         }
     }
+
+    const ALL_PATTERNS: [u32; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
 
     fn strings(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| (*s).to_owned()).collect()
@@ -374,5 +491,60 @@ mod tests {
         let fix = fixes(&fix_input, &Quoter::default());
         assert!(fix.nulls_not_distinct[0].contains("(a) INCLUDE (payload) NULLS NOT DISTINCT;"));
         assert!(fix.partial_indexes[0].contains("(a) INCLUDE (payload) WHERE a IS NOT NULL;"));
+    }
+
+    #[test]
+    fn the_split_writes_an_index_only_for_the_patterns_a_row_can_have() {
+        let keys = strings(&["a", "b"]);
+        let mut fix_input = input(&keys, &[0, 1]);
+        fix_input.patterns = &[1, 2];
+        let fix = fixes(&fix_input, &Quoter::default());
+        assert_eq!(
+            fix.partial_indexes,
+            strings(&[
+                "CREATE UNIQUE INDEX CONCURRENTLY users_email_key_n10 ON public.users USING btree (b) WHERE a IS NULL AND b IS NOT NULL;",
+                "CREATE UNIQUE INDEX CONCURRENTLY users_email_key_n01 ON public.users USING btree (a) WHERE a IS NOT NULL AND b IS NULL;",
+                "DROP INDEX CONCURRENTLY public.users_email_key;",
+            ])
+        );
+    }
+
+    #[test]
+    fn a_constraint_also_gets_the_form_built_concurrently_except_on_a_partitioned_table() {
+        let keys = strings(&["code"]);
+        let mut fix_input = input(&keys, &[0]);
+        fix_input.constraint = Some(ConstraintInput {
+            sql: "codes_code_key",
+            deferrable: true,
+            initially_deferred: false,
+        });
+        let fix = fixes(&fix_input, &Quoter::default());
+        assert_eq!(
+            fix.nulls_not_distinct_without_blocking,
+            strings(&[
+                "CREATE UNIQUE INDEX CONCURRENTLY users_email_key_nnd ON public.users USING btree (code) NULLS NOT DISTINCT;",
+                "ALTER TABLE public.users DROP CONSTRAINT codes_code_key, ADD CONSTRAINT codes_code_key UNIQUE USING INDEX users_email_key_nnd DEFERRABLE;",
+            ])
+        );
+        assert!(
+            fix.locks
+                .nulls_not_distinct
+                .as_deref()
+                .is_some_and(|l| l.starts_with("ACCESS EXCLUSIVE"))
+        );
+        assert!(fix.locks.nulls_not_distinct_without_blocking.is_some());
+
+        fix_input.table_is_partitioned = true;
+        let fix = fixes(&fix_input, &Quoter::default());
+        assert!(fix.nulls_not_distinct_without_blocking.is_empty());
+        assert_eq!(fix.locks.nulls_not_distinct_without_blocking, None);
+        assert!(
+            fix.locks
+                .partial_indexes
+                .as_deref()
+                .is_some_and(|l| l.contains("writes wait"))
+        );
+        let index = fixes(&input(&keys, &[0]), &Quoter::default());
+        assert!(index.nulls_not_distinct_without_blocking.is_empty());
     }
 }

@@ -10,9 +10,17 @@
 //!   the index covers, by the rules in [`nullability`]. `INCLUDE` columns
 //!   are not keys and never count.
 //!
+//! Each finding has a severity (see [`finding`]): a **hole** lets rows with
+//! a NULL key in however equal they are; an **inert** index has a NULL key in
+//! every row (the table's `CHECK` constraints say so), so it rejects nothing
+//! at all; a **covered** one lets NULL rows through but other unique indexes
+//! of the table reject every such duplicate (informational: no fix). Holes
+//! and inert indexes make `idem audit` exit 1.
+//!
 //! The audit only reads the catalog; it writes nothing and needs no
-//! privilege beyond connecting. Each finding comes with both fixes from
-//! [`fix`].
+//! privilege beyond connecting. Each hole and inert index comes with both
+//! fixes from [`fix`], the lock each takes, and a query that counts the rows
+//! the fixes would reject today.
 
 pub mod catalog;
 mod finding;
@@ -25,7 +33,9 @@ pub mod render;
 use sqlx::PgPool;
 
 use crate::error::CliError;
-use finding::{Finding, Parsed, judge};
+use std::collections::HashMap;
+
+use finding::{Finding, Neighbour, Parsed, judge};
 use quote::Quoter;
 
 /// What one audit found.
@@ -35,13 +45,24 @@ pub struct Report {
     pub schemas_sql: Vec<String>,
     /// How many unique indexes and constraints were checked.
     pub checked: usize,
-    /// The ones that let duplicates through NULL.
+    /// The ones that let NULL rows through: holes and inert indexes, and
+    /// covered ones (informational).
     pub findings: Vec<Finding>,
     /// The server's version, as it reports it.
     pub server_version: String,
     /// The server knows `NULLS NOT DISTINCT` (PostgreSQL 15+); when it does
     /// not, the report says the split is the fix to use.
     pub nulls_not_distinct: bool,
+}
+
+impl Report {
+    /// Some finding lets duplicates in (a hole or an inert index): the audit
+    /// exits 1. Covered findings alone do not.
+    pub fn lets_duplicates_in(&self) -> bool {
+        self.findings
+            .iter()
+            .any(|f| f.severity.lets_duplicates_in())
+    }
 }
 
 /// Audits `schemas`, or every schema but PostgreSQL's own when it is empty.
@@ -86,14 +107,30 @@ pub async fn audit(pool: &PgPool, schemas: &[String]) -> Result<Report, CliError
         .map_err(CliError::database("read the functions the indexes use"))?;
     let quoter = Quoter::new(server.keywords);
     let schemas_sql = schemas.iter().map(|s| quoter.quote(s)).collect();
+    let mut by_table: HashMap<i64, Vec<Neighbour<'_>>> = HashMap::new();
+    for (index, parsed) in indexes.iter().zip(&parsed) {
+        by_table
+            .entry(index.table_oid)
+            .or_default()
+            .push(Neighbour { index, parsed });
+    }
     let findings = indexes
         .iter()
         .zip(&parsed)
-        .filter_map(|(index, parsed)| judge(index, parsed, &functions, &quoter))
+        .filter_map(|(index, parsed)| {
+            let neighbours: Vec<Neighbour<'_>> = by_table
+                .get(&index.table_oid)
+                .into_iter()
+                .flatten()
+                .filter(|n| !std::ptr::eq(n.index, index))
+                .copied()
+                .collect();
+            judge(index, parsed, &neighbours, &functions, &quoter)
+        })
         .collect();
     Ok(Report {
         schemas_sql,
-        checked: indexes.len(),
+        checked: indexes.iter().filter(|i| !i.primary_key).count(),
         findings,
         server_version: server.version,
         nulls_not_distinct: server.has_nulls_not_distinct,
