@@ -60,9 +60,10 @@ use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 
-pub(crate) use batch::{
-    BatchOutcome, CLAIM_BATCH, NewBatchItem, claim_batch, lookup_batch, record_batch,
-};
+pub(crate) use batch::{BatchOutcome, NewBatchItem, claim_batch, lookup_batch, record_batch};
+// The batch claim's text, for the load generator (`idem::testing`).
+#[cfg(feature = "testing")]
+pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
     Claimed, Existing, LateSuccess, NewClaim, claim, expire_in_doubt, extend, hold_in_doubt, keep,
     lookup, release, settle, settle_over, settle_vacant, take_over,
