@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
 
 use super::operations::{self, NamespaceFilter, ScopeFilter};
 use super::scratch::Scratch;
-use super::{SplitOnNamespace, catalog, claims, metering};
+use super::{SplitOnNamespace, catalog, claims, metering, prune};
 
 const ACCOUNT: &str = "acme";
 const ADDRESS: &str = "claim_0123456789abcdef01234567";
@@ -206,6 +206,55 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             &operations::RESOLVE_RELEASE,
             &[Int(1)],
             lookup,
+        ),
+    ]
+    .into_iter()
+    .chain(prune_cases(namespace))
+    .collect()
+}
+
+/// The statements of a batched prune in the lane of claims of `namespace`'s
+/// form: each reads its account's range of that lane's partial unique
+/// index, so a batch never scans the table.
+fn prune_cases(namespace: Option<&'static str>) -> Vec<Case> {
+    use Param::{Int, Text};
+    let lane = match namespace {
+        None => &prune::WITHOUT_NAMESPACE,
+        Some(_) => &prune::WITHIN_NAMESPACE,
+    };
+    let position = vec![Text(Some(ACCOUNT)), Text(Some(ADDRESS)), Text(namespace)];
+    let case = |name, text: &str, params: Vec<Param>| Case {
+        name,
+        namespace,
+        text: text.to_owned(),
+        params,
+        expect: Expect::PartialUniqueIndex,
+    };
+    vec![
+        case("prune first account", lane.first_account, vec![]),
+        case(
+            "prune next account",
+            lane.next_account,
+            vec![Text(Some(ACCOUNT))],
+        ),
+        case(
+            "prune window end",
+            lane.window_end,
+            [position.clone(), vec![Int(9_999)]].concat(),
+        ),
+        case(
+            "prune window",
+            lane.delete_window,
+            [
+                position.clone(),
+                vec![Text(Some(ADDRESS)), Text(namespace), Int(0)],
+            ]
+            .concat(),
+        ),
+        case(
+            "prune rest of the account",
+            lane.delete_rest,
+            [position, vec![Text(None), Text(None), Int(0)]].concat(),
         ),
     ]
 }
