@@ -63,6 +63,29 @@ pub enum CliError {
     #[error("{0}")]
     Refused(String),
 
+    /// A long command stopped at a Ctrl-C, between two steps that each
+    /// committed whole; the message says how far it got and how to go on.
+    #[error("{0}")]
+    Interrupted(String),
+
+    /// A long command stopped after the database failed it, retries used
+    /// up, between two steps that each committed whole.
+    #[error(
+        "PostgreSQL could not {doing}, tried {retries} more time(s): {source}\n\
+         Stopped: {progress}.\n\
+         Once the database answers again, run the same command again to continue."
+    )]
+    Stopped {
+        /// What failed, as a verb phrase.
+        doing: &'static str,
+        /// The last error.
+        source: idem_runtime::Error,
+        /// How many times the step was tried again.
+        retries: u32,
+        /// How far the command got.
+        progress: String,
+    },
+
     /// The report could not be written.
     #[error("cannot write the output: {0}")]
     Output(String),
@@ -86,14 +109,17 @@ impl CliError {
 
     /// The process exit status: 1 when the command ran and found nothing to
     /// act on or refused the target, 2 for usage, connection and database
-    /// errors (the command could not do its job).
+    /// errors (the command could not do its job), 130 when a Ctrl-C stopped
+    /// it.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::NotFound(_) | CliError::Refused(_) => 1,
+            CliError::Interrupted(_) => crate::prune::INTERRUPTED_EXIT,
             CliError::NoDatabaseUrl
             | CliError::BadDatabaseUrl { .. }
             | CliError::Connect { .. }
             | CliError::Database { .. }
+            | CliError::Stopped { .. }
             | CliError::Usage(_)
             | CliError::NeedsConfirmation(_)
             | CliError::Output(_) => 2,
