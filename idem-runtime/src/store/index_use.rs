@@ -214,8 +214,8 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
 }
 
 /// The statements of a batched prune in the lane of claims of `namespace`'s
-/// form: each reads its account's range of that lane's partial unique
-/// index, so a batch never scans the table.
+/// form, walking by account and across accounts: each reads a range of that
+/// lane's partial unique index, so a batch never scans the table.
 fn prune_cases(namespace: Option<&'static str>) -> Vec<Case> {
     use Param::{Int, Text};
     let lane = match namespace {
@@ -230,33 +230,50 @@ fn prune_cases(namespace: Option<&'static str>) -> Vec<Case> {
         params,
         expect: Expect::PartialUniqueIndex,
     };
-    vec![
+    let mut cases = vec![
         case("prune first account", lane.first_account, vec![]),
         case(
             "prune next account",
             lane.next_account,
             vec![Text(Some(ACCOUNT))],
         ),
-        case(
-            "prune window end",
-            lane.window_end,
-            [position.clone(), vec![Int(9_999)]].concat(),
-        ),
-        case(
-            "prune window",
-            lane.delete_window,
-            [
-                position.clone(),
-                vec![Text(Some(ADDRESS)), Text(namespace), Int(0)],
-            ]
-            .concat(),
-        ),
-        case(
-            "prune rest of the account",
-            lane.delete_rest,
-            [position, vec![Text(None), Text(None), Int(0)]].concat(),
-        ),
-    ]
+    ];
+    for (walk, walker, end_account) in [
+        ("by account", &lane.by_account, None),
+        ("across accounts", &lane.across, Some(ACCOUNT)),
+    ] {
+        cases.extend([
+            case(
+                walk,
+                walker.window_end,
+                [position.clone(), vec![Int(9_999)]].concat(),
+            ),
+            case(
+                walk,
+                walker.delete_window,
+                [
+                    position.clone(),
+                    vec![
+                        Text(end_account),
+                        Text(Some(ADDRESS)),
+                        Text(namespace),
+                        Int(0),
+                    ],
+                ]
+                .concat(),
+            ),
+            case(
+                walk,
+                walker.delete_rest,
+                [
+                    position.clone(),
+                    vec![Text(None), Text(None), Text(None), Int(0)],
+                ]
+                .concat(),
+            ),
+        ]);
+    }
+    cases
 }
 
 fn bind<'q>(

@@ -3,25 +3,29 @@
 //!
 //! A single `DELETE` of every settled claim would lock millions of rows
 //! until it commits and write its whole WAL in one burst (which replicas
-//! then replay in one burst too). [`Pruning`] walks the table instead, one
-//! account at a time and, within an account, in the order of a partial
-//! unique index, by keyset: a batch first reads where the next
-//! `batch_size` index entries end ([`Lane::window_end`]), then deletes the
-//! prunable claims between the previous end and this one
-//! ([`Lane::delete_window`]), in a statement of its own that commits on
-//! its own. Each batch therefore reads at most `batch_size` index entries,
-//! starting where the last one stopped: never the whole table again, and
-//! never the dead entries the batches before it left behind, which a
-//! `DELETE ... WHERE ctid IN (SELECT ... LIMIT n)` repeated from the start
-//! would wade through until a vacuum.
+//! then replay in one burst too). [`Pruning`] walks the table instead, in
+//! the order of each partial unique index in turn, by keyset: a batch first
+//! reads where the next `batch_size` index entries end
+//! ([`Walker::window_end`]), then deletes the prunable claims between the
+//! previous end and this one ([`Walker::delete_window`]), in a statement of
+//! its own that commits on its own. Each batch therefore reads at most
+//! `batch_size` index entries, starting where the last one stopped: never
+//! the whole table again, and never the dead entries the batches before it
+//! left behind, which a `DELETE ... WHERE ctid IN (SELECT ... LIMIT n)`
+//! repeated from the start would wade through until a vacuum. No index is
+//! added for it: the walk needs an order, not `settled_at`.
 //!
-//! Every batch names its account (`account = $1`), so on a hash-partitioned
-//! table it reads one partition, and on Citus it is routed to the one
-//! worker that holds the account's shard: Citus refuses a `DELETE` whose
-//! subquery has a `LIMIT` across shards, and these have none. The two
-//! statements of a batch need not be atomic together: the `DELETE` tests
-//! every row it deletes (`state = 'success'`, settled before the cut-off)
-//! under its own snapshot and row locks, whatever the window read saw.
+//! On PostgreSQL (partitioned or not) the walk goes across accounts, so
+//! that a million small accounts still make full batches; a window's
+//! bounds are row comparisons on the index's leading columns, one range
+//! scan (a merge of one per partition when partitioned). On a table Citus
+//! distributes it goes one account after another, every statement naming
+//! its account (`account = $1`), so each is routed to the one worker that
+//! holds the account's shard: Citus refuses a `DELETE` whose window is a
+//! `LIMIT` across shards, and these have none. The two statements of a
+//! batch need not be atomic together: the `DELETE` tests every row it
+//! deletes (`state = 'success'`, settled before the cut-off) under its own
+//! snapshot and row locks, whatever the window read saw.
 //!
 //! Only `success` claims are pruned. Pending and in-doubt claims are held
 //! slots (a running or unresolved action), and a kept failure is what
@@ -32,6 +36,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::{PgPool, Row};
 
+use super::citus;
 use crate::error::Error;
 
 /// Which settled claims [`prune`] and [`Pruning`] delete.
@@ -75,18 +80,15 @@ pub(super) const COUNT_PRUNABLE_BY_ACCOUNT: &str = concat!(
 pub(super) const PRUNE: &str = concat!("DELETE FROM idem_records WHERE ", prunable!());
 
 /// The test a batch's `DELETE` adds to its window: settled successes, before
-/// `$6` (microseconds since the Unix epoch).
+/// `$7` (microseconds since the Unix epoch).
 macro_rules! prunable_in_batch {
     () => {
-        "state = 'success' AND settled_at < timestamptz 'epoch' + $6 * interval '1 microsecond'"
+        "state = 'success' AND settled_at < timestamptz 'epoch' + $7 * interval '1 microsecond'"
     };
 }
 
-/// One of the two partial unique indexes a batch walks, with the statements
-/// that walk it. In every statement, `$1` is the account, and a position in
-/// the walk is `($2, $3)`: the last address read and, in a namespace, the
-/// last namespace (NULL, and tested as NULL, in the lane without one, so
-/// that both lanes number their parameters alike).
+/// One of the two partial unique indexes a walk goes through, with the
+/// statements that walk it.
 pub(super) struct Lane {
     /// The namespace of a position before every entry of the lane: NULL in
     /// the lane without one (where it is tested as NULL), the empty string
@@ -100,76 +102,138 @@ pub(super) struct Lane {
     /// The first account after `$1` with claims in this lane. Index: the
     /// lane's partial unique index.
     pub(super) next_account: &'static str,
+    /// The statements of a walk that stays in one account (Citus, or a
+    /// prune of one account).
+    pub(super) by_account: Walker,
+    /// The statements of a walk across accounts, in the index's order.
+    pub(super) across: Walker,
+}
+
+/// The three statements of a batch. A position in the walk is `($1, $2,
+/// $3)`: an account, the last address read there and, in the lane of
+/// namespaces, the last namespace (NULL, and tested as NULL, in the lane
+/// without one, so that both lanes number their parameters alike).
+pub(super) struct Walker {
     /// Where the window of the next `$4 + 1` index entries after the
-    /// position `($2, $3)` ends: the address (and namespace) of its last
-    /// entry, or no row when fewer remain in the account. Index: the lane's
-    /// partial unique index, `$4 + 1` entries of it.
+    /// position ends: the account, address and namespace of its last entry,
+    /// or no row when fewer remain (in the account, for a walk by account).
+    /// Index: the lane's partial unique index, `$4 + 1` entries of it.
     pub(super) window_end: &'static str,
-    /// Deletes the prunable claims after the position `($2, $3)` up to and
-    /// including `($4, $5)`, settled before `$6`. Index: the lane's partial
+    /// Deletes the prunable claims after the position up to and including
+    /// the entry `($4, $5, $6)` (a walk by account binds `$4` NULL: the end
+    /// is in its account), settled before `$7`. Index: the lane's partial
     /// unique index, over that window only.
     pub(super) delete_window: &'static str,
-    /// Deletes the prunable claims after the position `($2, $3)` to the end
-    /// of the account (fewer than a batch, as [`Lane::window_end`] found);
-    /// `$4` and `$5` are bound NULL and tested as NULL. Index: the lane's
-    /// partial unique index, from that position on.
+    /// Deletes the prunable claims after the position to the end (of the
+    /// account, for a walk by account): fewer than a batch, as
+    /// [`Walker::window_end`] found. `$4` to `$6` are bound NULL and tested
+    /// as NULL. Index: the lane's partial unique index, from the position
+    /// on.
     pub(super) delete_rest: &'static str,
 }
 
 /// The lane of claims without a namespace: `(account, kind, address) WHERE
-/// namespace IS NULL`, walked by address.
+/// namespace IS NULL`. By account, walked by address; across accounts, by
+/// `(account, kind, address)`, a row comparison the index serves as one
+/// range.
 pub(super) const WITHOUT_NAMESPACE: Lane = Lane {
     start_namespace: None,
     first_account: "SELECT min(account) AS account FROM idem_records \
                     WHERE kind = 'claim' AND namespace IS NULL",
     next_account: "SELECT min(account) AS account FROM idem_records \
                    WHERE account > $1 AND kind = 'claim' AND namespace IS NULL",
-    window_end: "SELECT address, namespace FROM idem_records \
-                 WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
-                   AND address > $2 AND $3::text IS NULL \
-                 ORDER BY address OFFSET $4 LIMIT 1",
-    delete_window: concat!(
-        "DELETE FROM idem_records \
-         WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
-           AND address > $2 AND $3::text IS NULL \
-           AND address <= $4 AND $5::text IS NULL AND ",
-        prunable_in_batch!()
-    ),
-    delete_rest: concat!(
-        "DELETE FROM idem_records \
-         WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
-           AND address > $2 AND $3::text IS NULL \
-           AND $4::text IS NULL AND $5::text IS NULL AND ",
-        prunable_in_batch!()
-    ),
+    by_account: Walker {
+        window_end: "SELECT account, address, namespace FROM idem_records \
+                     WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
+                       AND address > $2 AND $3::text IS NULL \
+                     ORDER BY address OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
+               AND address > $2 AND $3::text IS NULL \
+               AND $4::text IS NULL AND address <= $5 AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
+               AND address > $2 AND $3::text IS NULL \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+    },
+    across: Walker {
+        window_end: "SELECT account, address, namespace FROM idem_records \
+                     WHERE kind = 'claim' AND namespace IS NULL \
+                       AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
+                     ORDER BY account, kind, address OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records \
+             WHERE kind = 'claim' AND namespace IS NULL \
+               AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
+               AND (account, kind, address) <= ($4, 'claim', $5) AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records \
+             WHERE kind = 'claim' AND namespace IS NULL \
+               AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+    },
 };
 
 /// The lane of claims in a namespace: `(account, kind, address, namespace)
-/// WHERE namespace IS NOT NULL`, walked by `(address, namespace)`, a row
-/// comparison the index serves as one range.
+/// WHERE namespace IS NOT NULL`. By account, walked by `(address,
+/// namespace)`; across accounts, by all four columns: row comparisons the
+/// index serves as one range.
 pub(super) const WITHIN_NAMESPACE: Lane = Lane {
     start_namespace: Some(""),
     first_account: "SELECT min(account) AS account FROM idem_records \
                     WHERE kind = 'claim' AND namespace IS NOT NULL",
     next_account: "SELECT min(account) AS account FROM idem_records \
                    WHERE account > $1 AND kind = 'claim' AND namespace IS NOT NULL",
-    window_end: "SELECT address, namespace FROM idem_records \
-                 WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
-                   AND (address, namespace) > ($2, $3) \
-                 ORDER BY address, namespace OFFSET $4 LIMIT 1",
-    delete_window: concat!(
-        "DELETE FROM idem_records \
-         WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
-           AND (address, namespace) > ($2, $3) AND (address, namespace) <= ($4, $5) AND ",
-        prunable_in_batch!()
-    ),
-    delete_rest: concat!(
-        "DELETE FROM idem_records \
-         WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
-           AND (address, namespace) > ($2, $3) \
-           AND $4::text IS NULL AND $5::text IS NULL AND ",
-        prunable_in_batch!()
-    ),
+    by_account: Walker {
+        window_end: "SELECT account, address, namespace FROM idem_records \
+                     WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
+                       AND (address, namespace) > ($2, $3) \
+                     ORDER BY address, namespace OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
+               AND (address, namespace) > ($2, $3) \
+               AND $4::text IS NULL AND (address, namespace) <= ($5, $6) AND ",
+            prunable_in_batch!()
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
+               AND (address, namespace) > ($2, $3) \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+    },
+    across: Walker {
+        window_end: "SELECT account, address, namespace FROM idem_records \
+                     WHERE kind = 'claim' AND namespace IS NOT NULL \
+                       AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
+                     ORDER BY account, kind, address, namespace OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records \
+             WHERE kind = 'claim' AND namespace IS NOT NULL \
+               AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
+               AND (account, kind, address, namespace) <= ($4, 'claim', $5, $6) AND ",
+            prunable_in_batch!()
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records \
+             WHERE kind = 'claim' AND namespace IS NOT NULL \
+               AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+    },
 };
 
 /// The lanes, in the order a walk takes them.
@@ -282,26 +346,40 @@ pub struct Pruning {
     only_account: Option<String>,
     /// How many index entries a batch reads at most.
     batch_size: NonZeroU32,
+    /// How the walk goes, once the first batch has found out.
+    walk: Option<Walk>,
     /// Which of [`LANES`] the walk is in; past the last: done.
     lane: usize,
     /// Where the walk is in the current lane.
     at: Position,
 }
 
+/// How a walk goes through a lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// One account after the other, every statement naming its account:
+    /// on Citus, where that routes it to one shard (a window across shards
+    /// is a `LIMIT` across shards, which Citus refuses in a `DELETE`), and
+    /// for a prune of one account.
+    ByAccount,
+    /// Across accounts, in the index's order: on PostgreSQL, partitioned
+    /// or not, so that many small accounts still make full batches.
+    Across,
+}
+
 /// Where a walk is within a lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Position {
-    /// Before the lane's first account.
+    /// Before the lane's first entry (or, by account, its first account).
     Start,
-    /// In `account`, after the entry `(address, namespace)` (after
-    /// everything: both empty, which no address is).
-    In {
+    /// After the entry `(account, address, namespace)`.
+    After {
         account: String,
         address: String,
         namespace: Option<String>,
     },
-    /// Done with `account`; the next one comes after it.
-    After(String),
+    /// By account: done with this account; the next one comes after it.
+    Past(String),
 }
 
 impl Pruning {
@@ -312,6 +390,7 @@ impl Pruning {
             cut_off: micros_rounded_up(filter.settled_before),
             only_account: filter.account.map(str::to_owned),
             batch_size,
+            walk: None,
             lane: 0,
             at: Position::Start,
         }
@@ -328,72 +407,123 @@ impl Pruning {
     /// walk is over. On an error nothing has moved: calling again retries
     /// the same batch.
     pub async fn next_batch(&mut self, pool: &PgPool) -> Result<Option<u64>, Error> {
+        let walk = match self.walk {
+            Some(walk) => walk,
+            None => {
+                let walk = self.choose_walk(pool).await?;
+                self.walk = Some(walk);
+                walk
+            }
+        };
         while let Some(&lane) = LANES.get(self.lane) {
-            let (account, address, namespace) = match &self.at {
-                Position::In {
-                    account,
-                    address,
-                    namespace,
-                } => (account, address, namespace),
-                Position::Start | Position::After(_) => {
+            let start = || (String::new(), lane.start_namespace.map(str::to_owned));
+            let (account, address, namespace) = match (&self.at, walk) {
+                (
+                    Position::After {
+                        account,
+                        address,
+                        namespace,
+                    },
+                    _,
+                ) => (account.clone(), address.clone(), namespace.clone()),
+                (Position::Start, Walk::Across) => {
+                    let (address, namespace) = start();
+                    (String::new(), address, namespace)
+                }
+                (Position::Start | Position::Past(_), _) => {
                     match self.next_account(pool, lane).await? {
                         Some(account) => {
-                            self.at = Position::In {
-                                account,
-                                address: String::new(),
-                                namespace: lane.start_namespace.map(str::to_owned),
-                            };
+                            let (address, namespace) = start();
+                            (account, address, namespace)
                         }
                         None => {
                             self.lane += 1;
                             self.at = Position::Start;
+                            continue;
                         }
                     }
-                    continue;
                 }
             };
-            let window_end = sqlx::query(lane.window_end)
-                .bind(account)
-                .bind(address)
-                .bind(namespace)
+            let walker = match walk {
+                Walk::ByAccount => &lane.by_account,
+                Walk::Across => &lane.across,
+            };
+            let window_end = sqlx::query(walker.window_end)
+                .bind(&account)
+                .bind(&address)
+                .bind(&namespace)
                 .bind(i64::from(self.batch_size.get()) - 1)
                 .fetch_optional(pool)
                 .await?
-                .map(|row| -> Result<(String, Option<String>), sqlx::Error> {
-                    Ok((row.try_get("address")?, row.try_get("namespace")?))
-                })
+                .map(
+                    |row| -> Result<(String, String, Option<String>), sqlx::Error> {
+                        Ok((
+                            row.try_get("account")?,
+                            row.try_get("address")?,
+                            row.try_get("namespace")?,
+                        ))
+                    },
+                )
                 .transpose()?;
             let (statement, end) = match &window_end {
-                Some((address, namespace)) => (lane.delete_window, (Some(address), namespace)),
-                None => (lane.delete_rest, (None, &None)),
+                Some((end_account, end_address, end_namespace)) => (
+                    walker.delete_window,
+                    (
+                        (walk == Walk::Across).then_some(end_account),
+                        Some(end_address),
+                        end_namespace.as_ref(),
+                    ),
+                ),
+                None => (walker.delete_rest, (None, None, None)),
             };
             let deleted = sqlx::query(statement)
-                .bind(account)
-                .bind(address)
-                .bind(namespace)
+                .bind(&account)
+                .bind(&address)
+                .bind(&namespace)
                 .bind(end.0)
                 .bind(end.1)
+                .bind(end.2)
                 .bind(self.cut_off)
                 .execute(pool)
                 .await?
                 .rows_affected();
             // Committed: only now does the walk move on.
-            self.at = match window_end {
-                Some((address, namespace)) => Position::In {
-                    account: account.clone(),
+            self.at = match (window_end, walk) {
+                (Some((account, address, namespace)), _) => Position::After {
+                    account,
                     address,
                     namespace,
                 },
-                None => Position::After(account.clone()),
+                (None, Walk::ByAccount) => Position::Past(account),
+                (None, Walk::Across) => {
+                    self.lane += 1;
+                    Position::Start
+                }
             };
             return Ok(Some(deleted));
         }
         Ok(None)
     }
 
-    /// The account the walk goes to next in `lane`: the filter's own (once
-    /// per lane), or the next by the lane's index; `None` when there is no
-    /// other.
+    /// By account for one account or a table Citus distributes; across
+    /// accounts otherwise.
+    async fn choose_walk(&self, pool: &PgPool) -> Result<Walk, Error> {
+        if self.only_account.is_some() {
+            return Ok(Walk::ByAccount);
+        }
+        let mut conn = pool.acquire().await?;
+        if citus::citus_version(&mut conn).await?.is_none() {
+            return Ok(Walk::Across);
+        }
+        Ok(match citus::distribution(&mut conn).await? {
+            Some(distribution) if distribution.column_name.is_some() => Walk::ByAccount,
+            _ => Walk::Across,
+        })
+    }
+
+    /// The account a walk by account goes to next in `lane`: the filter's
+    /// own (once per lane), or the next by the lane's index; `None` when
+    /// there is no other.
     async fn next_account(&self, pool: &PgPool, lane: &Lane) -> Result<Option<String>, Error> {
         if let Some(only) = &self.only_account {
             return Ok(match self.at {
@@ -402,7 +532,7 @@ impl Pruning {
             });
         }
         let row = match &self.at {
-            Position::After(previous) => {
+            Position::Past(previous) => {
                 sqlx::query(lane.next_account)
                     .bind(previous)
                     .fetch_one(pool)
@@ -453,14 +583,18 @@ mod tests {
     }
 
     #[test]
-    fn every_batch_statement_names_its_account_and_only_successes() {
+    fn every_batch_deletes_only_successes_and_a_walk_by_account_names_it() {
         for lane in LANES {
-            for statement in [lane.window_end, lane.delete_window, lane.delete_rest] {
+            let walker = &lane.by_account;
+            for statement in [walker.window_end, walker.delete_window, walker.delete_rest] {
                 assert!(statement.contains("account = $1"), "{statement}");
             }
-            for statement in [lane.delete_window, lane.delete_rest] {
-                assert!(statement.contains("state = 'success'"), "{statement}");
-                assert!(!statement.contains("LIMIT"), "{statement}");
+            for walker in [&lane.by_account, &lane.across] {
+                for statement in [walker.delete_window, walker.delete_rest] {
+                    assert!(statement.contains("state = 'success'"), "{statement}");
+                    assert!(statement.contains("$7"), "{statement}");
+                    assert!(!statement.contains("LIMIT"), "{statement}");
+                }
             }
         }
     }
