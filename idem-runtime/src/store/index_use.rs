@@ -377,6 +377,41 @@ async fn shortfall(conn: &mut PgConnection, case: &Case) -> Option<String> {
     None
 }
 
+/// Why a batch of the prune's walk in heap order is not bounded work, if it
+/// is not: where the server can scan a range of heap pages (PostgreSQL 14
+/// and later) the batch must be such a scan, never a scan of the whole
+/// table; where it cannot, the walk must not be chosen.
+async fn heap_walk_shortfall(conn: &mut PgConnection) -> Option<String> {
+    let version: i32 =
+        match sqlx::query_scalar("SELECT current_setting('server_version_num')::int4")
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(version) => version,
+            Err(error) => return Some(format!("the server's version: {error}")),
+        };
+    if !prune::heap_walk_possible(version) {
+        // PostgreSQL 12 and 13: the walk goes through the indexes, whose
+        // statements the cases above checked.
+        return (version >= 140_000).then(|| format!("version {version} could walk the heap"));
+    }
+    let explain = format!("EXPLAIN {}", prune::DELETE_HEAP_PAGES);
+    let lines: Vec<String> = match sqlx::query(AssertSqlSafe(explain))
+        .bind(0_i64)
+        .bind(200_i64)
+        .bind(0_i64)
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(rows) => rows.iter().map(|row| row.get(0)).collect(),
+        Err(error) => return Some(format!("EXPLAIN the prune's heap batch: {error}")),
+    };
+    let shown = lines.join("\n");
+    let ranged = lines.iter().any(|line| line.contains("Tid Range Scan"));
+    let scans = lines.iter().any(|line| line.contains("Seq Scan"));
+    (!ranged || scans).then(|| format!("the prune's heap batch is not a TID range scan:\n{shown}"))
+}
+
 #[tokio::test]
 async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index() {
     let mut scratch = Scratch::new("idem_index_use").await;
@@ -397,6 +432,7 @@ async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index
                     failures.extend(shortfall(&mut *conn, &case).await);
                 }
             }
+            failures.extend(heap_walk_shortfall(&mut *conn).await);
         }
     }
     scratch.drop().await;

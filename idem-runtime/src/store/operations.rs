@@ -7,7 +7,9 @@
 //! [`release_pending`] deletes one claim only while it is `pending`,
 //! [`resolve`] changes one only while it is `pending` or `in_doubt` (never a
 //! success, never a kept failure), and [`prune`] deletes only `success`
-//! claims settled before a given instant. Deciding whether to run them (and
+//! claims settled before a given instant, in batches that each commit on
+//! their own ([`Pruning`], one batch at a time, for a caller that paces,
+//! reports or stops them). Deciding whether to run them (and
 //! asking for confirmation) is the caller's business.
 //!
 //! ```no_run

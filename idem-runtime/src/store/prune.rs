@@ -236,6 +236,45 @@ pub(super) const WITHIN_NAMESPACE: Lane = Lane {
     },
 };
 
+/// Deletes the prunable claims stored in heap pages `$1` (included) to `$2`
+/// (excluded), settled before `$3`: a batch of the walk in heap order.
+/// Index: none; a TID range scan of those pages only (PostgreSQL 14 and
+/// later), of each partition when partitioned.
+pub(super) const DELETE_HEAP_PAGES: &str = "DELETE FROM idem_records \
+     WHERE ctid >= ('(' || $1::int8 || ',0)')::tid AND ctid < ('(' || $2::int8 || ',0)')::tid \
+       AND kind = 'claim' AND state = 'success' \
+       AND settled_at < timestamptz 'epoch' + $3 * interval '1 microsecond'";
+
+/// How far the heap of `idem_records` goes, for a walk in heap order: the
+/// pages of its largest heap (of the table, or of its largest partition),
+/// the rows and pages the statistics last counted in all of them (for the
+/// rows a page holds), and how many heaps a batch's page range covers (the
+/// table's, or each partition's). Index: none; it reads the catalog.
+pub(super) const HEAP_EXTENT: &str = "SELECT \
+         coalesce(max(pg_relation_size(c.oid)), 0) / current_setting('block_size')::int8 \
+             AS pages, \
+         coalesce(sum(greatest(c.reltuples, 0)), 0)::float8 AS counted_rows, \
+         coalesce(sum(c.relpages), 0)::int8 AS counted_pages, \
+         count(*) AS heaps \
+     FROM pg_class c \
+     WHERE c.relkind = 'r' AND c.oid IN ( \
+         SELECT to_regclass('idem_records') \
+         UNION ALL \
+         SELECT relid FROM pg_partition_tree(to_regclass('idem_records')) WHERE isleaf)";
+
+/// The server's version, as a number (150004 for 15.4).
+pub(super) const SERVER_VERSION: &str =
+    "SELECT current_setting('server_version_num')::int4 AS version";
+
+/// The first version whose planner turns `ctid` ranges into a TID range
+/// scan; before it, [`DELETE_HEAP_PAGES`] would read the whole table for
+/// every batch.
+const TID_RANGE_SCANS_SINCE: i32 = 140_000;
+
+/// Rows per heap page assumed when the statistics have never counted any:
+/// about what a page holds of claims without a replayed value.
+const ROWS_PER_PAGE_UNCOUNTED: f64 = 50.0;
+
 /// The lanes, in the order a walk takes them.
 const LANES: [&Lane; 2] = [&WITHOUT_NAMESPACE, &WITHIN_NAMESPACE];
 
@@ -354,17 +393,55 @@ pub struct Pruning {
     at: Position,
 }
 
-/// How a walk goes through a lane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a walk goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Walk {
-    /// One account after the other, every statement naming its account:
-    /// on Citus, where that routes it to one shard (a window across shards
-    /// is a `LIMIT` across shards, which Citus refuses in a `DELETE`), and
-    /// for a prune of one account.
+    /// Through each lane one account after the other, every statement
+    /// naming its account: on Citus, where that routes it to one shard (a
+    /// window across shards is a `LIMIT` across shards, which Citus refuses
+    /// in a `DELETE`), and for a prune of one account.
     ByAccount,
-    /// Across accounts, in the index's order: on PostgreSQL, partitioned
-    /// or not, so that many small accounts still make full batches.
+    /// Through each lane across accounts, in the index's order: on
+    /// PostgreSQL 12 and 13, which cannot scan a range of heap pages.
     Across,
+    /// Through the heap, `pages` pages a batch (each partition's, when
+    /// partitioned), up to page `end`: on PostgreSQL 14 and later. A table
+    /// fills its heap in the order claims are made, so a batch of
+    /// neighbouring pages deletes claims settled about the same time, page
+    /// after page; a window of an index holds claims from all over the
+    /// heap, each batch dirtying (and writing to the WAL) thousands of
+    /// pages that later batches dirty again.
+    HeapOrder {
+        /// Pages a batch covers.
+        pages: i64,
+        /// The page past the last one.
+        end: i64,
+    },
+}
+
+/// The order of a walk through the lanes' indexes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IndexOrder {
+    /// [`Walk::ByAccount`].
+    ByAccount,
+    /// [`Walk::Across`].
+    Across,
+}
+
+impl Walk {
+    /// The walk for a table on a server of `version` (`server_version_num`)
+    /// that Citus distributes or not, pruning one account or all: in heap
+    /// order wherever it can be.
+    fn choose(version: i32, distributed: bool, one_account: bool) -> Walk {
+        if one_account || distributed {
+            Walk::ByAccount
+        } else if heap_walk_possible(version) {
+            // Filled in from the heap's extent by the caller.
+            Walk::HeapOrder { pages: 1, end: 0 }
+        } else {
+            Walk::Across
+        }
+    }
 }
 
 /// Where a walk is within a lane.
@@ -380,6 +457,8 @@ enum Position {
     },
     /// By account: done with this account; the next one comes after it.
     Past(String),
+    /// In heap order: the next batch starts at this page.
+    Page(i64),
 }
 
 impl Pruning {
@@ -415,9 +494,14 @@ impl Pruning {
                 walk
             }
         };
+        let order = match walk {
+            Walk::HeapOrder { pages, end } => return self.next_pages(pool, pages, end).await,
+            Walk::ByAccount => IndexOrder::ByAccount,
+            Walk::Across => IndexOrder::Across,
+        };
         while let Some(&lane) = LANES.get(self.lane) {
             let start = || (String::new(), lane.start_namespace.map(str::to_owned));
-            let (account, address, namespace) = match (&self.at, walk) {
+            let (account, address, namespace) = match (&self.at, order) {
                 (
                     Position::After {
                         account,
@@ -426,11 +510,11 @@ impl Pruning {
                     },
                     _,
                 ) => (account.clone(), address.clone(), namespace.clone()),
-                (Position::Start, Walk::Across) => {
+                (Position::Start, IndexOrder::Across) => {
                     let (address, namespace) = start();
                     (String::new(), address, namespace)
                 }
-                (Position::Start | Position::Past(_), _) => {
+                (Position::Start | Position::Past(_) | Position::Page(_), _) => {
                     match self.next_account(pool, lane).await? {
                         Some(account) => {
                             let (address, namespace) = start();
@@ -444,9 +528,9 @@ impl Pruning {
                     }
                 }
             };
-            let walker = match walk {
-                Walk::ByAccount => &lane.by_account,
-                Walk::Across => &lane.across,
+            let walker = match order {
+                IndexOrder::ByAccount => &lane.by_account,
+                IndexOrder::Across => &lane.across,
             };
             let window_end = sqlx::query(walker.window_end)
                 .bind(&account)
@@ -469,7 +553,7 @@ impl Pruning {
                 Some((end_account, end_address, end_namespace)) => (
                     walker.delete_window,
                     (
-                        (walk == Walk::Across).then_some(end_account),
+                        (order == IndexOrder::Across).then_some(end_account),
                         Some(end_address),
                         end_namespace.as_ref(),
                     ),
@@ -488,14 +572,14 @@ impl Pruning {
                 .await?
                 .rows_affected();
             // Committed: only now does the walk move on.
-            self.at = match (window_end, walk) {
+            self.at = match (window_end, order) {
                 (Some((account, address, namespace)), _) => Position::After {
                     account,
                     address,
                     namespace,
                 },
-                (None, Walk::ByAccount) => Position::Past(account),
-                (None, Walk::Across) => {
+                (None, IndexOrder::ByAccount) => Position::Past(account),
+                (None, IndexOrder::Across) => {
                     self.lane += 1;
                     Position::Start
                 }
@@ -505,19 +589,62 @@ impl Pruning {
         Ok(None)
     }
 
-    /// By account for one account or a table Citus distributes; across
-    /// accounts otherwise.
+    /// A batch of the walk in heap order: the pages from where the last one
+    /// stopped, `pages` of them, until page `end`.
+    async fn next_pages(
+        &mut self,
+        pool: &PgPool,
+        pages: i64,
+        end: i64,
+    ) -> Result<Option<u64>, Error> {
+        let from = match self.at {
+            Position::Page(page) => page,
+            _ => 0,
+        };
+        if from >= end {
+            self.lane = LANES.len();
+            return Ok(None);
+        }
+        let to = from.saturating_add(pages);
+        let deleted = sqlx::query(DELETE_HEAP_PAGES)
+            .bind(from)
+            .bind(to)
+            .bind(self.cut_off)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        self.at = Position::Page(to);
+        Ok(Some(deleted))
+    }
+
+    /// How this walk goes ([`Walk::choose`]), asked of the server; a walk in
+    /// heap order covers about `batch_size` claims a batch, by the rows a
+    /// page held when the statistics last counted, and ends at the heap's
+    /// end now (claims stored after it are newer than the prune).
     async fn choose_walk(&self, pool: &PgPool) -> Result<Walk, Error> {
-        if self.only_account.is_some() {
-            return Ok(Walk::ByAccount);
-        }
         let mut conn = pool.acquire().await?;
-        if citus::citus_version(&mut conn).await?.is_none() {
-            return Ok(Walk::Across);
+        let distributed = match citus::citus_version(&mut conn).await? {
+            None => false,
+            Some(_) => citus::distribution(&mut conn)
+                .await?
+                .is_some_and(|distribution| distribution.column_name.is_some()),
+        };
+        let version: i32 = sqlx::query(SERVER_VERSION)
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get("version")?;
+        let walk = Walk::choose(version, distributed, self.only_account.is_some());
+        if walk != (Walk::HeapOrder { pages: 1, end: 0 }) {
+            return Ok(walk);
         }
-        Ok(match citus::distribution(&mut conn).await? {
-            Some(distribution) if distribution.column_name.is_some() => Walk::ByAccount,
-            _ => Walk::Across,
+        let extent = sqlx::query(HEAP_EXTENT).fetch_one(&mut *conn).await?;
+        let end: i64 = extent.try_get("pages")?;
+        let counted_rows: f64 = extent.try_get("counted_rows")?;
+        let counted_pages: i64 = extent.try_get("counted_pages")?;
+        let heaps: i64 = extent.try_get("heaps")?;
+        Ok(Walk::HeapOrder {
+            pages: pages_per_batch(self.batch_size, counted_rows, counted_pages, heaps),
+            end,
         })
     }
 
@@ -542,6 +669,32 @@ impl Pruning {
         };
         Ok(row.try_get("account")?)
     }
+}
+
+/// Whether a server of `version` (`server_version_num`) scans a range of
+/// heap pages as such, so that a walk in heap order is bounded work.
+pub(super) fn heap_walk_possible(version: i32) -> bool {
+    version >= TID_RANGE_SCANS_SINCE
+}
+
+/// Heap pages a batch of about `batch_size` claims covers in each of
+/// `heaps` heaps, at the rows per page the statistics counted
+/// (`counted_rows` in `counted_pages`), or [`ROWS_PER_PAGE_UNCOUNTED`]; at
+/// least one.
+fn pages_per_batch(
+    batch_size: NonZeroU32,
+    counted_rows: f64,
+    counted_pages: i64,
+    heaps: i64,
+) -> i64 {
+    let rows_per_page = if counted_pages > 0 && counted_rows >= 1.0 {
+        counted_rows / counted_pages as f64
+    } else {
+        ROWS_PER_PAGE_UNCOUNTED
+    };
+    let rows_per_page_range = rows_per_page.max(1.0) * heaps.max(1) as f64;
+    // Saturating: at most 2^32 claims over at least a row a page.
+    ((f64::from(batch_size.get()) / rows_per_page_range).ceil() as i64).max(1)
 }
 
 /// `time` in microseconds since the Unix epoch, rounded up, so that
@@ -583,6 +736,27 @@ mod tests {
     }
 
     #[test]
+    fn the_walk_goes_in_heap_order_where_tid_range_scans_exist_and_by_account_on_citus() {
+        let heap = Walk::HeapOrder { pages: 1, end: 0 };
+        assert_eq!(Walk::choose(120_000, false, false), Walk::Across);
+        assert_eq!(Walk::choose(130_020, false, false), Walk::Across);
+        assert_eq!(Walk::choose(140_000, false, false), heap);
+        assert_eq!(Walk::choose(180_000, false, false), heap);
+        assert_eq!(Walk::choose(150_000, true, false), Walk::ByAccount);
+        assert_eq!(Walk::choose(150_000, false, true), Walk::ByAccount);
+    }
+
+    #[test]
+    fn a_batch_of_pages_holds_about_the_batch_size_in_claims() {
+        let size = |n| NonZeroU32::new(n).expect("not zero");
+        assert_eq!(pages_per_batch(size(10_000), 5_000_000.0, 100_000, 1), 200);
+        assert_eq!(pages_per_batch(size(10_000), 5_000_000.0, 100_000, 16), 13);
+        assert_eq!(pages_per_batch(size(10_000), 0.0, 0, 1), 200);
+        assert_eq!(pages_per_batch(size(1), 5_000_000.0, 100_000, 4), 1);
+        assert_eq!(pages_per_batch(size(7), 2.0, 3, 1), 7);
+    }
+
+    #[test]
     fn every_batch_deletes_only_successes_and_a_walk_by_account_names_it() {
         for lane in LANES {
             let walker = &lane.by_account;
@@ -597,5 +771,6 @@ mod tests {
                 }
             }
         }
+        assert!(DELETE_HEAP_PAGES.contains("state = 'success'"));
     }
 }
