@@ -291,8 +291,8 @@ pub struct PruneArgs {
     /// Only count what would be deleted, per account, and exit 0.
     #[arg(long, conflicts_with = "yes")]
     pub dry_run: bool,
-    /// Claims a batch reads at most (each batch is its own transaction:
-    /// its locks and WAL are bounded by this).
+    /// Claims a batch covers, about (each batch is its own transaction: its
+    /// locks and WAL are bounded by this).
     #[arg(long, value_name = "N", default_value = "10000", value_parser = parse_batch_size)]
     pub batch_size: NonZeroU32,
     /// Pause between batches, e.g. 50ms, to leave room for the workload and

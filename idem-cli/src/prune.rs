@@ -57,7 +57,7 @@ pub struct Pruned {
     pub account: Option<String>,
     /// Batches run (each its own transaction).
     pub batches: u64,
-    /// The most index entries a batch read.
+    /// About how many claims a batch covered (`--batch-size`).
     pub batch_size: u32,
 }
 

@@ -3,29 +3,40 @@
 //!
 //! A single `DELETE` of every settled claim would lock millions of rows
 //! until it commits and write its whole WAL in one burst (which replicas
-//! then replay in one burst too). [`Pruning`] walks the table instead, in
-//! the order of each partial unique index in turn, by keyset: a batch first
-//! reads where the next `batch_size` index entries end
-//! ([`Walker::window_end`]), then deletes the prunable claims between the
-//! previous end and this one ([`Walker::delete_window`]), in a statement of
-//! its own that commits on its own. Each batch therefore reads at most
-//! `batch_size` index entries, starting where the last one stopped: never
-//! the whole table again, and never the dead entries the batches before it
-//! left behind, which a `DELETE ... WHERE ctid IN (SELECT ... LIMIT n)`
-//! repeated from the start would wade through until a vacuum. No index is
-//! added for it: the walk needs an order, not `settled_at`.
+//! then replay in one burst too). [`Pruning`] walks the table instead, by
+//! keyset, each batch a statement of its own that commits on its own and
+//! starts where the last one stopped: never the whole table again, and
+//! never the dead rows the batches before it left behind, which a `DELETE
+//! ... WHERE ctid IN (SELECT ... LIMIT n)` repeated from the start would
+//! wade through until a vacuum. No index is added for it. Which order it
+//! walks in depends on the server:
 //!
-//! On PostgreSQL (partitioned or not) the walk goes across accounts, so
-//! that a million small accounts still make full batches; a window's
-//! bounds are row comparisons on the index's leading columns, one range
-//! scan (a merge of one per partition when partitioned). On a table Citus
-//! distributes it goes one account after another, every statement naming
-//! its account (`account = $1`), so each is routed to the one worker that
-//! holds the account's shard: Citus refuses a `DELETE` whose window is a
-//! `LIMIT` across shards, and these have none. The two statements of a
-//! batch need not be atomic together: the `DELETE` tests every row it
-//! deletes (`state = 'success'`, settled before the cut-off) under its own
-//! snapshot and row locks, whatever the window read saw.
+//! - **PostgreSQL 14 and later: the heap, in page ranges**
+//!   ([`DELETE_HEAP_PAGES`], a TID range scan of about `batch_size` claims'
+//!   worth of pages; of each partition's heap when partitioned). A table
+//!   fills its heap in the order claims are made, so neighbouring pages
+//!   hold claims settled about the same time, and each page is dirtied
+//!   (and written to the WAL) by one batch. A window of an index, by
+//!   contrast, holds claims from all over the heap: on five million claims
+//!   over a thousand accounts, every batch dirtied as many pages as it
+//!   deleted claims, which later batches dirtied again, and the walk took
+//!   minutes where one `DELETE` took seconds (BENCHMARKS.md, "Prune in
+//!   batches").
+//! - **PostgreSQL 12 and 13: each partial unique index**, across accounts,
+//!   which cannot scan a range of pages: a batch reads where the next
+//!   `batch_size` index entries end ([`Walker::window_end`]), a row
+//!   comparison on the index's leading columns, then deletes the prunable
+//!   claims up to there ([`Walker::delete_window`]).
+//! - **Citus, and a prune of one account: each index, one account after
+//!   another**, every statement naming its account (`account = $1`), so
+//!   that each is routed to the one worker holding the account's shard:
+//!   Citus refuses a `DELETE` whose window is a `LIMIT` across shards, and
+//!   these have none.
+//!
+//! The two statements of an index batch need not be atomic together: the
+//! `DELETE` tests every row it deletes (`state = 'success'`, settled before
+//! the cut-off) under its own snapshot and row locks, whatever the window
+//! read saw.
 //!
 //! Only `success` claims are pruned. Pending and in-doubt claims are held
 //! slots (a running or unresolved action), and a kept failure is what
@@ -280,8 +291,8 @@ const LANES: [&Lane; 2] = [&WITHOUT_NAMESPACE, &WITHIN_NAMESPACE];
 
 /// A batch size of ten thousand: a batch then deletes in tens of
 /// milliseconds and writes a few megabytes of WAL (a row lock each, held
-/// that long), while the two round trips it costs stay under a percent of
-/// its time. BENCHMARKS.md ("prune") has the figures.
+/// that long), while its round trips and its commit stay a small part of
+/// its time. BENCHMARKS.md ("Prune in batches") has the figures.
 pub const DEFAULT_BATCH_SIZE: NonZeroU32 = match NonZeroU32::new(10_000) {
     Some(size) => size,
     None => unreachable!(),
@@ -348,9 +359,11 @@ pub async fn prune_in_one_statement(pool: &PgPool, filter: &PruneFilter<'_>) -> 
 }
 
 /// A prune under way, one batch at a time: each [`Pruning::next_batch`]
-/// deletes the prunable claims among the next `batch_size` claims of the
-/// walk (see the module's docs) in a transaction of its own, and moves on
-/// only once that has committed.
+/// deletes the prunable claims among the next `batch_size` or so claims of
+/// a walk through the table (on PostgreSQL 14 and later a range of heap
+/// pages; before, and on Citus, the next entries of a partial unique index;
+/// never a scan of the whole table) in a transaction of its own, and moves
+/// on only once that has committed.
 ///
 /// So a batch that failed (a lost connection, a restart) can simply be
 /// called for again: it reads the same window and deletes what is still
@@ -383,7 +396,8 @@ pub struct Pruning {
     cut_off: i64,
     /// The one account to prune, if the filter names one.
     only_account: Option<String>,
-    /// How many index entries a batch reads at most.
+    /// About how many claims a batch covers: index entries, or heap pages
+    /// holding about that many.
     batch_size: NonZeroU32,
     /// How the walk goes, once the first batch has found out.
     walk: Option<Walk>,
@@ -462,8 +476,8 @@ enum Position {
 }
 
 impl Pruning {
-    /// A walk over the claims `filter` selects, `batch_size` index entries
-    /// a batch.
+    /// A walk over the claims `filter` selects, about `batch_size` claims a
+    /// batch (index entries, or heap pages holding about that many).
     pub fn new(filter: &PruneFilter<'_>, batch_size: NonZeroU32) -> Pruning {
         Pruning {
             cut_off: micros_rounded_up(filter.settled_before),

@@ -39,7 +39,9 @@ pub const RIVER: Markers = Markers {
     end: "<!-- loadgen river report: end -->",
 };
 
-/// The prune measurement (`prune_bench --into`), which includes this module.
+/// The prune measurement (`prune_bench --into`), which includes this module;
+/// the load generator itself never writes it.
+#[allow(dead_code)]
 pub const PRUNE: Markers = Markers {
     begin: "<!-- prune_bench report: begin (written by `prune_bench --into`; do not edit) -->",
     end: "<!-- prune_bench report: end -->",
