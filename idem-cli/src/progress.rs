@@ -40,11 +40,12 @@ impl Progress {
         let started = Instant::now();
         let shown = if std::io::stderr().is_terminal() {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-            // The template is a constant: were it to fail to parse, the
+            // A fixed template: were it to fail to parse, the
             // default style is still a bar.
-            if let Ok(style) = ProgressStyle::with_template(
-                "{wide_bar} {human_pos}/~{human_len} {percent}% {per_sec} eta {eta}",
-            ) {
+            if let Ok(style) = ProgressStyle::with_template(&format!(
+                "{{wide_bar}} {verb} {{human_pos}} of ~{{human_len}} ({{percent}}%), \
+                 {{elapsed}} so far, eta {{eta}}"
+            )) {
                 bar.set_style(style);
             }
             Shown::Bar(bar)
@@ -77,6 +78,14 @@ impl Progress {
                     line(&self.line());
                 }
             }
+        }
+    }
+
+    /// Says `text` on its own line, above the bar if there is one.
+    pub fn note(&self, text: &str) {
+        match &self.shown {
+            Shown::Bar(bar) => bar.println(format!("idem: {text}")),
+            Shown::Lines { .. } => line(text),
         }
     }
 
@@ -116,7 +125,7 @@ impl Progress {
 
 /// One line on stderr, `idem: ` first; a stderr that cannot be written to loses it, as
 /// progress is not the command's result.
-pub fn line(text: &str) {
+fn line(text: &str) {
     let _ = writeln!(std::io::stderr().lock(), "idem: {text}");
 }
 

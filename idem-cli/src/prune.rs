@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::cli::PruneArgs;
 use crate::error::CliError;
 use crate::output::{self, Format};
-use crate::progress::{self, Progress};
+use crate::progress::Progress;
 
 /// What a prune means for gates with a local outcome cache (feature
 /// `cache`): they hold settled successes, and answer from them until their
@@ -162,7 +162,11 @@ pub async fn prune(pool: &PgPool, args: &PruneArgs) -> Result<Outcome, CliError>
                 target.within,
             )));
         }
-        let batch = match next_batch(pool, &mut pruning, args.retries, interrupted.clone()).await {
+        let retries = Retries {
+            left: args.retries,
+            interrupted: interrupted.clone(),
+        };
+        let batch = match next_batch(pool, &mut pruning, retries, &progress).await {
             Ok(batch) => batch,
             Err(source) => {
                 let done = progress.done();
@@ -216,31 +220,38 @@ async fn dry_run(pool: &PgPool, target: &Target<'_>) -> Result<WouldPrune, CliEr
     })
 }
 
-/// Runs the next batch, trying again after an outage up to `retries` times
-/// (pauses of [`FIRST_RETRY_PAUSE`], doubling): the batch is safe to
-/// repeat. A Ctrl-C during a pause ends the waiting with the last error.
+/// How many more times a failed batch may be tried, and the Ctrl-C that
+/// ends the waiting.
+struct Retries {
+    left: u32,
+    interrupted: watch::Receiver<bool>,
+}
+
+/// Runs the next batch, trying again after an outage as `retries` allows
+/// (pauses of [`FIRST_RETRY_PAUSE`], doubling), saying so on `progress`:
+/// the batch is safe to repeat. A Ctrl-C during a pause ends the waiting
+/// with the last error.
 async fn next_batch(
     pool: &PgPool,
     pruning: &mut Pruning,
-    retries: u32,
-    mut interrupted: watch::Receiver<bool>,
+    mut retries: Retries,
+    progress: &Progress,
 ) -> Result<Option<u64>, idem_runtime::Error> {
     let mut pause = FIRST_RETRY_PAUSE;
-    let mut tries_left = retries;
     loop {
         let error = match pruning.next_batch(pool).await {
             Ok(batch) => return Ok(batch),
-            Err(error) if tries_left > 0 && repeatable(&error) => error,
+            Err(error) if retries.left > 0 && repeatable(&error) => error,
             Err(error) => return Err(error),
         };
-        tries_left -= 1;
-        progress::line(&format!(
+        retries.left -= 1;
+        progress.note(&format!(
             "a batch failed ({error}); trying it again in {:.2}s",
             pause.as_secs_f64()
         ));
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
-            _ = interrupted.wait_for(|stop| *stop) => return Err(error),
+            _ = retries.interrupted.wait_for(|stop| *stop) => return Err(error),
         }
         pause = (pause * 2).min(MAX_RETRY_PAUSE);
     }
