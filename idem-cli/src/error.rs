@@ -68,22 +68,20 @@ pub enum CliError {
     #[error("{0}")]
     Interrupted(String),
 
-    /// A long command stopped after the database failed it, retries used
-    /// up, between two steps that each committed whole.
-    #[error(
-        "PostgreSQL could not {doing}, tried {retries} more time(s): {source}\n\
-         Stopped: {progress}.\n\
-         Once the database answers again, run the same command again to continue."
-    )]
+    /// A long command stopped after the database failed a step (an outage
+    /// once its retries were used up, or an error of the request at once),
+    /// between two steps that each committed whole.
+    #[error("PostgreSQL could not {doing}: {source}\nStopped: {progress}.\n{next}")]
     Stopped {
         /// What failed, as a verb phrase.
         doing: &'static str,
         /// The last error.
         source: idem_runtime::Error,
-        /// How many times the step was tried again.
-        retries: u32,
         /// How far the command got.
         progress: String,
+        /// What to do: wait for the database, or fix the request; then run
+        /// it again.
+        next: String,
     },
 
     /// The report could not be written.

@@ -168,13 +168,22 @@ pub async fn prune(pool: &PgPool, args: &PruneArgs) -> Result<Outcome, CliError>
         };
         let batch = match next_batch(pool, &mut pruning, retries, &progress).await {
             Ok(batch) => batch,
-            Err(source) => {
+            Err((source, tried)) => {
                 let done = progress.done();
                 progress.finish();
+                let next = if source.is_outage() {
+                    format!(
+                        "It was tried {tried} more time(s). Once the database answers again, run \
+                         the same command again to continue."
+                    )
+                } else {
+                    "Fix what the error says, then run the same command again to continue."
+                        .to_owned()
+                };
                 return Err(CliError::Stopped {
                     doing: "delete a batch of settled claims",
                     source,
-                    retries: args.retries,
+                    next,
                     progress: format!(
                         "pruned {done} of ~{count} settled claim{} (settled before {}, {}) in \
                          {batches} batches before stopping; every finished batch is deleted, \
@@ -230,28 +239,31 @@ struct Retries {
 /// Runs the next batch, trying again after an outage as `retries` allows
 /// (pauses of [`FIRST_RETRY_PAUSE`], doubling), saying so on `progress`:
 /// the batch is safe to repeat. A Ctrl-C during a pause ends the waiting
-/// with the last error.
+/// with the last error. An error comes with the number of times the batch
+/// was tried again.
 async fn next_batch(
     pool: &PgPool,
     pruning: &mut Pruning,
     mut retries: Retries,
     progress: &Progress,
-) -> Result<Option<u64>, idem_runtime::Error> {
+) -> Result<Option<u64>, (idem_runtime::Error, u32)> {
     let mut pause = FIRST_RETRY_PAUSE;
+    let mut tried = 0;
     loop {
         let error = match pruning.next_batch(pool).await {
             Ok(batch) => return Ok(batch),
             Err(error) if retries.left > 0 && repeatable(&error) => error,
-            Err(error) => return Err(error),
+            Err(error) => return Err((error, tried)),
         };
         retries.left -= 1;
+        tried += 1;
         progress.note(&format!(
             "a batch failed ({error}); trying it again in {:.2}s",
             pause.as_secs_f64()
         ));
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
-            _ = retries.interrupted.wait_for(|stop| *stop) => return Err(error),
+            _ = retries.interrupted.wait_for(|stop| *stop) => return Err((error, tried - 1)),
         }
         pause = (pause * 2).min(MAX_RETRY_PAUSE);
     }
