@@ -416,3 +416,40 @@ async fn a_lost_connection_is_retried_and_a_lost_database_stops_saying_how_far_i
     assert_eq!(census(&mut conn, &schema).await, without_prunable(&before));
     drop_schemas(&mut conn, &[&schema]).await;
 }
+
+#[tokio::test]
+async fn a_refused_batch_is_not_retried_and_stops_saying_to_fix_it() {
+    let mut conn = connect().await;
+    // A plain table on any engine: what is tested is what the command does
+    // with an error of the request, not the layout.
+    let schema = planted(&mut conn, "idem_prune_refused", "migrate").await;
+    let quoted = ident(&schema);
+    run_sql(
+        &mut conn,
+        &format!(
+            "CREATE FUNCTION {quoted}.refuse_deletes() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'deletes are refused here'; END $$; \
+             CREATE TRIGGER refuse_deletes BEFORE DELETE ON {quoted}.idem_records \
+             FOR EACH ROW EXECUTE FUNCTION {quoted}.refuse_deletes()"
+        ),
+    )
+    .await;
+    let run = idem_in(
+        &schema,
+        &format!("prune --settled-before {CUT_OFF} --yes --retries 5"),
+    )
+    .expect_code(2);
+    assert_contains(&run.stderr, "deletes are refused here");
+    assert_contains(&run.stderr, "Stopped: pruned 0 of ~1500 settled claims");
+    assert_contains(
+        &run.stderr,
+        "Fix what the error says, then run the same command again to continue.",
+    );
+    assert!(
+        !run.stderr.contains("trying it again"),
+        "an error of the request is not retried:\n{}",
+        run.stderr
+    );
+    assert_eq!(prunable_left(&mut conn, &schema).await, PRUNABLE);
+    drop_schemas(&mut conn, &[&schema]).await;
+}
