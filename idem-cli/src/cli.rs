@@ -1,5 +1,6 @@
 //! The command line, as clap types. No behaviour lives here.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -7,6 +8,7 @@ use idem_runtime::operations::ClaimState;
 use jiff::Timestamp;
 
 use crate::output::Format;
+use crate::prune::parse_batch_size;
 use crate::timestamps::{parse_duration, parse_instant};
 
 /// Audit PostgreSQL for unique constraints that enforce nothing on NULL, and
@@ -14,7 +16,8 @@ use crate::timestamps::{parse_duration, parse_instant};
 ///
 /// Exit status: 0 done (or nothing found); 1 findings, schema problems, no
 /// such claim, or a refused release or resolution; 2 usage, connection or
-/// database errors, and destructive commands run without --yes.
+/// database errors, and destructive commands run without --yes; 130 a prune
+/// stopped by Ctrl-C.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, max_term_width = 100)]
 pub struct Cli {
@@ -49,6 +52,19 @@ pub enum Command {
     #[command(subcommand)]
     Claims(ClaimsCommand),
     /// Delete settled claims: a retry of their actions will then run again.
+    ///
+    /// Only successes settled before --settled-before are deleted: never a
+    /// pending claim, a claim in doubt, or a kept failure (which refuses its
+    /// retries forever). They go in batches of --batch-size, each its own
+    /// transaction, so locks are held briefly and WAL is written evenly;
+    /// progress goes to stderr (a bar on a terminal, else a line every 5 s).
+    /// Ctrl-C finishes the batch under way and exits 130; a lost
+    /// connection is retried (--retries), then the command stops, exit 2.
+    /// Either way every finished batch is deleted and none is half-done:
+    /// run the same command again to prune the rest.
+    ///
+    /// Example: idem prune --settled-before 2024-05-01 --dry-run, then
+    /// idem prune --settled-before 2024-05-01 --yes --pause 20ms
     Prune(PruneArgs),
 }
 
@@ -281,6 +297,21 @@ pub struct PruneArgs {
     /// Really delete; without this, only count what would be deleted.
     #[arg(long)]
     pub yes: bool,
+    /// Only count what would be deleted, per account, and exit 0.
+    #[arg(long, conflicts_with = "yes")]
+    pub dry_run: bool,
+    /// Claims a batch covers, about (each batch is its own transaction: its
+    /// locks and WAL are bounded by this).
+    #[arg(long, value_name = "N", default_value = "10000", value_parser = parse_batch_size)]
+    pub batch_size: NonZeroU32,
+    /// Pause between batches, e.g. 50ms, to leave room for the workload and
+    /// for replicas to keep up.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub pause: Duration,
+    /// Times a batch is tried again after the connection or the server is
+    /// lost (pauses of 0.25 s, doubling, up to 8 s) before stopping.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub retries: u32,
     #[command(flatten)]
     pub table: TableArgs,
     #[command(flatten)]

@@ -10,6 +10,7 @@ use crate::connect::connect;
 use crate::error::CliError;
 use crate::migrate;
 use crate::output::Format;
+use crate::prune;
 
 /// What a command that ran to the end prints, and whether it found
 /// something wrong (audit findings, schema problems): exit status 1.
@@ -121,14 +122,9 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             )?))
         }
         Command::Prune(args) => {
-            let pruned = on_table(&args.table, async |pool| {
-                claims::prune(pool, args.settled_before, args.account.as_deref(), args.yes).await
-            })
-            .await?;
-            Ok(Done::clean(claims::render_pruned(
-                &pruned,
-                args.format.format,
-            )?))
+            let outcome =
+                on_table(&args.table, async |pool| prune::prune(pool, &args).await).await?;
+            Ok(Done::clean(prune::render(&outcome, args.format.format)?))
         }
     }
 }

@@ -63,6 +63,27 @@ pub enum CliError {
     #[error("{0}")]
     Refused(String),
 
+    /// A long command stopped at a Ctrl-C, between two steps that each
+    /// committed whole; the message says how far it got and how to go on.
+    #[error("{0}")]
+    Interrupted(String),
+
+    /// A long command stopped after the database failed a step (an outage
+    /// once its retries were used up, or an error of the request at once),
+    /// between two steps that each committed whole.
+    #[error("PostgreSQL could not {doing}: {source}\nStopped: {progress}.\n{next}")]
+    Stopped {
+        /// What failed, as a verb phrase.
+        doing: &'static str,
+        /// The last error.
+        source: idem_runtime::Error,
+        /// How far the command got.
+        progress: String,
+        /// What to do: wait for the database, or fix the request; then run
+        /// it again.
+        next: String,
+    },
+
     /// The report could not be written.
     #[error("cannot write the output: {0}")]
     Output(String),
@@ -86,14 +107,17 @@ impl CliError {
 
     /// The process exit status: 1 when the command ran and found nothing to
     /// act on or refused the target, 2 for usage, connection and database
-    /// errors (the command could not do its job).
+    /// errors (the command could not do its job), 130 when a Ctrl-C stopped
+    /// it.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::NotFound(_) | CliError::Refused(_) => 1,
+            CliError::Interrupted(_) => crate::prune::INTERRUPTED_EXIT,
             CliError::NoDatabaseUrl
             | CliError::BadDatabaseUrl { .. }
             | CliError::Connect { .. }
             | CliError::Database { .. }
+            | CliError::Stopped { .. }
             | CliError::Usage(_)
             | CliError::NeedsConfirmation(_)
             | CliError::Output(_) => 2,

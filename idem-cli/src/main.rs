@@ -4,7 +4,8 @@
 //! Exit status: 0 done, nothing found; 1 the command ran and found something
 //! (audit findings, schema problems) or has nothing to act on (no such claim,
 //! a settled claim to release); 2 it could not do its job (usage, connection
-//! or database errors, a destructive command without `--yes`).
+//! or database errors, a destructive command without `--yes`, a prune that
+//! lost its database for good); 130 a prune stopped by Ctrl-C.
 
 // Library code never unwraps: bad input gets an error that says what to do.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -17,6 +18,8 @@ mod connect;
 mod error;
 mod migrate;
 mod output;
+mod progress;
+mod prune;
 mod timestamps;
 
 use std::io::Write as _;

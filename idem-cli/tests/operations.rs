@@ -422,7 +422,14 @@ async fn claims_are_listed_shown_released_and_pruned() {
     .json();
     assert_eq!(
         pruned,
-        serde_json::json!({"deleted": 0, "settled_before": "2024-12-30T22:00:00Z", "account": "acme"})
+        serde_json::json!({
+            "deleted": 0,
+            "settled_before": "2024-12-30T22:00:00Z",
+            "account": "acme",
+            // One per lane (no namespace, a namespace) for the one account.
+            "batches": 2,
+            "batch_size": 10_000,
+        })
     );
     assert_eq!(count(&mut conn, &refund).await, 1, "another account");
     assert_eq!(

@@ -1,22 +1,18 @@
-//! `idem claims list | show | release | resolve` and `idem prune`: reading,
-//! resolving and deleting claim rows (`kind = 'claim'`) through the
+//! `idem claims list | show | release | resolve`: reading, resolving and
+//! releasing claim rows (`kind = 'claim'`) through the
 //! runtime's [`operations`], which hold every statement; this module decides
 //! what to ask, what to refuse and what to say.
 //!
 //! Every change is guarded in its own `WHERE`: `release` deletes one claim
 //! only while it is `pending`, `resolve` changes one only while it is
-//! `pending` or `in_doubt` under the fence it showed, and `prune` deletes
-//! only `success` claims settled before a given instant. Each refuses to run
+//! `pending` or `in_doubt` under the fence it showed (`idem prune`, in
+//! `crate::prune`, deletes only `success` claims). Each refuses to run
 //! without `--yes` and then says what it would do.
 
 mod render;
 
-use std::time::SystemTime;
-
-use idem_runtime::operations::{self, ClaimState, PruneFilter, Resolution, Resolved, Resolver};
+use idem_runtime::operations::{self, ClaimState, Resolution, Resolved, Resolver};
 use idem_runtime::schema;
-use jiff::Timestamp;
-use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::cli::ResolveArgs;
@@ -24,7 +20,7 @@ use crate::error::CliError;
 use crate::timestamps;
 
 pub use idem_runtime::operations::{ClaimRow, ListFilter, NamespaceFilter, ScopeFilter};
-pub use render::{render_claim, render_list, render_pruned, render_released, render_resolved};
+pub use render::{render_claim, render_list, render_released, render_resolved};
 
 /// Fails, saying what to do, when `idem_records` is not on the search path.
 pub async fn ensure_table(pool: &PgPool) -> Result<(), CliError> {
@@ -294,62 +290,6 @@ fn reason_in_parentheses(claim: &ClaimRow) -> String {
         .as_deref()
         .map(|reason| format!(" ({reason})"))
         .unwrap_or_default()
-}
-
-/// How many settled claims `prune` removed (or would remove).
-#[derive(Debug, Serialize)]
-pub struct Pruned {
-    /// Claims deleted.
-    pub deleted: u64,
-    /// The cut-off, RFC 3339 in UTC.
-    pub settled_before: String,
-    /// The account pruned, or null for all.
-    pub account: Option<String>,
-}
-
-/// Deletes claims settled before `before` (in `account`, if given), after
-/// `yes`; without it, fails with the count it would delete.
-pub async fn prune(
-    pool: &PgPool,
-    before: Timestamp,
-    account: Option<&str>,
-    yes: bool,
-) -> Result<Pruned, CliError> {
-    let before_text = before.to_string();
-    let settled_before = SystemTime::try_from(before).map_err(|error| {
-        CliError::Usage(format!(
-            "{before_text} is beyond what this system's clock can say ({error})"
-        ))
-    })?;
-    let filter = PruneFilter {
-        settled_before,
-        account,
-    };
-    let within = match account {
-        Some(account) => format!("in account {account}"),
-        None => "in every account".to_owned(),
-    };
-    if !yes {
-        let count = operations::count_prunable(pool, &filter)
-            .await
-            .map_err(CliError::store("count the settled claims"))?;
-        return Err(CliError::NeedsConfirmation(format!(
-            "would delete {count} settled claim{} (settled before {before_text}, {within}).\n\
-             A retry of a pruned action runs it again: prune only what can no longer be retried. \
-             {}\n\
-             Re-run with --yes to delete them.",
-            if count == 1 { "" } else { "s" },
-            render::PRUNED_AND_CACHES,
-        )));
-    }
-    let deleted = operations::prune(pool, &filter)
-        .await
-        .map_err(CliError::store("delete the settled claims"))?;
-    Ok(Pruned {
-        deleted,
-        settled_before: before_text,
-        account: account.map(str::to_owned),
-    })
 }
 
 /// "account acme, no namespace" / "account acme, namespace live".

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use idem_runtime::operations::ClaimState;
 
-use super::{ClaimRow, Pruned, ResolvedClaim, describe_scope};
+use super::{ClaimRow, ResolvedClaim, describe_scope};
 use crate::error::CliError;
 use crate::output::{self, Format};
 use crate::timestamps;
@@ -287,33 +287,10 @@ pub fn render_resolved(resolved: &ResolvedClaim, format: Format) -> Result<Strin
     }
 }
 
-/// What a prune means for gates with a local outcome cache (feature
-/// `cache`): they hold settled successes, and answer from them until their
-/// time to live runs out, whatever the table says.
-pub const PRUNED_AND_CACHES: &str = "Gates with a local outcome cache may keep refusing \
-     retries of a pruned action from it for up to their cache's TTL.";
-
 /// What a resolution means for them: they never hold a claim pending or in
 /// doubt, the only ones a resolution changes.
 pub const RESOLVED_AND_CACHES: &str = "Gates with a local outcome cache never hold a claim \
      pending or in doubt: they see this resolution at their next call.";
-
-/// `prune` output.
-pub fn render_pruned(pruned: &Pruned, format: Format) -> Result<String, CliError> {
-    match format {
-        Format::Json => output::json(pruned),
-        Format::Text => Ok(format!(
-            "deleted {} settled claim{} (settled before {}, {})\n{PRUNED_AND_CACHES}\n",
-            pruned.deleted,
-            if pruned.deleted == 1 { "" } else { "s" },
-            pruned.settled_before,
-            pruned.account.as_deref().map_or_else(
-                || "in every account".to_owned(),
-                |a| format!("in account {a}")
-            ),
-        )),
-    }
-}
 
 #[cfg(test)]
 mod tests {

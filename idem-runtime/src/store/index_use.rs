@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
 
 use super::operations::{self, NamespaceFilter, ScopeFilter};
 use super::scratch::Scratch;
-use super::{SplitOnNamespace, catalog, claims, metering};
+use super::{SplitOnNamespace, catalog, claims, metering, prune};
 
 const ACCOUNT: &str = "acme";
 const ADDRESS: &str = "claim_0123456789abcdef01234567";
@@ -208,6 +208,72 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             lookup,
         ),
     ]
+    .into_iter()
+    .chain(prune_cases(namespace))
+    .collect()
+}
+
+/// The statements of a batched prune in the lane of claims of `namespace`'s
+/// form, walking by account and across accounts: each reads a range of that
+/// lane's partial unique index, so a batch never scans the table.
+fn prune_cases(namespace: Option<&'static str>) -> Vec<Case> {
+    use Param::{Int, Text};
+    let lane = match namespace {
+        None => &prune::WITHOUT_NAMESPACE,
+        Some(_) => &prune::WITHIN_NAMESPACE,
+    };
+    let position = vec![Text(Some(ACCOUNT)), Text(Some(ADDRESS)), Text(namespace)];
+    let case = |name, text: &str, params: Vec<Param>| Case {
+        name,
+        namespace,
+        text: text.to_owned(),
+        params,
+        expect: Expect::PartialUniqueIndex,
+    };
+    let mut cases = vec![
+        case("prune first account", lane.first_account, vec![]),
+        case(
+            "prune next account",
+            lane.next_account,
+            vec![Text(Some(ACCOUNT))],
+        ),
+    ];
+    for (walk, walker, end_account) in [
+        ("by account", &lane.by_account, None),
+        ("across accounts", &lane.across, Some(ACCOUNT)),
+    ] {
+        cases.extend([
+            case(
+                walk,
+                walker.window_end,
+                [position.clone(), vec![Int(9_999)]].concat(),
+            ),
+            case(
+                walk,
+                walker.delete_window,
+                [
+                    position.clone(),
+                    vec![
+                        Text(end_account),
+                        Text(Some(ADDRESS)),
+                        Text(namespace),
+                        Int(0),
+                    ],
+                ]
+                .concat(),
+            ),
+            case(
+                walk,
+                walker.delete_rest,
+                [
+                    position.clone(),
+                    vec![Text(None), Text(None), Text(None), Int(0)],
+                ]
+                .concat(),
+            ),
+        ]);
+    }
+    cases
 }
 
 fn bind<'q>(
@@ -311,6 +377,41 @@ async fn shortfall(conn: &mut PgConnection, case: &Case) -> Option<String> {
     None
 }
 
+/// Why a batch of the prune's walk in heap order is not bounded work, if it
+/// is not: where the server can scan a range of heap pages (PostgreSQL 14
+/// and later) the batch must be such a scan, never a scan of the whole
+/// table; where it cannot, the walk must not be chosen.
+async fn heap_walk_shortfall(conn: &mut PgConnection) -> Option<String> {
+    let version: i32 =
+        match sqlx::query_scalar("SELECT current_setting('server_version_num')::int4")
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(version) => version,
+            Err(error) => return Some(format!("the server's version: {error}")),
+        };
+    if !prune::heap_walk_possible(version) {
+        // PostgreSQL 12 and 13: the walk goes through the indexes, whose
+        // statements the cases above checked.
+        return (version >= 140_000).then(|| format!("version {version} could walk the heap"));
+    }
+    let explain = format!("EXPLAIN {}", prune::DELETE_HEAP_PAGES);
+    let lines: Vec<String> = match sqlx::query(AssertSqlSafe(explain))
+        .bind(0_i64)
+        .bind(200_i64)
+        .bind(0_i64)
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(rows) => rows.iter().map(|row| row.get(0)).collect(),
+        Err(error) => return Some(format!("EXPLAIN the prune's heap batch: {error}")),
+    };
+    let shown = lines.join("\n");
+    let ranged = lines.iter().any(|line| line.contains("Tid Range Scan"));
+    let scans = lines.iter().any(|line| line.contains("Seq Scan"));
+    (!ranged || scans).then(|| format!("the prune's heap batch is not a TID range scan:\n{shown}"))
+}
+
 #[tokio::test]
 async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index() {
     let mut scratch = Scratch::new("idem_index_use").await;
@@ -331,6 +432,7 @@ async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index
                     failures.extend(shortfall(&mut *conn, &case).await);
                 }
             }
+            failures.extend(heap_walk_shortfall(&mut *conn).await);
         }
     }
     scratch.drop().await;

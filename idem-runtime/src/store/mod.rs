@@ -10,6 +10,7 @@
 //! | `batch` | the claim path for many slots at once: claim, look up, and one statement per kind of outcome |
 //! | `metering` | usage events: record a batch, total a meter |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
+//! | `prune` | pruning settled claims: counted, and deleted in batches that walk a partial unique index by keyset (re-exported by [`operations`]) |
 //! | `catalog` | schema set-up, its version, the verification and partition queries |
 //! | `citus` | the Citus catalog: coordinator, distribution, indexes on every shard placement, and distributing the table |
 //!
@@ -46,6 +47,7 @@ pub(crate) mod citus;
 mod claims;
 pub(crate) mod metering;
 pub mod operations;
+mod prune;
 
 #[cfg(test)]
 mod batch_plans;

@@ -7,7 +7,9 @@
 //! [`release_pending`] deletes one claim only while it is `pending`,
 //! [`resolve`] changes one only while it is `pending` or `in_doubt` (never a
 //! success, never a kept failure), and [`prune`] deletes only `success`
-//! claims settled before a given instant. Deciding whether to run them (and
+//! claims settled before a given instant, in batches that each commit on
+//! their own ([`Pruning`], one batch at a time, for a caller that paces,
+//! reports or stops them). Deciding whether to run them (and
 //! asking for confirmation) is the caller's business.
 //!
 //! ```no_run
@@ -30,12 +32,17 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use sqlx::FromRow;
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::{AssertSqlSafe, PgPool};
 
 use super::{Scope, SplitOnNamespace, per_row};
+
+pub use super::prune::{
+    DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_prunable, count_prunable_by_account, prune,
+    prune_in_one_statement,
+};
 use crate::error::Error;
 
 /// Which claims, by account and namespace.
@@ -115,15 +122,6 @@ pub struct ListFilter<'a> {
     pub older_than: Option<Duration>,
     /// At most this many.
     pub limit: u32,
-}
-
-/// Which settled claims [`prune`] deletes.
-#[derive(Debug, Clone, Copy)]
-pub struct PruneFilter<'a> {
-    /// Only claims settled before this instant.
-    pub settled_before: SystemTime,
-    /// Only this account; `None`: every account.
-    pub account: Option<&'a str>,
 }
 
 /// Where one claim lives: the row [`release_pending`] deletes, or
@@ -323,26 +321,6 @@ pub(super) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
     "DELETE FROM idem_records",
     "state IN ('pending', 'in_doubt') AND fence = $4"
 );
-
-/// The test shared by [`COUNT_PRUNABLE`] and [`PRUNE`]: claims settled
-/// before `$1` (microseconds since the Unix epoch), in account `$2` (NULL:
-/// every account).
-macro_rules! prunable {
-    () => {
-        "kind = 'claim' AND state = 'success' \
-         AND settled_at < timestamptz 'epoch' + $1 * interval '1 microsecond' \
-         AND ($2::text IS NULL OR account = $2)"
-    };
-}
-
-/// Counts what [`PRUNE`] would delete. Index: none; pruning reads the table.
-const COUNT_PRUNABLE: &str = concat!(
-    "SELECT count(*) AS claims FROM idem_records WHERE ",
-    prunable!()
-);
-
-/// Deletes settled claims. Index: none; pruning reads the table.
-const PRUNE: &str = concat!("DELETE FROM idem_records WHERE ", prunable!());
 
 /// The claims matching `filter`, newest first.
 pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow>, Error> {
@@ -580,64 +558,9 @@ pub async fn resolve_as(
     Ok(Resolved::Changed { before, after })
 }
 
-/// How many claims [`prune`] would delete now.
-pub async fn count_prunable(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
-    let row = sqlx::query(COUNT_PRUNABLE)
-        .bind(micros_rounded_up(filter.settled_before))
-        .bind(filter.account)
-        .fetch_one(pool)
-        .await?;
-    let claims: i64 = row.try_get("claims")?;
-    Ok(u64::try_from(claims).unwrap_or_default())
-}
-
-/// Deletes the settled claims `filter` selects, and says how many. A retry
-/// of a pruned action runs it again: prune only what can no longer be
-/// retried.
-pub async fn prune(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
-    Ok(sqlx::query(PRUNE)
-        .bind(micros_rounded_up(filter.settled_before))
-        .bind(filter.account)
-        .execute(pool)
-        .await?
-        .rows_affected())
-}
-
-/// `time` in microseconds since the Unix epoch, rounded up, so that
-/// `settled_at < $1` (a `timestamptz`, whole microseconds) holds exactly when
-/// `settled_at < time`. Saturates outside `i64`, where PostgreSQL refuses
-/// the instant as out of range.
-fn micros_rounded_up(time: SystemTime) -> i64 {
-    match time.duration_since(UNIX_EPOCH) {
-        Ok(after) => {
-            let partial = u128::from(after.subsec_nanos() % 1_000 != 0);
-            i64::try_from(after.as_micros() + partial).unwrap_or(i64::MAX)
-        }
-        // The magnitude rounded down is the negative value rounded up.
-        Err(before) => i64::try_from(before.duration().as_micros()).map_or(i64::MIN, |m| -m),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn instants_are_rounded_up_to_whole_microseconds() {
-        let at = |nanos: i64| {
-            let magnitude = Duration::from_nanos(nanos.unsigned_abs());
-            if nanos >= 0 {
-                UNIX_EPOCH + magnitude
-            } else {
-                UNIX_EPOCH - magnitude
-            }
-        };
-        assert_eq!(micros_rounded_up(at(0)), 0);
-        assert_eq!(micros_rounded_up(at(1_000)), 1);
-        assert_eq!(micros_rounded_up(at(1_001)), 2);
-        assert_eq!(micros_rounded_up(at(-1_000)), -1);
-        assert_eq!(micros_rounded_up(at(-1_999)), -1);
-    }
 
     #[test]
     fn every_scope_filter_binds_both_parameters_with_a_type() {

@@ -2,8 +2,9 @@
 //! the file's two marker lines is replaced by the report, exactly as it was
 //! rendered, and everything outside them is left alone. BENCHMARKS.md holds
 //! the method by hand and the report this way, so no figure in it is ever
-//! pasted. The matrix, the Citus comparison and River side by side each
-//! have their own pair of markers, so writing one report leaves the others
+//! pasted. The matrix, the Citus comparison, River side by side and the
+//! prune measurement (`prune_bench`, which includes this file) each have
+//! their own pair of markers, so writing one report leaves the others
 //! as they were.
 
 use std::fs;
@@ -36,6 +37,14 @@ pub const CITUS: Markers = Markers {
 pub const RIVER: Markers = Markers {
     begin: "<!-- loadgen river report: begin (written by `loadgen --river --into`; do not edit) -->",
     end: "<!-- loadgen river report: end -->",
+};
+
+/// The prune measurement (`prune_bench --into`), which includes this module;
+/// the load generator itself never writes it.
+#[allow(dead_code)]
+pub const PRUNE: Markers = Markers {
+    begin: "<!-- prune_bench report: begin (written by `prune_bench --into`; do not edit) -->",
+    end: "<!-- prune_bench report: end -->",
 };
 
 /// Fails unless `path` is readable and holds both `markers`, in order, once.

@@ -1,0 +1,790 @@
+//! Pruning settled claims: counting them, and deleting them in batches that
+//! each hold their locks, and write their WAL, for a bounded moment.
+//!
+//! A single `DELETE` of every settled claim would lock millions of rows
+//! until it commits and write its whole WAL in one burst (which replicas
+//! then replay in one burst too). [`Pruning`] walks the table instead, by
+//! keyset, each batch a statement of its own that commits on its own and
+//! starts where the last one stopped: never the whole table again, and
+//! never the dead rows the batches before it left behind, which a `DELETE
+//! ... WHERE ctid IN (SELECT ... LIMIT n)` repeated from the start would
+//! wade through until a vacuum. No index is added for it. Which order it
+//! walks in depends on the server:
+//!
+//! - **PostgreSQL 14 and later: the heap, in page ranges**
+//!   ([`DELETE_HEAP_PAGES`], a TID range scan of about `batch_size` claims'
+//!   worth of pages; of each partition's heap when partitioned). A table
+//!   fills its heap in the order claims are made, so neighbouring pages
+//!   hold claims settled about the same time, and each page is dirtied
+//!   (and written to the WAL) by one batch. A window of an index, by
+//!   contrast, holds claims from all over the heap: on five million claims
+//!   over a thousand accounts, every batch dirtied as many pages as it
+//!   deleted claims, which later batches dirtied again, and the walk took
+//!   minutes where one `DELETE` took seconds (BENCHMARKS.md, "Prune in
+//!   batches").
+//! - **PostgreSQL 12 and 13: each partial unique index**, across accounts,
+//!   which cannot scan a range of pages: a batch reads where the next
+//!   `batch_size` index entries end ([`Walker::window_end`]), a row
+//!   comparison on the index's leading columns, then deletes the prunable
+//!   claims up to there ([`Walker::delete_window`]).
+//! - **Citus, and a prune of one account: each index, one account after
+//!   another**, every statement naming its account (`account = $1`), so
+//!   that each is routed to the one worker holding the account's shard:
+//!   Citus refuses a `DELETE` whose window is a `LIMIT` across shards, and
+//!   these have none.
+//!
+//! The two statements of an index batch need not be atomic together: the
+//! `DELETE` tests every row it deletes (`state = 'success'`, settled before
+//! the cut-off) under its own snapshot and row locks, whatever the window
+//! read saw.
+//!
+//! Only `success` claims are pruned. Pending and in-doubt claims are held
+//! slots (a running or unresolved action), and a kept failure is what
+//! refuses its retries: none of them is ever deleted here.
+
+use std::num::NonZeroU32;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::{PgPool, Row};
+
+use super::citus;
+use crate::error::Error;
+
+/// Which settled claims [`prune`] and [`Pruning`] delete.
+#[derive(Debug, Clone, Copy)]
+pub struct PruneFilter<'a> {
+    /// Only claims settled before this instant.
+    pub settled_before: SystemTime,
+    /// Only this account; `None`: every account.
+    pub account: Option<&'a str>,
+}
+
+/// The test shared by [`COUNT_PRUNABLE`] and [`PRUNE`]: claims settled
+/// before `$1` (microseconds since the Unix epoch), in account `$2` (NULL:
+/// every account).
+macro_rules! prunable {
+    () => {
+        "kind = 'claim' AND state = 'success' \
+         AND settled_at < timestamptz 'epoch' + $1 * interval '1 microsecond' \
+         AND ($2::text IS NULL OR account = $2)"
+    };
+}
+
+/// Counts what [`prune`] would delete. Index: none; counting reads the
+/// table (or, with an account, one partition or shard of it).
+pub(super) const COUNT_PRUNABLE: &str = concat!(
+    "SELECT count(*) AS claims FROM idem_records WHERE ",
+    prunable!()
+);
+
+/// The same, per account, largest first (then by account). Index: none.
+pub(super) const COUNT_PRUNABLE_BY_ACCOUNT: &str = concat!(
+    "SELECT account, count(*) AS claims FROM idem_records WHERE ",
+    prunable!(),
+    " GROUP BY account ORDER BY claims DESC, account"
+);
+
+/// Deletes every settled claim in one statement: what `prune` did before
+/// it went in batches, kept for [`prune_in_one_statement`] (the baseline
+/// the prune benchmark measures batches against). Index: none; it reads
+/// the table.
+pub(super) const PRUNE: &str = concat!("DELETE FROM idem_records WHERE ", prunable!());
+
+/// The test a batch's `DELETE` adds to its window: settled successes, before
+/// `$7` (microseconds since the Unix epoch).
+macro_rules! prunable_in_batch {
+    () => {
+        "state = 'success' AND settled_at < timestamptz 'epoch' + $7 * interval '1 microsecond'"
+    };
+}
+
+/// One of the two partial unique indexes a walk goes through, with the
+/// statements that walk it.
+pub(super) struct Lane {
+    /// The namespace of a position before every entry of the lane: NULL in
+    /// the lane without one (where it is tested as NULL), the empty string
+    /// in the other, below every `(address, namespace)` since no address is
+    /// empty.
+    start_namespace: Option<&'static str>,
+    /// The first account with claims in this lane, by the index's order.
+    /// Index: the lane's partial unique index (its leading `account`,
+    /// read for a `min`).
+    pub(super) first_account: &'static str,
+    /// The first account after `$1` with claims in this lane. Index: the
+    /// lane's partial unique index.
+    pub(super) next_account: &'static str,
+    /// The statements of a walk that stays in one account (Citus, or a
+    /// prune of one account).
+    pub(super) by_account: Walker,
+    /// The statements of a walk across accounts, in the index's order.
+    pub(super) across: Walker,
+}
+
+/// The three statements of a batch. A position in the walk is `($1, $2,
+/// $3)`: an account, the last address read there and, in the lane of
+/// namespaces, the last namespace (NULL, and tested as NULL, in the lane
+/// without one, so that both lanes number their parameters alike).
+pub(super) struct Walker {
+    /// Where the window of the next `$4 + 1` index entries after the
+    /// position ends: the account, address and namespace of its last entry,
+    /// or no row when fewer remain (in the account, for a walk by account).
+    /// Index: the lane's partial unique index, `$4 + 1` entries of it.
+    pub(super) window_end: &'static str,
+    /// Deletes the prunable claims after the position up to and including
+    /// the entry `($4, $5, $6)` (a walk by account binds `$4` NULL: the end
+    /// is in its account), settled before `$7`. Index: the lane's partial
+    /// unique index, over that window only.
+    pub(super) delete_window: &'static str,
+    /// Deletes the prunable claims after the position to the end (of the
+    /// account, for a walk by account): fewer than a batch, as
+    /// [`Walker::window_end`] found. `$4` to `$6` are bound NULL and tested
+    /// as NULL. Index: the lane's partial unique index, from the position
+    /// on.
+    pub(super) delete_rest: &'static str,
+}
+
+/// The lane of claims without a namespace: `(account, kind, address) WHERE
+/// namespace IS NULL`. By account, walked by address; across accounts, by
+/// `(account, kind, address)`, a row comparison the index serves as one
+/// range.
+pub(super) const WITHOUT_NAMESPACE: Lane = Lane {
+    start_namespace: None,
+    first_account: "SELECT min(account) AS account FROM idem_records \
+                    WHERE kind = 'claim' AND namespace IS NULL",
+    next_account: "SELECT min(account) AS account FROM idem_records \
+                   WHERE account > $1 AND kind = 'claim' AND namespace IS NULL",
+    by_account: Walker {
+        window_end: "SELECT account, address, namespace FROM idem_records \
+                     WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
+                       AND address > $2 AND $3::text IS NULL \
+                     ORDER BY address OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
+               AND address > $2 AND $3::text IS NULL \
+               AND $4::text IS NULL AND address <= $5 AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
+               AND address > $2 AND $3::text IS NULL \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+    },
+    across: Walker {
+        window_end: "SELECT account, address, namespace FROM idem_records \
+                     WHERE kind = 'claim' AND namespace IS NULL \
+                       AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
+                     ORDER BY account, kind, address OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records \
+             WHERE kind = 'claim' AND namespace IS NULL \
+               AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
+               AND (account, kind, address) <= ($4, 'claim', $5) AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records \
+             WHERE kind = 'claim' AND namespace IS NULL \
+               AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+    },
+};
+
+/// The lane of claims in a namespace: `(account, kind, address, namespace)
+/// WHERE namespace IS NOT NULL`. By account, walked by `(address,
+/// namespace)`; across accounts, by all four columns: row comparisons the
+/// index serves as one range.
+pub(super) const WITHIN_NAMESPACE: Lane = Lane {
+    start_namespace: Some(""),
+    first_account: "SELECT min(account) AS account FROM idem_records \
+                    WHERE kind = 'claim' AND namespace IS NOT NULL",
+    next_account: "SELECT min(account) AS account FROM idem_records \
+                   WHERE account > $1 AND kind = 'claim' AND namespace IS NOT NULL",
+    by_account: Walker {
+        window_end: "SELECT account, address, namespace FROM idem_records \
+                     WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
+                       AND (address, namespace) > ($2, $3) \
+                     ORDER BY address, namespace OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
+               AND (address, namespace) > ($2, $3) \
+               AND $4::text IS NULL AND (address, namespace) <= ($5, $6) AND ",
+            prunable_in_batch!()
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
+               AND (address, namespace) > ($2, $3) \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+    },
+    across: Walker {
+        window_end: "SELECT account, address, namespace FROM idem_records \
+                     WHERE kind = 'claim' AND namespace IS NOT NULL \
+                       AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
+                     ORDER BY account, kind, address, namespace OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records \
+             WHERE kind = 'claim' AND namespace IS NOT NULL \
+               AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
+               AND (account, kind, address, namespace) <= ($4, 'claim', $5, $6) AND ",
+            prunable_in_batch!()
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records \
+             WHERE kind = 'claim' AND namespace IS NOT NULL \
+               AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_in_batch!()
+        ),
+    },
+};
+
+/// Deletes the prunable claims stored in heap pages `$1` (included) to `$2`
+/// (excluded), settled before `$3`: a batch of the walk in heap order.
+/// Index: none; a TID range scan of those pages only (PostgreSQL 14 and
+/// later), of each partition when partitioned.
+pub(super) const DELETE_HEAP_PAGES: &str = "DELETE FROM idem_records \
+     WHERE ctid >= ('(' || $1::int8 || ',0)')::tid AND ctid < ('(' || $2::int8 || ',0)')::tid \
+       AND kind = 'claim' AND state = 'success' \
+       AND settled_at < timestamptz 'epoch' + $3 * interval '1 microsecond'";
+
+/// How far the heap of `idem_records` goes, for a walk in heap order: the
+/// pages of its largest heap (of the table, or of its largest partition),
+/// the rows and pages the statistics last counted in all of them (for the
+/// rows a page holds), and how many heaps a batch's page range covers (the
+/// table's, or each partition's). Index: none; it reads the catalog.
+pub(super) const HEAP_EXTENT: &str = "SELECT \
+         coalesce(max(pg_relation_size(c.oid)), 0) / current_setting('block_size')::int8 \
+             AS pages, \
+         coalesce(sum(greatest(c.reltuples, 0)), 0)::float8 AS counted_rows, \
+         coalesce(sum(c.relpages), 0)::int8 AS counted_pages, \
+         count(*) AS heaps \
+     FROM pg_class c \
+     WHERE c.relkind = 'r' AND c.oid IN ( \
+         SELECT to_regclass('idem_records') \
+         UNION ALL \
+         SELECT relid FROM pg_partition_tree(to_regclass('idem_records')) WHERE isleaf)";
+
+/// The server's version, as a number (150004 for 15.4).
+pub(super) const SERVER_VERSION: &str =
+    "SELECT current_setting('server_version_num')::int4 AS version";
+
+/// The first version whose planner turns `ctid` ranges into a TID range
+/// scan; before it, [`DELETE_HEAP_PAGES`] would read the whole table for
+/// every batch.
+const TID_RANGE_SCANS_SINCE: i32 = 140_000;
+
+/// Rows per heap page assumed when the statistics have never counted any:
+/// about what a page holds of claims without a replayed value.
+const ROWS_PER_PAGE_UNCOUNTED: f64 = 50.0;
+
+/// The lanes, in the order a walk takes them.
+const LANES: [&Lane; 2] = [&WITHOUT_NAMESPACE, &WITHIN_NAMESPACE];
+
+/// A batch size of ten thousand: a batch then deletes in tens of
+/// milliseconds and writes a few megabytes of WAL (a row lock each, held
+/// that long), while its round trips and its commit stay a small part of
+/// its time. BENCHMARKS.md ("Prune in batches") has the figures.
+pub const DEFAULT_BATCH_SIZE: NonZeroU32 = match NonZeroU32::new(10_000) {
+    Some(size) => size,
+    None => unreachable!(),
+};
+
+/// How many claims [`prune`] would delete now.
+pub async fn count_prunable(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
+    let row = sqlx::query(COUNT_PRUNABLE)
+        .bind(micros_rounded_up(filter.settled_before))
+        .bind(filter.account)
+        .fetch_one(pool)
+        .await?;
+    let claims: i64 = row.try_get("claims")?;
+    Ok(u64::try_from(claims).unwrap_or_default())
+}
+
+/// How many claims [`prune`] would delete now, per account: largest first,
+/// accounts with none left out.
+pub async fn count_prunable_by_account(
+    pool: &PgPool,
+    filter: &PruneFilter<'_>,
+) -> Result<Vec<(String, u64)>, Error> {
+    let rows = sqlx::query(COUNT_PRUNABLE_BY_ACCOUNT)
+        .bind(micros_rounded_up(filter.settled_before))
+        .bind(filter.account)
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let claims: i64 = row.try_get("claims")?;
+            Ok((
+                row.try_get("account")?,
+                u64::try_from(claims).unwrap_or_default(),
+            ))
+        })
+        .collect()
+}
+
+/// Deletes the settled claims `filter` selects, in batches of
+/// [`DEFAULT_BATCH_SIZE`] (each its own transaction: see [`Pruning`]), and
+/// says how many. A retry of a pruned action runs it again: prune only what
+/// can no longer be retried.
+pub async fn prune(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
+    let mut pruning = Pruning::new(filter, DEFAULT_BATCH_SIZE);
+    let mut deleted = 0;
+    while let Some(batch) = pruning.next_batch(pool).await? {
+        deleted += batch;
+    }
+    Ok(deleted)
+}
+
+/// Deletes the settled claims `filter` selects in one statement, as
+/// [`prune`] did before it went in batches: every row locked until the end,
+/// the WAL in one burst. The baseline the prune benchmark measures
+/// [`Pruning`] against; not for production tables.
+#[doc(hidden)]
+pub async fn prune_in_one_statement(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
+    Ok(sqlx::query(PRUNE)
+        .bind(micros_rounded_up(filter.settled_before))
+        .bind(filter.account)
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+/// A prune under way, one batch at a time: each [`Pruning::next_batch`]
+/// deletes the prunable claims among the next `batch_size` or so claims of
+/// a walk through the table (on PostgreSQL 14 and later a range of heap
+/// pages; before, and on Citus, the next entries of a partial unique index;
+/// never a scan of the whole table) in a transaction of its own, and moves
+/// on only once that has committed.
+///
+/// So a batch that failed (a lost connection, a restart) can simply be
+/// called for again: it reads the same window and deletes what is still
+/// there (nothing, if the failure came after its commit). A process killed
+/// mid-way leaves every committed batch deleted and nothing half-done, and
+/// a new `Pruning` with the same filter finds what is left: the rows a
+/// prune deletes are exactly those that still match.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
+/// use std::num::NonZeroU32;
+/// use std::time::{Duration, SystemTime};
+/// use idem_runtime::operations::{PruneFilter, Pruning};
+///
+/// let ninety_days_ago = SystemTime::now() - Duration::from_secs(90 * 86_400);
+/// let filter = PruneFilter { settled_before: ninety_days_ago, account: None };
+/// let mut pruning = Pruning::new(&filter, NonZeroU32::new(5_000).unwrap());
+/// let mut deleted = 0;
+/// while let Some(batch) = pruning.next_batch(&pool).await? {
+///     deleted += batch;
+///     // Room for the workload (and the replicas) between batches.
+///     tokio::time::sleep(Duration::from_millis(20)).await;
+/// }
+/// println!("pruned {deleted} settled claims");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Pruning {
+    /// `settled_before`, in microseconds since the Unix epoch.
+    cut_off: i64,
+    /// The one account to prune, if the filter names one.
+    only_account: Option<String>,
+    /// About how many claims a batch covers: index entries, or heap pages
+    /// holding about that many.
+    batch_size: NonZeroU32,
+    /// How the walk goes, once the first batch has found out.
+    walk: Option<Walk>,
+    /// Which of [`LANES`] the walk is in; past the last: done.
+    lane: usize,
+    /// Where the walk is in the current lane.
+    at: Position,
+}
+
+/// How a walk goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Walk {
+    /// Through each lane one account after the other, every statement
+    /// naming its account: on Citus, where that routes it to one shard (a
+    /// window across shards is a `LIMIT` across shards, which Citus refuses
+    /// in a `DELETE`), and for a prune of one account.
+    ByAccount,
+    /// Through each lane across accounts, in the index's order: on
+    /// PostgreSQL 12 and 13, which cannot scan a range of heap pages.
+    Across,
+    /// Through the heap, `pages` pages a batch (each partition's, when
+    /// partitioned), up to page `end`: on PostgreSQL 14 and later. A table
+    /// fills its heap in the order claims are made, so a batch of
+    /// neighbouring pages deletes claims settled about the same time, page
+    /// after page; a window of an index holds claims from all over the
+    /// heap, each batch dirtying (and writing to the WAL) thousands of
+    /// pages that later batches dirty again.
+    HeapOrder {
+        /// Pages a batch covers.
+        pages: i64,
+        /// The page past the last one.
+        end: i64,
+    },
+}
+
+/// The order of a walk through the lanes' indexes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IndexOrder {
+    /// [`Walk::ByAccount`].
+    ByAccount,
+    /// [`Walk::Across`].
+    Across,
+}
+
+impl Walk {
+    /// The walk for a table on a server of `version` (`server_version_num`)
+    /// that Citus distributes or not, pruning one account or all: in heap
+    /// order wherever it can be.
+    fn choose(version: i32, distributed: bool, one_account: bool) -> Walk {
+        if one_account || distributed {
+            Walk::ByAccount
+        } else if heap_walk_possible(version) {
+            // Filled in from the heap's extent by the caller.
+            Walk::HeapOrder { pages: 1, end: 0 }
+        } else {
+            Walk::Across
+        }
+    }
+}
+
+/// Where a walk is within a lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Position {
+    /// Before the lane's first entry (or, by account, its first account).
+    Start,
+    /// After the entry `(account, address, namespace)`.
+    After {
+        account: String,
+        address: String,
+        namespace: Option<String>,
+    },
+    /// By account: done with this account; the next one comes after it.
+    Past(String),
+    /// In heap order: the next batch starts at this page.
+    Page(i64),
+}
+
+impl Pruning {
+    /// A walk over the claims `filter` selects, about `batch_size` claims a
+    /// batch (index entries, or heap pages holding about that many).
+    pub fn new(filter: &PruneFilter<'_>, batch_size: NonZeroU32) -> Pruning {
+        Pruning {
+            cut_off: micros_rounded_up(filter.settled_before),
+            only_account: filter.account.map(str::to_owned),
+            batch_size,
+            walk: None,
+            lane: 0,
+            at: Position::Start,
+        }
+    }
+
+    /// Whether the walk is over: [`Pruning::next_batch`] would return
+    /// `None`.
+    pub fn is_done(&self) -> bool {
+        self.lane >= LANES.len()
+    }
+
+    /// Runs the next batch and returns how many claims it deleted (possibly
+    /// none: a window of claims still pending, say), or `None` once the
+    /// walk is over. On an error nothing has moved: calling again retries
+    /// the same batch.
+    pub async fn next_batch(&mut self, pool: &PgPool) -> Result<Option<u64>, Error> {
+        let walk = match self.walk {
+            Some(walk) => walk,
+            None => {
+                let walk = self.choose_walk(pool).await?;
+                self.walk = Some(walk);
+                walk
+            }
+        };
+        let order = match walk {
+            Walk::HeapOrder { pages, end } => return self.next_pages(pool, pages, end).await,
+            Walk::ByAccount => IndexOrder::ByAccount,
+            Walk::Across => IndexOrder::Across,
+        };
+        while let Some(&lane) = LANES.get(self.lane) {
+            let start = || (String::new(), lane.start_namespace.map(str::to_owned));
+            let (account, address, namespace) = match (&self.at, order) {
+                (
+                    Position::After {
+                        account,
+                        address,
+                        namespace,
+                    },
+                    _,
+                ) => (account.clone(), address.clone(), namespace.clone()),
+                (Position::Start, IndexOrder::Across) => {
+                    let (address, namespace) = start();
+                    (String::new(), address, namespace)
+                }
+                (Position::Start | Position::Past(_) | Position::Page(_), _) => {
+                    match self.next_account(pool, lane).await? {
+                        Some(account) => {
+                            let (address, namespace) = start();
+                            (account, address, namespace)
+                        }
+                        None => {
+                            self.lane += 1;
+                            self.at = Position::Start;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let walker = match order {
+                IndexOrder::ByAccount => &lane.by_account,
+                IndexOrder::Across => &lane.across,
+            };
+            let window_end = sqlx::query(walker.window_end)
+                .bind(&account)
+                .bind(&address)
+                .bind(&namespace)
+                .bind(i64::from(self.batch_size.get()) - 1)
+                .fetch_optional(pool)
+                .await?
+                .map(
+                    |row| -> Result<(String, String, Option<String>), sqlx::Error> {
+                        Ok((
+                            row.try_get("account")?,
+                            row.try_get("address")?,
+                            row.try_get("namespace")?,
+                        ))
+                    },
+                )
+                .transpose()?;
+            let (statement, end) = match &window_end {
+                Some((end_account, end_address, end_namespace)) => (
+                    walker.delete_window,
+                    (
+                        (order == IndexOrder::Across).then_some(end_account),
+                        Some(end_address),
+                        end_namespace.as_ref(),
+                    ),
+                ),
+                None => (walker.delete_rest, (None, None, None)),
+            };
+            let deleted = sqlx::query(statement)
+                .bind(&account)
+                .bind(&address)
+                .bind(&namespace)
+                .bind(end.0)
+                .bind(end.1)
+                .bind(end.2)
+                .bind(self.cut_off)
+                .execute(pool)
+                .await?
+                .rows_affected();
+            // Committed: only now does the walk move on.
+            self.at = match (window_end, order) {
+                (Some((account, address, namespace)), _) => Position::After {
+                    account,
+                    address,
+                    namespace,
+                },
+                (None, IndexOrder::ByAccount) => Position::Past(account),
+                (None, IndexOrder::Across) => {
+                    self.lane += 1;
+                    Position::Start
+                }
+            };
+            return Ok(Some(deleted));
+        }
+        Ok(None)
+    }
+
+    /// A batch of the walk in heap order: the pages from where the last one
+    /// stopped, `pages` of them, until page `end`.
+    async fn next_pages(
+        &mut self,
+        pool: &PgPool,
+        pages: i64,
+        end: i64,
+    ) -> Result<Option<u64>, Error> {
+        let from = match self.at {
+            Position::Page(page) => page,
+            _ => 0,
+        };
+        if from >= end {
+            self.lane = LANES.len();
+            return Ok(None);
+        }
+        let to = from.saturating_add(pages);
+        let deleted = sqlx::query(DELETE_HEAP_PAGES)
+            .bind(from)
+            .bind(to)
+            .bind(self.cut_off)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        self.at = Position::Page(to);
+        Ok(Some(deleted))
+    }
+
+    /// How this walk goes ([`Walk::choose`]), asked of the server; a walk in
+    /// heap order covers about `batch_size` claims a batch, by the rows a
+    /// page held when the statistics last counted, and ends at the heap's
+    /// end now (claims stored after it are newer than the prune).
+    async fn choose_walk(&self, pool: &PgPool) -> Result<Walk, Error> {
+        let mut conn = pool.acquire().await?;
+        let distributed = match citus::citus_version(&mut conn).await? {
+            None => false,
+            Some(_) => citus::distribution(&mut conn)
+                .await?
+                .is_some_and(|distribution| distribution.column_name.is_some()),
+        };
+        let version: i32 = sqlx::query(SERVER_VERSION)
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get("version")?;
+        let walk = Walk::choose(version, distributed, self.only_account.is_some());
+        if walk != (Walk::HeapOrder { pages: 1, end: 0 }) {
+            return Ok(walk);
+        }
+        let extent = sqlx::query(HEAP_EXTENT).fetch_one(&mut *conn).await?;
+        let end: i64 = extent.try_get("pages")?;
+        let counted_rows: f64 = extent.try_get("counted_rows")?;
+        let counted_pages: i64 = extent.try_get("counted_pages")?;
+        let heaps: i64 = extent.try_get("heaps")?;
+        Ok(Walk::HeapOrder {
+            pages: pages_per_batch(self.batch_size, counted_rows, counted_pages, heaps),
+            end,
+        })
+    }
+
+    /// The account a walk by account goes to next in `lane`: the filter's
+    /// own (once per lane), or the next by the lane's index; `None` when
+    /// there is no other.
+    async fn next_account(&self, pool: &PgPool, lane: &Lane) -> Result<Option<String>, Error> {
+        if let Some(only) = &self.only_account {
+            return Ok(match self.at {
+                Position::Start => Some(only.clone()),
+                _ => None,
+            });
+        }
+        let row = match &self.at {
+            Position::Past(previous) => {
+                sqlx::query(lane.next_account)
+                    .bind(previous)
+                    .fetch_one(pool)
+                    .await?
+            }
+            _ => sqlx::query(lane.first_account).fetch_one(pool).await?,
+        };
+        Ok(row.try_get("account")?)
+    }
+}
+
+/// Whether a server of `version` (`server_version_num`) scans a range of
+/// heap pages as such, so that a walk in heap order is bounded work.
+pub(super) fn heap_walk_possible(version: i32) -> bool {
+    version >= TID_RANGE_SCANS_SINCE
+}
+
+/// Heap pages a batch of about `batch_size` claims covers in each of
+/// `heaps` heaps, at the rows per page the statistics counted
+/// (`counted_rows` in `counted_pages`), or [`ROWS_PER_PAGE_UNCOUNTED`]; at
+/// least one.
+fn pages_per_batch(
+    batch_size: NonZeroU32,
+    counted_rows: f64,
+    counted_pages: i64,
+    heaps: i64,
+) -> i64 {
+    let rows_per_page = if counted_pages > 0 && counted_rows >= 1.0 {
+        counted_rows / counted_pages as f64
+    } else {
+        ROWS_PER_PAGE_UNCOUNTED
+    };
+    let rows_per_page_range = rows_per_page.max(1.0) * heaps.max(1) as f64;
+    // Saturating: at most 2^32 claims over at least a row a page.
+    ((f64::from(batch_size.get()) / rows_per_page_range).ceil() as i64).max(1)
+}
+
+/// `time` in microseconds since the Unix epoch, rounded up, so that
+/// `settled_at < $1` (a `timestamptz`, whole microseconds) holds exactly when
+/// `settled_at < time`. Saturates outside `i64`, where PostgreSQL refuses
+/// the instant as out of range.
+fn micros_rounded_up(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => {
+            let partial = u128::from(after.subsec_nanos() % 1_000 != 0);
+            i64::try_from(after.as_micros() + partial).unwrap_or(i64::MAX)
+        }
+        // The magnitude rounded down is the negative value rounded up.
+        Err(before) => i64::try_from(before.duration().as_micros()).map_or(i64::MIN, |m| -m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn instants_are_rounded_up_to_whole_microseconds() {
+        let at = |nanos: i64| {
+            let magnitude = Duration::from_nanos(nanos.unsigned_abs());
+            if nanos >= 0 {
+                UNIX_EPOCH + magnitude
+            } else {
+                UNIX_EPOCH - magnitude
+            }
+        };
+        assert_eq!(micros_rounded_up(at(0)), 0);
+        assert_eq!(micros_rounded_up(at(1_000)), 1);
+        assert_eq!(micros_rounded_up(at(1_001)), 2);
+        assert_eq!(micros_rounded_up(at(-1_000)), -1);
+        assert_eq!(micros_rounded_up(at(-1_999)), -1);
+    }
+
+    #[test]
+    fn the_walk_goes_in_heap_order_where_tid_range_scans_exist_and_by_account_on_citus() {
+        let heap = Walk::HeapOrder { pages: 1, end: 0 };
+        assert_eq!(Walk::choose(120_000, false, false), Walk::Across);
+        assert_eq!(Walk::choose(130_020, false, false), Walk::Across);
+        assert_eq!(Walk::choose(140_000, false, false), heap);
+        assert_eq!(Walk::choose(180_000, false, false), heap);
+        assert_eq!(Walk::choose(150_000, true, false), Walk::ByAccount);
+        assert_eq!(Walk::choose(150_000, false, true), Walk::ByAccount);
+    }
+
+    #[test]
+    fn a_batch_of_pages_holds_about_the_batch_size_in_claims() {
+        let size = |n| NonZeroU32::new(n).expect("not zero");
+        assert_eq!(pages_per_batch(size(10_000), 5_000_000.0, 100_000, 1), 200);
+        assert_eq!(pages_per_batch(size(10_000), 5_000_000.0, 100_000, 16), 13);
+        assert_eq!(pages_per_batch(size(10_000), 0.0, 0, 1), 200);
+        assert_eq!(pages_per_batch(size(1), 5_000_000.0, 100_000, 4), 1);
+        assert_eq!(pages_per_batch(size(7), 2.0, 3, 1), 7);
+    }
+
+    #[test]
+    fn every_batch_deletes_only_successes_and_a_walk_by_account_names_it() {
+        for lane in LANES {
+            let walker = &lane.by_account;
+            for statement in [walker.window_end, walker.delete_window, walker.delete_rest] {
+                assert!(statement.contains("account = $1"), "{statement}");
+            }
+            for walker in [&lane.by_account, &lane.across] {
+                for statement in [walker.delete_window, walker.delete_rest] {
+                    assert!(statement.contains("state = 'success'"), "{statement}");
+                    assert!(statement.contains("$7"), "{statement}");
+                    assert!(!statement.contains("LIMIT"), "{statement}");
+                }
+            }
+        }
+        assert!(DELETE_HEAP_PAGES.contains("state = 'success'"));
+    }
+}
