@@ -24,7 +24,6 @@
 //! and in-doubt ones: the run fails otherwise. The figures are noisy on a
 //! small shared machine (two cores here): compare ratios within one run.
 
-use std::error::Error;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,16 +54,13 @@ struct Flags {
     into: Option<std::path::PathBuf>,
 }
 
-// The loadgen's splicing, shared: this program writes its own pair of
-// markers (`splice::PRUNE`) and uses none of the others.
-#[allow(dead_code)]
-#[path = "loadgen/splice.rs"]
-mod splice;
+// This program writes its own pair of markers (`splice::PRUNE`).
+use idem_bench::splice;
 
 /// Concurrent gate calls.
 const CONCURRENCY: usize = 4;
 
-type BoxError = Box<dyn Error + Send + Sync>;
+use idem_bench::BoxError;
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {

@@ -45,7 +45,6 @@ mod report;
 mod river;
 mod runner;
 mod scenarios;
-mod splice;
 mod workload;
 
 use std::process::ExitCode;
@@ -64,7 +63,7 @@ use scenarios::{Run, Scenario};
 use workload::Workload;
 
 /// Any error, with its message: the load generator reports and stops.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use idem_bench::{BoxError, splice};
 
 #[tokio::main]
 async fn main() -> ExitCode {

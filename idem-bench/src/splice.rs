@@ -3,7 +3,7 @@
 //! rendered, and everything outside them is left alone. BENCHMARKS.md holds
 //! the method by hand and the report this way, so no figure in it is ever
 //! pasted. The matrix, the Citus comparison, River side by side and the
-//! prune measurement (`prune_bench`, which includes this file) each have
+//! prune measurement (`prune_bench`) each have
 //! their own pair of markers, so writing one report leaves the others
 //! as they were.
 
