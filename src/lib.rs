@@ -279,6 +279,14 @@ pub use idem_runtime::cache;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use idem_runtime::http as axum;
 
+/// The `Idempotency-Key` protocol over HTTP (features `axum` and `tower`):
+/// per handler, the extractor and responses (feature `axum`, also reached
+/// as `idem::axum`); for a whole service, one layer,
+/// `IdempotencyLayer` (feature `tower`). Both give the same refusals.
+#[cfg(any(feature = "axum", feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
+pub use idem_runtime::http;
+
 /// What `#[idempotent]` and `race_test!` expand to call. Not a stable API.
 #[doc(hidden)]
 pub mod __private {

@@ -75,12 +75,23 @@ mod stored;
 #[cfg(feature = "axum")]
 mod axum;
 
+// The protocol for a whole service, as one tower layer (feature `tower`).
+#[cfg(feature = "tower")]
+mod layer;
+
 use http::HeaderName;
 
 pub use key::{IdempotencyKey, KeyRejection};
 pub use problem::{PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem};
 pub use rejected::{IN_DOUBT_RETRY_AFTER, IN_FLIGHT_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER};
 pub use stored::StoredResponse;
+
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub use layer::{
+    BufferedBody, DEFAULT_KEPT_HEADERS, IdempotencyLayer, IdempotencyService, RequestBody,
+    ResponseBody, ResponseFuture, ResponseOutcome, default_status_policy,
+};
 
 /// The request header that carries the client's key for this request.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
