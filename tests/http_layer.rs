@@ -83,10 +83,32 @@ async fn serve_axum(layer: IdempotencyLayer, effects: Effects) -> String {
             }
         }
     };
+    let declined = {
+        let effects = effects.clone();
+        move || async move {
+            let n = effects.happen();
+            (StatusCode::PAYMENT_REQUIRED, format!("declined {n}"))
+        }
+    };
+    // Answers 201, then its body fails half-way.
+    let broken = {
+        let effects = effects.clone();
+        move || async move {
+            effects.happen();
+            let chunks: [Result<Bytes, std::io::Error>; 2] = [
+                Ok(Bytes::from_static(b"half a rece")),
+                Err(std::io::Error::other("the database went away mid-answer")),
+            ];
+            let body = axum::body::Body::from_stream(futures_util::stream::iter(chunks));
+            (StatusCode::CREATED, body)
+        }
+    };
     let count = move || async move { effects.count().to_string() };
     let app = axum::Router::new()
         .route("/charges", post(charge).get(count))
         .route("/flaky", post(flaky))
+        .route("/declined", post(declined))
+        .route("/broken", post(broken))
         .layer(layer);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
     let address = listener.local_addr().expect("its address");
@@ -237,6 +259,19 @@ fn assert_one_original(answers: &[Answer], kept: &[&str]) -> usize {
     originals[0]
 }
 
+/// Says how a race came out (visible with `--nocapture`).
+fn report(server: &str, answers: &[Answer]) {
+    let conflicts = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CONFLICT)
+        .count();
+    let replays = answers.iter().filter(|a| a.replayed()).count();
+    eprintln!(
+        "{server}: {} requests at once: 1 ran, {conflicts} answered 409 in flight, {replays} replayed",
+        answers.len()
+    );
+}
+
 #[track_caller]
 fn assert_replay_of(replay: &Answer, original: &Answer, kept: &[&str]) {
     assert!(replay.replayed(), "neither a 409 nor a replay: {replay:?}");
@@ -257,6 +292,7 @@ async fn axum_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or_
     let answers = post_at_once(&url, 50, "race-axum", r#"{"cents":4999}"#).await;
     let original = &answers[assert_one_original(&answers, &["content-type", "location"])];
     assert_eq!(effects.count(), 1, "one effect for fifty requests");
+    report("axum", &answers);
     assert_eq!(original.status, StatusCode::CREATED);
     assert_eq!(original.body, br#"{"charge":1,"of":{"cents":4999}}"#);
     assert_eq!(original.header("x-served-by"), Some("effect-1"));
@@ -278,6 +314,7 @@ async fn hyper_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or
     let answers = post_at_once(&url, 50, "race-hyper", "a job").await;
     let original = &answers[assert_one_original(&answers, &["content-type"])];
     assert_eq!(effects.count(), 1, "one effect for fifty requests");
+    report("hyper", &answers);
     assert_eq!(original.status, StatusCode::ACCEPTED);
     assert_eq!(original.body, b"effect 1 of 5 bytes");
 
@@ -407,6 +444,45 @@ async fn a_server_error_releases_the_key_so_the_retry_runs() {
     let replayed = post().await;
     assert_replay_of(&replayed, &retried, &["content-type"]);
     assert_eq!(effects.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_policy_can_keep_a_failure_and_a_broken_response_is_held_in_doubt() {
+    use idem::Disposition;
+    use idem::http::{ResponseOutcome, default_status_policy};
+
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(gate().await).status_policy(|status| match status {
+        StatusCode::PAYMENT_REQUIRED => ResponseOutcome::Fail(Disposition::Keep),
+        other => default_status_policy(other),
+    });
+    let base = serve_axum(layer, effects.clone()).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str| {
+        Answer::of(
+            client
+                .post(format!("{base}{path}"))
+                .header("idempotency-key", "p-1"),
+        )
+    };
+
+    // A declined payment, kept as a definite failure: its retries are
+    // refused, not run, and not handed the 402 as if it were the answer.
+    let declined = post("/declined").await;
+    assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(declined.body, b"declined 1");
+    post("/declined")
+        .await
+        .assert_problem(StatusCode::CONFLICT, "already-failed");
+
+    // A 201 whose body failed: the effect may have happened, so the key is
+    // held in doubt; nothing partial is sent or kept.
+    let broken = post("/broken").await;
+    broken.assert_problem(StatusCode::INTERNAL_SERVER_ERROR, "response-failed");
+    let retry = post("/broken").await;
+    retry.assert_problem(StatusCode::CONFLICT, "outcome-in-doubt");
+    assert_eq!(retry.header("retry-after"), Some("30"));
+    assert_eq!(effects.count(), 2, "neither ran twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
