@@ -38,7 +38,9 @@ use super::IDEMPOTENT_REPLAYED;
 /// `idem claims show`; any other body as `"body_base64"`, since PostgreSQL's
 /// `jsonb` cannot hold a NUL character in a string and JSON has no bytes.
 /// Header values are kept one character per byte (ISO-8859-1), which maps
-/// every byte a header may hold, the non-ASCII ones included.
+/// every byte a header may hold, the non-ASCII ones included. Trailers
+/// (gRPC's `grpc-status`, kept by the tower layer) are a `"trailers"` list
+/// of the same form, present only when there are some.
 ///
 /// ```
 /// use http::{StatusCode, header::LOCATION, HeaderValue};

@@ -1,73 +1,10 @@
 //! [`IdempotencyLayer`]: the `Idempotency-Key` protocol for a whole
-//! service, as one `tower` layer (feature `tower`). It wraps any
-//! `Service<http::Request<B>>`: an axum `Router`, a hyper service, a tonic
-//! gRPC server.
-//!
-//! For each request of a guarded method (`POST` and `PATCH` by default)
-//! that carries the key header, the layer reads the body (up to a limit),
-//! claims the key on the [`Gate`], and calls the inner service only if the
-//! claim is won; the response is then kept, or the key released, as the
-//! [status policy](IdempotencyLayer::status_policy) says. A duplicate gets
-//! the kept response back byte for byte, marked `Idempotent-Replayed:
-//! true`, or the same refusals as the `#[idempotent]` extractor's (409,
-//! 422, 503 problem+json: one mapping for both).
-//!
-//! | the request | what the layer does |
-//! |---|---|
-//! | another method, or no key header | passes it through untouched (no key: a 400 with [`require_key`](IdempotencyLayer::require_key)) |
-//! | a malformed or repeated key | 400 `invalid-idempotency-key`; the service is not called |
-//! | a body over the [limit](IdempotencyLayer::body_limit) | 413 `body-too-large`; the service is not called |
-//! | the first with its key | calls the service; its response is kept (by default: every status but 408, 425, 429, 499 and 5xx) or the key is released |
-//! | a duplicate, the first done | the kept response: status, [kept headers](IdempotencyLayer::keep_headers), body bytes and trailers, plus `Idempotent-Replayed: true` |
-//! | a duplicate, the first still running | 409 `in-flight`, `Retry-After: 1` |
-//! | the same key, another method, path, query or body | 422 `key-reused` |
-//! | the store unreachable | 503 `store-unavailable`; the service is not called |
-//!
-//! **The identity.** A request's key is claimed under its *route* (by
-//! default its method and path; [`route`](IdempotencyLayer::route) names
-//! another, such as axum's `MatchedPath`) in its caller's account (the
-//! gate's, or the one [`scope`](IdempotencyLayer::scope) reads from the
-//! request, e.g. from an extension your authentication middleware set): two
-//! callers never share a key. Its fingerprint is the method, the path, the
-//! query and a sha1 of the body, so a key reused for another request is
-//! refused, never answered with the other request's response.
-//!
-//! **gRPC.** A request whose content type is `application/grpc*` is
-//! refused with a gRPC status in a trailers-only response (`ABORTED` in
-//! flight or in doubt, `ALREADY_EXISTS` done without a kept answer,
-//! `FAILED_PRECONDITION` failed for good, `INVALID_ARGUMENT` for a bad key
-//! or one reused, `RESOURCE_EXHAUSTED` over the limit, `UNAVAILABLE` with
-//! the store down), and its response is judged by its `grpc-status`
-//! (see [`default_status_policy`]); trailers are kept and replayed. The
-//! key is the `idempotency-key` metadata.
-//!
-//! **A response that fails mid-body** (its body returns an error) is
-//! neither sent nor kept: the client gets a 500 `response-failed`, and the
-//! key is held in doubt when the status policy would have kept the
-//! response (the request may have taken effect), or recorded as the
-//! policy's disposition says otherwise (by default, released). The inner
-//! service returning an error instead of a response releases the key.
-//!
-//! Responses are buffered whole before they are sent, to be kept: guard
-//! requests whose answers are of a size you would store in a row, not
-//! streams. Requests that pass through are not buffered.
-//!
-//! ```
-//! use axum::{Router, routing::post};
-//! use idem_runtime::Gate;
-//! use idem_runtime::http::IdempotencyLayer;
-//!
-//! async fn create_charge(body: String) -> (axum::http::StatusCode, String) {
-//!     (axum::http::StatusCode::CREATED, format!("charged: {body}"))
-//! }
-//!
-//! fn app(gate: Gate) -> Router {
-//!     Router::new()
-//!         .route("/charges", post(create_charge))
-//!         // Every POST and PATCH with an Idempotency-Key runs once per key.
-//!         .layer(IdempotencyLayer::new(gate).body_limit(64 * 1024))
-//! }
-//! ```
+//! service, as one tower layer (feature `tower`). Its docs are the user's
+//! page; here, one module a job: `service.rs` (one request through the
+//! gate), `body.rs` (reading a body whole, and bodies in memory),
+//! `policy.rs` (what a status means for the key), `refusal.rs` (the
+//! answers given without the inner service), `grpc.rs` (the same in gRPC's
+//! terms).
 
 mod body;
 mod grpc;
@@ -90,8 +27,75 @@ use super::IDEMPOTENCY_KEY;
 use crate::gate::Gate;
 use crate::mode::Mode;
 
-/// The `tower` layer that gives a service the `Idempotency-Key` protocol:
-/// see [the module](self) for what it does to each request.
+/// The `Idempotency-Key` protocol for a whole service, as one `tower`
+/// layer (feature `tower`). It wraps any `Service<http::Request<B>>`: an
+/// axum `Router`, a hyper service, a tonic gRPC server.
+///
+/// For each request of a guarded method (`POST` and `PATCH` by default)
+/// that carries the key header, the layer reads the body (up to a limit),
+/// claims the key on the [`Gate`], and calls the inner service only if the
+/// claim is won; the response is then kept, or the key released, as the
+/// [status policy](IdempotencyLayer::status_policy) says. A duplicate gets
+/// the kept response back byte for byte, marked `Idempotent-Replayed:
+/// true`, or the same refusals as the `#[idempotent]` extractor's (409,
+/// 422, 503 problem+json: one mapping for both).
+///
+/// | the request | what the layer does |
+/// |---|---|
+/// | another method, or no key header | passes it through untouched (no key: a 400 with [`require_key`](IdempotencyLayer::require_key)) |
+/// | a malformed or repeated key | 400 `invalid-idempotency-key`; the service is not called |
+/// | a body over the [limit](IdempotencyLayer::body_limit) | 413 `body-too-large`; the service is not called |
+/// | the first with its key | calls the service; its response is kept (by default: every status but 408, 425, 429, 499 and 5xx) or the key is released |
+/// | a duplicate, the first done | the kept response: status, [kept headers](IdempotencyLayer::keep_headers), body bytes and trailers, plus `Idempotent-Replayed: true` |
+/// | a duplicate, the first still running | 409 `in-flight`, `Retry-After: 1` |
+/// | the same key, another method, path, query or body | 422 `key-reused` |
+/// | the store unreachable | 503 `store-unavailable`; the service is not called |
+///
+/// **The identity.** A request's key is claimed under its *route* (by
+/// default its method and path; [`route`](IdempotencyLayer::route) names
+/// another, such as axum's `MatchedPath`) in its caller's account (the
+/// gate's, or the one [`scope`](IdempotencyLayer::scope) reads from the
+/// request, e.g. from an extension your authentication middleware set): two
+/// callers never share a key. Its fingerprint is the method, the path, the
+/// query and a sha1 of the body, so a key reused for another request is
+/// refused, never answered with the other request's response.
+///
+/// **gRPC.** A request whose content type is `application/grpc*` is
+/// refused with a gRPC status in a trailers-only response (`ABORTED` in
+/// flight or in doubt, `ALREADY_EXISTS` done without a kept answer,
+/// `FAILED_PRECONDITION` failed for good, `INVALID_ARGUMENT` for a bad key
+/// or one reused, `RESOURCE_EXHAUSTED` over the limit, `UNAVAILABLE` with
+/// the store down), and its response is judged by its `grpc-status`
+/// (see [`default_status_policy`]); trailers are kept and replayed. The
+/// key is the `idempotency-key` metadata.
+///
+/// **A response that fails mid-body** (its body returns an error) is
+/// neither sent nor kept: the client gets a 500 `response-failed`, and the
+/// key is held in doubt when the status policy would have kept the
+/// response (the request may have taken effect), or recorded as the
+/// policy's disposition says otherwise (by default, released). The inner
+/// service returning an error instead of a response releases the key.
+///
+/// Responses are buffered whole before they are sent, to be kept: guard
+/// requests whose answers are of a size you would store in a row, not
+/// streams. Requests that pass through are not buffered.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use idem_runtime::Gate;
+/// use idem_runtime::http::IdempotencyLayer;
+///
+/// async fn create_charge(body: String) -> (axum::http::StatusCode, String) {
+///     (axum::http::StatusCode::CREATED, format!("charged: {body}"))
+/// }
+///
+/// fn app(gate: Gate) -> Router {
+///     Router::new()
+///         .route("/charges", post(create_charge))
+///         // Every POST and PATCH with an Idempotency-Key runs once per key.
+///         .layer(IdempotencyLayer::new(gate).body_limit(64 * 1024))
+/// }
+/// ```
 ///
 /// Built with [`new`](IdempotencyLayer::new) and configured with its
 /// methods; cloning it (as routers do, once per route) is cheap.
