@@ -62,6 +62,17 @@ pub(super) fn status_of(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> St
     StatusCode::from_u16(http).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+/// The HTTP status a gRPC response stands for when its trailers never
+/// came (its body failed): the status of a trailers-only response, else
+/// `OK`, as the service had begun to answer.
+pub(super) fn status_before_trailers(headers: &HeaderMap) -> StatusCode {
+    if headers.contains_key(GRPC_STATUS) {
+        status_of(headers, None)
+    } else {
+        StatusCode::OK
+    }
+}
+
 /// The gRPC code for a refusal: chosen by what the client should do, as
 /// the problem's status is.
 fn code_of(problem: &Problem) -> u16 {

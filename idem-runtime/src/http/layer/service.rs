@@ -136,6 +136,7 @@ where
     ReqBody: Body<Data = Bytes>,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
     if !config.methods.contains(&parts.method) {
@@ -177,20 +178,28 @@ where
         let response = inner.call(request).await.map_err(Unkept::Failed)?;
         let (head, body) = response.into_parts();
         let status = if grpc { None } else { Some(head.status) };
-        let Ok(whole) = body::read_whole(body).await else {
-            // The service answered, then its body failed: nothing to send
-            // or keep. If the answer would have been kept, it may have
-            // taken effect.
-            let status = status.unwrap_or_else(|| grpc::status_of(&head.headers, None));
-            let disposition = match (config.status_policy)(status) {
-                ResponseOutcome::Replay => Disposition::InDoubt,
-                ResponseOutcome::Fail(disposition) => disposition,
-            };
-            let response = refusal::respond(&refusal::response_failed(), grpc);
-            return Err(Unkept::Answered {
-                response,
-                disposition,
-            });
+        let whole = match body::read_whole(body).await {
+            Ok(whole) => whole,
+            Err(error) => {
+                // The service answered, then its body failed: nothing to
+                // send or keep. If the answer would have been kept, it may
+                // have taken effect.
+                let error: BoxError = error.into();
+                tracing::warn!(
+                    target: "idem",
+                    action = identity.action(),
+                    %error,
+                    "a guarded response's body failed; it is neither sent nor kept"
+                );
+                let status = status.unwrap_or_else(|| grpc::status_before_trailers(&head.headers));
+                return Err(Unkept::Answered {
+                    response: refusal::respond(&refusal::response_failed(), grpc),
+                    disposition: match (config.status_policy)(status) {
+                        ResponseOutcome::Replay => Disposition::InDoubt,
+                        ResponseOutcome::Fail(disposition) => disposition,
+                    },
+                });
+            }
         };
         let status =
             status.unwrap_or_else(|| grpc::status_of(&head.headers, whole.trailers.as_ref()));
