@@ -582,11 +582,17 @@ mod grpc {
 
         fn call(&mut self, request: http::Request<Body>) -> Self::Future {
             let effects = self.0.clone();
+            // `Flaky` fails its first call UNAVAILABLE, as a service whose
+            // database is down would.
+            let flaky = request.uri().path().ends_with("/Flaky");
             Box::pin(async move {
                 let charge = tower::service_fn(move |call: tonic::Request<Vec<u8>>| {
                     let effects = effects.clone();
                     async move {
                         let n = effects.happen();
+                        if flaky && n == 1 {
+                            return Err(Status::unavailable("the ledger is down"));
+                        }
                         tokio::time::sleep(EFFECT_TIME).await;
                         let mut reply = format!("charge {n}: ").into_bytes();
                         reply.extend_from_slice(call.get_ref());
@@ -619,9 +625,19 @@ mod grpc {
         }
     }
 
-    /// The client side: one unary call, with the key as metadata.
+    /// The client side: one unary `Charge` call, with the key as metadata.
     pub async fn charge(
         channel: tonic::transport::Channel,
+        key: Option<&str>,
+        payload: &[u8],
+    ) -> Result<tonic::Response<Vec<u8>>, Status> {
+        call(channel, "/test.Charges/Charge", key, payload).await
+    }
+
+    /// One unary call of `method`, with the key as metadata.
+    pub async fn call(
+        channel: tonic::transport::Channel,
+        method: &'static str,
         key: Option<&str>,
         payload: &[u8],
     ) -> Result<tonic::Response<Vec<u8>>, Status> {
@@ -636,7 +652,7 @@ mod grpc {
                 .metadata_mut()
                 .insert("idempotency-key", key.parse().expect("a valid key"));
         }
-        let path = http::uri::PathAndQuery::from_static("/test.Charges/Charge");
+        let path = http::uri::PathAndQuery::from_static(method);
         client.unary(request, path, Raw).await
     }
 }
@@ -723,6 +739,29 @@ async fn grpc_duplicates_of_a_unary_call_are_refused_or_replayed_as_grpc_statuse
         .await
         .expect("passes through");
     assert_eq!(unkeyed.get_ref(), b"charge 2: 1");
+    assert_eq!(effects.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_an_unavailable_status_releases_the_key_so_the_retry_runs() {
+    let effects = Effects::default();
+    let channel = serve_grpc(IdempotencyLayer::new(gate().await), effects.clone()).await;
+    let flaky = |channel| grpc::call(channel, "/test.Charges/Flaky", Some("flaky-1"), b"x");
+    let down = flaky(channel.clone())
+        .await
+        .expect_err("the first call fails");
+    assert_eq!(down.code(), tonic::Code::Unavailable, "{down:?}");
+    assert_eq!(
+        down.message(),
+        "the ledger is down",
+        "the service's own status"
+    );
+    let retried = flaky(channel.clone()).await.expect("the retry runs");
+    assert_eq!(retried.get_ref(), b"charge 2: x");
+    assert!(retried.metadata().get("idempotent-replayed").is_none());
+    let replayed = flaky(channel).await.expect("a replay");
+    assert_eq!(replayed.get_ref(), b"charge 2: x");
+    assert!(replayed.metadata().get("idempotent-replayed").is_some());
     assert_eq!(effects.count(), 2);
 }
 
