@@ -307,6 +307,27 @@ async fn axum_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_wait_duplicates_in_flight_get_the_replay_instead_of_a_409() {
+    let effects = Effects::default();
+    let layer =
+        IdempotencyLayer::new(gate().await).mode(idem::Mode::new().wait(Duration::from_secs(10)));
+    let base = serve_axum(layer, effects.clone()).await;
+    let answers = post_at_once(&format!("{base}/charges"), 10, "wait-1", "a").await;
+    let original = &answers[assert_one_original(&answers, &["content-type", "location"])];
+    for answer in &answers {
+        assert_ne!(
+            answer.status,
+            StatusCode::CONFLICT,
+            "waited, not refused: {answer:?}"
+        );
+        if !std::ptr::eq(answer, original) {
+            assert_replay_of(answer, original, &["content-type", "location"]);
+        }
+    }
+    assert_eq!(effects.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hyper_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or_replays() {
     let effects = Effects::default();
     let base = serve_hyper(IdempotencyLayer::new(gate().await), effects.clone()).await;
