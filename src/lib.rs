@@ -55,6 +55,7 @@
 //! | the schema, your own migrations, the partitioned layout | [`schema`] |
 //! | testing your guarded functions | `testing`, `race_test!` (feature `testing`) |
 //! | the `Idempotency-Key` header for axum | `axum` (feature `axum`) |
+//! | the `Idempotency-Key` protocol for a whole HTTP or gRPC service, one layer | `http::IdempotencyLayer` (feature `tower`) |
 //! | answering duplicates of settled outcomes with no round trip | `cache` (feature `cache`) |
 //!
 //! # The insert is the lock
@@ -236,7 +237,8 @@
 //! |---|---|
 //! | `uuid` | `uuid::Uuid` key parts |
 //! | `testing` | `idem::testing` and `idem::race_test!`: a real database, isolated gates, races fired at one instant; pulls tokio's multi-threaded runtime, so enable it in dev-dependencies only |
-//! | `axum` | `idem::axum`: the `Idempotency-Key` header, `Rejected` as an HTTP response, responses replayed byte for byte |
+//! | `axum` | `idem::axum` (also `idem::http`): the `Idempotency-Key` header, `Rejected` as an HTTP response, responses replayed byte for byte; pulls axum's extractor traits, no server |
+//! | `tower` | `idem::http::IdempotencyLayer`: the same protocol for any tower service (axum routers, hyper services, tonic gRPC servers), one layer; pulls `tower-layer`, `tower-service`, `http-body`, `http-body-util` and `bytes`, no server |
 //! | `cache` | `idem::cache`: a bounded, expiring local cache of settled outcomes, so a duplicate this process has seen settled is answered with no round trip; pulls `quick_cache` |
 //!
 //! The default feature set pulls no test-only dependency.
@@ -278,6 +280,11 @@ pub use idem_runtime::cache;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use idem_runtime::http as axum;
+
+#[doc = include_str!("http.md")]
+#[cfg(any(feature = "axum", feature = "tower"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
+pub use idem_runtime::http;
 
 /// What `#[idempotent]` and `race_test!` expand to call. Not a stable API.
 #[doc(hidden)]

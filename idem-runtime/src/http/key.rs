@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 
 use super::{IDEMPOTENCY_KEY, Problem};
 use crate::identity::{KeyPart, PartWriter, PartWritten};
@@ -76,7 +76,18 @@ impl IdempotencyKey {
     /// error when it is repeated or malformed. What every framework's
     /// extractor calls.
     pub fn from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyRejection> {
-        let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+        IdempotencyKey::from_header_named(headers, &IDEMPOTENCY_KEY)
+    }
+
+    /// [`from_headers`](IdempotencyKey::from_headers) for a service that
+    /// takes its key under another header name (the tower layer's `header`
+    /// option). The refusals' messages still say `Idempotency-Key`, the
+    /// protocol's name.
+    pub fn from_header_named(
+        headers: &HeaderMap,
+        name: &HeaderName,
+    ) -> Result<Option<IdempotencyKey>, KeyRejection> {
+        let mut values = headers.get_all(name).iter();
         let Some(value) = values.next() else {
             return Ok(None);
         };

@@ -1,12 +1,21 @@
 //! Most clients meet idempotency as Stripe's `Idempotency-Key` header on a
 //! `POST`: the client sends a value unique to the request, the same value on
 //! every retry of it, and the server runs the request once. This module
-//! (feature `axum`; `idem::axum` in the facade) gives an axum handler guarded
-//! by `#[idempotent]` what it needs to speak that protocol, following the
-//! IETF draft *The Idempotency-Key HTTP Header Field*:
+//! (`idem::http` in the facade; `idem::axum` too) speaks that protocol,
+//! following the IETF draft *The Idempotency-Key HTTP Header Field*, two
+//! ways with the same refusals:
+//!
+//! - **per handler** (feature `axum`): an axum handler guarded by
+//!   `#[idempotent]` takes the [`IdempotencyKey`] extractor and returns a
+//!   [`StoredResponse`] (below);
+//! - **per service** (feature `tower`): `IdempotencyLayer`, one tower layer
+//!   around any HTTP or gRPC service (an axum `Router`, a hyper service, a
+//!   tonic server), configured once: which methods, which header, the body
+//!   limit, the route and caller scope, which statuses are kept.
 //!
 //! | piece | what it does |
 //! |---|---|
+//! | `IdempotencyLayer` (feature `tower`) | the whole protocol around a service: the key, a fingerprint of the request, the claim, the response kept and replayed or the key released per status; gRPC refusals as gRPC statuses |
 //! | [`IdempotencyKey`] | extractor for the header: 1 to 255 visible ASCII characters, or a 400 with a problem+json body saying what is wrong; `Option<IdempotencyKey>` when the header is optional. A [`KeyPart`](crate::KeyPart), so it can be the guarded function's key |
 //! | [`Rejected`](crate::Rejected) as a response | each refusal as the draft's status, with a problem+json body that says what to do next (table below) |
 //! | [`StoredResponse`] | a response that `replay` keeps byte for byte and gives back to duplicates, marked `Idempotent-Replayed: true` |
@@ -42,6 +51,7 @@
 //! marked as a replay.
 //!
 //! ```
+//! # #[cfg(feature = "axum")] { // with `tower` alone, axum's traits are absent
 //! use idem_runtime::Rejected;
 //! use idem_runtime::http::StoredResponse;
 //! use axum::http::StatusCode;
@@ -60,6 +70,7 @@
 //! assert_eq!(replayed.body(), first.body());
 //! assert!(!first.into_response().headers().contains_key("idempotent-replayed"));
 //! assert_eq!(replayed.into_response().headers()["idempotent-replayed"], "true");
+//! # }
 //! # Ok::<(), serde_json::Error>(())
 //! ```
 
@@ -75,12 +86,23 @@ mod stored;
 #[cfg(feature = "axum")]
 mod axum;
 
+// The protocol for a whole service, as one tower layer (feature `tower`).
+#[cfg(feature = "tower")]
+mod layer;
+
 use http::HeaderName;
 
 pub use key::{IdempotencyKey, KeyRejection};
 pub use problem::{PROBLEM_JSON, PROBLEM_TYPE_BASE, Problem};
 pub use rejected::{IN_DOUBT_RETRY_AFTER, IN_FLIGHT_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER};
 pub use stored::StoredResponse;
+
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub use layer::{
+    BufferedBody, DEFAULT_KEPT_HEADERS, IdempotencyLayer, IdempotencyService, RequestBody,
+    ResponseBody, ResponseFuture, ResponseOutcome, default_status_policy,
+};
 
 /// The request header that carries the client's key for this request.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

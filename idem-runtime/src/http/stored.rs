@@ -38,7 +38,9 @@ use super::IDEMPOTENT_REPLAYED;
 /// `idem claims show`; any other body as `"body_base64"`, since PostgreSQL's
 /// `jsonb` cannot hold a NUL character in a string and JSON has no bytes.
 /// Header values are kept one character per byte (ISO-8859-1), which maps
-/// every byte a header may hold, the non-ASCII ones included.
+/// every byte a header may hold, the non-ASCII ones included. Trailers
+/// (gRPC's `grpc-status`, kept by the tower layer) are a `"trailers"` list
+/// of the same form, present only when there are some.
 ///
 /// ```
 /// use http::{StatusCode, header::LOCATION, HeaderValue};
@@ -60,6 +62,7 @@ pub struct StoredResponse {
     status: StatusCode,
     headers: HeaderMap,
     body: Vec<u8>,
+    trailers: HeaderMap,
     replayed: bool,
 }
 
@@ -70,6 +73,7 @@ impl StoredResponse {
             status,
             headers: HeaderMap::new(),
             body: Vec::new(),
+            trailers: HeaderMap::new(),
             replayed: false,
         }
     }
@@ -100,6 +104,17 @@ impl StoredResponse {
         self
     }
 
+    /// Adds a trailer (after any of the same name): a field sent after the
+    /// body, as gRPC sends its `grpc-status`. Only a body that can carry
+    /// trailers (HTTP/2, chunked HTTP/1.1) sends them; the tower layer's
+    /// replay does, the plain `http::Response<Vec<u8>>` conversion cannot
+    /// and leaves them out.
+    #[must_use = "`with_trailer` returns the changed response"]
+    pub fn with_trailer(mut self, name: HeaderName, value: HeaderValue) -> StoredResponse {
+        self.trailers.append(name, value);
+        self
+    }
+
     /// The status.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -113,6 +128,18 @@ impl StoredResponse {
     /// The body's bytes.
     pub fn body(&self) -> &[u8] {
         &self.body
+    }
+
+    /// The trailers kept with the response (none unless added with
+    /// [`with_trailer`](StoredResponse::with_trailer)).
+    pub fn trailers(&self) -> &HeaderMap {
+        &self.trailers
+    }
+
+    /// The parts, to build a response of another body type: status,
+    /// headers, body bytes and trailers.
+    pub fn into_parts(self) -> (StatusCode, HeaderMap, Vec<u8>, HeaderMap) {
+        (self.status, self.headers, self.body, self.trailers)
     }
 
     /// `true` when this response was read back from the store: a duplicate
@@ -140,11 +167,14 @@ impl From<StoredResponse> for Response<Vec<u8>> {
 }
 
 /// The stored form; see [`StoredResponse`]. Exactly one of `body` and
-/// `body_base64` is present.
+/// `body_base64` is present; `trailers` only when there are some, so a
+/// response without them is stored as it always was.
 #[derive(Serialize, Deserialize)]
 struct Stored<'a> {
     status: u16,
     headers: Vec<(Cow<'a, str>, String)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    trailers: Vec<(Cow<'a, str>, String)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     body: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,11 +183,8 @@ struct Stored<'a> {
 
 impl Serialize for StoredResponse {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let headers = self
-            .headers
-            .iter()
-            .map(|(name, value)| (Cow::Borrowed(name.as_str()), latin1(value.as_bytes())))
-            .collect();
+        let headers = fields(&self.headers);
+        let trailers = fields(&self.trailers);
         let text = std::str::from_utf8(&self.body)
             .ok()
             .filter(|text| !text.contains('\0'));
@@ -168,6 +195,7 @@ impl Serialize for StoredResponse {
         Stored {
             status: self.status.as_u16(),
             headers,
+            trailers,
             body,
             body_base64,
         }
@@ -179,15 +207,8 @@ impl<'de> Deserialize<'de> for StoredResponse {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let stored = Stored::deserialize(deserializer)?;
         let status = StatusCode::from_u16(stored.status).map_err(D::Error::custom)?;
-        let mut headers = HeaderMap::with_capacity(stored.headers.len());
-        for (name, value) in stored.headers {
-            let name = HeaderName::from_bytes(name.as_bytes()).map_err(D::Error::custom)?;
-            let bytes = bytes_of_latin1(&value).ok_or_else(|| {
-                D::Error::custom(format!("header {name} holds a character above U+00FF"))
-            })?;
-            let value = HeaderValue::from_bytes(&bytes).map_err(D::Error::custom)?;
-            headers.append(name, value);
-        }
+        let headers = header_map(stored.headers).map_err(D::Error::custom)?;
+        let trailers = header_map(stored.trailers).map_err(D::Error::custom)?;
         let body = match (stored.body, stored.body_base64) {
             (Some(text), None) => text.into_owned().into_bytes(),
             (None, Some(encoded)) => BASE64.decode(encoded).map_err(D::Error::custom)?,
@@ -201,10 +222,31 @@ impl<'de> Deserialize<'de> for StoredResponse {
             status,
             headers,
             body,
+            trailers,
             // Only the gate's replay reads a stored response back.
             replayed: true,
         })
     }
+}
+
+/// A map's fields in the stored form: names as they are, values as latin1.
+fn fields(map: &HeaderMap) -> Vec<(Cow<'_, str>, String)> {
+    map.iter()
+        .map(|(name, value)| (Cow::Borrowed(name.as_str()), latin1(value.as_bytes())))
+        .collect()
+}
+
+/// The fields of the stored form, as a map: repeated names keep their order.
+fn header_map(fields: Vec<(Cow<'_, str>, String)>) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for (name, value) in fields {
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| e.to_string())?;
+        let bytes = bytes_of_latin1(&value)
+            .ok_or_else(|| format!("header {name} holds a character above U+00FF"))?;
+        let value = HeaderValue::from_bytes(&bytes).map_err(|e| e.to_string())?;
+        map.append(name, value);
+    }
+    Ok(map)
 }
 
 /// Each byte as the character of the same number (ISO-8859-1): lossless for
@@ -266,6 +308,29 @@ mod tests {
         assert_eq!(back.headers(), response.headers());
         let cookies: Vec<_> = back.headers().get_all(SET_COOKIE).iter().collect();
         assert_eq!(cookies, ["a=1", "b=2"], "repeated headers keep their order");
+    }
+
+    #[test]
+    fn trailers_are_kept_only_when_there_are_some() {
+        let plain = StoredResponse::new(StatusCode::OK).with_body("x");
+        let (json, back) = round_trip(&plain);
+        assert!(!json.contains("trailers"), "{json}");
+        assert!(back.trailers().is_empty());
+        let grpc = plain
+            .with_trailer(
+                HeaderName::from_static("grpc-status"),
+                HeaderValue::from_static("0"),
+            )
+            .with_trailer(
+                HeaderName::from_static("grpc-message"),
+                HeaderValue::from_static("ok%20then"),
+            );
+        let (json, back) = round_trip(&grpc);
+        assert!(
+            json.contains(r#""trailers":[["grpc-status","0"],["grpc-message","ok%20then"]]"#),
+            "{json}"
+        );
+        assert_eq!(back.trailers(), grpc.trailers());
     }
 
     #[test]

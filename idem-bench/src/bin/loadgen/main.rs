@@ -40,6 +40,7 @@ mod flags;
 mod floor;
 mod fused;
 mod gated;
+mod http;
 mod keys;
 mod report;
 mod river;
@@ -158,6 +159,7 @@ async fn measure(
         pool: pool.clone(),
         gates: accounts.gates(&cached::gate_for(work, &gate, flags.duplicates)),
         batch_size: flags.batch_size,
+        routers: http::Routers::new(&gate, group.body(flags)),
         accounts,
         settled: db.settled(),
     });

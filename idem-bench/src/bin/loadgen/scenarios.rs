@@ -7,6 +7,7 @@ use crate::body::Body;
 use crate::flags::Flags;
 use crate::floor::{Claim, Floor, Settle};
 use crate::fused::Fused;
+use crate::http::Way;
 use crate::runner::Planned;
 use crate::workload::{GateMode, Work};
 
@@ -195,6 +196,20 @@ const GATE_REPLAY: Spec = Spec {
     cost: cost(2, 2, 2),
 };
 
+const HTTP_ATTRIBUTE: Spec = Spec {
+    name: "http-attribute",
+    work: Work::Http(Way::Attribute),
+    summary: "POST /charges in process through an axum router whose handler is #[idempotent(replay, fingerprint)] with the IdempotencyKey extractor",
+    cost: cost(2, 2, 2),
+};
+
+const HTTP_LAYER: Spec = Spec {
+    name: "http-layer",
+    work: Work::Http(Way::Layer),
+    summary: "the same POST through IdempotencyLayer around a plain handler: the body read and hashed, the response read whole and kept",
+    cost: cost(2, 2, 2),
+};
+
 const GATE_FINGERPRINT: Spec = Spec {
     name: "gate-fingerprint",
     work: Work::GateMode(GateMode::Fingerprint),
@@ -301,6 +316,9 @@ const NO_OP: &[Spec] = &[
     GATE_FINGERPRINT,
     GATE_LEASE,
     GATE_TX,
+    // An HTTP request guarded per handler, then by the layer.
+    HTTP_ATTRIBUTE,
+    HTTP_LAYER,
 ];
 
 /// The same with the slow body, less the fused claims (whose only question,

@@ -10,6 +10,7 @@ use crate::drive::Operation;
 use crate::duplicates::Settled;
 use crate::floor::Floor;
 use crate::fused::Fused;
+use crate::http::{Routers, Way};
 use crate::{BoxError, advisory, brandur, gated, keys};
 
 /// What one operation does.
@@ -36,6 +37,9 @@ pub enum Work {
     RefuseThroughCachedGate,
     /// Refuses a settled identity with a one-statement claim.
     RefuseByFusedClaim(Fused),
+    /// A `POST` guarded by `#[idempotent]` on its axum handler, or by
+    /// `IdempotencyLayer` ([`http`](crate::http)).
+    Http(Way),
 }
 
 /// The opt-in modes, each an `#[idempotent]` fn of [`gated`].
@@ -61,6 +65,8 @@ pub struct Workload {
     pub batch_size: u64,
     /// The rows the duplicates group refuses.
     pub settled: Option<Arc<Settled>>,
+    /// The axum routers of [`Work::Http`], on the default account's gate.
+    pub routers: Routers,
 }
 
 impl Workload {
@@ -88,6 +94,7 @@ impl Workload {
             Work::RefuseThroughGate | Work::RefuseThroughCachedGate => {
                 self.settled()?.refuse_through_gate(&self.gates, n).await
             }
+            Work::Http(way) => crate::http::charge_once(&self.routers, way, n).await,
             Work::RefuseByFusedClaim(fused) => {
                 self.settled()?
                     .refuse_by_fused_claim(&self.pool, fused, n)

@@ -1,0 +1,116 @@
+//! What a response means for its key: kept and given back to duplicates,
+//! or a failure recorded as a [`Disposition`].
+
+use http::StatusCode;
+use http::header::{self, HeaderName};
+
+use crate::mode::Disposition;
+
+/// What the layer records for a response of the inner service. The
+/// [`status policy`](super::IdempotencyLayer::status_policy) chooses it by
+/// status; [`default_status_policy`] is the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResponseOutcome {
+    /// The request is done: its response is kept (status, the kept
+    /// headers, body bytes, trailers), and every later duplicate gets it
+    /// back byte for byte, marked `Idempotent-Replayed: true`.
+    Replay,
+    /// The request failed: the response goes to this client only, and the
+    /// key is recorded as the [`Disposition`] says. `Release`: the key is
+    /// free again, and a retry runs. `Keep`: duplicates are refused with
+    /// 409 `already-failed`. `InDoubt`: duplicates are refused with 409
+    /// `outcome-in-doubt` until a reconciler or an operator resolves it.
+    Fail(Disposition),
+}
+
+/// The default status policy: every final answer is kept and replayed,
+/// except the ones that say nothing was done or that the server failed,
+/// which release the key so that a retry runs.
+///
+/// | status | outcome | why |
+/// |---|---|---|
+/// | 1xx to 4xx, except below | [`Replay`](ResponseOutcome::Replay) | the request's answer: a retry should get the same one (the draft's behaviour, and Stripe's) |
+/// | 408, 425, 429, 499 | [`Fail(Release)`](ResponseOutcome::Fail) | the server asks for a retry (timeout, too early, rate limited) or the client went away: nothing was done |
+/// | 5xx | [`Fail(Release)`](ResponseOutcome::Fail) | a server error, like an `Err` of a guarded function by default: a retry runs |
+///
+/// A service whose handlers may fail *after* their effect (a timeout
+/// while calling a payment provider) should hold such answers in doubt
+/// instead, with a policy of its own:
+///
+/// ```
+/// use http::StatusCode;
+/// use idem_runtime::Disposition;
+/// use idem_runtime::http::{ResponseOutcome, default_status_policy};
+///
+/// fn payments_policy(status: StatusCode) -> ResponseOutcome {
+///     match status {
+///         StatusCode::GATEWAY_TIMEOUT => ResponseOutcome::Fail(Disposition::InDoubt),
+///         StatusCode::PAYMENT_REQUIRED => ResponseOutcome::Fail(Disposition::Keep),
+///         other => default_status_policy(other),
+///     }
+/// }
+/// assert_eq!(payments_policy(StatusCode::CREATED), ResponseOutcome::Replay);
+/// ```
+///
+/// A gRPC response is judged by its `grpc-status`, as the HTTP status
+/// gRPC gateways map it to (`OK` 200, `INVALID_ARGUMENT` 400,
+/// `NOT_FOUND` 404, `ALREADY_EXISTS` and `ABORTED` 409,
+/// `RESOURCE_EXHAUSTED` 429, `CANCELLED` 499, `UNAVAILABLE` 503,
+/// `DEADLINE_EXCEEDED` 504, `INTERNAL`, `UNKNOWN` and `DATA_LOSS` 500, ...):
+/// so by default `OK` and the caller's errors are replayed, and
+/// `UNAVAILABLE`, `INTERNAL` and the like release the key.
+pub fn default_status_policy(status: StatusCode) -> ResponseOutcome {
+    match status.as_u16() {
+        408 | 425 | 429 | 499 | 500..=599 => ResponseOutcome::Fail(Disposition::Release),
+        _ => ResponseOutcome::Replay,
+    }
+}
+
+/// The response headers (and trailers) kept with a replayed response by
+/// default: those that describe the result and are needed to read its
+/// bytes, never those about one delivery (`Date`, `Set-Cookie`,
+/// `Content-Length`, which the server recomputes).
+///
+/// `content-type`, `content-encoding`, `content-language`,
+/// `content-location`, `location`, `etag`, `last-modified`, and for gRPC
+/// `grpc-encoding`, `grpc-status`, `grpc-message` and
+/// `grpc-status-details-bin`.
+pub const DEFAULT_KEPT_HEADERS: [HeaderName; 11] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    HeaderName::from_static("grpc-encoding"),
+    HeaderName::from_static("grpc-status"),
+    HeaderName::from_static("grpc-message"),
+    HeaderName::from_static("grpc-status-details-bin"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_replayed_and_server_failures_release() {
+        for kept in [200, 201, 204, 301, 400, 402, 404, 409, 422] {
+            let status = StatusCode::from_u16(kept).unwrap();
+            assert_eq!(
+                default_status_policy(status),
+                ResponseOutcome::Replay,
+                "{kept}"
+            );
+        }
+        for released in [408, 425, 429, 499, 500, 502, 503, 504] {
+            let status = StatusCode::from_u16(released).unwrap();
+            assert_eq!(
+                default_status_policy(status),
+                ResponseOutcome::Fail(Disposition::Release),
+                "{released}"
+            );
+        }
+    }
+}

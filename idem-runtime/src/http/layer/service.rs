@@ -1,0 +1,322 @@
+//! [`IdempotencyService`]: one request through the gate. Read the key,
+//! read the body, claim, call the inner service only if the claim was won,
+//! keep its response or record its failure, answer.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use http_body_util::Either;
+use sha1::{Digest, Sha1};
+use tower_service::Service;
+
+use super::body::{self, BoxError, BufferedBody, ReadError, Whole};
+use super::policy::ResponseOutcome;
+use super::{Config, grpc, refusal};
+use crate::error::Rejected;
+use crate::expansion::{replayed_outcome_of, run_with};
+use crate::gate::Gate;
+use crate::http::{IdempotencyKey, KeyRejection, Problem, StoredResponse};
+use crate::identity::Identity;
+use crate::mode::{Disposition, Fingerprint};
+
+/// The request body the inner service gets: the client's, untouched, for
+/// a request that passes through; the bytes the layer read, for a guarded
+/// one.
+pub type RequestBody<B> = Either<B, BufferedBody>;
+
+/// The response body the layer answers with: the inner service's,
+/// untouched, for a request that passed through; one in memory for a
+/// guarded request (its response was read to be kept), a replay or a
+/// refusal.
+pub type ResponseBody<B> = Either<B, BufferedBody>;
+
+/// The future of [`IdempotencyService`]: boxed, as the claim, the inner
+/// call and the settle are one `async` sequence.
+pub type ResponseFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+
+/// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around
+/// an inner service.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> IdempotencyService<S> {
+    pub(super) fn new(inner: S, config: Arc<Config>) -> IdempotencyService<S> {
+        IdempotencyService { inner, config }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service polled ready is the one to call; a fresh clone stays
+        // behind for the next poll_ready (tower's clone-and-swap).
+        let fresh = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, fresh);
+        Box::pin(guard(Arc::clone(&self.config), ready, request))
+    }
+}
+
+/// What a guarded request's inner call came to, when it is not a response
+/// to keep: the `Err` of the run, so the gate records it as a failure.
+enum Unkept<E> {
+    /// The gate refused the request; the inner service was not called.
+    Refused(Rejected),
+    /// The inner service answered, with a response not to keep: it goes to
+    /// this client, and the key is recorded as `disposition` says.
+    Answered {
+        response: Response<BufferedBody>,
+        disposition: Disposition,
+    },
+    /// The inner service failed without answering: the key is released.
+    Failed(E),
+}
+
+impl<E> From<Rejected> for Unkept<E> {
+    fn from(rejected: Rejected) -> Unkept<E> {
+        Unkept::Refused(rejected)
+    }
+}
+
+/// What the gate records for a run's output (a kept response is settled,
+/// never disposed).
+fn disposition_of<E>(output: &Result<StoredResponse, Unkept<E>>) -> Disposition {
+    match output {
+        Err(Unkept::Answered { disposition, .. }) => *disposition,
+        _ => Disposition::Release,
+    }
+}
+
+/// One request through the layer.
+async fn guard<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    ReqBody: Body<Data = Bytes>,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    if !config.methods.contains(&parts.method) {
+        return pass_through(inner, parts, body).await;
+    }
+    let grpc = grpc::is_grpc(&parts.headers);
+    let key = match IdempotencyKey::from_header_named(&parts.headers, &config.header) {
+        Ok(Some(key)) => key,
+        Ok(None) if !config.key_required => return pass_through(inner, parts, body).await,
+        Ok(None) => return Ok(refuse(&Problem::from(&KeyRejection::Missing), grpc)),
+        Err(rejection) => return Ok(refuse(&Problem::from(&rejection), grpc)),
+    };
+    let read = match body::read_limited(body, config.body_limit).await {
+        Ok(read) => read,
+        Err(ReadError::TooLarge) => {
+            return Ok(refuse(&refusal::too_large(config.body_limit), grpc));
+        }
+        Err(ReadError::Unreadable(error)) => {
+            tracing::debug!(target: "idem", %error, "a guarded request's body could not be read");
+            return Ok(refuse(&refusal::unreadable(), grpc));
+        }
+    };
+
+    let gate = gate_of(&config, &parts);
+    let identity = identity_of(&config, &parts, &key);
+    let mode = config
+        .mode
+        .clone()
+        .fingerprint(fingerprint_of(&parts, &read.data));
+    let request = Request::from_parts(
+        parts,
+        Either::Right(BufferedBody::new(read.data, read.trailers)),
+    );
+    // The first client gets every header the service sent; only the kept
+    // ones are stored for the duplicates.
+    let mut first_fields: Option<(HeaderMap, Option<HeaderMap>)> = None;
+    let outcome = replayed_outcome_of().disposed_by(disposition_of::<S::Error>);
+    let ran = run_with(&gate, &identity, &mode, outcome, async {
+        let response = inner.call(request).await.map_err(Unkept::Failed)?;
+        let (head, body) = response.into_parts();
+        let status = if grpc { None } else { Some(head.status) };
+        let whole = match body::read_whole(body).await {
+            Ok(whole) => whole,
+            Err(error) => {
+                // The service answered, then its body failed: nothing to
+                // send or keep. If the answer would have been kept, it may
+                // have taken effect.
+                let error: BoxError = error.into();
+                tracing::warn!(
+                    target: "idem",
+                    action = identity.action(),
+                    %error,
+                    "a guarded response's body failed; it is neither sent nor kept"
+                );
+                let status = status.unwrap_or_else(|| grpc::status_before_trailers(&head.headers));
+                return Err(Unkept::Answered {
+                    response: refusal::respond(&refusal::response_failed(), grpc),
+                    disposition: match (config.status_policy)(status) {
+                        ResponseOutcome::Replay => Disposition::InDoubt,
+                        ResponseOutcome::Fail(disposition) => disposition,
+                    },
+                });
+            }
+        };
+        let status =
+            status.unwrap_or_else(|| grpc::status_of(&head.headers, whole.trailers.as_ref()));
+        match (config.status_policy)(status) {
+            ResponseOutcome::Replay => {
+                let kept = kept_response(&config, head.status, &head.headers, &whole);
+                first_fields = Some((head.headers, whole.trailers));
+                Ok(kept)
+            }
+            ResponseOutcome::Fail(disposition) => Err(Unkept::Answered {
+                response: Response::from_parts(head, BufferedBody::new(whole.data, whole.trailers)),
+                disposition,
+            }),
+        }
+    })
+    .await;
+
+    match ran {
+        Ok(kept) => Ok(answer(kept, first_fields).map(Either::Right)),
+        Err(Unkept::Refused(rejected)) => Ok(refuse(&Problem::from(&rejected), grpc)),
+        Err(Unkept::Answered { response, .. }) => Ok(response.map(Either::Right)),
+        Err(Unkept::Failed(error)) => Err(error),
+    }
+}
+
+/// A request the layer does not guard, handed on untouched.
+async fn pass_through<S, ReqBody, ResBody>(
+    mut inner: S,
+    parts: Parts,
+    body: ReqBody,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+{
+    let response = inner
+        .call(Request::from_parts(parts, Either::Left(body)))
+        .await?;
+    Ok(response.map(Either::Left))
+}
+
+/// A refusal, in the layer's response body.
+fn refuse<B>(problem: &Problem, grpc: bool) -> Response<ResponseBody<B>> {
+    refusal::respond(problem, grpc).map(Either::Right)
+}
+
+/// The gate in the caller's account, when the layer reads one.
+fn gate_of(config: &Config, parts: &Parts) -> Gate {
+    match config.scope.as_ref().and_then(|scope| scope(parts)) {
+        Some(account) => config.gate.account(account),
+        None => config.gate.clone(),
+    }
+}
+
+/// The route (the action) and the key.
+fn identity_of(config: &Config, parts: &Parts, key: &IdempotencyKey) -> Identity {
+    let route = match &config.route {
+        Some(route) => route(parts),
+        None => format!("{} {}", parts.method, parts.uri.path()),
+    };
+    Identity::new(route).part(key)
+}
+
+/// What makes two requests under one key the same request: method, path,
+/// query and body. The body enters as its sha1, so the fingerprint costs
+/// one pass over it and no copy.
+fn fingerprint_of(parts: &Parts, body: &[u8]) -> Fingerprint {
+    let body_digest: [u8; 20] = Sha1::digest(body).into();
+    Fingerprint::new()
+        .part(parts.method.as_str())
+        .part(parts.uri.path())
+        .part(parts.uri.query().unwrap_or_default())
+        .part(body_digest)
+}
+
+/// The response as kept: status, the kept headers and trailers, the body.
+fn kept_response(
+    config: &Config,
+    status: http::StatusCode,
+    headers: &HeaderMap,
+    whole: &Whole,
+) -> StoredResponse {
+    let mut kept = StoredResponse::new(status).with_body(whole.data.to_vec());
+    for name in &config.kept_headers {
+        for value in headers.get_all(name) {
+            kept = kept.with_header(name.clone(), value.clone());
+        }
+        for value in whole
+            .trailers
+            .iter()
+            .flat_map(|trailers| trailers.get_all(name))
+        {
+            kept = kept.with_trailer(name.clone(), value.clone());
+        }
+    }
+    kept
+}
+
+/// A kept response as the answer: to the first client with every header
+/// and trailer the service sent, to a duplicate as kept, marked replayed.
+fn answer(
+    kept: StoredResponse,
+    first_fields: Option<(HeaderMap, Option<HeaderMap>)>,
+) -> Response<BufferedBody> {
+    let replayed = kept.is_replay();
+    let (status, kept_headers, data, kept_trailers) = kept.into_parts();
+    let (headers, trailers) = match first_fields {
+        Some((headers, trailers)) if !replayed => (headers, trailers),
+        _ => (kept_headers, Some(kept_trailers)),
+    };
+    let mut response = Response::new(BufferedBody::new(data, trailers));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    if replayed {
+        response.headers_mut().insert(
+            crate::http::IDEMPOTENT_REPLAYED,
+            http::HeaderValue::from_static("true"),
+        );
+    }
+    response
+}
