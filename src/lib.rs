@@ -56,6 +56,7 @@
 //! | testing your guarded functions | `testing`, `race_test!` (feature `testing`) |
 //! | the `Idempotency-Key` header for axum | `axum` (feature `axum`) |
 //! | answering duplicates of settled outcomes with no round trip | `cache` (feature `cache`) |
+//! | counters, histograms and gauges for a dashboard | `metrics` (feature `metrics`) |
 //!
 //! # The insert is the lock
 //!
@@ -238,6 +239,7 @@
 //! | `testing` | `idem::testing` and `idem::race_test!`: a real database, isolated gates, races fired at one instant; pulls tokio's multi-threaded runtime, so enable it in dev-dependencies only |
 //! | `axum` | `idem::axum`: the `Idempotency-Key` header, `Rejected` as an HTTP response, responses replayed byte for byte |
 //! | `cache` | `idem::cache`: a bounded, expiring local cache of settled outcomes, so a duplicate this process has seen settled is answered with no round trip; pulls `quick_cache` |
+//! | `metrics` | `idem::metrics`: outcomes counted by action, claim, body and settle durations, and gauges of stuck claims, through the `metrics` facade (any exporter); pulls `metrics` |
 //!
 //! The default feature set pulls no test-only dependency.
 //!
@@ -273,6 +275,10 @@ pub use idem_runtime::testing;
 #[cfg(feature = "cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub use idem_runtime::cache;
+
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use idem_runtime::metrics;
 
 #[doc = include_str!("axum.md")]
 #[cfg(feature = "axum")]

@@ -10,6 +10,7 @@
 //! | `batch` | the claim path for many slots at once: claim, look up, and one statement per kind of outcome |
 //! | `metering` | usage events: record a batch, total a meter |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
+//! | `gauges` | the claim gauges of feature `metrics`: pending past an age, in doubt, the oldest of each |
 //! | `catalog` | schema set-up, its version, the verification and partition queries |
 //! | `citus` | the Citus catalog: coordinator, distribution, indexes on every shard placement, and distributing the table |
 //!
@@ -44,6 +45,8 @@ mod batch;
 pub(crate) mod catalog;
 pub(crate) mod citus;
 mod claims;
+#[cfg(feature = "metrics")]
+pub(crate) mod gauges;
 pub(crate) mod metering;
 pub mod operations;
 
