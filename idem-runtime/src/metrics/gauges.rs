@@ -19,9 +19,10 @@ use crate::store::gauges::{ClaimGauges, claim_gauges};
 /// The counters tell what happened; these tell what is stuck now: claims
 /// pending longer than any body should run (a holder that crashed without
 /// a lease) and claims in doubt (refused until resolved). The query reads
-/// the claims pending or in doubt of one account, or of every account (a
-/// pass over the table: no index serves it), so sample every minute or so,
-/// not per request, and from one process, not from each replica.
+/// the claims of one account, or of the whole table (no index serves it: a
+/// pass over the rows, as the reconciler's listing makes), so sample every
+/// minute or so, not per request, and from one process, not from each
+/// replica.
 ///
 /// ```no_run
 /// # async fn demo(pool: idem_runtime::sqlx::PgPool) -> Result<(), idem_runtime::Error> {

@@ -29,15 +29,16 @@ macro_rules! gauges_over {
 }
 
 /// The gauges over every account. `$1` the pending age in seconds. Index:
-/// none; one pass over the table, as the reconciler's listing makes. Its
-/// cost is why the gauges are sampled on an interval the application picks,
-/// never per call.
+/// none; a pass over the table, as the reconciler's listing makes (no
+/// index leads with the state). Its cost is why the gauges are sampled on
+/// an interval the application picks, never per call.
 const GAUGES_EVERY_ACCOUNT: &str = gauges_over!("");
 
 /// The gauges of one account. `$1` the pending age in seconds, `$2` the
-/// account. Index: the partial unique indexes lead with `(account, kind)`,
-/// which the planner may use to read only the account's claims; on Citus,
-/// routed to the one worker holding the account's shard.
+/// account. Index: none either (the partial unique indexes each hold only
+/// the rows with, or without, a namespace, so neither can answer for all
+/// of an account's); on the partitioned layout it reads the account's one
+/// partition, on Citus the one shard holding it.
 const GAUGES_ONE_ACCOUNT: &str = gauges_over!(" AND account = $2");
 
 /// What [`GAUGES_EVERY_ACCOUNT`] or [`GAUGES_ONE_ACCOUNT`] read.
