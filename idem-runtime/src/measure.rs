@@ -175,7 +175,8 @@ mod facade {
     /// The labels every metric of a gate carries: the action, and the
     /// account when the gate was asked to label it; room for one more.
     /// Both are shared strings, so a label costs a reference count, not a
-    /// copy; the `Vec` is the one allocation the facade's key needs.
+    /// copy; the `Vec` is what the facade's key is made of, one per metric
+    /// updated.
     fn labels(slots: &Slots, identity: &Identity) -> Vec<Label> {
         let account = slots
             .metrics()

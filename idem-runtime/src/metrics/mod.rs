@@ -86,13 +86,18 @@
 //!
 //! # What it costs
 //!
-//! Without the feature, nothing: the calls are compiled out. With it, per
-//! decision, one counter and one histogram update in the recorder; the
-//! labels share the identity's action and the gate's account (a reference
-//! count, no copy), and the one allocation is the label list the facade's
-//! key is made of. Nothing waits on the recorder beyond its own update.
-//! The gauges cost one query per [`Gauges::interval`], over the claims
-//! pending or in doubt (see [`Gauges`]).
+//! Without the feature, nothing: the calls are compiled out. With it, a
+//! claim's decision updates one counter and one histogram in the recorder,
+//! a recording one counter and two histograms; the labels share the
+//! identity's action and the gate's account (a reference count, no copy of
+//! either string), and the only allocations are the label lists the
+//! facade's keys are made of, one per metric updated. Nothing waits on the
+//! recorder beyond its own update. The gauges cost one query per
+//! [`Gauges::interval`] (see [`Gauges`]).
+//!
+//! Inside the caller's transaction (`tx`, [`Gate::claim_in`](crate::Gate::claim_in)),
+//! an outcome is counted when its statement succeeds, as the tracing event
+//! says it: should the transaction roll back afterwards, the count stays.
 
 mod gauges;
 
@@ -135,7 +140,6 @@ pub mod names {
 /// Every gate counts, with the labels `action` and `outcome`; these
 /// options add to them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct MetricsOptions {
     label_account: bool,
 }
