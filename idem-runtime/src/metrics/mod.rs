@@ -41,7 +41,7 @@
 //! | name | kind | labels | what it is |
 //! |---|---|---|---|
 //! | `idem_outcomes_total` | counter | `action`, `outcome`, (`account`) | decisions, by outcome (below) |
-//! | `idem_claim_duration_seconds` | histogram | `action`, (`account`) | from the start of a claim to its decision (for a batch, the batch's claim, per item) |
+//! | `idem_claim_duration_seconds` | histogram | `action`, (`account`) | from the start of a claim to its decision, a `wait` included (for a batch, the batch's claim, per item) |
 //! | `idem_body_duration_seconds` | histogram | `action`, (`account`) | from a won claim (for a batch, its body's turn to run) until its outcome is recorded |
 //! | `idem_settle_duration_seconds` | histogram | `action`, (`account`) | recording a won claim's outcome: settle, release, keep or hold in doubt |
 //! | `idem_stale_pending_claims` | gauge | (`account`) | pending claims older than the age [`Gauges`] was given |
@@ -92,8 +92,12 @@
 //! identity's action and the gate's account (a reference count, no copy of
 //! either string), and the only allocations are the label lists the
 //! facade's keys are made of, one per metric updated. Nothing waits on the
-//! recorder beyond its own update. The gauges cost one query per
-//! [`Gauges::interval`] (see [`Gauges`]).
+//! recorder beyond its own update. Measured (`cargo bench -p idem-bench
+//! --features metrics --bench metrics`): a duplicate refused from the
+//! outcome cache, the cheapest decision, takes 0.6 µs with no recorder and
+//! 1.2 µs with Prometheus' (its registry's lookups); beside a decision that
+//! goes to the store (a round trip, ~100 µs) it vanishes. The gauges cost
+//! one query per [`Gauges::interval`] (see [`Gauges`]).
 //!
 //! Inside the caller's transaction (`tx`, [`Gate::claim_in`](crate::Gate::claim_in)),
 //! an outcome is counted when its statement succeeds, as the tracing event
