@@ -9,9 +9,9 @@
 //! other's counts: each test counts under an action (and an account) of its
 //! own.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use idem::batch::Batch;
 use idem::metrics::{Gauges, MetricsOptions, names};
@@ -154,12 +154,24 @@ async fn a_race_counts_one_win_and_every_refusal_with_its_durations() {
     const N: usize = 8;
     let (gate, action) = setup("m_race").await;
     let id = Identity::new(&action).part("ord_1");
-    let report = testing::race(N, || {
-        gate.run(&id, async {
-            // Long enough that every rival finds it in flight.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            Ok::<_, Rejected>(())
-        })
+    // The winner's body waits until its rivals have returned, so that each
+    // meets the claim in flight however slowly its own claim arrives.
+    let returned = AtomicUsize::new(0);
+    let body_ran = Mutex::new(Duration::ZERO);
+    let report = testing::race(N, || async {
+        let result = gate
+            .run(&id, async {
+                let started = Instant::now();
+                let deadline = started + Duration::from_secs(10);
+                while returned.load(Ordering::SeqCst) < N - 1 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                *body_ran.lock().unwrap_or_else(PoisonError::into_inner) = started.elapsed();
+                Ok::<_, Rejected>(())
+            })
+            .await;
+        returned.fetch_add(1, Ordering::SeqCst);
+        result
     })
     .await;
     report.assert_exactly_once();
@@ -200,7 +212,11 @@ async fn a_race_counts_one_win_and_every_refusal_with_its_durations() {
         })
         .map(|(_, bucket)| bucket.data())
         .expect("the body was timed");
-    assert!(body[0] >= 0.2, "the body slept 200 ms: {body:?}");
+    let ran = body_ran
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_secs_f64();
+    assert!(body[0] >= ran, "the body ran {ran} s: {body:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,7 +462,8 @@ async fn the_gauges_count_stale_pending_and_in_doubt_claims_and_their_ages() {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let (gate, action) = setup("m_gauges").await;
     let account = gate.account_name().to_owned();
-    let gauges = Gauges::new(gate.pool().clone(), Duration::from_millis(300)).account(&account);
+    // Ages far apart, so that a slow server cannot blur the threshold.
+    let gauges = Gauges::new(gate.pool().clone(), Duration::from_secs(2)).account(&account);
     let labels = [(names::ACCOUNT, account.as_str())];
 
     let empty = gauges.sample_once().await.expect("a sample");
@@ -469,7 +486,7 @@ async fn the_gauges_count_stale_pending_and_in_doubt_claims_and_their_ages() {
     }
     let doubt = gate.claim(&key()).await.expect("won");
     doubt.dispose(Disposition::InDoubt).await.expect("held");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     std::mem::forget(gate.claim(&key()).await.expect("won"));
 
     let sample = gauges.sample_once().await.expect("a sample");
@@ -480,7 +497,7 @@ async fn the_gauges_count_stale_pending_and_in_doubt_claims_and_their_ages() {
     );
     let oldest_doubt = sample.oldest_in_doubt_age.expect("one in doubt");
     let oldest_pending = sample.oldest_pending_age.expect("three pending");
-    assert!(oldest_doubt >= Duration::from_millis(400), "{sample:?}");
+    assert!(oldest_doubt >= Duration::from_secs(2), "{sample:?}");
     assert!(oldest_pending >= oldest_doubt, "{sample:?}");
     assert_eq!(gauge(names::STALE_PENDING_CLAIMS, &labels), Some(2.0));
     assert_eq!(gauge(names::CLAIMS_IN_DOUBT, &labels), Some(1.0));
