@@ -57,6 +57,7 @@
 //! | the `Idempotency-Key` header for axum | `axum` (feature `axum`) |
 //! | the `Idempotency-Key` protocol for a whole HTTP or gRPC service, one layer | `http::IdempotencyLayer` (feature `tower`) |
 //! | answering duplicates of settled outcomes with no round trip | `cache` (feature `cache`) |
+//! | counters, histograms and gauges for a dashboard | `metrics` (feature `metrics`) |
 //!
 //! # The insert is the lock
 //!
@@ -204,6 +205,55 @@
 //! cache for up to its time to live: the `cache` module says what that
 //! means, and `Gate::without_cache` opts an action out.
 //!
+//! # Metrics
+//!
+//! With the `metrics` feature, every gate counts what it decides through
+//! the [`metrics`](https://docs.rs/metrics) facade, so any exporter shows
+//! it: `idem_outcomes_total` by action and outcome (won, taken over,
+//! replayed, each refusal, settled, released, kept, held in doubt, stale,
+//! unrecorded, reconciled), histograms of claim, body and settle durations,
+//! and, from one periodic query the application opts into, gauges of the
+//! claims that are stuck (pending too long, in doubt, the oldest ages).
+//! Install a recorder once per process; `idem::metrics` lists every metric
+//! and label, and says what they cost:
+//!
+//! ```
+//! # #[cfg(feature = "metrics")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use idem::metrics::{Gauges, MetricsOptions};
+//! use idem::{Gate, Identity, Rejected};
+//!
+//! // Any recorder of the `metrics` ecosystem; here, Prometheus' text format.
+//! let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+//! idem::metrics::describe();
+//!
+//! # let url = idem::testing::database_url();
+//! # let pool = idem::sqlx::PgPool::connect(&url).await?;
+//! let gate = Gate::connect(pool.clone()).await?.account(idem::testing::unique_name("docs"));
+//! // Labels: action and outcome; the account too, only when asked for.
+//! let gate = gate.with_metrics(MetricsOptions::new().label_account(false));
+//! let id = Identity::new("charge").part("ord_1001");
+//! for _ in 0..3 {
+//!     let _: Result<(), Rejected> = gate.run(&id, async { Ok(()) }).await;
+//! }
+//! // The gauges: one query per sample (`Gauges::run` samples on an interval).
+//! Gauges::new(pool, Duration::from_secs(300)).sample_once().await?;
+//!
+//! let scraped = prometheus.render(); // what GET /metrics would serve
+//! assert!(scraped.contains(r#"idem_outcomes_total{action="charge",outcome="won"} 1"#));
+//! assert!(scraped.contains(r#"idem_outcomes_total{action="charge",outcome="settled"} 1"#));
+//! assert!(scraped.contains(r#"idem_outcomes_total{action="charge",outcome="already_done"} 2"#));
+//! assert!(scraped.contains("idem_claims_in_doubt"));
+//! # Ok(()) }
+//! # #[cfg(not(feature = "metrics"))]
+//! # fn main() {}
+//! ```
+//!
+//! The payments example (`examples/payments/`) serves them on
+//! `GET /metrics`; the operations guide says what to alert on.
+//!
 //! # Testing your guarded functions
 //!
 //! With the `testing` feature (in your dev-dependencies, with
@@ -240,6 +290,7 @@
 //! | `axum` | `idem::axum` (also `idem::http`): the `Idempotency-Key` header, `Rejected` as an HTTP response, responses replayed byte for byte; pulls axum's extractor traits, no server |
 //! | `tower` | `idem::http::IdempotencyLayer`: the same protocol for any tower service (axum routers, hyper services, tonic gRPC servers), one layer; pulls `tower-layer`, `tower-service`, `http-body`, `http-body-util` and `bytes`, no server |
 //! | `cache` | `idem::cache`: a bounded, expiring local cache of settled outcomes, so a duplicate this process has seen settled is answered with no round trip; pulls `quick_cache` |
+//! | `metrics` | `idem::metrics`: outcomes counted by action, claim, body and settle durations, and gauges of stuck claims, through the `metrics` facade (any exporter); pulls `metrics` |
 //!
 //! The default feature set pulls no test-only dependency.
 //!
@@ -247,7 +298,7 @@
 //!
 //! The repository's `docs/` holds what is not API: `operations.md` (set-up,
 //! privileges and row-level security, the `idem` command, partitioning,
-//! monitoring, stuck claims, outages), `reliability.md` (the faults tested
+//! monitoring and metrics, stuck claims, outages), `reliability.md` (the faults tested
 //! and the history checker), `design-decisions.md`, `distributed-engines.md`
 //! (Citus, CockroachDB, YugabyteDB) and `development.md`. `BENCHMARKS.md`
 //! holds the load generator's report.
@@ -275,6 +326,10 @@ pub use idem_runtime::testing;
 #[cfg(feature = "cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub use idem_runtime::cache;
+
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use idem_runtime::metrics;
 
 #[doc = include_str!("axum.md")]
 #[cfg(feature = "axum")]

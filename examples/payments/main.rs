@@ -1,8 +1,8 @@
 //! An axum payments service that charges once per `Idempotency-Key`.
 //!
 //! ```text
-//! cargo run --example payments --features axum            # port 3000
-//! PORT=8080 cargo run --example payments --features axum  # or: -- 8080
+//! cargo run --example payments --features axum,metrics            # port 3000
+//! PORT=8080 cargo run --example payments --features axum,metrics  # or: -- 8080
 //! ```
 //!
 //! `POST /charges` takes `{"amount_cents": 4999, "currency": "EUR"}`, an
@@ -11,7 +11,9 @@
 //! is guarded by `#[idempotent]` and writes each charge into a `charges`
 //! table: see `service.rs` beside this file, which `tests.rs` starts on
 //! 127.0.0.1 and drives over real HTTP (`cargo test --example payments
-//! --features axum`). The card network it calls takes a second, declines
+//! --features axum,metrics`). `GET /metrics` shows what idem counted, in
+//! Prometheus' text format, with the gauges of stuck claims sampled beside
+//! the service every 15 seconds. The card network it calls takes a second, declines
 //! charges above 1,000.00, and one call in four times out, alternately
 //! before and after charging: such a charge is held in doubt (retries get
 //! 409 and are never charged twice) until the reconciler running beside the
@@ -31,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::Gate;
+use idem::metrics::Gauges;
 use idem_test_support::database;
 use service::Payments;
 use tokio::net::TcpListener;
@@ -50,8 +53,17 @@ async fn main() -> ExitCode {
     database::exit_code(run().await)
 }
 
+/// How often the gauges of stuck claims are sampled, and the recorder's
+/// upkeep runs.
+const METRICS_INTERVAL: Duration = Duration::from_secs(15);
+
+/// A claim pending longer than this is stuck: the card network answers
+/// within seconds.
+const STALE_AFTER: Duration = Duration::from_secs(60);
+
 async fn run() -> Result<(), Box<dyn Error>> {
     let port = port()?;
+    let metrics = service::install_metrics()?;
     // Held to the end: dropping it stops a throwaway server, if one was started.
     let database = database::find().await?;
     let pool = database.pool(16).await?;
@@ -73,7 +85,24 @@ async fn run() -> Result<(), Box<dyn Error>> {
             })
             .await;
     });
-    let app = service::router(payments);
+    // The gauges of stuck claims, and the recorder's upkeep, beside it too.
+    let gauges = Gauges::new(pool.clone(), STALE_AFTER).interval(METRICS_INTERVAL);
+    let sampling = tokio::spawn({
+        let (mut stopped, metrics) = (stop.subscribe(), metrics.clone());
+        async move {
+            let upkeep = async {
+                loop {
+                    tokio::time::sleep(METRICS_INTERVAL).await;
+                    metrics.run_upkeep();
+                }
+            };
+            tokio::select! {
+                () = gauges.run(async { let _ = stopped.wait_for(|stop| *stop).await; }) => {}
+                () = upkeep => {}
+            }
+        }
+    });
+    let app = service::router(payments, metrics);
 
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await?;
     let address = listener.local_addr()?;
@@ -83,6 +112,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
          -H 'Idempotency-Key: 3c5e1b2a' -H 'Content-Type: application/json' \\\n    \
          -d '{{\"amount_cents\": 4999, \"currency\": \"EUR\"}}'"
     );
+    println!("  curl http://{address}/metrics");
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             // An error here means no signal can be received: run until killed.
@@ -93,6 +123,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .await?;
     let _ = stop.send(true);
     reconciling.await?;
+    sampling.await?;
     println!("payments: stopped");
     pool.close().await;
     Ok(())

@@ -1,7 +1,8 @@
 //! The payments service: `POST /charges` with an `Idempotency-Key` header,
 //! guarded by `#[idempotent]`, writing one row per charge into a real
-//! `card_charges` table. `tests.rs` starts it on 127.0.0.1 and sends it real
-//! requests.
+//! `card_charges` table, and `GET /metrics`, what idem counted, in
+//! Prometheus' text format. `tests.rs` starts it on 127.0.0.1 and sends it
+//! real requests.
 //!
 //! Its card network sometimes times out, before or after it charged: the
 //! charge is then in doubt, held so that no retry charges again, and
@@ -13,16 +14,20 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, State};
-use axum::http::header::{AUTHORIZATION, InvalidHeaderValue, LOCATION, WWW_AUTHENTICATE};
+use axum::http::header::{
+    AUTHORIZATION, CONTENT_TYPE, InvalidHeaderValue, LOCATION, WWW_AUTHENTICATE,
+};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::axum::{IdempotencyKey, Problem, StoredResponse};
+use idem::metrics::MetricsOptions;
 use idem::reconcile::{Doubt, Reconciler, Verdict};
 use idem::sqlx::{self, PgPool};
 use idem::{Disposition, Gate, Rejected, idempotent};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
 
 /// The stand-in card network declines any charge above this (1,000.00).
@@ -69,12 +74,39 @@ pub struct Payments {
 
 impl Payments {
     /// A service whose card network answers after `network_latency`.
+    ///
+    /// Its metrics carry the caller's account: the callers of this service
+    /// are a handful of API clients. With a tenant per end user, leave the
+    /// account out (the default): each account is a series of its own.
     pub fn new(gate: Gate, network_latency: Duration) -> Payments {
         Payments {
-            gate,
+            gate: gate.with_metrics(MetricsOptions::new().label_account(true)),
             network: CardNetwork::new(network_latency),
         }
     }
+}
+
+/// The upper bounds of the duration histograms' buckets, in seconds: from a
+/// claim's round trip on a local network to a card network that takes
+/// seconds.
+const DURATION_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Installs the process's metrics recorder (at most one per process: the
+/// `metrics` facade has one global recorder), which renders Prometheus'
+/// text format, and describes idem's metrics to it. Its histograms
+/// (`*_duration_seconds`) are rendered with [`DURATION_BUCKETS`]. Run
+/// [`PrometheusHandle::run_upkeep`] now and then, as `main` does.
+pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_duration_seconds".to_owned()),
+            &DURATION_BUCKETS,
+        )?
+        .install_recorder()?;
+    idem::metrics::describe();
+    Ok(handle)
 }
 
 /// How a call to the card network can time out.
@@ -224,10 +256,13 @@ fn reference(account: &str, key: &str) -> String {
 /// which retries then get, replayed; releases the claim of a charge it
 /// never made, so a retry runs it.
 pub fn reconciler(payments: Arc<Payments>) -> Reconciler {
-    Reconciler::new(payments.gate.pool().clone()).probe("create_charge", move |doubt| {
-        let payments = Arc::clone(&payments);
-        async move { payments.probe(doubt).await }
-    })
+    let metrics = payments.gate.metrics_options();
+    Reconciler::new(payments.gate.pool().clone())
+        .metrics(metrics)
+        .probe("create_charge", move |doubt| {
+            let payments = Arc::clone(&payments);
+            async move { payments.probe(doubt).await }
+        })
 }
 
 impl Payments {
@@ -290,11 +325,25 @@ async fn book(
     Ok(StoredResponse::json(StatusCode::CREATED, &made)?.with_header(LOCATION, location))
 }
 
-/// The service: `POST /charges`.
-pub fn router(payments: Arc<Payments>) -> Router {
+/// The service: `POST /charges`, and `GET /metrics` rendered from
+/// `metrics`, the handle of the recorder [`install_metrics`] installed.
+pub fn router(payments: Arc<Payments>, metrics: PrometheusHandle) -> Router {
     Router::new()
         .route("/charges", post(create_charge))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(render_metrics(&metrics))),
+        )
         .with_state(payments)
+}
+
+/// `GET /metrics`: every metric, in the text format Prometheus scrapes.
+fn render_metrics(metrics: &PrometheusHandle) -> Response {
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        metrics.render(),
+    )
+        .into_response()
 }
 
 /// The request body.

@@ -3,8 +3,9 @@
 //! against a real PostgreSQL; then the extractor and the refusal responses
 //! on their own.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::service::{self as payments, LIMIT_CENTS, Payments};
@@ -16,8 +17,10 @@ use idem::axum::{
     IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection, PROBLEM_JSON, PROBLEM_TYPE_BASE,
     StoredResponse,
 };
+use idem::metrics::{Gauges, names};
 use idem::sqlx;
 use idem::{Gate, Identity, Mode, Rejected};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;
@@ -52,7 +55,7 @@ impl Service {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let address = listener.local_addr().expect("its address");
         let payments = Arc::new(Payments::new(gate.clone(), network_latency));
-        let app = payments::router(payments.clone());
+        let app = payments::router(payments.clone(), recorder().clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
         Service {
             base: format!("http://{address}"),
@@ -97,6 +100,15 @@ impl Service {
             .await
             .expect("read the claims")
     }
+}
+
+/// The recorder of this test binary, installed by the first service
+/// started: one per process. Each test counts under an account of its own,
+/// and the service labels its metrics with it, so tests running at once
+/// never read each other's counts.
+fn recorder() -> &'static PrometheusHandle {
+    static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
+    RECORDER.get_or_init(|| payments::install_metrics().expect("the only recorder of this binary"))
 }
 
 /// One HTTP answer, read whole.
@@ -251,6 +263,178 @@ fn assert_byte_identical(replay: &Answer, original: &Answer) {
     assert!(
         !original.replayed(),
         "the original is not marked as a replay"
+    );
+}
+
+// ------------------------------------------------------------- /metrics
+
+/// A sample's name and labels.
+type Series = (String, BTreeMap<String, String>);
+
+/// One scrape of `GET /metrics`: each sample by its name and labels.
+struct Scrape(BTreeMap<Series, f64>);
+
+impl Scrape {
+    async fn of(service: &Service) -> Scrape {
+        let response = service
+            .client
+            .get(format!("{}/metrics", service.base))
+            .send()
+            .await
+            .expect("the service answers");
+        assert_eq!(response.status(), StatusCode::OK);
+        let content_type = response.headers().get("content-type").cloned();
+        assert_eq!(
+            content_type.as_ref().and_then(|value| value.to_str().ok()),
+            Some("text/plain; version=0.0.4; charset=utf-8")
+        );
+        let text = response.text().await.expect("the body");
+        Scrape(text.lines().filter_map(Scrape::sample).collect())
+    }
+
+    /// `name{label="value",...} 1` (or without labels) as a sample; `None`
+    /// for a comment. Label values here hold no quote, comma or brace.
+    fn sample(line: &str) -> Option<(Series, f64)> {
+        if line.starts_with('#') || line.trim().is_empty() {
+            return None;
+        }
+        let (series, value) = line.rsplit_once(' ')?;
+        let (name, labels) = match series.split_once('{') {
+            Some((name, labels)) => (name, labels.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let labels = labels
+            .split(',')
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(key, value)| (key.to_owned(), value.trim_matches('"').to_owned()))
+            .collect();
+        Some(((name.to_owned(), labels), value.parse().ok()?))
+    }
+
+    /// The sample `name` with exactly `labels`; `None` if not exported.
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self.0.get(&(name.to_owned(), labels)).copied()
+    }
+
+    /// `idem_outcomes_total` of `create_charge` in `account` for `outcome` (0
+    /// when never counted).
+    fn outcome(&self, account: &str, outcome: &str) -> f64 {
+        self.get(
+            names::OUTCOMES_TOTAL,
+            &[
+                (names::ACTION, "create_charge"),
+                (names::ACCOUNT, account),
+                (names::OUTCOME, outcome),
+            ],
+        )
+        .unwrap_or(0.0)
+    }
+
+    /// How many durations the histogram `name` of `create_charge` in
+    /// `account` holds.
+    fn count(&self, name: &str, account: &str) -> Option<f64> {
+        self.get(
+            &format!("{name}_count"),
+            &[(names::ACTION, "create_charge"), (names::ACCOUNT, account)],
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_a_race_and_a_charge_in_doubt_did() {
+    const RACERS: usize = 16;
+    let service = Arc::new(Service::start().await);
+    let account = service.account.clone();
+
+    let answers = post_at_once(&service, RACERS, "m-race", payload(1_999, "EUR")).await;
+    let charged = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED && !a.replayed())
+        .count();
+    let in_flight = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CONFLICT)
+        .count();
+    let replayed = answers.iter().filter(|a| a.replayed()).count();
+    assert_eq!(
+        (charged, in_flight + replayed),
+        (1, RACERS - 1),
+        "{answers:#?}"
+    );
+
+    let scrape = Scrape::of(&service).await;
+    assert_eq!(scrape.outcome(&account, "won"), 1.0);
+    assert_eq!(scrape.outcome(&account, "in_flight"), in_flight as f64);
+    assert_eq!(scrape.outcome(&account, "replayed"), replayed as f64);
+    assert_eq!(scrape.outcome(&account, "settled"), 1.0);
+    let durations = [
+        (names::CLAIM_DURATION_SECONDS, RACERS),
+        (names::BODY_DURATION_SECONDS, 1),
+        (names::SETTLE_DURATION_SECONDS, 1),
+    ];
+    for (name, count) in durations {
+        assert_eq!(scrape.count(name, &account), Some(count as f64), "{name}");
+    }
+    // The one body waited on the card network: its duration is in a bucket
+    // at or above the network's latency, none below.
+    let body_sum = scrape
+        .get(
+            &format!("{}_sum", names::BODY_DURATION_SECONDS),
+            &[(names::ACTION, "create_charge"), (names::ACCOUNT, &account)],
+        )
+        .expect("the body's duration");
+    assert!(body_sum >= NETWORK_LATENCY.as_secs_f64(), "{body_sum}");
+
+    // A charge whose answer was lost is held in doubt: counted, refused to
+    // its retry, and shown by the gauges until the reconciler settles it.
+    service
+        .payments
+        .network
+        .time_out_next(payments::Timeout::AfterCharging);
+    let lost = service.charge(Some("m-lost"), &payload(4_999, "EUR")).await;
+    lost.assert_service_problem(StatusCode::GATEWAY_TIMEOUT, "card-network-timeout");
+    let retry = service.charge(Some("m-lost"), &payload(4_999, "EUR")).await;
+    retry.assert_problem(StatusCode::CONFLICT, "outcome-in-doubt");
+    let gauges =
+        Gauges::new(service.gate.pool().clone(), Duration::from_secs(60)).account(&account);
+    let sample = gauges.sample_once().await.expect("a sample");
+    assert_eq!(
+        (sample.in_doubt, sample.stale_pending),
+        (1, 0),
+        "{sample:?}"
+    );
+
+    let scrape = Scrape::of(&service).await;
+    assert_eq!(scrape.outcome(&account, "won"), 2.0);
+    assert_eq!(scrape.outcome(&account, "held_in_doubt"), 1.0);
+    assert_eq!(scrape.outcome(&account, "in_doubt"), 1.0);
+    let of_account = [(names::ACCOUNT, account.as_str())];
+    assert_eq!(scrape.get(names::CLAIMS_IN_DOUBT, &of_account), Some(1.0));
+    assert_eq!(
+        scrape.get(names::STALE_PENDING_CLAIMS, &of_account),
+        Some(0.0)
+    );
+    let oldest = scrape
+        .get(names::OLDEST_IN_DOUBT_CLAIM_AGE_SECONDS, &of_account)
+        .expect("the oldest claim in doubt");
+    assert!(oldest > 0.0, "{oldest}");
+
+    let reconciler = payments::reconciler(service.payments.clone()).account(&account);
+    assert_eq!(
+        reconciler.reconcile_once().await.expect("a pass").resolved,
+        1
+    );
+    gauges.sample_once().await.expect("a sample");
+    let scrape = Scrape::of(&service).await;
+    assert_eq!(scrape.outcome(&account, "reconciled"), 1.0);
+    assert_eq!(scrape.get(names::CLAIMS_IN_DOUBT, &of_account), Some(0.0));
+    assert_eq!(
+        scrape.get(names::OLDEST_IN_DOUBT_CLAIM_AGE_SECONDS, &of_account),
+        Some(0.0)
     );
 }
 

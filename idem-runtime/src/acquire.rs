@@ -11,6 +11,7 @@ use crate::claim::{Claim, Held, Lease};
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
 use crate::identity::Identity;
+use crate::measure::{self, Outcome, Stopwatch};
 use crate::mode::{Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::retry::{self, SERIALIZATION_BACKOFF};
@@ -126,7 +127,7 @@ pub(crate) async fn acquire(
                         slot_event!(warn, contender, error = %error,
                             "store unavailable; failing open as on_unavailable = run says: the body runs unguarded"
                         );
-                        observe::record(GateEvent::Ungated);
+                        contender.failed_open();
                         return Ok(Acquired::Won(Claim::ungated()));
                     }
                     Err(error) => return Err(contender.store_failed(error)),
@@ -163,9 +164,16 @@ pub(crate) struct Contender<'a> {
     slots: &'a Slots,
     identity: &'a Identity,
     address: String,
+    /// Since this caller began to try: how long its claim took.
+    claiming: Stopwatch,
 }
 
 /// What one attempt comes to for its caller.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a won claim is moved once or twice, never held in bulk: boxing it would cost an \
+              allocation per claim to save a little stack"
+)]
 pub(crate) enum Concluded {
     /// Decided: the slot is this caller's, or the caller is answered.
     Acquired(Result<Acquired, Rejected>),
@@ -214,6 +222,7 @@ impl<'a> Contender<'a> {
             slots,
             identity,
             address: identity.address(),
+            claiming: Stopwatch::start(),
         }
     }
 
@@ -229,6 +238,19 @@ impl<'a> Contender<'a> {
             "ungated: a key part is None, so there is no slot to claim and the body runs unguarded"
         );
         observe::record(GateEvent::Ungated);
+        self.decided(Outcome::Ungated);
+    }
+
+    /// Says that the store is down and the mode fails open, so the body
+    /// runs unguarded.
+    fn failed_open(&self) {
+        observe::record(GateEvent::Ungated);
+        self.decided(Outcome::FailedOpen);
+    }
+
+    /// Counts the claim's `outcome`, and how long it took.
+    fn decided(&self, outcome: Outcome) {
+        measure::claimed(self.slots, self.identity, outcome, &self.claiming);
     }
 
     /// The slot's address.
@@ -238,7 +260,8 @@ impl<'a> Contender<'a> {
 
     /// What `attempt` comes to: a won claim (with the `fingerprint` it was
     /// made with, under `mode`), an answer, or another try. `cached`: the
-    /// attempt was answered from the outcome cache. Says so to tracing.
+    /// attempt was answered from the outcome cache. Says so to tracing, to a
+    /// race harness and to the metrics.
     pub(crate) fn conclude(
         &self,
         attempt: Attempt,
@@ -262,6 +285,7 @@ impl<'a> Contender<'a> {
                     "duplicate of a settled action: replaying its stored value"
                 );
                 observe::record(GateEvent::Replayed);
+                self.decided(Outcome::Replayed);
                 Ok(Acquired::Settled(Some(output)))
             }
             Attempt::Settled(None) => {
@@ -296,6 +320,11 @@ impl<'a> Contender<'a> {
             observe::record(GateEvent::TookOver);
         }
         observe::record(GateEvent::Won);
+        self.decided(if took_over {
+            Outcome::TakenOver
+        } else {
+            Outcome::Won
+        });
         Claim::won(Held {
             slots: self.slots.clone(),
             identity: self.identity.clone(),
@@ -304,6 +333,7 @@ impl<'a> Contender<'a> {
             fence,
             lineage,
             lease: Lease::from_now(mode.lease_duration()),
+            won: Stopwatch::start(),
             in_transaction,
             // Never under a lease or in the caller's transaction: see
             // OutcomeCommit::Async. Nor on Citus, where the setting is made
@@ -420,6 +450,7 @@ impl<'a> Contender<'a> {
                      operator resolves it"
                 );
                 observe::record(GateEvent::InDoubt);
+                measure::happened(self.slots, self.identity, Outcome::HeldInDoubt);
                 return Ok(Attempt::Refused(Rejected::InDoubt));
             }
             // Resolved, released or turned by another meanwhile: look again.
@@ -494,7 +525,8 @@ impl<'a> Contender<'a> {
         })
     }
 
-    /// Says why the claim was refused: to tracing, and to a race harness.
+    /// Says why the claim was refused: to tracing, to a race harness and
+    /// to the metrics.
     pub(crate) fn refused(&self, rejected: &Rejected) {
         self.refused_as(rejected, false);
     }
@@ -510,6 +542,7 @@ impl<'a> Contender<'a> {
             "claim refused: {rejected}"
         );
         observe::record(GateEvent::Refused(rejected.clone()));
+        self.decided(Outcome::refused(rejected));
     }
 
     /// A claim statement failed: an outage, or an error of the request.
@@ -525,6 +558,7 @@ impl<'a> Contender<'a> {
             );
         }
         observe::record(GateEvent::Refused(rejected.clone()));
+        self.decided(Outcome::refused(&rejected));
         rejected
     }
 }

@@ -82,6 +82,7 @@ use crate::claim::{Claim, Recording};
 use crate::error::Rejected;
 use crate::gate::Gate;
 use crate::identity::Identity;
+use crate::measure::Stopwatch;
 use crate::mode::{Disposed, Disposition, Fingerprint, Mode, OnExpiry, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::retry::{self, SERIALIZATION_BACKOFF};
@@ -273,6 +274,11 @@ impl Gate {
 }
 
 /// What becomes of one item before any body runs.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one fate per item, most of them claims: boxing each would cost an allocation \
+              per item to shrink only the answered ones"
+)]
 enum Fate<R> {
     /// Its body runs under this claim (ungated for an absent identity).
     Run(Claim),
@@ -603,7 +609,9 @@ where
     Fut: Future<Output = R>,
 {
     stream::iter(won)
-        .map(|(index, claim, message)| {
+        .map(|(index, mut claim, message)| {
+            // Called as a turn opens, not when the claim was won.
+            claim.body_starts();
             let running = body(message);
             async move { (index, claim, running.await) }
         })
@@ -689,13 +697,14 @@ async fn record<R>(
     let mut results = Vec::new();
     let via = Via::Pool(slots.pool());
     for group in groups.into_iter().filter(|group| !group.members.is_empty()) {
+        let recording = Stopwatch::start();
         let changed = record_group(slots, &group).await;
         for (index, claim, output, json) in group.members {
             let matched = changed
                 .as_ref()
                 .is_some_and(|changed| claim.address().is_some_and(|a| changed.contains(a)));
             if matched {
-                claim.recorded_in_batch(group.kind.recording(json.as_deref()), &via);
+                claim.recorded_in_batch(group.kind.recording(json.as_deref()), &via, &recording);
                 results.push((index, output));
             } else {
                 alone.push((index, claim, output));

@@ -15,6 +15,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
 use crate::identity::Identity;
+use crate::measure::{self, Outcome, Stopwatch};
 use crate::mode::{self, Disposition};
 use crate::observe::{self, GateEvent};
 use crate::retry;
@@ -77,6 +78,9 @@ pub(crate) struct Held {
     /// over. A row that still carries it was taken over, not released.
     pub(crate) lineage: i64,
     pub(crate) lease: Lease,
+    /// Since the claim was won (or its body's turn came, in a batch): how
+    /// long the body ran.
+    pub(crate) won: Stopwatch,
     /// Inside the caller's transaction, the transaction decides: a dropped
     /// claim is rolled back with it, so there is nothing to warn about.
     pub(crate) in_transaction: bool,
@@ -300,13 +304,26 @@ impl Claim {
         self.held.as_ref()
     }
 
+    /// The body of this claim starts now: a batch's body may wait for its
+    /// turn after the claim was won.
+    pub(crate) fn body_starts(&mut self) {
+        if let Some(held) = &mut self.held {
+            held.won = Stopwatch::start();
+        }
+    }
+
     /// `outcome` was written over this holder's own row by a batch
-    /// statement: remembers and reports it, as [`finish`](Claim::finish)
-    /// does after its own statement.
-    pub(crate) fn recorded_in_batch(mut self, outcome: Recording<'_>, via: &Via<'_>) {
+    /// statement begun at `recording`: remembers and reports it, as
+    /// [`finish`](Claim::finish) does after its own statement.
+    pub(crate) fn recorded_in_batch(
+        mut self,
+        outcome: Recording<'_>,
+        via: &Via<'_>,
+        recording: &Stopwatch,
+    ) {
         if let Some(held) = self.held.take() {
             held.remember(outcome, via);
-            held.report(outcome, &Ok(()));
+            held.report(outcome, &Ok(()), recording);
         }
     }
 
@@ -319,15 +336,32 @@ impl Claim {
         let Some(held) = self.held.take() else {
             return Ok(());
         };
+        let recording = Stopwatch::start();
         let recorded = held.record(outcome, via).await;
-        held.report(outcome, &recorded);
+        held.report(outcome, &recorded, &recording);
         recorded
     }
 }
 
 impl Held {
-    /// Says what became of `outcome`: to tracing, and to a race harness.
-    fn report(&self, outcome: Recording<'_>, recorded: &Result<(), Rejected>) {
+    /// Says what became of `outcome`, whose recording began at
+    /// `recording`: to tracing, to a race harness and to the metrics.
+    fn report(
+        &self,
+        outcome: Recording<'_>,
+        recorded: &Result<(), Rejected>,
+        recording: &Stopwatch,
+    ) {
+        let counted = match recorded {
+            Ok(()) => match outcome {
+                Recording::Success { .. } => Outcome::Settled,
+                Recording::Failure(Disposition::Keep) => Outcome::KeptFailure,
+                Recording::Failure(Disposition::InDoubt) => Outcome::HeldInDoubt,
+                Recording::Failure(_) => Outcome::Released,
+            },
+            Err(rejected) => Outcome::unrecorded(rejected),
+        };
+        measure::recorded(&self.slots, &self.identity, counted, &self.won, recording);
         match (recorded, outcome) {
             (Ok(()), Recording::Success { .. }) => {
                 self.event(tracing::Level::DEBUG, "settled", None);

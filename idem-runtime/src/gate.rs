@@ -135,6 +135,26 @@ impl Gate {
         self.slots.cache()
     }
 
+    /// A copy of this gate whose metrics are labelled as `options` say
+    /// (every gate counts; see [`metrics`](crate::metrics) for the metrics
+    /// and their labels). Its [`account`](Gate::account) and
+    /// [`namespace`](Gate::namespace) copies keep the options.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    #[must_use = "`with_metrics` returns a copy and leaves this gate as it was"]
+    pub fn with_metrics(&self, options: crate::metrics::MetricsOptions) -> Gate {
+        Gate {
+            slots: self.slots.with_metrics(options),
+        }
+    }
+
+    /// How this gate's metrics are labelled.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_options(&self) -> crate::metrics::MetricsOptions {
+        self.slots.metrics()
+    }
+
     /// The account this gate claims in.
     pub fn account_name(&self) -> &str {
         self.slots.account()

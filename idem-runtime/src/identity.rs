@@ -115,6 +115,12 @@ impl Identity {
         &self.action
     }
 
+    /// The action name, shared: a metric's label takes it without copying.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn shared_action(&self) -> &Arc<str> {
+        &self.action
+    }
+
     /// How many key parts were appended, absent ones included.
     pub fn part_count(&self) -> usize {
         self.parts

@@ -27,7 +27,11 @@ mod gate;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod identity;
+mod measure;
 pub mod meter;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod mode;
 mod observe;
 pub mod reconcile;

@@ -30,6 +30,9 @@ use sqlx::PgPool;
 
 use crate::error::Error;
 use crate::identity::Identity;
+use crate::measure;
+#[cfg(feature = "metrics")]
+use crate::metrics::MetricsOptions;
 use crate::store::operations::{
     self, ClaimRow, ClaimState, ListFilter, NamespaceFilter, Resolution, Resolved, Resolver,
     ScopeFilter,
@@ -161,6 +164,9 @@ pub struct Reconciler {
     /// Claims whose probe said unknown: when to ask again, and the pause
     /// after that.
     waiting: Mutex<HashMap<String, (Instant, Duration)>>,
+    /// How its `reconciled` outcomes are labelled.
+    #[cfg(feature = "metrics")]
+    metrics: MetricsOptions,
 }
 
 impl Reconciler {
@@ -183,7 +189,20 @@ impl Reconciler {
             batch: 100,
             interval: Duration::from_secs(10),
             waiting: Mutex::new(HashMap::new()),
+            #[cfg(feature = "metrics")]
+            metrics: MetricsOptions::new(),
         }
+    }
+
+    /// Labels the `reconciled` outcomes it counts as `options` say (with
+    /// the account of each claim, when asked), as
+    /// [`Gate::with_metrics`](crate::Gate::with_metrics) does a gate's.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    #[must_use]
+    pub fn metrics(mut self, options: MetricsOptions) -> Reconciler {
+        self.metrics = options;
+        self
     }
 
     /// Only the claims of `account`.
@@ -261,7 +280,7 @@ impl Reconciler {
                 );
                 continue;
             };
-            let Some(probe) = self.probes.get(doubt.identity.action()) else {
+            let Some((action, probe)) = self.probes.get_key_value(doubt.identity.action()) else {
                 pass.without_probe += 1;
                 continue;
             };
@@ -292,7 +311,10 @@ impl Reconciler {
                 expected_fence: Some(row.fence),
             };
             match operations::resolve_as(&self.pool, row.slot(), resolution, by).await? {
-                Resolved::Changed { .. } => pass.resolved += 1,
+                Resolved::Changed { .. } => {
+                    pass.resolved += 1;
+                    measure::reconciled(action, &row.account, self.labels_account());
+                }
                 _ => pass.lost += 1,
             }
             self.lock_waiting().remove(&key);
@@ -367,6 +389,14 @@ impl Reconciler {
         }
         rows.sort_by_key(|row| row.created_micros);
         Ok(rows)
+    }
+
+    /// Whether its metrics carry the label `account`.
+    fn labels_account(&self) -> bool {
+        #[cfg(feature = "metrics")]
+        return self.metrics.labels_account();
+        #[cfg(not(feature = "metrics"))]
+        false
     }
 
     fn wait_longer(&self, key: String) {

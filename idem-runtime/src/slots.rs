@@ -11,6 +11,8 @@ use sqlx::PgPool;
 #[cfg(feature = "cache")]
 use crate::cache::{Key, KeyRef, OutcomeCache};
 use crate::error::Rejected;
+#[cfg(feature = "metrics")]
+use crate::metrics::MetricsOptions;
 use crate::settled::Final;
 use crate::store::{Engine, Scope};
 
@@ -32,6 +34,9 @@ pub(crate) struct Slots {
     /// trip; shared by every scoped copy (its key includes the scope).
     #[cfg(feature = "cache")]
     cache: Option<OutcomeCache>,
+    /// How this gate's metrics are labelled.
+    #[cfg(feature = "metrics")]
+    metrics: MetricsOptions,
 }
 
 impl Slots {
@@ -43,7 +48,28 @@ impl Slots {
             namespace: None,
             #[cfg(feature = "cache")]
             cache: None,
+            #[cfg(feature = "metrics")]
+            metrics: MetricsOptions::new(),
         }
+    }
+
+    #[cfg(feature = "metrics")]
+    pub(crate) fn with_metrics(&self, metrics: MetricsOptions) -> Slots {
+        Slots {
+            metrics,
+            ..self.clone()
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    pub(crate) fn metrics(&self) -> MetricsOptions {
+        self.metrics
+    }
+
+    /// The account, shared: a metric's label takes it without copying.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn shared_account(&self) -> &Arc<str> {
+        &self.account
     }
 
     #[cfg(feature = "cache")]

@@ -10,7 +10,8 @@
 //! | `batch` | the claim path for many slots at once: claim, look up, and one statement per kind of outcome |
 //! | `metering` | usage events: record a batch, total a meter |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
-//! | `prune` | pruning settled claims: counted, and deleted in batches that walk a partial unique index by keyset (re-exported by [`operations`]) |
+//! | `gauges` | the claim gauges of feature `metrics`: pending past an age, in doubt, the oldest of each |
+//! | `prune` | pruning settled claims: counted, and deleted in batches (heap page ranges on PostgreSQL 14+, a keyset walk of the partial unique indexes before that and on Citus; re-exported by [`operations`]) |
 //! | `catalog` | schema set-up, its version, the verification and partition queries |
 //! | `citus` | the Citus catalog: coordinator, distribution, indexes on every shard placement, and distributing the table |
 //!
@@ -45,6 +46,8 @@ mod batch;
 pub(crate) mod catalog;
 pub(crate) mod citus;
 mod claims;
+#[cfg(feature = "metrics")]
+pub(crate) mod gauges;
 pub(crate) mod metering;
 pub mod operations;
 mod prune;
