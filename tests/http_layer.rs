@@ -12,7 +12,8 @@ use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use idem::Gate;
-use idem::http::{IdempotencyLayer, PROBLEM_JSON, PROBLEM_TYPE_BASE, RequestBody};
+use idem::http::{IdempotencyLayer, RequestBody};
+use idem_test_support::answer::Answer;
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;
@@ -166,50 +167,6 @@ async fn serve_hyper(layer: IdempotencyLayer, effects: Effects) -> String {
 }
 
 // ------------------------------------------------------------ the client
-
-/// One HTTP answer, read whole.
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    async fn of(request: reqwest::RequestBuilder) -> Answer {
-        let response = request.send().await.expect("the server answers");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.bytes().await.expect("the body").to_vec();
-        Answer {
-            status,
-            headers,
-            body,
-        }
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
-
-    fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-
-    /// Asserts a problem+json answer of idem's type `slug`.
-    #[track_caller]
-    fn assert_problem(&self, status: StatusCode, slug: &str) {
-        assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(self.header("content-type"), Some(PROBLEM_JSON), "{self:?}");
-        let problem: Value = serde_json::from_slice(&self.body).expect("a JSON problem");
-        assert_eq!(
-            problem["type"],
-            format!("{PROBLEM_TYPE_BASE}{slug}"),
-            "{problem}"
-        );
-        assert_eq!(problem["status"], status.as_u16(), "{problem}");
-    }
-}
 
 /// `n` identical POSTs from `n` tasks, released together by a barrier.
 async fn post_at_once(url: &str, n: usize, key: &str, body: &'static str) -> Vec<Answer> {

@@ -13,13 +13,11 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::IntoResponse;
-use idem::axum::{
-    IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection, PROBLEM_JSON, PROBLEM_TYPE_BASE,
-    StoredResponse,
-};
+use idem::axum::{IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection, StoredResponse};
 use idem::metrics::{Gauges, names};
 use idem::sqlx;
 use idem::{Gate, Identity, Mode, Rejected};
+use idem_test_support::answer::Answer;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -111,62 +109,17 @@ fn recorder() -> &'static PrometheusHandle {
     RECORDER.get_or_init(|| payments::install_metrics().expect("the only recorder of this binary"))
 }
 
-/// One HTTP answer, read whole.
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Vec<u8>,
+/// The payments service's own problem+json answers.
+trait ServiceProblem {
+    /// Asserts one of the service's problems, of this status and `slug`;
+    /// returns its detail.
+    fn assert_service_problem(&self, status: StatusCode, slug: &str) -> String;
 }
 
-impl Answer {
-    async fn of(request: reqwest::RequestBuilder) -> Answer {
-        let response = request.send().await.expect("the service answers");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.bytes().await.expect("the body").to_vec();
-        Answer {
-            status,
-            headers,
-            body,
-        }
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
-
-    fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-
-    /// Asserts a problem+json answer of idem's type `slug`; returns its detail.
-    #[track_caller]
-    fn assert_problem(&self, status: StatusCode, slug: &str) -> String {
-        self.assert_problem_of_type(status, &format!("{PROBLEM_TYPE_BASE}{slug}"))
-    }
-
-    /// Asserts one of the payments service's own problem+json answers.
+impl ServiceProblem for Answer {
     #[track_caller]
     fn assert_service_problem(&self, status: StatusCode, slug: &str) -> String {
         self.assert_problem_of_type(status, &format!("https://payments.example/problems/{slug}"))
-    }
-
-    /// Asserts an RFC 9457 answer of this status and type; returns its detail.
-    #[track_caller]
-    fn assert_problem_of_type(&self, status: StatusCode, problem_type: &str) -> String {
-        assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(self.header("content-type"), Some(PROBLEM_JSON), "{self:?}");
-        let problem = self.json();
-        assert_eq!(problem["type"], problem_type, "{problem}");
-        assert_eq!(problem["status"], status.as_u16(), "{problem}");
-        assert!(problem["title"].is_string(), "{problem}");
-        problem["detail"].as_str().expect("a detail").to_owned()
     }
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Run, assert_contains, idem};
+use common::{Run, assert_contains, idem, idem_in, on_citus};
 use idem::testing::unique_name;
 use idem_runtime::Identity;
 use idem_runtime::schema::{INDEX_WITHIN_NAMESPACE, INDEX_WITHOUT_NAMESPACE, SCHEMA_VERSION};
@@ -152,22 +152,6 @@ async fn migrate_for_claims(conn: &mut PgConnection, schema: &str) {
         "migrate"
     };
     idem_in(schema, command).expect_code(0);
-}
-
-/// Whether the server is a Citus coordinator (the extension is created).
-async fn on_citus(conn: &mut PgConnection) -> bool {
-    sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap_or_else(|e| panic!("ask whether this is Citus: {e}"))
-}
-
-/// `idem COMMAND_LINE --schema SCHEMA`, the command line split at spaces;
-/// for an argument that holds a space, call [`idem`] with the words.
-fn idem_in(schema: &str, command_line: &str) -> Run {
-    let mut args: Vec<&str> = command_line.split_whitespace().collect();
-    args.extend(["--schema", schema]);
-    idem(&args)
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Run, assert_contains, idem};
+use common::{Run, assert_contains, idem, idem_in, on_citus};
 use idem::testing::{database_url, unique_name};
 use idem_test_support::connections::connect;
 use idem_test_support::fault_proxy::{Proxy, Statement};
@@ -102,21 +102,6 @@ async fn prunable_left(conn: &mut PgConnection, schema: &str) -> i64 {
         .filter(|(_, _, prunable, _)| *prunable)
         .map(|(_, _, _, count)| count)
         .sum()
-}
-
-/// Whether the server is a Citus coordinator (the extension is created).
-async fn on_citus(conn: &mut PgConnection) -> bool {
-    sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap_or_else(|e| panic!("ask whether this is Citus: {e}"))
-}
-
-/// `idem COMMAND_LINE --schema SCHEMA`, the command line split at spaces.
-fn idem_in(schema: &str, command_line: &str) -> Run {
-    let mut args: Vec<&str> = command_line.split_whitespace().collect();
-    args.extend(["--schema", schema]);
-    idem(&args)
 }
 
 /// A fresh schema with idem's table set up by `migrate` (`migrate_args`)

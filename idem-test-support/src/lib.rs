@@ -18,6 +18,7 @@
 //! The examples' own guarded code stays in the examples, with their tests
 //! (`examples/quickstart/`, `examples/payments/`).
 
+pub mod answer;
 pub mod binaries;
 pub mod capture;
 pub mod citus;

@@ -62,3 +62,19 @@ pub fn idem_with(args: &[&str], url: Option<&str>) -> Run {
 pub fn assert_contains(text: &str, part: &str) {
     assert!(text.contains(part), "no {part:?} in:\n{text}");
 }
+
+/// `idem COMMAND_LINE --schema SCHEMA`, the command line split at spaces;
+/// for an argument that holds a space, call [`idem`] with the words.
+pub fn idem_in(schema: &str, command_line: &str) -> Run {
+    let mut args: Vec<&str> = command_line.split_whitespace().collect();
+    args.extend(["--schema", schema]);
+    idem(&args)
+}
+
+/// Whether the server is a Citus coordinator (the extension is created).
+pub async fn on_citus(conn: &mut sqlx::PgConnection) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("ask whether this is Citus: {e}"))
+}
