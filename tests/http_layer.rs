@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use axum::http::{HeaderValue, Request, Response, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use idem::Gate;
 use idem::http::{IdempotencyLayer, RequestBody};
 use idem_test_support::answer::Answer;
-use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;
 use tower::Layer;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::service::{self as payments, LIMIT_CENTS, Payments};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
 use idem::axum::{IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection, StoredResponse};
 use idem::metrics::{Gauges, names};

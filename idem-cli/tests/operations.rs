@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Run, assert_contains, idem, idem_in, on_citus};
+use common::{assert_contains, idem, idem_in, on_citus};
 use idem::testing::unique_name;
 use idem_runtime::Identity;
 use idem_runtime::schema::{INDEX_WITHIN_NAMESPACE, INDEX_WITHOUT_NAMESPACE, SCHEMA_VERSION};
