@@ -167,29 +167,17 @@ async fn serve_hyper(layer: IdempotencyLayer, effects: Effects) -> String {
 
 // ------------------------------------------------------------ the client
 
-/// `n` identical POSTs from `n` tasks, released together by a barrier.
+/// `n` identical POSTs, released together by a barrier.
 async fn post_at_once(url: &str, n: usize, key: &str, body: &'static str) -> Vec<Answer> {
     let client = reqwest::Client::new();
-    let barrier = Arc::new(Barrier::new(n));
-    let racers: Vec<_> = (0..n)
-        .map(|_| {
-            let barrier = barrier.clone();
-            let request = client
-                .post(url)
-                .header("idempotency-key", key)
-                .header("content-type", "application/json")
-                .body(body);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                Answer::of(request).await
-            })
-        })
-        .collect();
-    let mut answers = Vec::with_capacity(n);
-    for racer in racers {
-        answers.push(racer.await.expect("a racer panicked"));
-    }
-    answers
+    let requests = (0..n).map(|_| {
+        client
+            .post(url)
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body)
+    });
+    Answer::all_at_once(requests.collect()).await
 }
 
 /// Asserts that one answer is the original (not a replay) and every other

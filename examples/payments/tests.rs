@@ -21,7 +21,6 @@ use idem_test_support::answer::Answer;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::Barrier;
 
 /// How long the test service's card network takes: long enough that the
 /// racers arrive while the first charge is in flight.
@@ -71,11 +70,16 @@ impl Service {
 
     /// `POST /charges` as this test's caller; `key: None` sends no header.
     async fn charge(&self, key: Option<&str>, body: &Value) -> Answer {
-        let mut request = self.post().bearer_auth(&self.account).json(body);
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
+        Answer::of(self.charge_request(key, body)).await
+    }
+
+    /// The request [`Service::charge`] sends.
+    fn charge_request(&self, key: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
+        let request = self.post().bearer_auth(&self.account).json(body);
+        match key {
+            Some(key) => request.header("Idempotency-Key", key),
+            None => request,
         }
-        Answer::of(request).await
     }
 
     /// The charge rows written for `key` in this test's account.
@@ -186,24 +190,10 @@ async fn fifty_concurrent_identical_posts_charge_once_and_every_other_is_409_or_
     );
 }
 
-/// `n` identical requests from `n` tasks, released together by a barrier.
-async fn post_at_once(service: &Arc<Service>, n: usize, key: &str, body: Value) -> Vec<Answer> {
-    let barrier = Arc::new(Barrier::new(n));
-    let racers: Vec<_> = (0..n)
-        .map(|_| {
-            let (service, barrier) = (service.clone(), barrier.clone());
-            let (key, body) = (key.to_owned(), body.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                service.charge(Some(&key), &body).await
-            })
-        })
-        .collect();
-    let mut answers = Vec::with_capacity(n);
-    for racer in racers {
-        answers.push(racer.await.expect("a racer panicked"));
-    }
-    answers
+/// `n` identical charges, released together by a barrier.
+async fn post_at_once(service: &Service, n: usize, key: &str, body: Value) -> Vec<Answer> {
+    let requests = (0..n).map(|_| service.charge_request(Some(key), &body));
+    Answer::all_at_once(requests.collect()).await
 }
 
 #[track_caller]

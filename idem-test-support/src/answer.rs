@@ -4,9 +4,12 @@
 //! The wire values are written out here, not imported from idem: a test
 //! that pins the protocol fails when a constant of idem's changes.
 
+use std::sync::Arc;
+
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
+use tokio::sync::Barrier;
 
 /// The media type of every refusal (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -37,6 +40,27 @@ impl Answer {
             headers,
             body,
         }
+    }
+
+    /// Sends every request from a task of its own, all released at once by
+    /// a barrier, and reads their answers whole, in the requests' order.
+    pub async fn all_at_once(requests: Vec<reqwest::RequestBuilder>) -> Vec<Answer> {
+        let barrier = Arc::new(Barrier::new(requests.len()));
+        let racers: Vec<_> = requests
+            .into_iter()
+            .map(|request| {
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    Answer::of(request).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(racers.len());
+        for racer in racers {
+            answers.push(racer.await.expect("a racer panicked"));
+        }
+        answers
     }
 
     /// The header `name`, if present and visible ASCII.
