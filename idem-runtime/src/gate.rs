@@ -71,9 +71,13 @@ impl Gate {
         if let Some(problems) = problems {
             return Err(Error::Schema(problems));
         }
-        Ok(Gate {
-            slots: Slots::new(pool, engine, Gate::DEFAULT_ACCOUNT),
-        })
+        let slots = Slots::new(pool, engine, Gate::DEFAULT_ACCOUNT);
+        #[cfg(feature = "cache")]
+        let slots = {
+            let store = cached_store(&slots).await?;
+            slots.in_store(store)
+        };
+        Ok(Gate { slots })
     }
 
     /// A copy of this gate scoped to `account`. Claims of one account never
@@ -105,7 +109,9 @@ impl Gate {
     /// settled (or failed for good) from `cache`, with no round trip. Its
     /// [`account`](Gate::account) and [`namespace`](Gate::namespace)
     /// copies share the cache: an entry answers only in the scope it was
-    /// learned in. See [`cache`](crate::cache) for what it holds and what
+    /// learned in, and only on the store (cluster, database, schema) this
+    /// gate connected to, so one cache may serve gates on several stores.
+    /// See [`cache`](crate::cache) for what it holds and what
     /// pruning means for it.
     #[cfg(feature = "cache")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
@@ -313,6 +319,35 @@ impl Gate {
         E: From<Rejected>,
     {
         run::run(&self.slots, identity, mode, replayed_outcome_of(), body).await
+    }
+}
+
+/// The identity of the store `slots` reach, keying the outcome cache's
+/// entries. An engine that cannot say which cluster it is (no
+/// `pg_control_system`) gets one of its own for this gate alone: its
+/// entries then answer only this gate and its scoped copies, never a gate
+/// connected elsewhere.
+#[cfg(feature = "cache")]
+async fn cached_store(slots: &Slots) -> Result<String, Error> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static UNNAMED: AtomicU64 = AtomicU64::new(0);
+    match crate::store::store_id::store_id(slots.pool()).await {
+        Ok(store) => Ok(store),
+        Err(error) if crate::fault::classify(&error) == crate::fault::Fault::Outage => {
+            Err(Error::Database(error))
+        }
+        Err(error) => {
+            tracing::debug!(
+                target: "idem",
+                error = %error,
+                "the store cannot say which cluster it is; its outcome cache entries answer \
+                 this gate only"
+            );
+            Ok(format!(
+                "unnamed/{}",
+                UNNAMED.fetch_add(1, Ordering::Relaxed)
+            ))
+        }
     }
 }
 

@@ -51,6 +51,8 @@ pub(crate) mod gauges;
 pub(crate) mod metering;
 pub mod operations;
 mod prune;
+#[cfg(feature = "cache")]
+pub(crate) mod store_id;
 
 #[cfg(test)]
 mod batch_plans;
