@@ -49,6 +49,217 @@ fn slot<'a>(gate: &'a Gate, address: &'a str) -> Slot<'a> {
 }
 
 // ---------------------------------------------------------------------------
+// Item 11: whoever did not write the recorded outcome is told so.
+// ---------------------------------------------------------------------------
+
+/// A slow holder's claim is resolved as succeeded (with the probe's value)
+/// while its body runs; the body then returns another value. The holder is
+/// told its outcome was not recorded, and every replay (fired at once) gets
+/// the probe's value: one story.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_whose_claim_was_resolved_meanwhile_is_told_and_replays_agree() {
+    let gate = testing::gate().await;
+    let id = Identity::new("h11_resolved").part("ord_1");
+    let address = id.address();
+    let resolved = Arc::new(Notify::new());
+    let started = Arc::new(Notify::new());
+    let holder = {
+        let (gate, id, resolved, started) = (
+            gate.clone(),
+            id.clone(),
+            Arc::clone(&resolved),
+            Arc::clone(&started),
+        );
+        tokio::spawn(async move {
+            gate.run_replayed(&id, &Mode::new(), async {
+                started.notify_one();
+                // A slow body: it finishes only after the resolution.
+                resolved.notified().await;
+                Ok::<_, Rejected>("the holder's value".to_owned())
+            })
+            .await
+        })
+    };
+    started.notified().await;
+    let by = Resolver {
+        reason: "reconciled",
+        expected_fence: None,
+    };
+    let outcome = operations::resolve_as(
+        gate.pool(),
+        slot(&gate, &address),
+        Resolution::Succeeded {
+            output_json: Some(r#""the probe's value""#),
+        },
+        by,
+    )
+    .await
+    .expect("resolved");
+    assert!(matches!(outcome, Resolved::Changed { .. }), "{outcome:?}");
+    resolved.notify_one();
+    let told = holder.await.expect("the holder's task");
+    assert_eq!(
+        refusal(&told).reason(),
+        "not_recorded",
+        "the holder must hear that the recorded outcome is not its own: {told:?}"
+    );
+    assert!(
+        refusal(&told).to_string().contains("resolved"),
+        "the message says who recorded what: {told:?}"
+    );
+
+    let ran = AtomicUsize::new(0);
+    let replays = testing::race(4, || async {
+        gate.run_replayed(&id, &Mode::new(), async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Rejected>("a duplicate's value".to_owned())
+        })
+        .await
+    })
+    .await;
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "no duplicate runs the body");
+    assert_eq!(replays.replayed(), 4, "every duplicate is handed the value");
+}
+
+/// The same through the reconciler: a slow holder's pending claim (no lease:
+/// nothing renews it) is resolved by a probe (`pending_older_than`); the
+/// holder's late success is told it was not recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_whose_pending_claim_a_reconciler_resolved_is_told() {
+    use idem::reconcile::{Reconciler, Verdict};
+
+    let gate = testing::gate().await;
+    let action = testing::unique_name("h11_reconciled");
+    let id = Identity::new(&action).part("ord_2");
+    let slow = gate.claim(&id).await.expect("won");
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .pending_older_than(Duration::from_millis(1))
+        .probe(action.as_str(), |_doubt| async {
+            Verdict::succeeded_with("probed").unwrap_or(Verdict::Unknown)
+        });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(pass.resolved, 1, "{pass:?}");
+    let late = slow.settle().await;
+    assert_eq!(refusal(&late).reason(), "not_recorded", "{late:?}");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+}
+
+/// An earlier holder's late success settles the claim that took its
+/// expired lease over: the new holder's own success was not recorded, and
+/// it is told so (on main it was told `Ok`, the slot holding the earlier
+/// holder's value).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_row_an_earlier_holders_late_success_settled_is_told() {
+    let gate = testing::gate().await;
+    let id = Identity::new("h11_late_over").part("ord_3");
+    let mode = Mode::new().lease(Duration::from_millis(150));
+    let stale = gate.claim_with(&id, &mode).await.expect("first holder");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let current = gate.claim_with(&id, &mode).await.expect("taken over");
+    let late = stale.settle().await;
+    assert_eq!(refusal(&late).reason(), "lease_lost", "{late:?}");
+    let own = current.settle().await;
+    assert_eq!(
+        refusal(&own).reason(),
+        "not_recorded",
+        "the slot records the earlier holder's success, not this one's: {own:?}"
+    );
+}
+
+/// A settle carrying the value to replay commits and its reply is lost:
+/// the retried settle finds the success under its own fence, written by
+/// itself (not resolved, not an earlier holder's late success), and the
+/// holder is told `Ok` with its value, as every replay is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_whose_reply_was_lost_is_still_its_own_outcome() {
+    let proxy = Proxy::start().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(proxy.options().statement_cache_capacity(0))
+        .await
+        .expect("connect through the proxy");
+    let gate = testing::gate_on(pool).await;
+    let id = Identity::new("h11_lost_reply").part(1);
+    assert!(proxy.lose_next_reply(Statement::Settle));
+    let first = gate
+        .run_replayed(&id, &Mode::new(), async {
+            Ok::<_, Rejected>("mine".to_owned())
+        })
+        .await;
+    assert_eq!(
+        proxy
+            .take_lost_replies()
+            .into_iter()
+            .map(|lost| lost.statement)
+            .collect::<Vec<_>>(),
+        [Statement::Settle],
+        "the settle's reply was lost"
+    );
+    assert_eq!(first.expect("the holder's own outcome"), "mine");
+    let again = gate
+        .run_replayed(&id, &Mode::new(), async {
+            Ok::<_, Rejected>("again".to_owned())
+        })
+        .await;
+    assert_eq!(again.expect("replayed"), "mine");
+}
+
+// ---------------------------------------------------------------------------
+// Item 12: a late failure on a claim its lease turned in doubt.
+// ---------------------------------------------------------------------------
+
+/// A claim whose lease ran out under `on_expiry = "in_doubt"`, turned in
+/// doubt by a duplicate.
+async fn expired_into_doubt(gate: &Gate, id: &Identity) -> idem::Claim {
+    let mode = Mode::new()
+        .lease(Duration::from_millis(150))
+        .on_expiry(OnExpiry::InDoubt);
+    let slow = gate.claim_with(id, &mode).await.expect("won");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let duplicate = gate.claim_with(id, &mode).await;
+    assert!(matches!(duplicate, Err(Rejected::InDoubt)), "{duplicate:?}");
+    slow
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_failure_on_a_claim_its_lease_turned_in_doubt_is_told_it_was_not_recorded() {
+    let gate = testing::gate().await;
+    for (part, disposition) in [
+        ("keep", Disposition::Keep),
+        ("release", Disposition::Release),
+        ("in_doubt", Disposition::InDoubt),
+    ] {
+        let id = Identity::new("h12_late_failure").part(part);
+        let slow = expired_into_doubt(&gate, &id).await;
+        let (late, events) = testing::observe(slow.dispose(disposition)).await;
+        assert_eq!(
+            refusal(&late).reason(),
+            "not_recorded",
+            "a late {disposition:?} must hear the slot is held in doubt: {late:?}"
+        );
+        assert!(
+            refusal(&late).to_string().contains("in doubt"),
+            "the message says what the slot records: {late:?}"
+        );
+        assert!(
+            matches!(events[..], [GateEvent::Unrecorded(_)]),
+            "the event says nothing was recorded: {events:?}"
+        );
+        assert_eq!(
+            rows::row_state(&gate, &id.address()).await.as_deref(),
+            Some("in_doubt"),
+            "the slot stays held in doubt"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Item 19: one cache, two stores.
 // ---------------------------------------------------------------------------
 
@@ -159,3 +370,55 @@ async fn one_cache_shared_by_gates_on_two_schemas_answers_each_from_its_own() {
     assert_eq!(ran.load(Ordering::SeqCst), 2);
 }
 
+// ---------------------------------------------------------------------------
+// Items 20 and 21: the connection discipline of a claim in a transaction.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_a_transaction_recorded_on_the_pool_fails_at_once_naming_the_in_method() {
+    let gate = testing::gate().await;
+    type Finish = fn(idem::Claim) -> futures_util::future::BoxFuture<'static, Result<(), Rejected>>;
+    let finishes: [(&str, &str, Finish); 3] = [
+        ("settle", "settle_in", |claim| Box::pin(claim.settle())),
+        ("release", "release_in", |claim| Box::pin(claim.release())),
+        ("dispose", "dispose_in", |claim| {
+            Box::pin(claim.dispose(Disposition::Keep))
+        }),
+    ];
+    for (method, instead, finish) in finishes {
+        let id = Identity::new("h21_pool_method").part(method);
+        let mut tx = gate.pool().begin().await.expect("begin");
+        let claim = gate
+            .claim_in(&mut tx, &id, &Mode::new())
+            .await
+            .expect("claimed in the transaction");
+        let told = tokio::time::timeout(HANG, finish(claim)).await;
+        tx.rollback().await.expect("rollback");
+        let told = told.unwrap_or_else(|_| {
+            panic!("Claim::{method} on a claim made with claim_in waited on the caller's own transaction")
+        });
+        let refused = refusal(&told);
+        assert!(
+            refused.to_string().contains(instead),
+            "the error names the method to call: {refused}"
+        );
+        assert!(!refused.is_outage(), "a misuse is no outage: {refused:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_a_transaction_recorded_with_the_in_methods_commits_with_it() {
+    let gate = testing::gate().await;
+    let id = Identity::new("h21_in_method").part(1);
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let claim = gate
+        .claim_in(&mut tx, &id, &Mode::new())
+        .await
+        .expect("claimed");
+    claim.settle_in(&mut tx).await.expect("settled in the tx");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+}

@@ -255,6 +255,10 @@ impl Gate {
     /// the slot, but the call returns [`Rejected::LeaseLost`] or
     /// [`Rejected::ClaimLost`] instead of the value: another call may have
     /// run the action too, so check the side effect before acting on it.
+    /// If somebody else recorded the claim's outcome meanwhile (a reconciler
+    /// or an operator resolved it, an earlier holder's late success settled
+    /// it), the call returns [`Rejected::NotRecorded`]: the slot keeps that
+    /// outcome, and every duplicate is told it, not this body's value.
     pub async fn run<T, E, F>(&self, identity: &Identity, body: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
