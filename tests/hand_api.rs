@@ -375,6 +375,47 @@ async fn one_cache_shared_by_gates_on_two_schemas_answers_each_from_its_own() {
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_a_transaction_refuses_a_lease_a_wait_and_failing_open_before_any_statement() {
+    let gate = testing::gate().await;
+    let modes = [
+        ("lease", Mode::new().lease(Duration::from_secs(30))),
+        ("wait", Mode::new().wait(Duration::from_secs(1))),
+        (
+            "on_unavailable",
+            Mode::new().on_unavailable(OnUnavailable::Run),
+        ),
+    ];
+    for (option, mode) in modes {
+        let id = Identity::new("h20_claim_in").part(option);
+        let mut tx = gate.pool().begin().await.expect("begin");
+        let claimed = gate.claim_in(&mut tx, &id, &mode).await;
+        let refused = match claimed {
+            Err(rejected) => rejected,
+            Ok(claim) => {
+                let _ = claim.settle_in(&mut tx).await;
+                tx.rollback().await.expect("rollback");
+                panic!("claim_in accepted `{option}`, which a transaction cannot honour");
+            }
+        };
+        assert!(
+            matches!(&refused, Rejected::InvalidOption { option: named, .. } if *named == option),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains("transaction"),
+            "the message says why: {refused}"
+        );
+        // Before any statement: the transaction is still usable.
+        sqlx::query("SELECT 1")
+            .execute(&mut *tx)
+            .await
+            .expect("the caller's transaction is untouched");
+        tx.rollback().await.expect("rollback");
+        assert_eq!(rows::row_state(&gate, &id.address()).await, None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_in_a_transaction_recorded_on_the_pool_fails_at_once_naming_the_in_method() {
     let gate = testing::gate().await;
     type Finish = fn(idem::Claim) -> futures_util::future::BoxFuture<'static, Result<(), Rejected>>;

@@ -278,7 +278,9 @@ impl Claim {
     /// Renews the lease to `lease` from now, for bodies that run long.
     ///
     /// A claim made without a lease holds until it is resolved: there is
-    /// nothing to renew, and it stays unexpirable. `lease` is checked as
+    /// nothing to renew, and it stays unexpirable; so does a claim made
+    /// inside the caller's transaction, which never has a lease
+    /// ([`Gate::claim_in`](crate::Gate::claim_in) refuses one). `lease` is checked as
     /// [`Mode::lease`](crate::Mode::lease) checks it ([`Rejected::InvalidOption`]).
     /// [`Rejected::LeaseLost`] if the claim was taken over meanwhile.
     pub async fn extend(&self, lease: Duration) -> Result<(), Rejected> {

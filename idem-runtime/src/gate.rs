@@ -13,7 +13,7 @@ use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
 use crate::error::{Error, Rejected};
 use crate::identity::Identity;
-use crate::mode::{Disposed, Mode};
+use crate::mode::{Disposed, Mode, OnUnavailable};
 use crate::run::{self, outcome_of, replayed_outcome_of};
 use crate::schema;
 use crate::slots::{self, Slots};
@@ -227,12 +227,25 @@ impl Gate {
     /// rolled back. Under `REPEATABLE READ` or `SERIALIZABLE`, such a
     /// duplicate fails with a serialization error instead, reported as
     /// [`Rejected::Unavailable`]: retry its whole transaction.
+    ///
+    /// A `mode` with a [lease](Mode::lease), a [wait](Mode::wait) or
+    /// [`OnUnavailable::Run`] is refused with [`Rejected::InvalidOption`]
+    /// before any statement (as `#[idempotent]` refuses them beside `tx` at
+    /// compile time): inside the transaction the claim is invisible until it
+    /// commits, so duplicates already wait for it, no lease can run out,
+    /// and a store that is down has taken the transaction with it.
+    ///
+    /// Record the outcome of such a claim inside the same transaction, with
+    /// [`Claim::settle_in`], [`Claim::release_in`] or [`Claim::dispose_in`]:
+    /// [`Claim::settle`] and its kin would wait on the row this open
+    /// transaction holds, so they fail at once, naming the method to call.
     pub async fn claim_in(
         &self,
         connection: &mut sqlx::PgConnection,
         identity: &Identity,
         mode: &Mode,
     ) -> Result<Claim, Rejected> {
+        refuse_outside_a_transaction(mode)?;
         let via = &mut Via::Transaction(connection);
         match acquire(&self.slots, identity, mode, false, via).await? {
             Acquired::Won(claim) => Ok(claim),
@@ -352,6 +365,31 @@ async fn cached_store(slots: &Slots) -> Result<String, Error> {
                 UNNAMED.fetch_add(1, Ordering::Relaxed)
             ))
         }
+    }
+}
+
+/// Refuses the options of `mode` a claim inside the caller's transaction
+/// cannot honour ([`Gate::claim_in`] says why), naming the first found.
+fn refuse_outside_a_transaction(mode: &Mode) -> Result<(), Rejected> {
+    let refused = if let Some(lease) = mode.lease_duration() {
+        Some(("lease", format!("{lease:?}")))
+    } else if let Some(wait) = mode.wait_duration() {
+        Some(("wait", format!("{wait:?}")))
+    } else if mode.on_unavailable_policy() == OnUnavailable::Run {
+        Some(("on_unavailable", "Run".to_owned()))
+    } else {
+        None
+    };
+    match refused {
+        Some((option, value)) => Err(Rejected::InvalidOption {
+            option,
+            value,
+            reason: "a claim inside the caller's transaction (claim_in) is invisible until the \
+                     transaction commits, so duplicates already wait for it, no lease can run \
+                     out, and a store that is down has taken the transaction with it; drop the \
+                     option, or claim outside the transaction with claim_with",
+        }),
+        None => Ok(()),
     }
 }
 
