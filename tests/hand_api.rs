@@ -370,6 +370,31 @@ async fn one_cache_shared_by_gates_on_two_schemas_answers_each_from_its_own() {
     assert_eq!(ran.load(Ordering::SeqCst), 2);
 }
 
+/// Two gates on one store (two pools, one database) still share what the
+/// cache learned: the store's identity is the same however it is reached.
+/// The second gate's pool goes through a proxy that is then cut, so only
+/// the cache can answer it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cache_shared_by_gates_on_one_store_answers_both() {
+    let cache = OutcomeCache::builder().ttl(Duration::from_secs(60)).build();
+    let first = testing::gate().await.with_cache(cache.clone());
+    let proxy = Proxy::start().await;
+    let second = testing::gate_on(proxy.pool(2).await)
+        .await
+        .account(first.account_name())
+        .with_cache(cache);
+    let id = Identity::new("h19_same_store").part("ord_3");
+    let ran = AtomicUsize::new(0);
+    run_counted(&first, &id, &ran).await.expect("runs once");
+    proxy.cut().await;
+    let answered = run_counted(&second, &id, &ran).await;
+    assert!(
+        matches!(answered, Err(Rejected::AlreadyDone)),
+        "the same store is answered from the cache, with no round trip: {answered:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
 // ---------------------------------------------------------------------------
 // Items 20 and 21: the connection discipline of a claim in a transaction.
 // ---------------------------------------------------------------------------
