@@ -488,3 +488,24 @@ async fn a_claim_in_a_transaction_recorded_with_the_in_methods_commits_with_it()
         Some("success")
     );
 }
+
+/// The other way round is no misuse: a claim made on the pool is committed
+/// already, so recording its outcome inside a transaction of the caller's
+/// (with its own writes) waits on nothing and commits with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_claim_recorded_inside_a_transaction_commits_with_it() {
+    let gate = testing::gate().await;
+    let id = Identity::new("h21_pool_claim_in_tx").part(1);
+    let claim = gate.claim(&id).await.expect("claimed on the pool");
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let settled = tokio::time::timeout(HANG, claim.settle_in(&mut tx)).await;
+    assert!(
+        matches!(settled, Ok(Ok(()))),
+        "settled in the transaction: {settled:?}"
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+}
