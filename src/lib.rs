@@ -89,7 +89,11 @@
 //!   the slot (unless it is settled already), and its caller is told
 //!   [`Rejected::LeaseLost`] or [`Rejected::ClaimLost`] instead of the value:
 //!   another invocation may have run the action too, so check the side
-//!   effect.
+//!   effect. Whoever did not write the outcome the slot records (a
+//!   reconciler or an operator resolved the claim meanwhile, an earlier
+//!   holder's late success settled it, its lease ran out into doubt) is
+//!   told [`Rejected::NotRecorded`], never its own `Ok`: holder and
+//!   duplicates tell one story.
 //! - A claim whose insert committed just before its connection died is
 //!   refused `Unavailable` (the body does not run), and its row stays
 //!   `pending`: without a lease it refuses every retry until an operator

@@ -315,7 +315,14 @@ async fn a_claim_released_by_an_operator_and_claimed_anew_is_lost_not_a_lost_lea
             matches!(late, Err(Rejected::ClaimLost { .. })),
             "{mode:?}: {late:?}"
         );
-        second.settle().await.expect("the new holder settles");
+        // The first holder's success settled the second's row: the slot
+        // records it, not the second's, and the second is told so (both
+        // bodies ran).
+        let own = second.settle().await;
+        assert!(
+            matches!(&own, Err(Rejected::NotRecorded { recorded, .. }) if recorded.contains("earlier holder")),
+            "{mode:?}: {own:?}"
+        );
     }
 }
 

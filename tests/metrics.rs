@@ -333,6 +333,42 @@ async fn a_lease_run_out_under_in_doubt_is_held_once_and_refused_to_every_racer(
     );
 }
 
+/// A late failure on a claim its lease turned in doubt was not recorded
+/// (the slot stays in doubt): it counts `not_recorded`, never
+/// `kept_failure` or `released` (issue 25, item 12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_failure_on_a_claim_turned_in_doubt_counts_not_recorded() {
+    let (gate, action) = setup("m_late_doubt").await;
+    let mode = Mode::new()
+        .lease(Duration::from_millis(150))
+        .on_expiry(OnExpiry::InDoubt);
+    for (part, disposition) in [
+        ("keep", Disposition::Keep),
+        ("release", Disposition::Release),
+    ] {
+        let id = Identity::new(&action).part(part);
+        let slow = gate.claim_with(&id, &mode).await.expect("won");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let refused = gate.claim_with(&id, &mode).await;
+        assert!(matches!(refused, Err(Rejected::InDoubt)), "{refused:?}");
+        let late = slow.dispose(disposition).await;
+        assert_eq!(
+            late.as_ref().err().map(Rejected::reason),
+            Some("not_recorded"),
+            "{late:?}"
+        );
+    }
+    expect(
+        &action,
+        &[
+            ("won", 2),
+            ("held_in_doubt", 2),
+            ("in_doubt", 2),
+            ("not_recorded", 2),
+        ],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_cut_off_counts_unavailable_failed_open_and_unrecorded() {
     recorder();

@@ -9,8 +9,12 @@
 //! [`Gate::with_cache`](crate::Gate::with_cache) returns a copy of the gate
 //! that uses it (and every [`account`](crate::Gate::account) or
 //! [`namespace`](crate::Gate::namespace) copy made from that one shares it:
-//! an entry is keyed by account, namespace and address, so it never answers
-//! across them). [`Gate::without_cache`](crate::Gate::without_cache) opts
+//! an entry is keyed by store, account, namespace and address, so it never
+//! answers across them). The store is the cluster, the database and the
+//! `idem_records` table a gate's pool reaches, read once by
+//! [`Gate::connect`](crate::Gate::connect): one cache may be shared by
+//! gates on several databases, schemas or servers, and answers each only
+//! from what it learned there. [`Gate::without_cache`](crate::Gate::without_cache) opts
 //! one action (or one call) out.
 //!
 //! ```no_run
@@ -155,6 +159,10 @@ impl quick_cache::Weighter<Key, Entry> for Weight {
 /// Where a final fact was found: it answers only there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Key {
+    /// The store the fact was read from or written to (the cluster, the
+    /// database and the table, as the gate found them when it connected):
+    /// the same scope and address in another store is another slot.
+    pub(crate) store: Arc<String>,
     pub(crate) account: Arc<str>,
     pub(crate) namespace: Option<Arc<str>>,
     pub(crate) address: Box<str>,
@@ -162,11 +170,15 @@ pub(crate) struct Key {
 
 impl Key {
     fn heap_bytes(&self) -> usize {
-        self.account.len() + self.namespace.as_deref().map_or(0, str::len) + self.address.len()
+        self.store.len()
+            + self.account.len()
+            + self.namespace.as_deref().map_or(0, str::len)
+            + self.address.len()
     }
 
     fn borrowed(&self) -> KeyRef<'_> {
         KeyRef {
+            store: &self.store,
             account: &self.account,
             namespace: self.namespace.as_deref(),
             address: &self.address,
@@ -178,6 +190,7 @@ impl Key {
 /// allocates nothing. Hashed as the key it stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct KeyRef<'a> {
+    pub(crate) store: &'a str,
     pub(crate) account: &'a str,
     pub(crate) namespace: Option<&'a str>,
     pub(crate) address: &'a str,

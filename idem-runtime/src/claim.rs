@@ -168,9 +168,24 @@ impl Claim {
     /// happened is never forgotten), and the error says what happened:
     /// [`Rejected::LeaseLost`] (its lease ran out and another invocation
     /// took it over) or [`Rejected::ClaimLost`] (someone released or removed
-    /// it).
+    /// it). If somebody else recorded a success or a failure over this
+    /// claim's row meanwhile (a reconciler or an operator resolved it, an
+    /// earlier holder's late success settled it), that outcome stands and
+    /// the error is [`Rejected::NotRecorded`]: every duplicate is told the
+    /// recorded outcome, never this one. A claim its lease turned in doubt
+    /// (`on_expiry = "in_doubt"`, nobody took it over) is settled with this
+    /// success, the outcome nobody knew, and `Ok` is returned. A settle
+    /// repeated after its reply was lost finds the row as it wrote it, and
+    /// is `Ok` too.
+    ///
+    /// A claim made inside the caller's transaction
+    /// ([`Gate::claim_in`](crate::Gate::claim_in)) is settled with
+    /// [`settle_in`](Claim::settle_in) on that transaction: here it fails at
+    /// once with [`Rejected::WrongConnection`], sending no statement
+    /// (through the pool it would wait forever on the row the caller's own
+    /// open transaction holds).
     pub async fn settle(self) -> Result<(), Rejected> {
-        let Some(pool) = self.pool() else {
+        let Some(pool) = self.pool_for("settle", "settle_in(&mut tx)")? else {
             return Ok(());
         };
         self.finish(Recording::Success { output: None }, &mut Via::Pool(&pool))
@@ -183,9 +198,22 @@ impl Claim {
     /// claim was taken over, nothing changes and the error is
     /// [`Rejected::LeaseLost`]: the new holder decides. A claim that is gone
     /// already (released by someone else, or by an earlier attempt of this
-    /// release whose reply was lost) counts as released.
+    /// release whose reply was lost) counts as released. A claim somebody
+    /// else recorded meanwhile is left as it is, with
+    /// [`Rejected::NotRecorded`] (see [`dispose`](Claim::dispose)).
+    ///
+    /// A claim made inside the caller's transaction is released with
+    /// [`release_in`](Claim::release_in); here it fails at once with
+    /// [`Rejected::WrongConnection`], as [`settle`](Claim::settle) does.
     pub async fn release(self) -> Result<(), Rejected> {
-        self.dispose(Disposition::Release).await
+        let Some(pool) = self.pool_for("release", "release_in(&mut tx)")? else {
+            return Ok(());
+        };
+        self.finish(
+            Recording::Failure(Disposition::Release),
+            &mut Via::Pool(&pool),
+        )
+        .await
     }
 
     /// Records a failure as `disposition` says: [`Release`] deletes the row
@@ -198,11 +226,21 @@ impl Claim {
     /// closed), and a claim taken over meanwhile is left to its new holder
     /// ([`Rejected::LeaseLost`]).
     ///
+    /// A claim under the claim's fence that somebody else recorded
+    /// meanwhile (a reconciler or an operator resolved it, its lease ran
+    /// out under `on_expiry = "in_doubt"`, an earlier holder's late success
+    /// settled it) is left as it is: the error is
+    /// [`Rejected::NotRecorded`], saying what the slot records.
+    ///
+    /// A claim made inside the caller's transaction is disposed of with
+    /// [`dispose_in`](Claim::dispose_in); here it fails at once with
+    /// [`Rejected::WrongConnection`], as [`settle`](Claim::settle) does.
+    ///
     /// [`Release`]: Disposition::Release
     /// [`Keep`]: Disposition::Keep
     /// [`InDoubt`]: Disposition::InDoubt
     pub async fn dispose(self, disposition: Disposition) -> Result<(), Rejected> {
-        let Some(pool) = self.pool() else {
+        let Some(pool) = self.pool_for("dispose", "dispose_in(&mut tx, disposition)")? else {
             return Ok(());
         };
         self.finish(Recording::Failure(disposition), &mut Via::Pool(&pool))
@@ -240,7 +278,9 @@ impl Claim {
     /// Renews the lease to `lease` from now, for bodies that run long.
     ///
     /// A claim made without a lease holds until it is resolved: there is
-    /// nothing to renew, and it stays unexpirable. `lease` is checked as
+    /// nothing to renew, and it stays unexpirable; so does a claim made
+    /// inside the caller's transaction, which never has a lease
+    /// ([`Gate::claim_in`](crate::Gate::claim_in) refuses one). `lease` is checked as
     /// [`Mode::lease`](crate::Mode::lease) checks it ([`Rejected::InvalidOption`]).
     /// [`Rejected::LeaseLost`] if the claim was taken over meanwhile.
     pub async fn extend(&self, lease: Duration) -> Result<(), Rejected> {
@@ -276,9 +316,31 @@ impl Claim {
         }
     }
 
-    /// The pool of the gate that made this claim, if anything was claimed.
-    fn pool(&self) -> Option<PgPool> {
-        self.held.as_ref().map(|held| held.slots.pool().clone())
+    /// The pool of the gate that made this claim, if anything was claimed,
+    /// for `called` to record its outcome through; a claim made inside the
+    /// caller's transaction is refused at once, naming `instead`: its row is
+    /// held by that open transaction, so a pooled connection would wait on
+    /// it forever.
+    fn pool_for(
+        &self,
+        called: &'static str,
+        instead: &'static str,
+    ) -> Result<Option<PgPool>, Rejected> {
+        let Some(held) = &self.held else {
+            return Ok(None);
+        };
+        if held.in_transaction {
+            let misused = Rejected::WrongConnection { called, instead };
+            held.event(
+                tracing::Level::ERROR,
+                "the outcome of a claim made inside the caller's transaction was recorded \
+                 through the pool; nothing was recorded",
+                Some(&misused),
+            );
+            observe::record(GateEvent::Unrecorded(misused.clone()));
+            return Err(misused);
+        }
+        Ok(Some(held.slots.pool().clone()))
     }
 
     /// Settles the claim, keeping `output` (the `Ok` value for replay).
@@ -390,6 +452,10 @@ impl Held {
             }
             (Err(rejected), _) => {
                 let message = match rejected {
+                    Rejected::NotRecorded { .. } => {
+                        "this holder's outcome was not recorded: the slot already records one \
+                         somebody else wrote, which every duplicate is told"
+                    }
                     Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => match outcome {
                         Recording::Success { .. } => {
                             "the claim was no longer this holder's when its success was recorded; \
@@ -485,10 +551,18 @@ impl Held {
                 store::settle(&mut *conn, scope, address, fence, output, commit).await
             }
             Recording::Failure(Disposition::Keep) => {
-                store::keep(&mut *conn, scope, address, fence, commit, "kept_failure").await
+                store::keep(
+                    &mut *conn,
+                    scope,
+                    address,
+                    fence,
+                    commit,
+                    store::KEPT_FAILURE,
+                )
+                .await
             }
             Recording::Failure(Disposition::InDoubt) => {
-                store::hold_in_doubt(&mut *conn, scope, address, fence, "body_in_doubt").await
+                store::hold_in_doubt(&mut *conn, scope, address, fence, store::BODY_IN_DOUBT).await
             }
             Recording::Failure(_) =>
                 store::release(&mut *conn, scope, address, fence, commit).await,
@@ -503,29 +577,54 @@ impl Held {
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
         match outcome {
-            Recording::Failure(_) => {
+            Recording::Failure(disposition) => {
                 let row = self.look(via).await?;
-                self.release_matched_nothing(row.as_ref())
+                self.failure_matched_nothing(disposition, row.as_ref())
             }
             Recording::Success { output } => self.keep_success(output, via).await,
         }
     }
 
-    /// A release matched no pending row of ours: it happened (by an earlier
-    /// attempt whose reply was lost, or by someone else, the slot then maybe
-    /// claimed anew by this or a colliding identity), or it is moot (a late
-    /// success of a holder before us settled our row), unless the claim was
-    /// taken over: then the new holder decides.
-    fn release_matched_nothing(&self, row: Option<&store::Existing>) -> Result<(), Rejected> {
-        match row {
-            Some(row)
-                if row.identity == self.identity.canonical()
-                    && row.lineage == self.lineage
-                    && row.fence != self.fence =>
-            {
-                Err(self.lease_lost())
-            }
-            _ => Ok(()),
+    /// A failure's statement matched no pending row of ours. Still under
+    /// our fence, the row records what this holder wrote (an earlier
+    /// attempt whose reply was lost) or what somebody else wrote over it
+    /// (a resolution, an expiry into doubt, an earlier holder's late
+    /// success): then this failure was not recorded, and the holder is told
+    /// what is. Gone, or claimed anew, the release happened (by an earlier
+    /// attempt, or by someone else). Taken over: the new holder decides.
+    fn failure_matched_nothing(
+        &self,
+        disposition: Disposition,
+        row: Option<&store::Existing>,
+    ) -> Result<(), Rejected> {
+        let Some(row) = row.filter(|row| row.identity == self.identity.canonical()) else {
+            return Ok(());
+        };
+        if row.fence == self.fence {
+            let own = row.written_by_its_holder()
+                && match disposition {
+                    Disposition::Keep => row.state == "failed",
+                    Disposition::InDoubt => row.state == "in_doubt",
+                    _ => false,
+                };
+            return if own {
+                Ok(())
+            } else {
+                Err(self.not_recorded(row))
+            };
+        }
+        if row.lineage == self.lineage {
+            return Err(self.lease_lost());
+        }
+        Ok(())
+    }
+
+    /// The holder's outcome was not recorded, because `row`, still under
+    /// its fence, records one somebody else wrote: says which.
+    fn not_recorded(&self, row: &store::Existing) -> Rejected {
+        Rejected::NotRecorded {
+            address: self.address.clone(),
+            recorded: recorded_by_another(row),
         }
     }
 
@@ -545,12 +644,35 @@ impl Held {
                 Some(row) if row.identity != self.identity.canonical() => {
                     return Err(self.claim_lost());
                 }
-                // An earlier attempt of this very settle committed.
-                Some(row) if row.settled && row.fence == self.fence => return Ok(()),
+                // Still under our fence and settled: by an earlier attempt
+                // of this very settle, whose reply was lost, or by somebody
+                // else over our row (a reconciler, an operator, an earlier
+                // holder's late success), whose success every duplicate is
+                // told instead of ours.
+                Some(row) if row.settled && row.fence == self.fence => {
+                    return if row.written_by_its_holder() {
+                        Ok(())
+                    } else {
+                        Err(self.not_recorded(&row))
+                    };
+                }
                 // Resolved as a definite failure by a reconciler or an
                 // operator meanwhile: a resolution stands, and is theirs to
                 // correct (`idem claims show` says who resolved it).
+                Some(row) if row.state == "failed" && row.fence == self.fence => {
+                    return Err(self.not_recorded(&row));
+                }
                 Some(row) if row.state == "failed" => return Err(self.claim_lost()),
+                // Turned in doubt under our fence (its lease ran out under
+                // `on_expiry = "in_doubt"`, and nobody took it over): our
+                // success is the outcome nobody knew, and once written it is
+                // ours, the one every duplicate is told.
+                Some(row) if row.fence == self.fence && row.state == "in_doubt" => {
+                    if self.keep_late_success(via, Some(row.fence), output).await? {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 Some(row) => {
                     let lost = if row.lineage == self.lineage {
                         self.lease_lost()
@@ -656,6 +778,26 @@ impl Held {
                 target: "idem", account, namespace, action, address, fence, error, "{message}"
             ),
         }
+    }
+}
+
+/// What `row` records, written by somebody other than the holder of its
+/// fence, as [`Rejected::NotRecorded`] says it.
+fn recorded_by_another(row: &store::Existing) -> &'static str {
+    match (row.state.as_str(), row.resolved, row.reason.as_deref()) {
+        ("success", true, _) => "was resolved as succeeded by a reconciler or an operator",
+        ("failed", true, _) => "was resolved as failed by a reconciler or an operator",
+        ("success", false, Some(store::LATE_SUCCESS)) => {
+            "was settled by the late success of an earlier holder of the slot, whose claim was \
+             taken over or released while its body ran"
+        }
+        ("in_doubt", _, _) => {
+            "is held in doubt: its lease ran out (on_expiry = \"in_doubt\") before this outcome \
+             came, and a reconciler or an operator resolves it"
+        }
+        ("success", _, _) => "is settled as succeeded",
+        ("failed", _, _) => "is kept as a definite failure",
+        _ => "records another outcome",
     }
 }
 

@@ -163,6 +163,50 @@ pub enum Rejected {
         address: String,
     },
 
+    /// This holder's outcome was not recorded: the slot already records an
+    /// outcome somebody else wrote while the body ran. A reconciler or an
+    /// operator resolved the claim, an earlier holder's late success
+    /// settled it, or its lease ran out under `on_expiry = "in_doubt"` and
+    /// it is held in doubt for a reconciler or an operator to resolve.
+    /// Every duplicate is told what the slot records (with `replay`, its
+    /// value), never this holder's outcome: `recorded` says what that is.
+    /// Check the side effect against it; `idem claims show` says who
+    /// recorded it.
+    #[error(
+        "the outcome of this invocation was not recorded: the claim on {address} {recorded}, \
+         and every duplicate is told that, not this outcome; check the side effect against \
+         it (idem claims show {address} says who recorded it)"
+    )]
+    NotRecorded {
+        /// The address of the claim.
+        address: String,
+        /// What the slot records instead, and who wrote it.
+        recorded: &'static str,
+    },
+
+    /// The outcome of a claim made inside the caller's transaction
+    /// ([`Gate::claim_in`](crate::Gate::claim_in)) was recorded with a
+    /// method that uses a pooled connection ([`Claim::settle`] and its
+    /// kin), which would wait forever on the row the caller's own open
+    /// transaction holds. Nothing was recorded, and nothing waited: the
+    /// claim is still pending inside that transaction. Roll the transaction
+    /// back, and record the outcome with the method `instead` names.
+    ///
+    /// [`Claim::settle`]: crate::Claim::settle
+    #[error(
+        "Claim::{called} cannot record the outcome of a claim made inside your transaction \
+         (Gate::claim_in): it would wait forever on the row your own open transaction holds; \
+         nothing was recorded and the claim is still pending in that transaction, so roll it \
+         back (committed, it would keep the slot pending) and call Claim::{instead} on the \
+         transaction instead"
+    )]
+    WrongConnection {
+        /// The method called: `"settle"`, `"release"` or `"dispose"`.
+        called: &'static str,
+        /// The method to call, on the caller's transaction: `"settle_in(&mut tx)"`, ...
+        instead: &'static str,
+    },
+
     /// The account or namespace name can never be stored: it holds a NUL
     /// character (PostgreSQL `text` cannot), or it is longer than
     /// [`Gate::MAX_SCOPE_NAME_BYTES`](crate::Gate::MAX_SCOPE_NAME_BYTES)
@@ -216,7 +260,7 @@ impl Rejected {
     /// A short, stable name for logs and metrics: `"in_flight"`,
     /// `"already_done"`, `"in_doubt"`, `"already_failed"`, `"unavailable"`, `"store_refused"`,
     /// `"invalid_option"`, `"collision"`, `"key_reused"`, `"lease_lost"`,
-    /// `"claim_lost"` or `"invalid_scope"`.
+    /// `"claim_lost"`, `"invalid_scope"`, `"not_recorded"` or `"wrong_connection"`.
     pub fn reason(&self) -> &'static str {
         match self {
             Rejected::InFlight => "in_flight",
@@ -231,6 +275,8 @@ impl Rejected {
             Rejected::LeaseLost { .. } => "lease_lost",
             Rejected::ClaimLost { .. } => "claim_lost",
             Rejected::InvalidScope { .. } => "invalid_scope",
+            Rejected::NotRecorded { .. } => "not_recorded",
+            Rejected::WrongConnection { .. } => "wrong_connection",
         }
     }
 

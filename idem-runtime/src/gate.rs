@@ -13,7 +13,7 @@ use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
 use crate::error::{Error, Rejected};
 use crate::identity::Identity;
-use crate::mode::{Disposed, Mode};
+use crate::mode::{Disposed, Mode, OnUnavailable};
 use crate::run::{self, outcome_of, replayed_outcome_of};
 use crate::schema;
 use crate::slots::{self, Slots};
@@ -71,9 +71,13 @@ impl Gate {
         if let Some(problems) = problems {
             return Err(Error::Schema(problems));
         }
-        Ok(Gate {
-            slots: Slots::new(pool, engine, Gate::DEFAULT_ACCOUNT),
-        })
+        let slots = Slots::new(pool, engine, Gate::DEFAULT_ACCOUNT);
+        #[cfg(feature = "cache")]
+        let slots = {
+            let store = cached_store(&slots).await?;
+            slots.in_store(store)
+        };
+        Ok(Gate { slots })
     }
 
     /// A copy of this gate scoped to `account`. Claims of one account never
@@ -105,7 +109,9 @@ impl Gate {
     /// settled (or failed for good) from `cache`, with no round trip. Its
     /// [`account`](Gate::account) and [`namespace`](Gate::namespace)
     /// copies share the cache: an entry answers only in the scope it was
-    /// learned in. See [`cache`](crate::cache) for what it holds and what
+    /// learned in, and only on the store (cluster, database, schema) this
+    /// gate connected to, so one cache may serve gates on several stores.
+    /// See [`cache`](crate::cache) for what it holds and what
     /// pruning means for it.
     #[cfg(feature = "cache")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
@@ -221,12 +227,25 @@ impl Gate {
     /// rolled back. Under `REPEATABLE READ` or `SERIALIZABLE`, such a
     /// duplicate fails with a serialization error instead, reported as
     /// [`Rejected::Unavailable`]: retry its whole transaction.
+    ///
+    /// A `mode` with a [lease](Mode::lease), a [wait](Mode::wait) or
+    /// [`OnUnavailable::Run`] is refused with [`Rejected::InvalidOption`]
+    /// before any statement (as `#[idempotent]` refuses them beside `tx` at
+    /// compile time): inside the transaction the claim is invisible until it
+    /// commits, so duplicates already wait for it, no lease can run out,
+    /// and a store that is down has taken the transaction with it.
+    ///
+    /// Record the outcome of such a claim inside the same transaction, with
+    /// [`Claim::settle_in`], [`Claim::release_in`] or [`Claim::dispose_in`]:
+    /// [`Claim::settle`] and its kin would wait on the row this open
+    /// transaction holds, so they fail at once, naming the method to call.
     pub async fn claim_in(
         &self,
         connection: &mut sqlx::PgConnection,
         identity: &Identity,
         mode: &Mode,
     ) -> Result<Claim, Rejected> {
+        refuse_outside_a_transaction(mode)?;
         let via = &mut Via::Transaction(connection);
         match acquire(&self.slots, identity, mode, false, via).await? {
             Acquired::Won(claim) => Ok(claim),
@@ -249,6 +268,10 @@ impl Gate {
     /// the slot, but the call returns [`Rejected::LeaseLost`] or
     /// [`Rejected::ClaimLost`] instead of the value: another call may have
     /// run the action too, so check the side effect before acting on it.
+    /// If somebody else recorded the claim's outcome meanwhile (a reconciler
+    /// or an operator resolved it, an earlier holder's late success settled
+    /// it), the call returns [`Rejected::NotRecorded`]: the slot keeps that
+    /// outcome, and every duplicate is told it, not this body's value.
     pub async fn run<T, E, F>(&self, identity: &Identity, body: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
@@ -313,6 +336,60 @@ impl Gate {
         E: From<Rejected>,
     {
         run::run(&self.slots, identity, mode, replayed_outcome_of(), body).await
+    }
+}
+
+/// The identity of the store `slots` reach, keying the outcome cache's
+/// entries. An engine that cannot say which cluster it is (no
+/// `pg_control_system`) gets one of its own for this gate alone: its
+/// entries then answer only this gate and its scoped copies, never a gate
+/// connected elsewhere.
+#[cfg(feature = "cache")]
+async fn cached_store(slots: &Slots) -> Result<String, Error> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static UNNAMED: AtomicU64 = AtomicU64::new(0);
+    match crate::store::store_id::store_id(slots.pool()).await {
+        Ok(store) => Ok(store),
+        Err(error) if crate::fault::classify(&error) == crate::fault::Fault::Outage => {
+            Err(Error::Database(error))
+        }
+        Err(error) => {
+            tracing::debug!(
+                target: "idem",
+                error = %error,
+                "the store cannot say which cluster it is; its outcome cache entries answer \
+                 this gate only"
+            );
+            Ok(format!(
+                "unnamed/{}",
+                UNNAMED.fetch_add(1, Ordering::Relaxed)
+            ))
+        }
+    }
+}
+
+/// Refuses the options of `mode` a claim inside the caller's transaction
+/// cannot honour ([`Gate::claim_in`] says why), naming the first found.
+fn refuse_outside_a_transaction(mode: &Mode) -> Result<(), Rejected> {
+    let refused = if let Some(lease) = mode.lease_duration() {
+        Some(("lease", format!("{lease:?}")))
+    } else if let Some(wait) = mode.wait_duration() {
+        Some(("wait", format!("{wait:?}")))
+    } else if mode.on_unavailable_policy() == OnUnavailable::Run {
+        Some(("on_unavailable", "Run".to_owned()))
+    } else {
+        None
+    };
+    match refused {
+        Some((option, value)) => Err(Rejected::InvalidOption {
+            option,
+            value,
+            reason: "a claim inside the caller's transaction (claim_in) is invisible until the \
+                     transaction commits, so duplicates already wait for it, no lease can run \
+                     out, and a store that is down has taken the transaction with it; drop the \
+                     option, or claim outside the transaction with claim_with",
+        }),
+        None => Ok(()),
     }
 }
 

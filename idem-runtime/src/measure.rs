@@ -46,6 +46,10 @@ pub(crate) enum Outcome {
     StaleSettle,
     /// The store failed to record the outcome: the claim stays pending.
     Unrecorded,
+    /// The outcome was not recorded: the slot already recorded one somebody
+    /// else wrote (a resolution, an expiry into doubt, an earlier holder's
+    /// late success), which it keeps.
+    NotRecorded,
     // What a reconciler did.
     /// A reconciler's probe resolved a claim in doubt (or a stale pending
     /// one).
@@ -62,6 +66,7 @@ impl Outcome {
     pub(crate) fn unrecorded(rejected: &Rejected) -> Outcome {
         match rejected {
             Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => Outcome::StaleSettle,
+            Rejected::NotRecorded { .. } => Outcome::NotRecorded,
             _ => Outcome::Unrecorded,
         }
     }
@@ -82,6 +87,7 @@ impl Outcome {
             Outcome::HeldInDoubt => "held_in_doubt",
             Outcome::StaleSettle => "stale_settle",
             Outcome::Unrecorded => "unrecorded",
+            Outcome::NotRecorded => "not_recorded",
             Outcome::Reconciled => "reconciled",
         }
     }

@@ -42,7 +42,11 @@ pub enum GateEvent {
     /// The outcome could not be recorded as this holder's:
     /// [`Rejected::Unavailable`] or [`Rejected::StoreRefused`] (the row stays
     /// pending), [`Rejected::LeaseLost`] or [`Rejected::ClaimLost`] (the
-    /// claim was no longer this holder's; a success is still kept).
+    /// claim was no longer this holder's; a success is still kept),
+    /// [`Rejected::NotRecorded`] (the slot already records an outcome
+    /// somebody else wrote, which stands), or [`Rejected::WrongConnection`]
+    /// (a claim made inside the caller's transaction recorded through the
+    /// pool: nothing was sent).
     Unrecorded(Rejected),
 }
 

@@ -152,8 +152,9 @@ impl<R> OutcomeOf<R> {
     /// The body's own output, with one exception: a success whose claim was
     /// no longer this holder's ([`Rejected::LeaseLost`],
     /// [`Rejected::ClaimLost`]: another invocation may have run the action
-    /// too) is returned as that refusal, so the holder learns it was fenced
-    /// off. Its success is still kept in the slot, so a retry is refused
+    /// too), or whose slot already recorded an outcome somebody else wrote
+    /// ([`Rejected::NotRecorded`]: every duplicate is told that one), is
+    /// returned as that refusal, so the holder learns it was fenced off. Its success is still kept in the slot, so a retry is refused
     /// (or, with `replay`, handed the value). A success the store failed to
     /// record keeps the body's value: the slot stays pending (fail closed)
     /// and a tracing error says so.
@@ -169,9 +170,11 @@ impl<R> OutcomeOf<R> {
             Wanted::Success(json) => json,
         };
         match claim.settle_with(json.as_deref(), via).await {
-            Err(lost @ (Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. })) => {
-                (self.rejected)(lost)
-            }
+            Err(
+                lost @ (Rejected::LeaseLost { .. }
+                | Rejected::ClaimLost { .. }
+                | Rejected::NotRecorded { .. }),
+            ) => (self.rejected)(lost),
             _ => output,
         }
     }

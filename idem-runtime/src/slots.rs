@@ -34,6 +34,12 @@ pub(crate) struct Slots {
     /// trip; shared by every scoped copy (its key includes the scope).
     #[cfg(feature = "cache")]
     cache: Option<OutcomeCache>,
+    /// Which store the pool reaches (cluster, database, table), read once
+    /// when the gate connected: a cache shared with gates on other stores
+    /// never answers from theirs (its key includes this).
+    /// (An `Arc<String>`, one pointer wide: every claim carries its slots.)
+    #[cfg(feature = "cache")]
+    store: Arc<String>,
     /// How this gate's metrics are labelled.
     #[cfg(feature = "metrics")]
     metrics: MetricsOptions,
@@ -48,8 +54,19 @@ impl Slots {
             namespace: None,
             #[cfg(feature = "cache")]
             cache: None,
+            #[cfg(feature = "cache")]
+            store: Arc::default(),
             #[cfg(feature = "metrics")]
             metrics: MetricsOptions::new(),
+        }
+    }
+
+    /// These slots, in the store named `store` (see [`Key::store`]).
+    #[cfg(feature = "cache")]
+    pub(crate) fn in_store(self, store: String) -> Slots {
+        Slots {
+            store: Arc::new(store),
+            ..self
         }
     }
 
@@ -154,6 +171,7 @@ impl Slots {
     #[cfg(feature = "cache")]
     pub(crate) fn recall(&self, address: &str) -> Option<Arc<Final>> {
         self.cache.as_ref()?.recall(&KeyRef {
+            store: &self.store,
             account: &self.account,
             namespace: self.namespace.as_deref(),
             address,
@@ -174,6 +192,7 @@ impl Slots {
     #[cfg(feature = "cache")]
     fn key(&self, address: &str) -> Key {
         Key {
+            store: Arc::clone(&self.store),
             account: Arc::clone(&self.account),
             namespace: self.namespace.clone(),
             address: address.into(),

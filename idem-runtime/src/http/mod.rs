@@ -38,7 +38,7 @@
 //! | `InDoubt` | 409 Conflict | 30 s | `outcome-in-doubt` | retry the same request later: the first one's outcome is being established |
 //! | `AlreadyFailed` | 409 Conflict | | `already-failed` | not retry: it failed definitively; make a new request under a new key |
 //! | `Collision` | 422 Unprocessable Content | | `key-collision` | send the request under a new key |
-//! | `ClaimLost`, `LeaseLost` | 500 Internal Server Error | | `outcome-unknown` | check whether it took effect before retrying |
+//! | `ClaimLost`, `LeaseLost`, `NotRecorded`, `WrongConnection` | 500 Internal Server Error | | `outcome-unknown` | check whether it took effect before retrying |
 //! | `InvalidScope` | 400 Bad Request | | `invalid-scope` | not retry under that account name |
 //!
 //! The delays are [`IN_FLIGHT_RETRY_AFTER`], [`IN_DOUBT_RETRY_AFTER`] and [`UNAVAILABLE_RETRY_AFTER`];

@@ -100,7 +100,9 @@ impl From<&Rejected> for Problem {
             // the effect may have happened twice: a server-side failure, and
             // the client should look before it acts. A success is kept in the
             // record, so a retry is answered from it and runs nothing.
-            Rejected::ClaimLost { .. } | Rejected::LeaseLost { .. } => Problem::idem(
+            Rejected::ClaimLost { .. }
+            | Rejected::LeaseLost { .. }
+            | Rejected::NotRecorded { .. } => Problem::idem(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "outcome-unknown",
                 "Outcome unknown",
@@ -117,6 +119,15 @@ impl From<&Rejected> for Problem {
                 "The server's idempotency store refused to record this request, so it was not \
                  run. This is a fault in the server's set-up, not an outage: retrying will not \
                  help until it is fixed.",
+            ),
+            // A claim recorded through the wrong connection: the server's
+            // code is at fault, and the request may have run.
+            Rejected::WrongConnection { .. } => Problem::idem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "outcome-unknown",
+                "Outcome unknown",
+                "The request ran, but the server could not record its outcome. Check its effect \
+                 before acting on this answer.",
             ),
             Rejected::InvalidOption { .. } => Problem::idem(
                 StatusCode::INTERNAL_SERVER_ERROR,

@@ -77,6 +77,7 @@
 //! | `held_in_doubt` | the slot was put in doubt: by its body (`Disposition::InDoubt`), or by a duplicate that found its lease run out under `on_expiry = "in_doubt"` | ran, or was presumed gone |
 //! | `stale_settle` | the claim was no longer this holder's when its outcome was recorded (`LeaseLost`, `ClaimLost`; a success is still kept) | ran |
 //! | `unrecorded` | the store failed to record the outcome: the claim stays pending | ran |
+//! | `not_recorded` | the outcome was not recorded: the slot already records one somebody else wrote (a reconciler or an operator resolved it, its lease ran out into doubt, an earlier holder's late success settled it), which stands (`NotRecorded`) | ran |
 //! | `reconciled` | a [`Reconciler`](crate::reconcile::Reconciler)'s probe resolved a claim | |
 //!
 //! So `won + taken_over + ungated + failed_open` is how many bodies ran,
@@ -183,7 +184,7 @@ pub fn describe() {
         "Decisions of idem's gates, by action and outcome: one claim outcome per invocation \
          (won, taken_over, replayed, ungated, failed_open, or the refusal's reason), one \
          recording outcome per won claim (settled, released, kept_failure, held_in_doubt, \
-         stale_settle, unrecorded), and reconciled."
+         stale_settle, unrecorded, not_recorded), and reconciled."
     );
     describe_histogram!(
         names::CLAIM_DURATION_SECONDS,

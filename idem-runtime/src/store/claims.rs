@@ -54,8 +54,46 @@ pub(crate) struct Existing {
     /// A lease was set and has run out (by the database's clock), on a
     /// claim still `pending`: a claim in doubt or failed never expires.
     pub lease_expired: bool,
+    /// A reconciler or an operator resolved the claim (`resolved_at` is
+    /// set): its state is theirs, not its holder's.
+    pub resolved: bool,
+    /// How the claim got to its state (`state_reason`): with `resolved`,
+    /// who wrote it ([`Existing::written_by_its_holder`]).
+    pub reason: Option<String>,
     /// The stored `Ok` value, when asked for and present.
     pub output: Option<String>,
+}
+
+/// `state_reason` of a failure its holder kept ([`KEEP`]).
+pub(crate) const KEPT_FAILURE: &str = "kept_failure";
+/// `state_reason` of a claim its holder's body held in doubt
+/// ([`HOLD_IN_DOUBT`]).
+pub(crate) const BODY_IN_DOUBT: &str = "body_in_doubt";
+/// `state_reason` of a success written by a holder whose claim was no
+/// longer its own ([`SETTLE_OVER`]): over the row of the holder that
+/// replaced it, which must not take it for its own.
+pub(crate) const LATE_SUCCESS: &str = "late_success";
+
+impl Existing {
+    /// Whether the row's state was written by the holder of its fence
+    /// itself (its settle, its kept failure, its body's doubt) rather than
+    /// by somebody else over its row: a reconciler or an operator
+    /// (`resolved_at`), a looker that found its lease run out
+    /// (`lease_expired`), or an earlier holder's late success
+    /// ([`LATE_SUCCESS`]). Read from the row, not from a statement's reply,
+    /// so a holder that repeats its statement after a lost reply still
+    /// knows its own outcome. A pending row is its holder's.
+    pub(crate) fn written_by_its_holder(&self) -> bool {
+        let reason = self.reason.as_deref();
+        !self.resolved
+            && match self.state.as_str() {
+                "pending" => true,
+                "success" => reason.is_none(),
+                "failed" => reason == Some(KEPT_FAILURE),
+                "in_doubt" => reason == Some(BODY_IN_DOUBT),
+                _ => false,
+            }
+    }
 }
 
 /// The text of [`CLAIM`] with its namespace test: the claim, and the whole
@@ -101,11 +139,12 @@ macro_rules! claim_statement {
              ) \
              SELECT true AS won, fence, NULL::bigint AS lineage, NULL::boolean AS settled, \
                     NULL::text AS state, NULL::bytea AS identity, NULL::bytea AS fingerprint, \
-                    NULL::boolean AS lease_expired, NULL::text AS output \
+                    NULL::boolean AS lease_expired, NULL::boolean AS resolved, \
+                    NULL::text AS reason, NULL::text AS output \
              FROM claimed \
              UNION ALL \
              SELECT false, fence, lineage, settled, state, identity, fingerprint, lease_expired, \
-                    output \
+                    resolved, reason, output \
              FROM existing"
         )
     };
@@ -120,7 +159,8 @@ macro_rules! existing_columns {
     () => {
         "state = 'success' AS settled, state, identity, fingerprint, fence, \
          coalesce(first_fence, fence) AS lineage, \
-         (state = 'pending' AND coalesce(lease_expires_at < now(), false)) AS lease_expired"
+         (state = 'pending' AND coalesce(lease_expires_at < now(), false)) AS lease_expired, \
+         resolved_at IS NOT NULL AS resolved, state_reason AS reason"
     };
 }
 pub(super) use existing_columns;
@@ -297,12 +337,14 @@ pub(super) const TAKE_OVER: SplitOnNamespace = per_row!(
 /// is a fact the slot must keep: without this, the new holder's release
 /// would free the slot and a retry would run the action once more. The row
 /// keeps its fence, so the new holder's own settle or release finds it
-/// settled. `$5`: the output; `$6`: the fingerprint of the payload the
-/// output belongs to. Index: the partial unique index of its form.
+/// settled, and `state_reason` says [`LATE_SUCCESS`], so that holder knows
+/// the success is not its own. `$5`: the output; `$6`: the fingerprint of
+/// the payload the output belongs to. Index: the partial unique index of
+/// its form.
 pub(super) const SETTLE_OVER: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
-         fingerprint = $6, state_reason = NULL",
+         fingerprint = $6, state_reason = 'late_success'",
     "state IN ('pending', 'in_doubt') AND fence = $4"
 );
 
@@ -567,4 +609,19 @@ pub(crate) async fn settle_vacant<'e>(
         executor,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A late success marks the row it settles, so that the holder of
+    /// that row does not take the success for its own.
+    #[test]
+    fn a_late_success_says_so_in_the_row() {
+        let marked = format!("state_reason = '{LATE_SUCCESS}'");
+        for statement in [SETTLE_OVER.without_namespace, SETTLE_OVER.within_namespace] {
+            assert!(statement.contains(&marked), "{statement}");
+        }
+    }
 }

@@ -51,6 +51,8 @@ pub(crate) mod gauges;
 pub(crate) mod metering;
 pub mod operations;
 mod prune;
+#[cfg(feature = "cache")]
+pub(crate) mod store_id;
 
 #[cfg(test)]
 mod batch_plans;
@@ -70,8 +72,9 @@ pub(crate) use batch::{BatchOutcome, NewBatchItem, claim_batch, lookup_batch, re
 #[cfg(feature = "testing")]
 pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
-    Claimed, Existing, LateSuccess, NewClaim, claim, expire_in_doubt, extend, hold_in_doubt, keep,
-    lookup, release, settle, settle_over, settle_vacant, take_over,
+    BODY_IN_DOUBT, Claimed, Existing, KEPT_FAILURE, LATE_SUCCESS, LateSuccess, NewClaim, claim,
+    expire_in_doubt, extend, hold_in_doubt, keep, lookup, release, settle, settle_over,
+    settle_vacant, take_over,
 };
 
 /// Where a claim (or a usage event) lives, besides its address.

@@ -255,8 +255,22 @@ impl<'h> View<'h> {
             "lease_lost" | "claim_lost" => {
                 self.guard.lease().is_some() && self.taken_over_from(call)
             }
+            "not_recorded" => self.late_success_over(call),
             _ => false,
         }
+    }
+
+    /// An earlier holder, whose claim was lost while its body ran, recorded
+    /// its success late, over the row of `call`, which had replaced its
+    /// claim: the slot records that success, not `call`'s.
+    fn late_success_over(&self, call: &Invocation) -> bool {
+        self.calls.iter().any(|y| {
+            y.id != call.id
+                && y.lost_claim()
+                && y.gated_success().is_some()
+                && y.start < call.start
+                && y.end > call.start
+        })
     }
 
     /// Another invocation took the claim over while `call` held it (or

@@ -1,0 +1,511 @@
+//! What a claim's holder is told, the outcome cache across stores, and the
+//! hand-written API's connection discipline (issue 25, items 11, 12, 19, 20
+//! and 21), against a real PostgreSQL.
+//!
+//! - A holder whose outcome somebody else recorded (a reconciler or an
+//!   operator resolved its claim, an earlier holder's late success settled
+//!   it, its lease ran out into doubt) is told so, and every duplicate
+//!   hears the same story: the recorded one.
+//! - One outcome cache shared by gates on two stores (two databases, two
+//!   schemas) never answers one from the other.
+//! - A claim in the caller's transaction refuses what it cannot honour (a
+//!   lease, a wait, failing open) before any statement, and its outcome
+//!   methods on the pool fail at once, naming the `_in` method to call,
+//!   instead of waiting forever on the caller's own open transaction.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::cache::OutcomeCache;
+use idem::operations::{self, Resolution, Resolved, Resolver, Slot};
+use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use idem::sqlx::{self, PgPool};
+use idem::testing;
+use idem::{Disposition, Gate, GateEvent, Identity, Mode, OnExpiry, OnUnavailable, Rejected};
+use idem_test_support::fault_proxy::{Proxy, Statement};
+use idem_test_support::rows;
+use tokio::sync::Notify;
+
+/// Long enough that only a call that waits (on a lock, on a transaction)
+/// reaches it: it tells a hang from an answer, and measures no speed.
+const HANG: Duration = Duration::from_secs(20);
+
+/// `result`'s refusal, if it is one.
+fn refusal<T: std::fmt::Debug>(result: &Result<T, Rejected>) -> &Rejected {
+    match result {
+        Err(rejected) => rejected,
+        Ok(value) => panic!("expected a refusal, got Ok({value:?})"),
+    }
+}
+
+/// The slot of `id` in `gate`'s scope, as the operators' API takes it.
+fn slot<'a>(gate: &'a Gate, address: &'a str) -> Slot<'a> {
+    Slot {
+        account: gate.account_name(),
+        namespace: gate.namespace_name(),
+        address,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Item 11: whoever did not write the recorded outcome is told so.
+// ---------------------------------------------------------------------------
+
+/// A slow holder's claim is resolved as succeeded (with the probe's value)
+/// while its body runs; the body then returns another value. The holder is
+/// told its outcome was not recorded, and every replay (fired at once) gets
+/// the probe's value: one story.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_whose_claim_was_resolved_meanwhile_is_told_and_replays_agree() {
+    let gate = testing::gate().await;
+    let id = Identity::new("h11_resolved").part("ord_1");
+    let address = id.address();
+    let resolved = Arc::new(Notify::new());
+    let started = Arc::new(Notify::new());
+    let holder = {
+        let (gate, id, resolved, started) = (
+            gate.clone(),
+            id.clone(),
+            Arc::clone(&resolved),
+            Arc::clone(&started),
+        );
+        tokio::spawn(async move {
+            gate.run_replayed(&id, &Mode::new(), async {
+                started.notify_one();
+                // A slow body: it finishes only after the resolution.
+                resolved.notified().await;
+                Ok::<_, Rejected>("the holder's value".to_owned())
+            })
+            .await
+        })
+    };
+    started.notified().await;
+    let by = Resolver {
+        reason: "reconciled",
+        expected_fence: None,
+    };
+    let outcome = operations::resolve_as(
+        gate.pool(),
+        slot(&gate, &address),
+        Resolution::Succeeded {
+            output_json: Some(r#""the probe's value""#),
+        },
+        by,
+    )
+    .await
+    .expect("resolved");
+    assert!(matches!(outcome, Resolved::Changed { .. }), "{outcome:?}");
+    resolved.notify_one();
+    let told = holder.await.expect("the holder's task");
+    assert_eq!(
+        refusal(&told).reason(),
+        "not_recorded",
+        "the holder must hear that the recorded outcome is not its own: {told:?}"
+    );
+    assert!(
+        refusal(&told).to_string().contains("resolved"),
+        "the message says who recorded what: {told:?}"
+    );
+
+    let ran = AtomicUsize::new(0);
+    let replays = testing::race(4, || async {
+        gate.run_replayed(&id, &Mode::new(), async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Rejected>("a duplicate's value".to_owned())
+        })
+        .await
+    })
+    .await;
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "no duplicate runs the body");
+    assert_eq!(replays.replayed(), 4, "every duplicate is handed the value");
+}
+
+/// The same through the reconciler: a slow holder's pending claim (no lease:
+/// nothing renews it) is resolved by a probe (`pending_older_than`); the
+/// holder's late success is told it was not recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_whose_pending_claim_a_reconciler_resolved_is_told() {
+    use idem::reconcile::{Reconciler, Verdict};
+
+    let gate = testing::gate().await;
+    let action = testing::unique_name("h11_reconciled");
+    let id = Identity::new(&action).part("ord_2");
+    let slow = gate.claim(&id).await.expect("won");
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .pending_older_than(Duration::from_millis(1))
+        .probe(action.as_str(), |_doubt| async {
+            Verdict::succeeded_with("probed").unwrap_or(Verdict::Unknown)
+        });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(pass.resolved, 1, "{pass:?}");
+    let late = slow.settle().await;
+    assert_eq!(refusal(&late).reason(), "not_recorded", "{late:?}");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+}
+
+/// An earlier holder's late success settles the claim that took its
+/// expired lease over: the new holder's own success was not recorded, and
+/// it is told so (on main it was told `Ok`, the slot holding the earlier
+/// holder's value).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_row_an_earlier_holders_late_success_settled_is_told() {
+    let gate = testing::gate().await;
+    let id = Identity::new("h11_late_over").part("ord_3");
+    let mode = Mode::new().lease(Duration::from_millis(150));
+    let stale = gate.claim_with(&id, &mode).await.expect("first holder");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let current = gate.claim_with(&id, &mode).await.expect("taken over");
+    let late = stale.settle().await;
+    assert_eq!(refusal(&late).reason(), "lease_lost", "{late:?}");
+    let own = current.settle().await;
+    assert_eq!(
+        refusal(&own).reason(),
+        "not_recorded",
+        "the slot records the earlier holder's success, not this one's: {own:?}"
+    );
+}
+
+/// A settle carrying the value to replay commits and its reply is lost:
+/// the retried settle finds the success under its own fence, written by
+/// itself (not resolved, not an earlier holder's late success), and the
+/// holder is told `Ok` with its value, as every replay is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_whose_reply_was_lost_is_still_its_own_outcome() {
+    let proxy = Proxy::start().await;
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(proxy.options().statement_cache_capacity(0))
+        .await
+        .expect("connect through the proxy");
+    let gate = testing::gate_on(pool).await;
+    let id = Identity::new("h11_lost_reply").part(1);
+    assert!(proxy.lose_next_reply(Statement::Settle));
+    let first = gate
+        .run_replayed(&id, &Mode::new(), async {
+            Ok::<_, Rejected>("mine".to_owned())
+        })
+        .await;
+    assert_eq!(
+        proxy
+            .take_lost_replies()
+            .into_iter()
+            .map(|lost| lost.statement)
+            .collect::<Vec<_>>(),
+        [Statement::Settle],
+        "the settle's reply was lost"
+    );
+    assert_eq!(first.expect("the holder's own outcome"), "mine");
+    let again = gate
+        .run_replayed(&id, &Mode::new(), async {
+            Ok::<_, Rejected>("again".to_owned())
+        })
+        .await;
+    assert_eq!(again.expect("replayed"), "mine");
+}
+
+// ---------------------------------------------------------------------------
+// Item 12: a late failure on a claim its lease turned in doubt.
+// ---------------------------------------------------------------------------
+
+/// A claim whose lease ran out under `on_expiry = "in_doubt"`, turned in
+/// doubt by a duplicate.
+async fn expired_into_doubt(gate: &Gate, id: &Identity) -> idem::Claim {
+    let mode = Mode::new()
+        .lease(Duration::from_millis(150))
+        .on_expiry(OnExpiry::InDoubt);
+    let slow = gate.claim_with(id, &mode).await.expect("won");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let duplicate = gate.claim_with(id, &mode).await;
+    assert!(matches!(duplicate, Err(Rejected::InDoubt)), "{duplicate:?}");
+    slow
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_failure_on_a_claim_its_lease_turned_in_doubt_is_told_it_was_not_recorded() {
+    let gate = testing::gate().await;
+    for (part, disposition) in [
+        ("keep", Disposition::Keep),
+        ("release", Disposition::Release),
+        ("in_doubt", Disposition::InDoubt),
+    ] {
+        let id = Identity::new("h12_late_failure").part(part);
+        let slow = expired_into_doubt(&gate, &id).await;
+        let (late, events) = testing::observe(slow.dispose(disposition)).await;
+        assert_eq!(
+            refusal(&late).reason(),
+            "not_recorded",
+            "a late {disposition:?} must hear the slot is held in doubt: {late:?}"
+        );
+        assert!(
+            refusal(&late).to_string().contains("in doubt"),
+            "the message says what the slot records: {late:?}"
+        );
+        assert!(
+            matches!(events[..], [GateEvent::Unrecorded(_)]),
+            "the event says nothing was recorded: {events:?}"
+        );
+        assert_eq!(
+            rows::row_state(&gate, &id.address()).await.as_deref(),
+            Some("in_doubt"),
+            "the slot stays held in doubt"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Item 19: one cache, two stores.
+// ---------------------------------------------------------------------------
+
+/// The test server's connect options, on `database`.
+fn options_for(database: &str) -> PgConnectOptions {
+    let options: PgConnectOptions = testing::database_url().parse().expect("DATABASE_URL");
+    options.database(database)
+}
+
+async fn pool_on(options: PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .expect("connect")
+}
+
+/// Runs `id` on `gate`, counting the runs of its body in `ran`.
+async fn run_counted(gate: &Gate, id: &Identity, ran: &AtomicUsize) -> Result<(), Rejected> {
+    gate.run(id, async {
+        ran.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cache_shared_by_gates_on_two_databases_answers_each_from_its_own() {
+    let admin = testing::pool_with(1).await;
+    let database = testing::unique_name("idem_second_store");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .expect("create the second database");
+    let cache = OutcomeCache::builder().ttl(Duration::from_secs(60)).build();
+    let account = testing::unique_name("shared");
+    let first = testing::gate()
+        .await
+        .account(&account)
+        .with_cache(cache.clone());
+    let second_pool = pool_on(options_for(&database)).await;
+    let second = Gate::connect(second_pool.clone())
+        .await
+        .expect("a gate on the second database")
+        .account(&account)
+        .with_cache(cache);
+    let id = Identity::new("h19_charge").part("ord_1");
+    let ran = AtomicUsize::new(0);
+    run_counted(&first, &id, &ran)
+        .await
+        .expect("runs in the first store");
+    let second_run = run_counted(&second, &id, &ran).await;
+    let ran_in_second = rows::row_state(&second, &id.address()).await;
+    second_pool.close().await;
+    let _dropped = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+        .execute(&admin)
+        .await;
+    assert!(
+        second_run.is_ok(),
+        "the second database never ran the action: it was answered from the first's \
+         outcome: {second_run:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 2, "once in each store");
+    assert_eq!(ran_in_second.as_deref(), Some("success"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cache_shared_by_gates_on_two_schemas_answers_each_from_its_own() {
+    let admin = testing::pool_with(1).await;
+    let schemas = [
+        testing::unique_name("idem_store_a"),
+        testing::unique_name("idem_store_b"),
+    ];
+    let cache = OutcomeCache::builder().ttl(Duration::from_secs(60)).build();
+    let account = testing::unique_name("shared");
+    let mut gates = Vec::new();
+    for schema in &schemas {
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .expect("create the schema");
+        let options = options_for("postgres").options([("search_path", schema.as_str())]);
+        let gate = Gate::connect(pool_on(options).await)
+            .await
+            .expect("a gate in the schema")
+            .account(&account)
+            .with_cache(cache.clone());
+        gates.push(gate);
+    }
+    let id = Identity::new("h19_charge").part("ord_2");
+    let ran = AtomicUsize::new(0);
+    let results = [
+        run_counted(&gates[0], &id, &ran).await,
+        run_counted(&gates[1], &id, &ran).await,
+    ];
+    for gate in &gates {
+        gate.pool().close().await;
+    }
+    for schema in &schemas {
+        let _dropped = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+            .execute(&admin)
+            .await;
+    }
+    assert!(
+        results.iter().all(Result::is_ok),
+        "each schema runs the action once: {results:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+}
+
+/// Two gates on one store (two pools, one database) still share what the
+/// cache learned: the store's identity is the same however it is reached.
+/// The second gate's pool goes through a proxy that is then cut, so only
+/// the cache can answer it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cache_shared_by_gates_on_one_store_answers_both() {
+    let cache = OutcomeCache::builder().ttl(Duration::from_secs(60)).build();
+    let first = testing::gate().await.with_cache(cache.clone());
+    let proxy = Proxy::start().await;
+    let second = testing::gate_on(proxy.pool(2).await)
+        .await
+        .account(first.account_name())
+        .with_cache(cache);
+    let id = Identity::new("h19_same_store").part("ord_3");
+    let ran = AtomicUsize::new(0);
+    run_counted(&first, &id, &ran).await.expect("runs once");
+    proxy.cut().await;
+    let answered = run_counted(&second, &id, &ran).await;
+    assert!(
+        matches!(answered, Err(Rejected::AlreadyDone)),
+        "the same store is answered from the cache, with no round trip: {answered:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Items 20 and 21: the connection discipline of a claim in a transaction.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_a_transaction_refuses_a_lease_a_wait_and_failing_open_before_any_statement() {
+    let gate = testing::gate().await;
+    let modes = [
+        ("lease", Mode::new().lease(Duration::from_secs(30))),
+        ("wait", Mode::new().wait(Duration::from_secs(1))),
+        (
+            "on_unavailable",
+            Mode::new().on_unavailable(OnUnavailable::Run),
+        ),
+    ];
+    for (option, mode) in modes {
+        let id = Identity::new("h20_claim_in").part(option);
+        let mut tx = gate.pool().begin().await.expect("begin");
+        let claimed = gate.claim_in(&mut tx, &id, &mode).await;
+        let refused = match claimed {
+            Err(rejected) => rejected,
+            Ok(claim) => {
+                let _ = claim.settle_in(&mut tx).await;
+                tx.rollback().await.expect("rollback");
+                panic!("claim_in accepted `{option}`, which a transaction cannot honour");
+            }
+        };
+        assert!(
+            matches!(&refused, Rejected::InvalidOption { option: named, .. } if *named == option),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains("transaction"),
+            "the message says why: {refused}"
+        );
+        // Before any statement: the transaction is still usable.
+        sqlx::query("SELECT 1")
+            .execute(&mut *tx)
+            .await
+            .expect("the caller's transaction is untouched");
+        tx.rollback().await.expect("rollback");
+        assert_eq!(rows::row_state(&gate, &id.address()).await, None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_a_transaction_recorded_on_the_pool_fails_at_once_naming_the_in_method() {
+    let gate = testing::gate().await;
+    type Finish = fn(idem::Claim) -> futures_util::future::BoxFuture<'static, Result<(), Rejected>>;
+    let finishes: [(&str, &str, Finish); 3] = [
+        ("settle", "settle_in", |claim| Box::pin(claim.settle())),
+        ("release", "release_in", |claim| Box::pin(claim.release())),
+        ("dispose", "dispose_in", |claim| {
+            Box::pin(claim.dispose(Disposition::Keep))
+        }),
+    ];
+    for (method, instead, finish) in finishes {
+        let id = Identity::new("h21_pool_method").part(method);
+        let mut tx = gate.pool().begin().await.expect("begin");
+        let claim = gate
+            .claim_in(&mut tx, &id, &Mode::new())
+            .await
+            .expect("claimed in the transaction");
+        let told = tokio::time::timeout(HANG, finish(claim)).await;
+        tx.rollback().await.expect("rollback");
+        let told = told.unwrap_or_else(|_| {
+            panic!("Claim::{method} on a claim made with claim_in waited on the caller's own transaction")
+        });
+        let refused = refusal(&told);
+        assert!(
+            refused.to_string().contains(instead),
+            "the error names the method to call: {refused}"
+        );
+        assert!(!refused.is_outage(), "a misuse is no outage: {refused:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_a_transaction_recorded_with_the_in_methods_commits_with_it() {
+    let gate = testing::gate().await;
+    let id = Identity::new("h21_in_method").part(1);
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let claim = gate
+        .claim_in(&mut tx, &id, &Mode::new())
+        .await
+        .expect("claimed");
+    claim.settle_in(&mut tx).await.expect("settled in the tx");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+}
+
+/// The other way round is no misuse: a claim made on the pool is committed
+/// already, so recording its outcome inside a transaction of the caller's
+/// (with its own writes) waits on nothing and commits with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_claim_recorded_inside_a_transaction_commits_with_it() {
+    let gate = testing::gate().await;
+    let id = Identity::new("h21_pool_claim_in_tx").part(1);
+    let claim = gate.claim(&id).await.expect("claimed on the pool");
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let settled = tokio::time::timeout(HANG, claim.settle_in(&mut tx)).await;
+    assert!(
+        matches!(settled, Ok(Ok(()))),
+        "settled in the transaction: {settled:?}"
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+}
