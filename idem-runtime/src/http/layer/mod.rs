@@ -24,6 +24,7 @@ pub use policy::{DEFAULT_KEPT_HEADERS, ResponseOutcome, default_status_policy};
 pub use service::{IdempotencyService, RequestBody, ResponseBody, ResponseFuture};
 
 use super::IDEMPOTENCY_KEY;
+use crate::detach::Detached;
 use crate::gate::Gate;
 use crate::mode::Mode;
 
@@ -120,6 +121,9 @@ pub(super) struct Config {
     pub(super) scope: Option<FromParts<Option<String>>>,
     pub(super) status_policy: Arc<dyn Fn(StatusCode) -> ResponseOutcome + Send + Sync>,
     pub(super) kept_headers: Vec<HeaderName>,
+    /// The guarded calls' task tracker and bound (see
+    /// [`IdempotencyLayer::detached`]).
+    pub(super) detached: Detached,
 }
 
 impl IdempotencyLayer {
@@ -147,6 +151,7 @@ impl IdempotencyLayer {
                 scope: None,
                 status_policy: Arc::new(default_status_policy),
                 kept_headers: DEFAULT_KEPT_HEADERS.to_vec(),
+                detached: Detached::new(),
             }),
         }
     }
@@ -255,6 +260,42 @@ impl IdempotencyLayer {
     #[must_use = "`mode` returns the changed layer"]
     pub fn mode(self, mode: Mode) -> IdempotencyLayer {
         self.with(|config| config.mode = mode)
+    }
+}
+
+impl IdempotencyLayer {
+    /// Runs the guarded calls with this handle: its bound (how long a call
+    /// may run on after its client left, then it is stopped and its key
+    /// held in doubt) and its shutdown. By default each layer has its own,
+    /// [`Detached::new`] (a bound of a minute), which
+    /// [`detached_calls`](IdempotencyLayer::detached_calls) returns.
+    ///
+    /// Every guarded call runs to completion whatever the client does: a
+    /// client that disconnects, a proxy that gives up or a `tower`
+    /// timeout outside the layer drops the request's future, not the
+    /// inner call, whose response is kept and replayed to the retry.
+    #[must_use = "`detached` returns the changed layer"]
+    pub fn detached(self, detached: Detached) -> IdempotencyLayer {
+        self.with(|config| config.detached = detached)
+    }
+
+    /// The handle of the guarded calls, to await at shutdown: once the
+    /// server stopped accepting, [`Detached::shutdown`] waits for the calls
+    /// still running, up to a grace period, then holds the rest in doubt.
+    ///
+    /// ```no_run
+    /// # async fn demo(gate: idem_runtime::Gate) {
+    /// use std::time::Duration;
+    /// use idem_runtime::http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(gate);
+    /// let calls = layer.detached_calls();
+    /// // ... serve `router.layer(layer)` until a shutdown signal, then:
+    /// calls.shutdown(Duration::from_secs(20)).await;
+    /// # }
+    /// ```
+    pub fn detached_calls(&self) -> Detached {
+        self.config.detached.clone()
     }
 }
 

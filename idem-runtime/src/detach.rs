@@ -1,0 +1,303 @@
+//! Guarded calls that outlive their caller: the claim, the body and the
+//! record run as a task of their own, so that a caller going away (a
+//! client that disconnects, a proxy or a `tower` timeout that gives up, a
+//! dropped future) does not cancel the body wherever it was, perhaps after
+//! its effect and before its settle.
+//!
+//! [`run_detached`] spawns the run on the tokio runtime and awaits it;
+//! dropping that await leaves the task running. A body may run on after
+//! its caller left for at most the [`Detached`] handle's bound: then it is
+//! stopped and its claim held in doubt (`state_reason`
+//! [`PAST_BOUND`]), never released (it may have taken effect). At
+//! shutdown, [`Detached::shutdown`] waits for the bodies still running,
+//! up to a grace period, then stops the rest and holds their claims in
+//! doubt ([`AT_SHUTDOWN`]). A body that panics holds its claim in doubt
+//! ([`PANICKED`]) and the panic is resumed in its caller, if still there.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::FutureExt as _;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::acquire::{Acquired, acquire};
+use crate::claim::Claim;
+use crate::error::Rejected;
+use crate::identity::Identity;
+use crate::mode::{Disposition, Mode};
+use crate::run::OutcomeOf;
+use crate::slots::Slots;
+use crate::via::Via;
+
+/// `state_reason` of a claim whose detached body was stopped because it
+/// ran past the bound after its caller left.
+pub const PAST_BOUND: &str = "detached_past_bound";
+/// `state_reason` of a claim whose detached body was stopped at shutdown,
+/// after the grace period.
+pub const AT_SHUTDOWN: &str = "detached_at_shutdown";
+/// `state_reason` of a claim whose detached body panicked.
+pub const PANICKED: &str = "body_panicked";
+
+/// The bodies run detached from their callers, and how long one may run on
+/// after its caller left: a handle to share (cloning it is cheap), and to
+/// await at shutdown.
+///
+/// ```no_run
+/// # async fn demo(gate: idem_runtime::Gate) {
+/// use std::time::Duration;
+/// use idem_runtime::Detached;
+///
+/// let detached = Detached::with_bound(Duration::from_secs(30));
+/// // ... serve, running guarded bodies with `detached` ...
+/// // Once the server stopped accepting: let the bodies finish, up to 10 s,
+/// // then hold the rest in doubt.
+/// let stopped = detached.shutdown(Duration::from_secs(10)).await;
+/// assert_eq!(detached.running(), 0);
+/// # let _ = stopped;
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Detached {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    bound: Duration,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    held_at_shutdown: AtomicUsize,
+}
+
+/// What [`Detached::shutdown`] came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Shutdown {
+    /// Bodies stopped when the grace period ran out; their claims are held
+    /// in doubt ([`AT_SHUTDOWN`]) for a reconciler or an operator.
+    pub held_in_doubt: usize,
+}
+
+impl Detached {
+    /// How long a body may run on after its caller left, by default: one
+    /// minute, longer than any answer a client waits for, short enough that
+    /// a stuck body does not hold its key forever unknown.
+    pub const DEFAULT_BOUND: Duration = Duration::from_secs(60);
+
+    /// A handle whose bodies may run [`DEFAULT_BOUND`](Self::DEFAULT_BOUND)
+    /// after their caller left.
+    pub fn new() -> Detached {
+        Detached::with_bound(Detached::DEFAULT_BOUND)
+    }
+
+    /// A handle whose bodies may run `bound` after their caller left; then
+    /// each is stopped and its claim held in doubt.
+    pub fn with_bound(bound: Duration) -> Detached {
+        Detached {
+            shared: Arc::new(Shared {
+                bound,
+                tracker: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+                held_at_shutdown: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// How long a body may run on after its caller left.
+    pub fn bound(&self) -> Duration {
+        self.shared.bound
+    }
+
+    /// How many detached runs have not finished (claiming, running, or
+    /// recording).
+    pub fn running(&self) -> usize {
+        self.shared.tracker.len()
+    }
+
+    /// Waits for the detached bodies still running, up to `grace`; then
+    /// stops the rest and holds their claims in doubt, and returns once
+    /// every claim is recorded. Never releases a claim whose body started.
+    /// A run that begins after this was called claims nothing and is
+    /// refused [`Rejected::InFlight`] (retry later, at another instance).
+    ///
+    /// Call it after the server stopped accepting requests, before the
+    /// runtime shuts down: a task the runtime drops records nothing, and
+    /// its claim stays `pending`.
+    pub async fn shutdown(&self, grace: Duration) -> Shutdown {
+        let shared = &self.shared;
+        shared.tracker.close();
+        if tokio::time::timeout(grace, shared.tracker.wait())
+            .await
+            .is_err()
+        {
+            shared.shutdown.cancel();
+            shared.tracker.wait().await;
+        }
+        Shutdown {
+            held_in_doubt: shared.held_at_shutdown.load(Ordering::SeqCst),
+        }
+    }
+}
+
+impl Default for Detached {
+    fn default() -> Detached {
+        Detached::new()
+    }
+}
+
+/// How a detached run ended, as its task returns it.
+enum Finished<R> {
+    /// What the caller gets.
+    Output(R),
+    /// The body panicked; its claim is held. The payload, to resume.
+    Panicked(Box<dyn Any + Send>),
+}
+
+/// Why a running body was stopped.
+#[derive(Clone, Copy)]
+enum Stop {
+    PastBound,
+    Shutdown,
+}
+
+/// Claims `identity` in `slots`, runs `body` only if the claim was won and
+/// records its outcome, as [`run`](crate::run) does, but in a task of
+/// `detached`'s: dropping the returned future does not cancel it. From
+/// the moment the caller left, the body has `detached`'s bound to finish;
+/// then, or at shutdown past its grace, the body is stopped and the claim
+/// held in doubt. A panic of the body holds the claim in doubt and is
+/// resumed here.
+///
+/// Must be called within a tokio runtime (it spawns).
+pub(crate) async fn run_detached<R, F>(
+    detached: &Detached,
+    slots: Slots,
+    identity: Identity,
+    mode: Mode,
+    outcome: OutcomeOf<R>,
+    body: F,
+) -> R
+where
+    R: Send + 'static,
+    F: Future<Output = R> + Send + 'static,
+{
+    let refused = outcome.refuser();
+    let left = CancellationToken::new();
+    let run = Run {
+        shared: Arc::clone(&detached.shared),
+        slots,
+        identity,
+        mode,
+        outcome,
+        left: left.clone(),
+    };
+    let task = detached.shared.tracker.spawn(run.claim_and_run(body));
+    // Dropped with this future, before the task is done: the caller left,
+    // and the body's bound starts.
+    let caller = left.drop_guard();
+    let joined = task.await;
+    caller.disarm();
+    match joined {
+        Ok(Finished::Output(output)) => output,
+        Ok(Finished::Panicked(payload)) => std::panic::resume_unwind(payload),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // The runtime dropped the task (it is shutting down): what the body
+        // did is unknown, and its claim was left as it was.
+        Err(_) => refused(Rejected::InDoubt),
+    }
+}
+
+/// One detached run: what its task owns.
+struct Run<R> {
+    shared: Arc<Shared>,
+    slots: Slots,
+    identity: Identity,
+    mode: Mode,
+    outcome: OutcomeOf<R>,
+    /// Cancelled when the caller left.
+    left: CancellationToken,
+}
+
+impl<R> Run<R> {
+    async fn claim_and_run<F: Future<Output = R>>(self, body: F) -> Finished<R> {
+        if self.shared.shutdown.is_cancelled() {
+            return Finished::Output(self.outcome.refused(Rejected::InFlight));
+        }
+        let mut via = Via::Pool(self.slots.pool());
+        let claim = match acquire(
+            &self.slots,
+            &self.identity,
+            &self.mode,
+            self.outcome.replays(),
+            &mut via,
+        )
+        .await
+        {
+            Ok(Acquired::Won(claim)) => claim,
+            Ok(Acquired::Settled(stored)) => {
+                return Finished::Output(self.outcome.settled(&self.identity, stored));
+            }
+            Err(rejected) => return Finished::Output(self.outcome.refused(rejected)),
+        };
+        if self.shared.shutdown.is_cancelled() {
+            // Won during shutdown, the body not begun: nothing happened, so
+            // the slot is free again.
+            let _recorded = claim.dispose_via(Disposition::Release, &mut via).await;
+            return Finished::Output(self.outcome.refused(Rejected::InFlight));
+        }
+        let body = AssertUnwindSafe(body).catch_unwind();
+        tokio::select! {
+            // A body that finishes as it is stopped is recorded as finished.
+            biased;
+            ran = body => match ran {
+                Ok(output) => Finished::Output(self.outcome.record(claim, output, &mut via).await),
+                Err(payload) => {
+                    self.hold(claim, PANICKED, &mut via).await;
+                    Finished::Panicked(payload)
+                }
+            },
+            stop = self.stop() => {
+                let reason = match stop {
+                    Stop::PastBound => PAST_BOUND,
+                    Stop::Shutdown => {
+                        self.shared.held_at_shutdown.fetch_add(1, Ordering::SeqCst);
+                        AT_SHUTDOWN
+                    }
+                };
+                self.hold(claim, reason, &mut via).await;
+                Finished::Output(self.outcome.refused(Rejected::InDoubt))
+            }
+        }
+    }
+
+    /// Resolves when the body must be stopped: its bound ran out after the
+    /// caller left, or the shutdown's grace did.
+    async fn stop(&self) -> Stop {
+        let past_bound = async {
+            self.left.cancelled().await;
+            tokio::time::sleep(self.shared.bound).await;
+        };
+        tokio::select! {
+            () = past_bound => Stop::PastBound,
+            () = self.shared.shutdown.cancelled() => Stop::Shutdown,
+        }
+    }
+
+    /// Holds `claim` in doubt for `reason`; a hold that cannot be recorded
+    /// leaves the row pending (fail closed), as the claim reports.
+    async fn hold(&self, claim: Claim, reason: &'static str, via: &mut Via<'_>) {
+        tracing::warn!(
+            target: "idem",
+            action = self.identity.action(),
+            address = claim.address(),
+            reason,
+            "a detached body was stopped or panicked; its claim is held in doubt, never released"
+        );
+        let _recorded = claim.hold_in_doubt(reason, via).await;
+    }
+}
