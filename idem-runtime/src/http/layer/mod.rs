@@ -68,7 +68,10 @@ use crate::mode::Mode;
 /// or one reused, `RESOURCE_EXHAUSTED` over the limit, `UNAVAILABLE` with
 /// the store down), and its response is judged by its `grpc-status`
 /// (see [`default_status_policy`]); trailers are kept and replayed. The
-/// key is the `idempotency-key` metadata.
+/// key is the `idempotency-key` metadata. gRPC-web (`application/grpc-web*`,
+/// `-text` too) carries its status in the trailer frame at the end of the
+/// body (flag `0x80`): the layer reads it there, and the frame is replayed
+/// with the body.
 ///
 /// **A response that fails mid-body** (its body returns an error) is
 /// neither sent nor kept: the client gets a 500 `response-failed`, and the

@@ -247,7 +247,7 @@ where
             });
         }
     };
-    let status = status.unwrap_or_else(|| grpc::status_of(&head.headers, whole.trailers.as_ref()));
+    let status = status.unwrap_or_else(|| grpc::status_of_whole(&head.headers, &whole));
     match (config.status_policy)(status) {
         ResponseOutcome::Replay => {
             let kept = kept_response(&config, head.status, &head.headers, &whole);
