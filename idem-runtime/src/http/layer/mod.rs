@@ -80,6 +80,13 @@ use crate::mode::Mode;
 /// policy's disposition says otherwise (by default, released). The inner
 /// service returning an error instead of a response releases the key.
 ///
+/// **Trailers** the service sends reach the first client, and the kept
+/// ones (those named by [`keep_headers`](IdempotencyLayer::keep_headers))
+/// the replays, announced in a `Trailer` header. A response with trailers
+/// is streamed, not sent with a `Content-Length`: over HTTP/1.1 it is
+/// chunked, and the server sends its trailers to a client that asked for
+/// them (`TE: trailers`, as HTTP/1.1 requires).
+///
 /// Responses are buffered whole before they are sent, to be kept: guard
 /// requests whose answers are of a size you would store in a row, not
 /// streams. Requests that pass through are not buffered.

@@ -354,6 +354,27 @@ fn answer(
             crate::http::IDEMPOTENT_REPLAYED,
             http::HeaderValue::from_static("true"),
         );
+        announce_trailers(&mut response);
     }
     response
+}
+
+/// Announces a replay's kept trailers in a `Trailer` header (when the
+/// kept headers did not): an HTTP/1.1 server sends only the trailers a
+/// response announced, so without it a replay would lose them.
+fn announce_trailers(response: &mut Response<BufferedBody>) {
+    if response.headers().contains_key(http::header::TRAILER) {
+        return;
+    }
+    let names: Vec<&str> = response
+        .body()
+        .trailer_names()
+        .map(http::HeaderName::as_str)
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    if let Ok(value) = http::HeaderValue::from_str(&names.join(", ")) {
+        response.headers_mut().insert(http::header::TRAILER, value);
+    }
 }
