@@ -301,3 +301,41 @@ impl<R> Run<R> {
         let _recorded = claim.hold_in_doubt(reason, via).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_shutdown_with_nothing_running_returns_at_once_and_holds_nothing() {
+        let detached = Detached::with_bound(Duration::from_millis(5));
+        assert_eq!(detached.bound(), Duration::from_millis(5));
+        assert_eq!(Detached::default().bound(), Detached::DEFAULT_BOUND);
+        let stopped = detached.shutdown(Duration::from_secs(3600)).await;
+        assert_eq!(stopped, Shutdown { held_in_doubt: 0 });
+        assert_eq!(detached.running(), 0);
+    }
+
+    #[tokio::test]
+    async fn clones_share_the_bodies_and_the_shutdown() {
+        let detached = Detached::new();
+        let clone = detached.clone();
+        let (started, finish) = (
+            Arc::new(tokio::sync::Notify::new()),
+            CancellationToken::new(),
+        );
+        let task = {
+            let (started, finish) = (Arc::clone(&started), finish.clone());
+            clone.shared.tracker.spawn(async move {
+                started.notify_one();
+                finish.cancelled().await;
+            })
+        };
+        started.notified().await;
+        assert_eq!(detached.running(), 1, "a clone's task is the original's");
+        finish.cancel();
+        detached.shutdown(Duration::from_secs(3600)).await;
+        assert!(task.is_finished());
+        assert!(clone.shared.tracker.is_closed());
+    }
+}

@@ -80,6 +80,15 @@ use crate::mode::Mode;
 /// policy's disposition says otherwise (by default, released). The inner
 /// service returning an error instead of a response releases the key.
 ///
+/// **A client that gives up** (disconnects, or a proxy or a `tower`
+/// timeout outside the layer stops waiting) does not cancel the inner
+/// call: it runs to completion in a task of its own, its response is kept
+/// (or its key released, as the policy says) and the retry gets it. It
+/// may run on for a bound after its client left, then it is stopped and
+/// its key held in doubt; at shutdown, await
+/// [`detached_calls`](IdempotencyLayer::detached_calls)`().shutdown(grace)`.
+/// See [`detached`](IdempotencyLayer::detached).
+///
 /// **Trailers** the service sends reach the first client, and the kept
 /// ones (those named by [`keep_headers`](IdempotencyLayer::keep_headers))
 /// the replays, announced in a `Trailer` header. A response with trailers
