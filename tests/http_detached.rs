@@ -653,3 +653,33 @@ async fn http1_trailers_reach_the_first_client_and_the_replay() {
     );
     assert_eq!(effects.started(), 1);
 }
+
+#[tokio::test]
+async fn a_detached_run_begun_after_shutdown_claims_nothing() {
+    use idem::{Identity, Mode, Rejected};
+
+    let (gate, account) = gate().await;
+    let detached = idem::Detached::new();
+    detached.shutdown(Duration::from_secs(1)).await;
+    let effects = Effects::default();
+    let late = {
+        let effects = effects.clone();
+        gate.run_detached(
+            &Identity::new("charge").part("ord_4"),
+            &Mode::new(),
+            &detached,
+            async move {
+                effects.start();
+                Ok::<(), Rejected>(())
+            },
+        )
+        .await
+    };
+    assert!(matches!(late, Err(Rejected::InFlight)), "{late:?}");
+    assert_eq!(effects.started(), 0, "no body starts once shutdown began");
+    let pool = idem::testing::pool().await;
+    assert!(
+        rows(&pool, &account).await.is_empty(),
+        "and no claim is left behind"
+    );
+}

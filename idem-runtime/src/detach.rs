@@ -18,7 +18,7 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
@@ -70,6 +70,9 @@ pub struct Detached {
 struct Shared {
     bound: Duration,
     tracker: TaskTracker,
+    /// Set when a shutdown begins: no new run claims anything.
+    closing: AtomicBool,
+    /// Cancelled when a shutdown's grace ran out: running bodies stop.
     shutdown: CancellationToken,
     held_at_shutdown: AtomicUsize,
 }
@@ -102,6 +105,7 @@ impl Detached {
             shared: Arc::new(Shared {
                 bound,
                 tracker: TaskTracker::new(),
+                closing: AtomicBool::new(false),
                 shutdown: CancellationToken::new(),
                 held_at_shutdown: AtomicUsize::new(0),
             }),
@@ -130,6 +134,7 @@ impl Detached {
     /// its claim stays `pending`.
     pub async fn shutdown(&self, grace: Duration) -> Shutdown {
         let shared = &self.shared;
+        shared.closing.store(true, Ordering::SeqCst);
         shared.tracker.close();
         if tokio::time::timeout(grace, shared.tracker.wait())
             .await
@@ -147,6 +152,13 @@ impl Detached {
 impl Default for Detached {
     fn default() -> Detached {
         Detached::new()
+    }
+}
+
+impl Shared {
+    /// Whether a shutdown has begun.
+    fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
     }
 }
 
@@ -225,7 +237,7 @@ struct Run<R> {
 
 impl<R> Run<R> {
     async fn claim_and_run<F: Future<Output = R>>(self, body: F) -> Finished<R> {
-        if self.shared.shutdown.is_cancelled() {
+        if self.shared.is_closing() {
             return Finished::Output(self.outcome.refused(Rejected::InFlight));
         }
         let mut via = Via::Pool(self.slots.pool());
@@ -244,7 +256,7 @@ impl<R> Run<R> {
             }
             Err(rejected) => return Finished::Output(self.outcome.refused(rejected)),
         };
-        if self.shared.shutdown.is_cancelled() {
+        if self.shared.is_closing() {
             // Won during shutdown, the body not begun: nothing happened, so
             // the slot is free again.
             let _recorded = claim.dispose_via(Disposition::Release, &mut via).await;
