@@ -4,8 +4,10 @@
 //! dropped future) does not cancel the body wherever it was, perhaps after
 //! its effect and before its settle.
 //!
-//! [`run_detached`] spawns the run on the tokio runtime and awaits it;
-//! dropping that await leaves the task running. A body may run on after
+//! The run (the crate-private `run_detached`, which
+//! [`Gate::run_detached`](crate::Gate::run_detached) and the tower layer
+//! call) is spawned on the tokio runtime and awaited; dropping that await
+//! leaves the task running. A body may run on after
 //! its caller left for at most the [`Detached`] handle's bound: then it is
 //! stopped and its claim held in doubt (`state_reason`
 //! [`PAST_BOUND`]), never released (it may have taken effect). At
