@@ -201,7 +201,7 @@ where
     F: Future<Output = R> + Send + 'static,
 {
     let refused = outcome.refuser();
-    let left = CancellationToken::new();
+    let left = Left::default();
     let run = Run {
         shared: Arc::clone(&detached.shared),
         slots,
@@ -213,9 +213,9 @@ where
     let task = detached.shared.tracker.spawn(run.claim_and_run(body));
     // Dropped with this future, before the task is done: the caller left,
     // and the body's bound starts.
-    let caller = left.drop_guard();
+    let caller = Caller(Some(left));
     let joined = task.await;
-    caller.disarm();
+    caller.stayed();
     match joined {
         Ok(Finished::Output(output)) => output,
         Ok(Finished::Panicked(payload)) => std::panic::resume_unwind(payload),
@@ -233,8 +233,36 @@ struct Run<R> {
     identity: Identity,
     mode: Mode,
     outcome: OutcomeOf<R>,
-    /// Cancelled when the caller left.
-    left: CancellationToken,
+    /// When the caller left, if it did.
+    left: Left,
+}
+
+/// When a detached run's caller left: the instant, and a token cancelled
+/// then, for the task to wait on.
+#[derive(Clone, Default)]
+struct Left {
+    at: Arc<std::sync::OnceLock<tokio::time::Instant>>,
+    token: CancellationToken,
+}
+
+/// Held by the awaiting caller: dropped before the run is done, it records
+/// that the caller left, and when.
+struct Caller(Option<Left>);
+
+impl Caller {
+    /// The caller saw the run to its end.
+    fn stayed(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        if let Some(left) = self.0.take() {
+            let _first = left.at.set(tokio::time::Instant::now());
+            left.token.cancel();
+        }
+    }
 }
 
 impl<R> Run<R> {
@@ -292,9 +320,21 @@ impl<R> Run<R> {
     /// Resolves when the body must be stopped: its bound ran out after the
     /// caller left, or the shutdown's grace did.
     async fn stop(&self) -> Stop {
+        // Counted from when the caller left, which may be before the body
+        // began (it left while the claim was being won).
         let past_bound = async {
-            self.left.cancelled().await;
-            tokio::time::sleep(self.shared.bound).await;
+            self.left.token.cancelled().await;
+            let left_at = self
+                .left
+                .at
+                .get()
+                .copied()
+                .unwrap_or_else(tokio::time::Instant::now);
+            match left_at.checked_add(self.shared.bound) {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                // A bound too large to be an instant: no bound.
+                None => std::future::pending().await,
+            }
         };
         tokio::select! {
             () = past_bound => Stop::PastBound,
