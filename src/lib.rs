@@ -314,10 +314,10 @@
 #[doc = include_str!("idempotent.md")]
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
-    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Disposed, Disposition, Error, Fingerprint, Gate,
-    GateEvent, Identity, KeyPart, Mode, NotCanonical, OnExpiry, OnUnavailable, OutcomeCommit,
-    PartValue, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems, batch, meter,
-    operations, reconcile, schema, sqlx,
+    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, Detached, Disposed, Disposition, Error, Fingerprint,
+    Gate, GateEvent, Identity, KeyPart, Mode, NotCanonical, OnExpiry, OnUnavailable, OutcomeCommit,
+    PartValue, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems, Shutdown, batch,
+    detach, meter, operations, reconcile, schema, sqlx,
 };
 
 /// Test helpers (feature `testing`): a real database, isolated gates, and

@@ -403,6 +403,32 @@ impl Claim {
         held.report(outcome, &recorded, &recording);
         recorded
     }
+
+    /// Holds the claim in doubt because of something other than its body's
+    /// own verdict, saying so in `reason` (the row's `state_reason`): a
+    /// detached body stopped past its bound, at shutdown, or panicked
+    /// ([`detach`](crate::detach)). Reported as any hold in doubt.
+    pub(crate) async fn hold_in_doubt(
+        mut self,
+        reason: &'static str,
+        via: &mut Via<'_>,
+    ) -> Result<(), Rejected> {
+        let Some(held) = self.held.take() else {
+            return Ok(());
+        };
+        let outcome = Recording::Failure(Disposition::InDoubt);
+        let recording = Stopwatch::start();
+        let (scope, address, fence) = (held.slots.scope(), &*held.address, held.fence);
+        let recorded = match repeat_recording!(via, |conn| {
+            store::hold_in_doubt(&mut *conn, scope, address, fence, reason).await
+        }) {
+            Ok(true) => Ok(()),
+            Ok(false) => held.no_longer_ours(outcome, via).await,
+            Err(error) => Err(Rejected::from_store(error)),
+        };
+        held.report(outcome, &recorded, &recording);
+        recorded
+    }
 }
 
 impl Held {

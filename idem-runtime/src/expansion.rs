@@ -39,6 +39,33 @@ where
     run::run(gate.slots(), identity, mode, outcome, body).await
 }
 
+/// [`run_with`], detached from its caller: the claim, the body and the
+/// record run as a task of `detached`'s, so dropping the returned future
+/// does not cancel the body (see [`Gate::run_detached`]). What the tower
+/// layer runs each guarded request with.
+pub async fn run_detached_with<R, F>(
+    gate: &Gate,
+    identity: &Identity,
+    mode: &Mode,
+    detached: &crate::detach::Detached,
+    outcome: OutcomeOf<R>,
+    body: F,
+) -> R
+where
+    R: Send + 'static,
+    F: Future<Output = R> + Send + 'static,
+{
+    crate::detach::run_detached(
+        detached,
+        gate.slots().clone(),
+        identity.clone(),
+        mode.clone(),
+        outcome,
+        body,
+    )
+    .await
+}
+
 /// In-transaction mode, before the body: claims inside the caller's
 /// transaction. `Break` carries what the function returns instead of running
 /// its body (a refusal, or a replayed value).

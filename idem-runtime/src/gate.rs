@@ -11,6 +11,7 @@ use sqlx::PgPool;
 
 use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
+use crate::detach::{self, Detached};
 use crate::error::{Error, Rejected};
 use crate::identity::Identity;
 use crate::mode::{Disposed, Mode, OnUnavailable};
@@ -287,6 +288,62 @@ impl Gate {
         E: From<Rejected>,
     {
         run::run(&self.slots, identity, mode, outcome_of(), body).await
+    }
+
+    /// [`run_with`](Gate::run_with), with a body that runs to completion
+    /// whatever its caller does: the claim, the body and the record run as
+    /// a task of `detached`'s, so dropping this future (a client that
+    /// disconnected, a timeout around it, a `select!` that chose another
+    /// branch) does not cancel the body wherever it was. Its outcome is
+    /// recorded as `run_with` records it, and a retry gets it (here:
+    /// [`Rejected::AlreadyDone`] after a success, a run after a failure).
+    ///
+    /// A body that runs on past [`detached.bound()`](Detached::bound)
+    /// after its caller left is stopped and its claim held in doubt
+    /// (`state_reason` [`detach::PAST_BOUND`](crate::detach::PAST_BOUND)),
+    /// never released; so are those still running when
+    /// [`Detached::shutdown`]'s grace runs out. A body that panics holds
+    /// its claim in doubt ([`detach::PANICKED`](crate::detach::PANICKED))
+    /// and the panic is resumed here if the caller is still waiting. The
+    /// body must be `'static + Send` (it outlives the call); it needs a
+    /// tokio runtime.
+    ///
+    /// Without it, a dropped [`run`](Gate::run) future cancels the body
+    /// at its next `.await` and leaves the claim `pending`: refusing every
+    /// retry until its lease runs out (or forever, without one).
+    ///
+    /// ```no_run
+    /// # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {
+    /// use idem_runtime::{Detached, Identity, Mode};
+    ///
+    /// let detached = Detached::new(); // one per service; await its shutdown
+    /// let id = Identity::new("charge").part("ord_1001");
+    /// let receipt: Result<String, idem_runtime::Rejected> = gate
+    ///     .run_detached(&id, &Mode::new(), &detached, async move { Ok("r_1".to_owned()) })
+    ///     .await;
+    /// # let _ = receipt?; Ok(()) }
+    /// ```
+    pub async fn run_detached<T, E, F>(
+        &self,
+        identity: &Identity,
+        mode: &Mode,
+        detached: &Detached,
+        body: F,
+    ) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: From<Rejected> + Send + 'static,
+    {
+        detach::run_detached(
+            detached,
+            self.slots.clone(),
+            identity.clone(),
+            mode.clone(),
+            outcome_of(),
+            body,
+        )
+        .await
     }
 
     /// [`run_with`](Gate::run_with), recording each failure as its error

@@ -18,6 +18,7 @@ pub mod batch;
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub mod cache;
 mod claim;
+pub mod detach;
 mod error;
 #[doc(hidden)]
 pub mod expansion;
@@ -47,6 +48,7 @@ pub mod testing;
 mod via;
 
 pub use claim::Claim;
+pub use detach::{Detached, Shutdown};
 pub use error::{Error, Rejected, SchemaProblem, SchemaProblems};
 pub use gate::Gate;
 pub use identity::{

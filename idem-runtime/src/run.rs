@@ -212,6 +212,12 @@ impl<R> OutcomeOf<R> {
         (self.rejected)(rejected)
     }
 
+    /// How a refusal becomes what the caller gets, on its own: for a
+    /// caller whose `OutcomeOf` went to a detached run.
+    pub(crate) fn refuser(&self) -> fn(Rejected) -> R {
+        self.rejected
+    }
+
     /// Whether duplicates of a settled action are handed its stored value.
     pub(crate) fn replays(&self) -> bool {
         self.replay.is_some()

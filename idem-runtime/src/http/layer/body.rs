@@ -17,8 +17,10 @@ pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// a buffered request handed to the inner service, a kept response given
 /// back, or a refusal.
 ///
-/// It yields its bytes as one data frame, then its trailers, then ends; its
-/// size hint is exact, so a server sends `Content-Length` for it.
+/// It yields its bytes as one data frame, then its trailers, then ends. Its
+/// size hint is exact only when it has no trailers: a server then sends
+/// `Content-Length`; with trailers it must stream (chunked on HTTP/1.1),
+/// as a `Content-Length` body has nowhere to put them.
 #[derive(Debug, Default)]
 pub struct BufferedBody {
     data: Option<Bytes>,
@@ -38,6 +40,11 @@ impl BufferedBody {
     /// An empty body without trailers.
     pub fn empty() -> BufferedBody {
         BufferedBody::default()
+    }
+
+    /// The names of the trailers still to come, each once.
+    pub(super) fn trailer_names(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.trailers.iter().flat_map(HeaderMap::keys)
     }
 }
 
@@ -67,7 +74,16 @@ impl Body for BufferedBody {
 
     fn size_hint(&self) -> SizeHint {
         let length = self.data.as_ref().map_or(0, Bytes::len);
-        SizeHint::with_exact(u64::try_from(length).unwrap_or(u64::MAX))
+        let length = u64::try_from(length).unwrap_or(u64::MAX);
+        if self.trailers.is_some() {
+            // No upper bound: hyper picks chunked encoding for HTTP/1.1,
+            // the only framing that carries trailers.
+            let mut hint = SizeHint::new();
+            hint.set_lower(length);
+            hint
+        } else {
+            SizeHint::with_exact(length)
+        }
     }
 }
 
@@ -131,7 +147,11 @@ mod tests {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", HeaderValue::from_static("0"));
         let body = BufferedBody::new(Bytes::from_static(b"abc"), Some(trailers.clone()));
-        assert_eq!(body.size_hint().exact(), Some(3));
+        // With trailers the length is not announced: HTTP/1.1 must chunk.
+        assert_eq!(body.size_hint().exact(), None);
+        assert_eq!(body.size_hint().lower(), 3);
+        let plain = BufferedBody::new(Bytes::from_static(b"abc"), None);
+        assert_eq!(plain.size_hint().exact(), Some(3));
         let read = read_whole(body).await.unwrap();
         assert_eq!(read.data, "abc");
         assert_eq!(read.trailers, Some(trailers));

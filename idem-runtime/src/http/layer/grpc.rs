@@ -1,15 +1,19 @@
 //! gRPC over the same layer: a gRPC request (`content-type:
 //! application/grpc*`) is refused with a gRPC status rather than
-//! problem+json, and its response is judged by its `grpc-status`.
+//! problem+json, and its response is judged by its `grpc-status`. A
+//! gRPC-web response (`application/grpc-web*`) carries that status in a
+//! trailer frame at the end of its body, which is read for it.
 //!
 //! The refusals are the same [`Problem`]s as for HTTP (one mapping from
 //! [`Rejected`](crate::Rejected)), told in gRPC's terms: the problem's
 //! status and type pick the code, its detail is the message.
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::body::BufferedBody;
+use super::body::{BufferedBody, Whole};
 use crate::http::{PROBLEM_TYPE_BASE, Problem};
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -60,6 +64,107 @@ pub(super) fn status_of(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> St
         _ => 500,
     };
     StatusCode::from_u16(http).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// The HTTP status a whole gRPC response stands for: [`status_of`] its
+/// headers and HTTP trailers, or, for gRPC-web (which has no HTTP
+/// trailers: its status travels in the body), of its trailer frame.
+pub(super) fn status_of_whole(headers: &HeaderMap, whole: &Whole) -> StatusCode {
+    let web_trailers = match web_encoding(headers) {
+        Some(WebEncoding::Binary) if whole.trailers.is_none() => web_trailers(&whole.data),
+        Some(WebEncoding::Text) if whole.trailers.is_none() => {
+            web_trailers(&decode_web_text(&whole.data))
+        }
+        _ => None,
+    };
+    status_of(headers, web_trailers.as_ref().or(whole.trailers.as_ref()))
+}
+
+/// How a gRPC-web body is written.
+enum WebEncoding {
+    /// `application/grpc-web`, `+proto`, `+json`: frames as bytes.
+    Binary,
+    /// `application/grpc-web-text`: the frames in base64.
+    Text,
+}
+
+/// The gRPC-web encoding a response's content type names, if it is one.
+fn web_encoding(headers: &HeaderMap) -> Option<WebEncoding> {
+    let content_type = headers.get(CONTENT_TYPE)?.as_bytes();
+    if content_type.starts_with(b"application/grpc-web-text") {
+        Some(WebEncoding::Text)
+    } else if content_type.starts_with(b"application/grpc-web") {
+        Some(WebEncoding::Binary)
+    } else {
+        None
+    }
+}
+
+/// The flag bit of a gRPC-web frame that marks it the trailer frame.
+const TRAILER_FRAME: u8 = 0x80;
+
+/// The trailers of a gRPC-web body: the payload of its frame flagged
+/// [`TRAILER_FRAME`], HTTP/1-style `name: value` lines. `None` when the
+/// body has no such frame, or its frames do not add up (a truncated
+/// body: no status, judged a failure).
+fn web_trailers(body: &[u8]) -> Option<HeaderMap> {
+    let mut rest = body;
+    while let Some((&flag, after_flag)) = rest.split_first() {
+        let (length, after_length) = after_flag.split_first_chunk::<4>()?;
+        let length = usize::try_from(u32::from_be_bytes(*length)).ok()?;
+        if after_length.len() < length {
+            return None;
+        }
+        let (payload, next) = after_length.split_at(length);
+        if flag & TRAILER_FRAME != 0 {
+            return Some(trailer_lines(payload));
+        }
+        rest = next;
+    }
+    None
+}
+
+/// `name: value` lines, each ended by CRLF (a bare LF is accepted), as a
+/// header map; lines that are no valid field are skipped.
+fn trailer_lines(payload: &[u8]) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    for line in payload.split(|&byte| byte == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&byte| byte == b':') else {
+            continue;
+        };
+        let (name, value) = line.split_at(colon);
+        let value = value.get(1..).unwrap_or_default().trim_ascii();
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(&name.trim_ascii().to_ascii_lowercase()),
+            HeaderValue::from_bytes(value),
+        ) {
+            trailers.append(name, value);
+        }
+    }
+    trailers
+}
+
+/// A `grpc-web-text` body decoded: base64, possibly several padded
+/// chunks one after another (each flush of the server ends one). What
+/// does not decode is dropped, leaving no trailer frame to find.
+fn decode_web_text(body: &[u8]) -> Vec<u8> {
+    let text: Vec<u8> = body
+        .iter()
+        .copied()
+        .filter(|byte| !byte.is_ascii_whitespace())
+        .collect();
+    let mut decoded = Vec::new();
+    let mut chunk = Vec::new();
+    for quad in text.chunks(4) {
+        chunk.extend_from_slice(quad);
+        if quad.contains(&b'=') {
+            decoded.extend(BASE64.decode(&chunk).unwrap_or_default());
+            chunk.clear();
+        }
+    }
+    decoded.extend(BASE64.decode(&chunk).unwrap_or_default());
+    decoded
 }
 
 /// The HTTP status a gRPC response stands for when its trailers never
@@ -169,6 +274,66 @@ mod tests {
         assert_eq!(status_of(&none, None), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(
             status_of(&none, Some(&map("x"))),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+
+    /// A gRPC-web body: a message frame, then a trailer frame of `lines`.
+    fn web_body(lines: &str) -> Vec<u8> {
+        let mut body = vec![0, 0, 0, 0, 2, b'h', b'i', TRAILER_FRAME];
+        body.extend_from_slice(&u32::try_from(lines.len()).unwrap().to_be_bytes());
+        body.extend_from_slice(lines.as_bytes());
+        body
+    }
+
+    fn web_whole(content_type: &'static str, data: Vec<u8>) -> (HeaderMap, Whole) {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        let whole = Whole {
+            data: data.into(),
+            trailers: None,
+        };
+        (headers, whole)
+    }
+
+    #[test]
+    fn a_grpc_web_status_is_read_from_its_trailer_frame() {
+        let (headers, whole) = web_whole(
+            "application/grpc-web+proto",
+            web_body("grpc-status: 0\r\ngrpc-message: ok\r\n"),
+        );
+        assert_eq!(status_of_whole(&headers, &whole), StatusCode::OK);
+        let (headers, whole) = web_whole("application/grpc-web", web_body("Grpc-Status:14\r\n"));
+        assert_eq!(
+            status_of_whole(&headers, &whole),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        // Two base64 chunks, each padded, as a server flushing twice writes.
+        let body = web_body("grpc-status: 5\r\n");
+        let (message, trailer) = body.split_at(7);
+        let text = format!("{}{}", BASE64.encode(message), BASE64.encode(trailer));
+        let (headers, whole) = web_whole("application/grpc-web-text", text.into_bytes());
+        assert_eq!(status_of_whole(&headers, &whole), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn a_grpc_web_body_without_a_whole_trailer_frame_is_a_failure() {
+        let mut truncated = web_body("grpc-status: 0\r\n");
+        truncated.truncate(truncated.len() - 3);
+        let (headers, whole) = web_whole("application/grpc-web", truncated);
+        assert_eq!(
+            status_of_whole(&headers, &whole),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let (headers, whole) = web_whole("application/grpc-web", vec![0, 0, 0, 0, 1, b'x']);
+        assert_eq!(
+            status_of_whole(&headers, &whole),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        // Plain gRPC is never read for frames: its status is in trailers.
+        let (headers, whole) = web_whole("application/grpc", web_body("grpc-status: 0\r\n"));
+        assert_eq!(
+            status_of_whole(&headers, &whole),
             StatusCode::INTERNAL_SERVER_ERROR
         );
     }

@@ -24,6 +24,7 @@ pub use policy::{DEFAULT_KEPT_HEADERS, ResponseOutcome, default_status_policy};
 pub use service::{IdempotencyService, RequestBody, ResponseBody, ResponseFuture};
 
 use super::IDEMPOTENCY_KEY;
+use crate::detach::Detached;
 use crate::gate::Gate;
 use crate::mode::Mode;
 
@@ -67,7 +68,10 @@ use crate::mode::Mode;
 /// or one reused, `RESOURCE_EXHAUSTED` over the limit, `UNAVAILABLE` with
 /// the store down), and its response is judged by its `grpc-status`
 /// (see [`default_status_policy`]); trailers are kept and replayed. The
-/// key is the `idempotency-key` metadata.
+/// key is the `idempotency-key` metadata. gRPC-web (`application/grpc-web*`,
+/// `-text` too) carries its status in the trailer frame at the end of the
+/// body (flag `0x80`): the layer reads it there, and the frame is replayed
+/// with the body.
 ///
 /// **A response that fails mid-body** (its body returns an error) is
 /// neither sent nor kept: the client gets a 500 `response-failed`, and the
@@ -75,6 +79,22 @@ use crate::mode::Mode;
 /// response (the request may have taken effect), or recorded as the
 /// policy's disposition says otherwise (by default, released). The inner
 /// service returning an error instead of a response releases the key.
+///
+/// **A client that gives up** (disconnects, or a proxy or a `tower`
+/// timeout outside the layer stops waiting) does not cancel the inner
+/// call: it runs to completion in a task of its own, its response is kept
+/// (or its key released, as the policy says) and the retry gets it. It
+/// may run on for a bound after its client left, then it is stopped and
+/// its key held in doubt; at shutdown, await
+/// [`detached_calls`](IdempotencyLayer::detached_calls)`().shutdown(grace)`.
+/// See [`detached`](IdempotencyLayer::detached).
+///
+/// **Trailers** the service sends reach the first client, and the kept
+/// ones (those named by [`keep_headers`](IdempotencyLayer::keep_headers))
+/// the replays, announced in a `Trailer` header. A response with trailers
+/// is streamed, not sent with a `Content-Length`: over HTTP/1.1 it is
+/// chunked, and the server sends its trailers to a client that asked for
+/// them (`TE: trailers`, as HTTP/1.1 requires).
 ///
 /// Responses are buffered whole before they are sent, to be kept: guard
 /// requests whose answers are of a size you would store in a row, not
@@ -120,6 +140,9 @@ pub(super) struct Config {
     pub(super) scope: Option<FromParts<Option<String>>>,
     pub(super) status_policy: Arc<dyn Fn(StatusCode) -> ResponseOutcome + Send + Sync>,
     pub(super) kept_headers: Vec<HeaderName>,
+    /// The guarded calls' task tracker and bound (see
+    /// [`IdempotencyLayer::detached`]).
+    pub(super) detached: Detached,
 }
 
 impl IdempotencyLayer {
@@ -147,6 +170,7 @@ impl IdempotencyLayer {
                 scope: None,
                 status_policy: Arc::new(default_status_policy),
                 kept_headers: DEFAULT_KEPT_HEADERS.to_vec(),
+                detached: Detached::new(),
             }),
         }
     }
@@ -255,6 +279,42 @@ impl IdempotencyLayer {
     #[must_use = "`mode` returns the changed layer"]
     pub fn mode(self, mode: Mode) -> IdempotencyLayer {
         self.with(|config| config.mode = mode)
+    }
+}
+
+impl IdempotencyLayer {
+    /// Runs the guarded calls with this handle: its bound (how long a call
+    /// may run on after its client left, then it is stopped and its key
+    /// held in doubt) and its shutdown. By default each layer has its own,
+    /// [`Detached::new`] (a bound of a minute), which
+    /// [`detached_calls`](IdempotencyLayer::detached_calls) returns.
+    ///
+    /// Every guarded call runs to completion whatever the client does: a
+    /// client that disconnects, a proxy that gives up or a `tower`
+    /// timeout outside the layer drops the request's future, not the
+    /// inner call, whose response is kept and replayed to the retry.
+    #[must_use = "`detached` returns the changed layer"]
+    pub fn detached(self, detached: Detached) -> IdempotencyLayer {
+        self.with(|config| config.detached = detached)
+    }
+
+    /// The handle of the guarded calls, to await at shutdown: once the
+    /// server stopped accepting, [`Detached::shutdown`] waits for the calls
+    /// still running, up to a grace period, then holds the rest in doubt.
+    ///
+    /// ```no_run
+    /// # async fn demo(gate: idem_runtime::Gate) {
+    /// use std::time::Duration;
+    /// use idem_runtime::http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(gate);
+    /// let calls = layer.detached_calls();
+    /// // ... serve `router.layer(layer)` until a shutdown signal, then:
+    /// calls.shutdown(Duration::from_secs(20)).await;
+    /// # }
+    /// ```
+    pub fn detached_calls(&self) -> Detached {
+        self.config.detached.clone()
     }
 }
 

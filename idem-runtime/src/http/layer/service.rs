@@ -5,7 +5,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -20,7 +20,7 @@ use super::body::{self, BoxError, BufferedBody, ReadError, Whole};
 use super::policy::ResponseOutcome;
 use super::{Config, grpc, refusal};
 use crate::error::Rejected;
-use crate::expansion::{replayed_outcome_of, run_with};
+use crate::expansion::{replayed_outcome_of, run_detached_with};
 use crate::gate::Gate;
 use crate::http::{IdempotencyKey, KeyRejection, Problem, StoredResponse};
 use crate::identity::Identity;
@@ -72,7 +72,7 @@ where
         + Send
         + 'static,
     S::Future: Send,
-    S::Error: Send,
+    S::Error: Send + 'static,
     ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -125,17 +125,23 @@ fn disposition_of<E>(output: &Result<StoredResponse, Unkept<E>>) -> Disposition 
     }
 }
 
+/// The headers and trailers the service sent, for the first client: the
+/// guarded call leaves them here (it runs detached, so it cannot borrow).
+type FirstFields = Arc<Mutex<Option<(HeaderMap, Option<HeaderMap>)>>>;
+
 /// One request through the layer.
 async fn guard<S, ReqBody, ResBody>(
     config: Arc<Config>,
-    mut inner: S,
+    inner: S,
     request: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
-    ReqBody: Body<Data = Bytes>,
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
@@ -172,56 +178,87 @@ where
     );
     // The first client gets every header the service sent; only the kept
     // ones are stored for the duplicates.
-    let mut first_fields: Option<(HeaderMap, Option<HeaderMap>)> = None;
+    let first_fields = FirstFields::default();
     let outcome = replayed_outcome_of().disposed_by(disposition_of::<S::Error>);
-    let ran = run_with(&gate, &identity, &mode, outcome, async {
-        let response = inner.call(request).await.map_err(Unkept::Failed)?;
-        let (head, body) = response.into_parts();
-        let status = if grpc { None } else { Some(head.status) };
-        let whole = match body::read_whole(body).await {
-            Ok(whole) => whole,
-            Err(error) => {
-                // The service answered, then its body failed: nothing to
-                // send or keep. If the answer would have been kept, it may
-                // have taken effect.
-                let error: BoxError = error.into();
-                tracing::warn!(
-                    target: "idem",
-                    action = identity.action(),
-                    %error,
-                    "a guarded response's body failed; it is neither sent nor kept"
-                );
-                let status = status.unwrap_or_else(|| grpc::status_before_trailers(&head.headers));
-                return Err(Unkept::Answered {
-                    response: refusal::respond(&refusal::response_failed(), grpc),
-                    disposition: match (config.status_policy)(status) {
-                        ResponseOutcome::Replay => Disposition::InDoubt,
-                        ResponseOutcome::Fail(disposition) => disposition,
-                    },
-                });
-            }
-        };
-        let status =
-            status.unwrap_or_else(|| grpc::status_of(&head.headers, whole.trailers.as_ref()));
-        match (config.status_policy)(status) {
-            ResponseOutcome::Replay => {
-                let kept = kept_response(&config, head.status, &head.headers, &whole);
-                first_fields = Some((head.headers, whole.trailers));
-                Ok(kept)
-            }
-            ResponseOutcome::Fail(disposition) => Err(Unkept::Answered {
-                response: Response::from_parts(head, BufferedBody::new(whole.data, whole.trailers)),
-                disposition,
-            }),
-        }
-    })
-    .await;
+    // Detached: a client that disconnects, or a timeout outside the layer,
+    // drops this future, never the inner call, which runs to its end (or
+    // the bound) and is recorded, so the retry gets its response.
+    let call = call_inner(
+        Arc::clone(&config),
+        inner,
+        request,
+        identity.action().to_owned(),
+        grpc,
+        Arc::clone(&first_fields),
+    );
+    let ran = run_detached_with(&gate, &identity, &mode, &config.detached, outcome, call).await;
+    let first_fields = first_fields
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
 
     match ran {
         Ok(kept) => Ok(answer(kept, first_fields).map(Either::Right)),
         Err(Unkept::Refused(rejected)) => Ok(refuse(&Problem::from(&rejected), grpc)),
         Err(Unkept::Answered { response, .. }) => Ok(response.map(Either::Right)),
         Err(Unkept::Failed(error)) => Err(error),
+    }
+}
+
+/// The guarded call: the inner service's response, read whole, and what
+/// it means for the key (kept, or a failure to record as the status
+/// policy says). The headers and trailers it sent go to `first_fields`.
+async fn call_inner<S, ReqBody, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<RequestBody<ReqBody>>,
+    action: String,
+    grpc: bool,
+    first_fields: FirstFields,
+) -> Result<StoredResponse, Unkept<S::Error>>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let response = inner.call(request).await.map_err(Unkept::Failed)?;
+    let (head, body) = response.into_parts();
+    let status = if grpc { None } else { Some(head.status) };
+    let whole = match body::read_whole(body).await {
+        Ok(whole) => whole,
+        Err(error) => {
+            // The service answered, then its body failed: nothing to
+            // send or keep. If the answer would have been kept, it may
+            // have taken effect.
+            let error: BoxError = error.into();
+            tracing::warn!(
+                target: "idem",
+                action,
+                %error,
+                "a guarded response's body failed; it is neither sent nor kept"
+            );
+            let status = status.unwrap_or_else(|| grpc::status_before_trailers(&head.headers));
+            return Err(Unkept::Answered {
+                response: refusal::respond(&refusal::response_failed(), grpc),
+                disposition: match (config.status_policy)(status) {
+                    ResponseOutcome::Replay => Disposition::InDoubt,
+                    ResponseOutcome::Fail(disposition) => disposition,
+                },
+            });
+        }
+    };
+    let status = status.unwrap_or_else(|| grpc::status_of_whole(&head.headers, &whole));
+    match (config.status_policy)(status) {
+        ResponseOutcome::Replay => {
+            let kept = kept_response(&config, head.status, &head.headers, &whole);
+            *first_fields.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some((head.headers, whole.trailers));
+            Ok(kept)
+        }
+        ResponseOutcome::Fail(disposition) => Err(Unkept::Answered {
+            response: Response::from_parts(head, BufferedBody::new(whole.data, whole.trailers)),
+            disposition,
+        }),
     }
 }
 
@@ -317,6 +354,27 @@ fn answer(
             crate::http::IDEMPOTENT_REPLAYED,
             http::HeaderValue::from_static("true"),
         );
+        announce_trailers(&mut response);
     }
     response
+}
+
+/// Announces a replay's kept trailers in a `Trailer` header (when the
+/// kept headers did not): an HTTP/1.1 server sends only the trailers a
+/// response announced, so without it a replay would lose them.
+fn announce_trailers(response: &mut Response<BufferedBody>) {
+    if response.headers().contains_key(http::header::TRAILER) {
+        return;
+    }
+    let names: Vec<&str> = response
+        .body()
+        .trailer_names()
+        .map(http::HeaderName::as_str)
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    if let Ok(value) = http::HeaderValue::from_str(&names.join(", ")) {
+        response.headers_mut().insert(http::header::TRAILER, value);
+    }
 }
