@@ -892,6 +892,65 @@ async fn the_action_is_the_route_template_and_unmatched_paths_are_not_stored() {
     assert_eq!(actions.len(), 100, "one row per charge, none for the 404s");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_failed_validation_releases_its_key_so_the_fixed_request_runs() {
+    #[derive(serde::Deserialize)]
+    struct Order {
+        cents: i64,
+    }
+
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("invalid");
+    let layer = IdempotencyLayer::new(gate().await).scope(bearer(&account));
+    let order = {
+        let effects = effects.clone();
+        move |axum::Json(order): axum::Json<Order>| {
+            let n = effects.happen();
+            std::future::ready((
+                StatusCode::CREATED,
+                format!("order {n}: {} cents", order.cents),
+            ))
+        }
+    };
+    let app = axum::Router::new()
+        .route("/orders", axum::routing::post(order))
+        .layer(layer);
+    let base = serve_router(app).await;
+    let client = reqwest::Client::new();
+    let post = |content_type: Option<&'static str>, body: &'static str| {
+        let mut request = client
+            .post(format!("{base}/orders"))
+            .bearer_auth("alice")
+            .header("idempotency-key", "order-7")
+            .body(body);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        Answer::of(request)
+    };
+    let json = Some("application/json");
+    // axum's three rejections, each under the same key: none is kept.
+    assert_eq!(
+        post(None, r#"{"cents":5}"#).await.status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
+    assert_eq!(
+        post(json, r#"{"cents":"#).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        post(json, r#"{"cents":"five"}"#).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(effects.count(), 0);
+    // The fixed request, same key: it runs, once.
+    let fixed = post(json, r#"{"cents":5}"#).await;
+    assert_eq!(fixed.status, StatusCode::CREATED, "{fixed:?}");
+    assert_eq!(fixed.body, b"order 1: 5 cents");
+    assert!(post(json, r#"{"cents":5}"#).await.replayed());
+    assert_eq!(effects.count(), 1);
+}
+
 // ------------------------------------------------------------ gRPC
 
 /// A unary gRPC service written by hand (no protoc): `/test.Charges/Charge`
