@@ -264,9 +264,11 @@ fn gate_of(config: &Config, parts: &Parts) -> Option<Gate> {
 
 /// The route a request's key is claimed under: the layer's own
 /// [`route`](super::IdempotencyLayer::route), else its method and route
-/// template (for gRPC, its path: the method's name), bounded by the
-/// service's routes, never by what clients send. `None`: no route (with
-/// axum, it matched none), so not guarded.
+/// template, so that actions (metrics labels, probes) are bounded by the
+/// service's routes, not by the ids in paths. For gRPC the path is the
+/// template: it names a method, and a made-up one is `UNIMPLEMENTED`,
+/// which releases the key. `None`: no route (with axum, it matched none),
+/// so not guarded.
 fn route_of(config: &Config, parts: &Parts, grpc: bool) -> Option<String> {
     if let Some(route) = &config.route {
         return Some(route(parts));
