@@ -292,7 +292,7 @@
 //! | `uuid` | `uuid::Uuid` key parts |
 //! | `testing` | `idem::testing` and `idem::race_test!`: a real database, isolated gates, races fired at one instant; pulls tokio's multi-threaded runtime, so enable it in dev-dependencies only |
 //! | `axum` | `idem::axum` (also `idem::http`): the `Idempotency-Key` header, `Rejected` as an HTTP response, responses replayed byte for byte; pulls axum's extractor traits, no server |
-//! | `tower` | `idem::http::IdempotencyLayer`: the same protocol for any tower service (axum routers, hyper services, tonic gRPC servers), one layer; pulls `tower-layer`, `tower-service`, `http-body`, `http-body-util` and `bytes`, no server |
+//! | `tower` | `idem::http::IdempotencyLayer`: the same protocol for any tower service (axum routers, hyper services, tonic gRPC servers), one layer; pulls `tower-layer`, `tower-service`, `http-body`, `http-body-util` and `bytes`, no server. With axum routers enable `axum` too: the layer reads axum's route templates, and without them guards only what `.route(..)` names |
 //! | `cache` | `idem::cache`: a bounded, expiring local cache of settled outcomes, so a duplicate this process has seen settled is answered with no round trip; pulls `quick_cache` |
 //! | `metrics` | `idem::metrics`: outcomes counted by action, claim, body and settle durations, and gauges of stuck claims, through the `metrics` facade (any exporter); pulls `metrics` |
 //!

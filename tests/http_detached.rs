@@ -227,7 +227,8 @@ async fn a_client_that_disconnects_mid_body_gets_its_response_on_retry() {
     let (gate, account) = gate().await;
     let effects = Effects::default();
     let (address, _server) =
-        serve(charges(&effects, BODY_TIME).layer(IdempotencyLayer::new(gate))).await;
+        serve(charges(&effects, BODY_TIME).layer(IdempotencyLayer::new(gate).single_tenant()))
+            .await;
 
     let stream = post_and_hold(address, "gone-1", "amount=500").await;
     effects.began().await;
@@ -259,7 +260,7 @@ async fn an_outer_timeout_does_not_cancel_the_guarded_body() {
     let (gate, account) = gate().await;
     let effects = Effects::default();
     let app = charges(&effects, BODY_TIME)
-        .layer(IdempotencyLayer::new(gate))
+        .layer(IdempotencyLayer::new(gate).single_tenant())
         .layer(
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
@@ -296,7 +297,7 @@ async fn an_outer_timeout_does_not_cancel_the_guarded_body() {
 async fn a_server_stopped_mid_body_lets_the_body_finish_and_settle() {
     let (gate, account) = gate().await;
     let effects = Effects::default();
-    let layer = IdempotencyLayer::new(gate);
+    let layer = IdempotencyLayer::new(gate).single_tenant();
     let (address, server) = serve(charges(&effects, BODY_TIME).layer(layer.clone())).await;
 
     let client = tokio::spawn(send(address, charge("stop-1", "amount=900")));
@@ -324,7 +325,7 @@ async fn a_server_stopped_mid_body_lets_the_body_finish_and_settle() {
 async fn a_body_still_running_when_the_shutdown_grace_ends_is_held_in_doubt() {
     let (gate, account) = gate().await;
     let effects = Effects::default();
-    let layer = IdempotencyLayer::new(gate);
+    let layer = IdempotencyLayer::new(gate).single_tenant();
     let (address, server) =
         serve(charges(&effects, Duration::from_secs(30)).layer(layer.clone())).await;
 
@@ -361,6 +362,7 @@ async fn a_body_past_the_bound_after_its_client_left_is_held_in_doubt() {
     let (gate, account) = gate().await;
     let effects = Effects::default();
     let layer = IdempotencyLayer::new(gate)
+        .single_tenant()
         .detached(idem::Detached::with_bound(Duration::from_millis(200)));
     let (address, _server) =
         serve(charges(&effects, Duration::from_secs(30)).layer(layer.clone())).await;
@@ -551,7 +553,8 @@ fn grpc_web_call(key: &str) -> Request<Full<Bytes>> {
 async fn a_grpc_web_success_in_its_trailer_frame_is_kept_and_replayed() {
     let (gate, account) = gate().await;
     let effects = Effects::default();
-    let (address, _server) = serve(grpc_web(&effects, 0).layer(IdempotencyLayer::new(gate))).await;
+    let (address, _server) =
+        serve(grpc_web(&effects, 0).layer(IdempotencyLayer::new(gate).single_tenant())).await;
 
     let first = send(address, grpc_web_call("web-1")).await;
     assert_eq!(first.status, StatusCode::OK);
@@ -571,7 +574,8 @@ async fn a_grpc_web_success_in_its_trailer_frame_is_kept_and_replayed() {
 async fn a_grpc_web_unavailable_in_its_trailer_frame_releases_the_key() {
     let (gate, account) = gate().await;
     let effects = Effects::default();
-    let (address, _server) = serve(grpc_web(&effects, 14).layer(IdempotencyLayer::new(gate))).await;
+    let (address, _server) =
+        serve(grpc_web(&effects, 14).layer(IdempotencyLayer::new(gate).single_tenant())).await;
 
     let first = send(address, grpc_web_call("web-14")).await;
     assert_eq!(first.status, StatusCode::OK);
@@ -626,7 +630,14 @@ async fn http1_trailers_reach_the_first_client_and_the_replay() {
         )
     };
     let kept = DEFAULT_KEPT_HEADERS.into_iter().chain([checksum.clone()]);
-    let (address, _server) = serve(app.layer(IdempotencyLayer::new(gate).keep_headers(kept))).await;
+    let (address, _server) = serve(
+        app.layer(
+            IdempotencyLayer::new(gate)
+                .single_tenant()
+                .keep_headers(kept),
+        ),
+    )
+    .await;
 
     // HTTP/1.1 sends trailers to a client that said it takes them.
     let with_te = || {

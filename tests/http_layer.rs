@@ -116,6 +116,12 @@ async fn serve_axum(layer: IdempotencyLayer, effects: Effects) -> String {
     format!("http://{address}")
 }
 
+/// The one endpoint of the hyper service: a bare service has no route
+/// templates, so the layer is told its route.
+fn jobs(parts: &http::request::Parts) -> String {
+    format!("{} /jobs", parts.method)
+}
+
 /// A bare hyper service (a `tower::service_fn`, no framework) with the
 /// layer, served by hyper-util's HTTP/1 and HTTP/2 server.
 async fn serve_hyper(layer: IdempotencyLayer, effects: Effects) -> String {
@@ -231,7 +237,11 @@ fn assert_replay_of(replay: &Answer, original: &Answer, kept: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn axum_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or_replays() {
     let effects = Effects::default();
-    let base = serve_axum(IdempotencyLayer::new(gate().await), effects.clone()).await;
+    let base = serve_axum(
+        IdempotencyLayer::new(gate().await).single_tenant(),
+        effects.clone(),
+    )
+    .await;
     let url = format!("{base}/charges");
     let answers = post_at_once(&url, 50, "race-axum", r#"{"cents":4999}"#).await;
     let original = &answers[assert_one_original(&answers, &["content-type", "location"])];
@@ -253,8 +263,9 @@ async fn axum_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_wait_duplicates_in_flight_get_the_replay_instead_of_a_409() {
     let effects = Effects::default();
-    let layer =
-        IdempotencyLayer::new(gate().await).mode(idem::Mode::new().wait(Duration::from_secs(10)));
+    let layer = IdempotencyLayer::new(gate().await)
+        .single_tenant()
+        .mode(idem::Mode::new().wait(Duration::from_secs(10)));
     let base = serve_axum(layer, effects.clone()).await;
     let answers = post_at_once(&format!("{base}/charges"), 10, "wait-1", "a").await;
     let original = &answers[assert_one_original(&answers, &["content-type", "location"])];
@@ -274,7 +285,13 @@ async fn with_a_wait_duplicates_in_flight_get_the_replay_instead_of_a_409() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hyper_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or_replays() {
     let effects = Effects::default();
-    let base = serve_hyper(IdempotencyLayer::new(gate().await), effects.clone()).await;
+    let base = serve_hyper(
+        IdempotencyLayer::new(gate().await)
+            .single_tenant()
+            .route(jobs),
+        effects.clone(),
+    )
+    .await;
     let url = format!("{base}/jobs");
     let answers = post_at_once(&url, 50, "race-hyper", "a job").await;
     let original = &answers[assert_one_original(&answers, &["content-type"])];
@@ -288,13 +305,36 @@ async fn hyper_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or
     assert_eq!(effects.count(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hyper_service_without_a_route_is_not_guarded_as_documented() {
+    // No route templates in a bare service: without `.route(..)` the layer
+    // guards nothing (and says so once, as a warning).
+    let effects = Effects::default();
+    let base = serve_hyper(
+        IdempotencyLayer::new(gate().await).single_tenant(),
+        effects.clone(),
+    )
+    .await;
+    let answers = [
+        post_at_once(&format!("{base}/jobs"), 1, "unrouted", "a job").await,
+        post_at_once(&format!("{base}/jobs"), 1, "unrouted", "a job").await,
+    ];
+    for answer in answers.iter().flatten() {
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:?}");
+        assert!(!answer.replayed(), "{answer:?}");
+    }
+    assert_eq!(effects.count(), 2, "passed through twice, unguarded");
+}
+
 // ------------------------------------------------- refusals and passes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_the_limit_is_413_and_the_service_is_never_called() {
     let effects = Effects::default();
-    let layer = IdempotencyLayer::new(gate().await).body_limit(16);
-    let hyper = serve_hyper(layer.clone(), effects.clone()).await;
+    let layer = IdempotencyLayer::new(gate().await)
+        .single_tenant()
+        .body_limit(16);
+    let hyper = serve_hyper(layer.clone().route(jobs), effects.clone()).await;
     let axum = serve_axum(layer, effects.clone()).await;
     let client = reqwest::Client::new();
     for url in [format!("{hyper}/jobs"), format!("{axum}/charges")] {
@@ -326,7 +366,11 @@ async fn a_body_over_the_limit_is_413_and_the_service_is_never_called() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_key_for_another_request_is_422_and_the_original_still_replays() {
     let effects = Effects::default();
-    let base = serve_axum(IdempotencyLayer::new(gate().await), effects.clone()).await;
+    let base = serve_axum(
+        IdempotencyLayer::new(gate().await).single_tenant(),
+        effects.clone(),
+    )
+    .await;
     let client = reqwest::Client::new();
     let post = |url: String, body: &'static str| {
         Answer::of(
@@ -353,7 +397,11 @@ async fn the_same_key_for_another_request_is_422_and_the_original_still_replays(
 async fn requests_without_a_key_or_of_other_methods_pass_through_unless_the_key_is_required() {
     let effects = Effects::default();
     let gate = gate().await;
-    let base = serve_axum(IdempotencyLayer::new(gate.clone()), effects.clone()).await;
+    let base = serve_axum(
+        IdempotencyLayer::new(gate.clone()).single_tenant(),
+        effects.clone(),
+    )
+    .await;
     let client = reqwest::Client::new();
     for _ in 0..2 {
         let unkeyed = Answer::of(client.post(format!("{base}/charges")).body("a")).await;
@@ -376,7 +424,11 @@ async fn requests_without_a_key_or_of_other_methods_pass_through_unless_the_key_
     .await;
     malformed.assert_problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key");
 
-    let strict = serve_axum(IdempotencyLayer::new(gate).require_key(), effects.clone()).await;
+    let strict = serve_axum(
+        IdempotencyLayer::new(gate).single_tenant().require_key(),
+        effects.clone(),
+    )
+    .await;
     let missing = Answer::of(client.post(format!("{strict}/charges")).body("a")).await;
     missing.assert_problem(StatusCode::BAD_REQUEST, "missing-idempotency-key");
     assert_eq!(
@@ -389,7 +441,11 @@ async fn requests_without_a_key_or_of_other_methods_pass_through_unless_the_key_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_error_releases_the_key_so_the_retry_runs() {
     let effects = Effects::default();
-    let base = serve_axum(IdempotencyLayer::new(gate().await), effects.clone()).await;
+    let base = serve_axum(
+        IdempotencyLayer::new(gate().await).single_tenant(),
+        effects.clone(),
+    )
+    .await;
     let client = reqwest::Client::new();
     let post = || {
         Answer::of(
@@ -417,10 +473,12 @@ async fn the_status_policy_can_keep_a_failure_and_a_broken_response_is_held_in_d
     use idem::http::{ResponseOutcome, default_status_policy};
 
     let effects = Effects::default();
-    let layer = IdempotencyLayer::new(gate().await).status_policy(|status| match status {
-        StatusCode::PAYMENT_REQUIRED => ResponseOutcome::Fail(Disposition::Keep),
-        other => default_status_policy(other),
-    });
+    let layer = IdempotencyLayer::new(gate().await)
+        .single_tenant()
+        .status_policy(|status| match status {
+            StatusCode::PAYMENT_REQUIRED => ResponseOutcome::Fail(Disposition::Keep),
+            other => default_status_policy(other),
+        });
     let base = serve_axum(layer, effects.clone()).await;
     let client = reqwest::Client::new();
     let post = |path: &str| {
@@ -474,6 +532,423 @@ async fn two_callers_never_share_a_key() {
     assert_ne!(alice.body, bob.body, "each caller's own effect");
     assert!(post("alice").await.replayed());
     assert_eq!(effects.count(), 2);
+}
+
+// ------------------------------------------- what a request's identity is
+
+/// The caller, as an authentication middleware would name it: the Bearer
+/// token, in an account of this test's own. No token: no caller.
+fn bearer(
+    account: &str,
+) -> impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static {
+    let account = account.to_owned();
+    move |parts| {
+        let header = parts.headers.get("authorization")?.to_str().ok()?;
+        let token = header.strip_prefix("Bearer ")?;
+        Some(format!("{account}-{token}"))
+    }
+}
+
+/// Serves `app` on a port of its own.
+async fn serve_router(app: axum::Router) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let address = listener.local_addr().expect("its address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{address}")
+}
+
+/// A handler that counts one effect and answers 201 with what it was
+/// asked: the method and the path as the client sent them, and the body.
+fn echo(
+    effects: &Effects,
+    name: &'static str,
+) -> impl Fn(
+    axum::http::Method,
+    axum::extract::OriginalUri,
+    Bytes,
+) -> std::future::Ready<(StatusCode, String)>
++ Clone
++ Send
++ Sync
++ 'static {
+    let effects = effects.clone();
+    move |method, uri: axum::extract::OriginalUri, body: Bytes| {
+        let n = effects.happen();
+        std::future::ready((
+            StatusCode::CREATED,
+            format!(
+                "{name} {n}: {method} {} {}",
+                uri.0.path(),
+                String::from_utf8_lossy(&body)
+            ),
+        ))
+    }
+}
+
+/// One POST (or another method) with a key and a Bearer token.
+async fn send(
+    method: reqwest::Method,
+    url: String,
+    token: &str,
+    key: &str,
+    body: &'static str,
+) -> Answer {
+    Answer::of(
+        reqwest::Client::new()
+            .request(method, url)
+            .bearer_auth(token)
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body),
+    )
+    .await
+}
+
+/// The actions of the rows stored in `account`, decoded from their
+/// canonical identities.
+async fn stored_actions(account: &str) -> Vec<String> {
+    let pool = idem::testing::pool_with(1).await;
+    let rows: Vec<Vec<u8>> =
+        idem::sqlx::query_scalar("SELECT identity FROM idem_records WHERE account = $1")
+            .bind(account)
+            .fetch_all(&pool)
+            .await
+            .expect("the rows");
+    rows.iter()
+        .map(|canonical| {
+            idem::Identity::from_canonical(canonical)
+                .expect("a canonical identity")
+                .action()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_bearer_callers_with_one_key_each_get_their_own_effect() {
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("bearer");
+    let layer = IdempotencyLayer::new(gate().await).scope(bearer(&account));
+    let app = axum::Router::new()
+        .route("/orders", axum::routing::post(echo(&effects, "order")))
+        .layer(layer);
+    let base = serve_router(app).await;
+    let url = format!("{base}/orders");
+    let alice = send(
+        reqwest::Method::POST,
+        url.clone(),
+        "alice",
+        "order-1001",
+        "1",
+    )
+    .await;
+    let bob = send(reqwest::Method::POST, url.clone(), "bob", "order-1001", "1").await;
+    assert_eq!(alice.status, StatusCode::CREATED, "{alice:?}");
+    assert_eq!(bob.status, StatusCode::CREATED, "{bob:?}");
+    assert!(!bob.replayed(), "bob got alice's answer: {bob:?}");
+    assert_eq!(bob.body, b"order 2: POST /orders 1");
+    assert!(
+        send(reqwest::Method::POST, url, "bob", "order-1001", "1")
+            .await
+            .replayed()
+    );
+    assert_eq!(effects.count(), 2, "one effect per caller");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_caller_the_scope_cannot_name_is_refused_and_never_runs() {
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("nobody");
+    let layer = IdempotencyLayer::new(gate().await).scope(bearer(&account));
+    let app = axum::Router::new()
+        .route("/orders", axum::routing::post(echo(&effects, "order")))
+        .layer(layer);
+    let base = serve_router(app).await;
+    let anonymous = || {
+        Answer::of(
+            reqwest::Client::new()
+                .post(format!("{base}/orders"))
+                .header("idempotency-key", "order-1001")
+                .body("1"),
+        )
+    };
+    let first = anonymous().await;
+    first.assert_problem(StatusCode::UNAUTHORIZED, "unidentified-caller");
+    anonymous()
+        .await
+        .assert_problem(StatusCode::UNAUTHORIZED, "unidentified-caller");
+    assert_eq!(effects.count(), 0, "never run in a shared account");
+    // Without a key it is not guarded, and passes (authentication is not
+    // the layer's job).
+    let unkeyed = Answer::of(
+        reqwest::Client::new()
+            .post(format!("{base}/orders"))
+            .body("1"),
+    )
+    .await;
+    assert_eq!(unkeyed.status, StatusCode::CREATED, "{unkeyed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_routers_are_separate_endpoints_with_one_layer() {
+    use axum::routing::post;
+
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("nested");
+    let layer = IdempotencyLayer::new(gate().await).scope(bearer(&account));
+    let payments = axum::Router::new()
+        .route("/create", post(echo(&effects, "payment")))
+        .layer(layer.clone());
+    let refunds = axum::Router::new()
+        .route("/create", post(echo(&effects, "refund")))
+        .layer(layer);
+    let app = axum::Router::new()
+        .nest("/payments", payments)
+        .nest("/refunds", refunds);
+    let base = serve_router(app).await;
+    let payment = send(
+        reqwest::Method::POST,
+        format!("{base}/payments/create"),
+        "alice",
+        "k-1",
+        "9",
+    )
+    .await;
+    let refund = send(
+        reqwest::Method::POST,
+        format!("{base}/refunds/create"),
+        "alice",
+        "k-1",
+        "9",
+    )
+    .await;
+    assert_eq!(
+        payment.body, b"payment 1: POST /payments/create 9",
+        "{payment:?}"
+    );
+    assert!(
+        !refund.replayed(),
+        "the refund got the payment's answer: {refund:?}"
+    );
+    assert_eq!(
+        refund.body, b"refund 2: POST /refunds/create 9",
+        "{refund:?}"
+    );
+    let again = send(
+        reqwest::Method::POST,
+        format!("{base}/refunds/create"),
+        "alice",
+        "k-1",
+        "9",
+    )
+    .await;
+    assert_replay_of(&again, &refund, &[]);
+    let mut actions = stored_actions(&format!("{account}-alice")).await;
+    actions.sort();
+    assert_eq!(actions, ["POST /payments/create", "POST /refunds/create"]);
+    assert_eq!(effects.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_on_other_requests_gets_what_the_docs_say_and_never_a_second_effect_of_one_endpoint()
+ {
+    use axum::routing::post;
+    use reqwest::Method;
+
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("reuse");
+    let layer = IdempotencyLayer::new(gate().await).scope(bearer(&account));
+    let app = axum::Router::new()
+        .route(
+            "/cards/{id}/charge",
+            post(echo(&effects, "charge")).patch(echo(&effects, "amend")),
+        )
+        .route("/refunds", post(echo(&effects, "refund")))
+        .layer(layer);
+    let base = serve_router(app).await;
+    let first = send(
+        Method::POST,
+        format!("{base}/cards/1/charge"),
+        "alice",
+        "k",
+        "5",
+    )
+    .await;
+    assert_eq!(first.body, b"charge 1: POST /cards/1/charge 5", "{first:?}");
+
+    // The same endpoint (one route template), another path: another
+    // request under the key, refused.
+    send(
+        Method::POST,
+        format!("{base}/cards/2/charge"),
+        "alice",
+        "k",
+        "5",
+    )
+    .await
+    .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "key-reused");
+    assert_eq!(effects.count(), 1, "the same endpoint ran once for one key");
+
+    // Keys are per endpoint (method and route template): another method or
+    // another template is another endpoint, where the key is new.
+    let amend = send(
+        Method::PATCH,
+        format!("{base}/cards/1/charge"),
+        "alice",
+        "k",
+        "5",
+    )
+    .await;
+    assert_eq!(amend.body, b"amend 2: PATCH /cards/1/charge 5", "{amend:?}");
+    let refund = send(Method::POST, format!("{base}/refunds"), "alice", "k", "5").await;
+    assert_eq!(refund.body, b"refund 3: POST /refunds 5", "{refund:?}");
+    let replay = send(
+        Method::POST,
+        format!("{base}/cards/1/charge"),
+        "alice",
+        "k",
+        "5",
+    )
+    .await;
+    assert_replay_of(&replay, &first, &[]);
+    assert_eq!(effects.count(), 3);
+
+    // One route for every request makes keys per caller only (Stripe's
+    // way): the same key anywhere else is refused.
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("per-key");
+    let layer = IdempotencyLayer::new(gate().await)
+        .scope(bearer(&account))
+        .route(|_| "api".to_owned());
+    let app = axum::Router::new()
+        .route("/cards/{id}/charge", post(echo(&effects, "charge")))
+        .route("/refunds", post(echo(&effects, "refund")))
+        .layer(layer);
+    let base = serve_router(app).await;
+    let first = send(
+        Method::POST,
+        format!("{base}/cards/1/charge"),
+        "alice",
+        "k",
+        "5",
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    send(Method::POST, format!("{base}/refunds"), "alice", "k", "5")
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "key-reused");
+    assert_eq!(effects.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_action_is_the_route_template_and_unmatched_paths_are_not_stored() {
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("template");
+    let layer = IdempotencyLayer::new(gate().await).scope(bearer(&account));
+    let app = axum::Router::new()
+        .route(
+            "/cards/{id}/charge",
+            axum::routing::post(echo(&effects, "charge")),
+        )
+        .layer(layer);
+    let base = serve_router(app).await;
+    let client = reqwest::Client::new();
+    let charges = (0..100).map(|id| {
+        client
+            .post(format!("{base}/cards/{id}/charge"))
+            .bearer_auth("alice")
+            .header("idempotency-key", format!("charge-{id}"))
+            .body("1")
+    });
+    let answers = Answer::all_at_once(charges.collect()).await;
+    assert!(
+        answers.iter().all(|a| a.status == StatusCode::CREATED),
+        "{answers:#?}"
+    );
+    assert_eq!(effects.count(), 100);
+
+    let actions = stored_actions(&format!("{account}-alice")).await;
+    let distinct: std::collections::BTreeSet<&String> = actions.iter().collect();
+    assert_eq!(
+        distinct.into_iter().collect::<Vec<_>>(),
+        ["POST /cards/{id}/charge"],
+        "one action (one metric series, one probe) for a hundred ids"
+    );
+
+    // A made-up path, twice: the router's 404 both times, nothing kept.
+    for _ in 0..2 {
+        let lost = send(
+            reqwest::Method::POST,
+            format!("{base}/made/up/1"),
+            "alice",
+            "lost-1",
+            "1",
+        )
+        .await;
+        assert_eq!(lost.status, StatusCode::NOT_FOUND, "{lost:?}");
+        assert!(!lost.replayed(), "{lost:?}");
+    }
+    let actions = stored_actions(&format!("{account}-alice")).await;
+    assert_eq!(actions.len(), 100, "one row per charge, none for the 404s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_failed_validation_releases_its_key_so_the_fixed_request_runs() {
+    #[derive(serde::Deserialize)]
+    struct Order {
+        cents: i64,
+    }
+
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("invalid");
+    let layer = IdempotencyLayer::new(gate().await).scope(bearer(&account));
+    let order = {
+        let effects = effects.clone();
+        move |axum::Json(order): axum::Json<Order>| {
+            let n = effects.happen();
+            std::future::ready((
+                StatusCode::CREATED,
+                format!("order {n}: {} cents", order.cents),
+            ))
+        }
+    };
+    let app = axum::Router::new()
+        .route("/orders", axum::routing::post(order))
+        .layer(layer);
+    let base = serve_router(app).await;
+    let client = reqwest::Client::new();
+    let post = |content_type: Option<&'static str>, body: &'static str| {
+        let mut request = client
+            .post(format!("{base}/orders"))
+            .bearer_auth("alice")
+            .header("idempotency-key", "order-7")
+            .body(body);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        Answer::of(request)
+    };
+    let json = Some("application/json");
+    // axum's three rejections, each under the same key: none is kept.
+    assert_eq!(
+        post(None, r#"{"cents":5}"#).await.status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
+    assert_eq!(
+        post(json, r#"{"cents":"#).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        post(json, r#"{"cents":"five"}"#).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(effects.count(), 0);
+    // The fixed request, same key: it runs, once.
+    let fixed = post(json, r#"{"cents":5}"#).await;
+    assert_eq!(fixed.status, StatusCode::CREATED, "{fixed:?}");
+    assert_eq!(fixed.body, b"order 1: 5 cents");
+    assert!(post(json, r#"{"cents":5}"#).await.replayed());
+    assert_eq!(effects.count(), 1);
 }
 
 // ------------------------------------------------------------ gRPC
@@ -642,7 +1117,11 @@ async fn serve_grpc(layer: IdempotencyLayer, effects: Effects) -> tonic::transpo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_duplicates_of_a_unary_call_are_refused_or_replayed_as_grpc_statuses() {
     let effects = Effects::default();
-    let channel = serve_grpc(IdempotencyLayer::new(gate().await), effects.clone()).await;
+    let channel = serve_grpc(
+        IdempotencyLayer::new(gate().await).single_tenant(),
+        effects.clone(),
+    )
+    .await;
     let racers = 20;
     let barrier = Arc::new(Barrier::new(racers));
     let calls: Vec<_> = (0..racers)
@@ -708,9 +1187,30 @@ async fn grpc_duplicates_of_a_unary_call_are_refused_or_replayed_as_grpc_statuse
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_a_call_whose_caller_the_scope_cannot_name_is_unauthenticated_and_never_runs() {
+    let effects = Effects::default();
+    let account = idem::testing::unique_name("grpc-caller");
+    let layer = IdempotencyLayer::new(gate().await).scope(bearer(&account));
+    let channel = serve_grpc(layer, effects.clone()).await;
+    let status = grpc::charge(channel.clone(), Some("anon-1"), b"1")
+        .await
+        .expect_err("no caller");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert_eq!(effects.count(), 0);
+    let unkeyed = grpc::charge(channel, None, b"1")
+        .await
+        .expect("passes through");
+    assert_eq!(unkeyed.get_ref(), b"charge 1: 1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_an_unavailable_status_releases_the_key_so_the_retry_runs() {
     let effects = Effects::default();
-    let channel = serve_grpc(IdempotencyLayer::new(gate().await), effects.clone()).await;
+    let channel = serve_grpc(
+        IdempotencyLayer::new(gate().await).single_tenant(),
+        effects.clone(),
+    )
+    .await;
     let flaky = |channel| grpc::call(channel, "/test.Charges/Flaky", Some("flaky-1"), b"x");
     let down = flaky(channel.clone())
         .await
@@ -738,7 +1238,7 @@ async fn a_store_outage_is_503_or_unavailable_and_the_service_is_never_called() 
         .expect("idem's schema")
         .account(idem::testing::unique_name("outage"));
     let effects = Effects::default();
-    let layer = IdempotencyLayer::new(gate);
+    let layer = IdempotencyLayer::new(gate).single_tenant();
     let base = serve_axum(layer.clone(), effects.clone()).await;
     let channel = serve_grpc(layer, effects.clone()).await;
     proxy.cut().await;

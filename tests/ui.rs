@@ -1,4 +1,5 @@
-//! Compile-time behaviour of `#[idempotent]`: every mistake is a compile
+//! Compile-time behaviour of `#[idempotent]` (and of the tower layer's
+//! builder, in `tests/ui/tower/`): every mistake is a compile
 //! error pointing at the offending token and saying how to fix it, and valid
 //! uses compile cleanly under strict lints.
 //!
@@ -10,4 +11,8 @@ fn ui() {
     let cases = trybuild::TestCases::new();
     cases.compile_fail("tests/ui/*.rs");
     cases.pass("tests/ui/pass/*.rs");
+    // The tower layer's compile-time guarantees (an unscoped layer is no
+    // layer), where the facade has the layer.
+    #[cfg(all(feature = "tower", feature = "axum"))]
+    cases.compile_fail("tests/ui/tower/*.rs");
 }

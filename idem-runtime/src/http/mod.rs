@@ -41,6 +41,10 @@
 //! | `ClaimLost`, `LeaseLost`, `NotRecorded`, `WrongConnection` | 500 Internal Server Error | | `outcome-unknown` | check whether it took effect before retrying |
 //! | `InvalidScope` | 400 Bad Request | | `invalid-scope` | not retry under that account name |
 //!
+//! The tower layer adds its own: 401 `unidentified-caller` (its scope
+//! named no caller for a request with a key: authenticate, then retry),
+//! 413 `body-too-large`, 400 `unreadable-body`, 500 `response-failed`.
+//!
 //! The delays are [`IN_FLIGHT_RETRY_AFTER`], [`IN_DOUBT_RETRY_AFTER`] and [`UNAVAILABLE_RETRY_AFTER`];
 //! for others, answer with `Problem::from(&rejected).with_retry_after(..)`.
 //!
@@ -101,7 +105,8 @@ pub use stored::StoredResponse;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use layer::{
     BufferedBody, DEFAULT_KEPT_HEADERS, IdempotencyLayer, IdempotencyService, RequestBody,
-    ResponseBody, ResponseFuture, ResponseOutcome, default_status_policy,
+    ResponseBody, ResponseFuture, ResponseOutcome, ScopeChosen, Scoped, Unscoped,
+    default_status_policy,
 };
 
 /// The request header that carries the client's key for this request.

@@ -58,7 +58,8 @@ impl Routers {
                 .with_state(app.clone()),
             layer: Router::new()
                 .route("/charges", post(charge))
-                .layer(IdempotencyLayer::new(gate.clone()))
+                // One client, the load generator: one tenant.
+                .layer(IdempotencyLayer::new(gate.clone()).single_tenant())
                 .with_state(app),
         }
     }

@@ -28,6 +28,7 @@ mod code {
     pub(super) const ABORTED: u16 = 10;
     pub(super) const INTERNAL: u16 = 13;
     pub(super) const UNAVAILABLE: u16 = 14;
+    pub(super) const UNAUTHENTICATED: u16 = 16;
 }
 
 /// Whether a request speaks gRPC: its content type is `application/grpc`
@@ -189,6 +190,8 @@ fn code_of(problem: &Problem) -> u16 {
         // A malformed or missing key, a key reused for another payload,
         // an unusable account name: the request itself is wrong.
         (400 | 422, _) => code::INVALID_ARGUMENT,
+        // No caller the layer's scope could name.
+        (401, _) => code::UNAUTHENTICATED,
         (409, "already-succeeded") => code::ALREADY_EXISTS,
         (409, "already-failed") => code::FAILED_PRECONDITION,
         // In flight, or in doubt: retry the same call later.

@@ -13,7 +13,9 @@ mod refusal;
 mod service;
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
@@ -46,27 +48,59 @@ use crate::mode::Mode;
 /// | another method, or no key header | passes it through untouched (no key: a 400 with [`require_key`](IdempotencyLayer::require_key)) |
 /// | a malformed or repeated key | 400 `invalid-idempotency-key`; the service is not called |
 /// | a body over the [limit](IdempotencyLayer::body_limit) | 413 `body-too-large`; the service is not called |
-/// | the first with its key | calls the service; its response is kept (by default: every status but 408, 425, 429, 499 and 5xx) or the key is released |
+/// | the first with its key | calls the service; its response is kept (by default: every status but 400, 405, 408, 413, 415, 422, 425, 429, 499 and 5xx) or the key is released |
 /// | a duplicate, the first done | the kept response: status, [kept headers](IdempotencyLayer::keep_headers), body bytes and trailers, plus `Idempotent-Replayed: true` |
 /// | a duplicate, the first still running | 409 `in-flight`, `Retry-After: 1` |
-/// | the same key, another method, path, query or body | 422 `key-reused` |
+/// | the same key on the same endpoint, another path, query or body | 422 `key-reused` |
+/// | a key, but no caller the [scope](IdempotencyLayer::scope) can name | 401 `unidentified-caller`; the service is not called |
+/// | a key, but no route (with axum: matched none) | passes through untouched, not stored |
 /// | the store unreachable | 503 `store-unavailable`; the service is not called |
 ///
-/// **The identity.** A request's key is claimed under its *route* (by
-/// default its method and path; [`route`](IdempotencyLayer::route) names
-/// another, such as axum's `MatchedPath`) in its caller's account (the
-/// gate's, or the one [`scope`](IdempotencyLayer::scope) reads from the
-/// request, e.g. from an extension your authentication middleware set): two
-/// callers never share a key. Its fingerprint is the method, the path, the
-/// query and a sha1 of the body, so a key reused for another request is
-/// refused, never answered with the other request's response.
+/// **Whose keys.** Every layer says whose keys it guards, or it does not
+/// compile: [`scope`](IdempotencyLayer::scope) claims each request's key
+/// in its caller's account (read from the request, e.g. from an extension
+/// your authentication middleware set), so two callers never share a key:
+/// Bob's `order-1001` is never answered with Alice's. A request the scope
+/// cannot name a caller for is refused with 401 `unidentified-caller`,
+/// never claimed in a shared account. A service with one caller may say
+/// [`single_tenant`](IdempotencyLayer::single_tenant) instead: then every
+/// request's key is claimed in the gate's account, and two callers that
+/// pick the same key *do* share it (one gets the other's response).
+///
+/// **Keys are per endpoint.** A request's key is claimed under its
+/// *route*: its method and its route template, as the client addressed
+/// it (axum's `MatchedPath`, the full template under `nest`, e.g.
+/// `POST /payments/{id}/refund`; for gRPC, the method's path, e.g.
+/// `POST /shop.Orders/Create`). That route is the identity's action, so
+/// it is also the metrics' `action` label and the action a reconciler's
+/// probe is registered for: one per endpoint, however many ids its paths
+/// carry. The same key on another endpoint (another method, another
+/// template) is another key there, and runs; one route for every request
+/// (`.route(|_| "api".into())`) makes keys per caller only, Stripe's
+/// way, where the same key anywhere else is a 422.
+///
+/// **The fingerprint** is the method, the path and the query as the
+/// client sent them (axum's `OriginalUri`, not a path `nest` stripped)
+/// and a sha1 of the body: the same key on the same endpoint for another
+/// request (another path of its template, another query, another body) is
+/// refused 422, never run again and never answered with the other
+/// request's response.
+///
+/// **A request with no route is not guarded.** With axum, a request that
+/// matched no route (the router's 404, a fallback) passes through,
+/// unguarded and not stored, so made-up paths neither fill the table nor
+/// the metrics. Without axum (a bare hyper service, a layer wrapped
+/// around a whole router, idem's `axum` feature off) the layer finds no
+/// template in any request: give it one with
+/// [`route`](IdempotencyLayer::route), or **nothing is guarded** (the
+/// layer says so once, as a `tracing` warning).
 ///
 /// **gRPC.** A request whose content type is `application/grpc*` is
 /// refused with a gRPC status in a trailers-only response (`ABORTED` in
 /// flight or in doubt, `ALREADY_EXISTS` done without a kept answer,
 /// `FAILED_PRECONDITION` failed for good, `INVALID_ARGUMENT` for a bad key
 /// or one reused, `RESOURCE_EXHAUSTED` over the limit, `UNAVAILABLE` with
-/// the store down), and its response is judged by its `grpc-status`
+/// the store down, `UNAUTHENTICATED` with no caller the scope can name), and its response is judged by its `grpc-status`
 /// (see [`default_status_policy`]); trailers are kept and replayed. The
 /// key is the `idempotency-key` metadata. gRPC-web (`application/grpc-web*`,
 /// `-text` too) carries its status in the trailer frame at the end of the
@@ -109,19 +143,78 @@ use crate::mode::Mode;
 ///     (axum::http::StatusCode::CREATED, format!("charged: {body}"))
 /// }
 ///
+/// /// The caller, as your authentication middleware put it in the
+/// /// request's extensions.
+/// #[derive(Clone)]
+/// struct Caller(String);
+///
 /// fn app(gate: Gate) -> Router {
 ///     Router::new()
 ///         .route("/charges", post(create_charge))
-///         // Every POST and PATCH with an Idempotency-Key runs once per key.
-///         .layer(IdempotencyLayer::new(gate).body_limit(64 * 1024))
+///         // Every POST and PATCH with an Idempotency-Key runs once per
+///         // caller, endpoint and key.
+///         .layer(
+///             IdempotencyLayer::new(gate)
+///                 .scope(|parts| parts.extensions.get::<Caller>().map(|caller| caller.0.clone()))
+///                 .body_limit(64 * 1024),
+///         )
+///     // .layer(your_authentication_middleware), outside: it runs first.
 /// }
 /// ```
 ///
-/// Built with [`new`](IdempotencyLayer::new) and configured with its
-/// methods; cloning it (as routers do, once per route) is cheap.
-#[derive(Clone)]
-pub struct IdempotencyLayer {
+/// Built with [`new`](IdempotencyLayer::new), given its scope, and
+/// configured with its methods; cloning it (as routers do, once per
+/// route) is cheap.
+///
+/// Without a scope it is not a layer (`Scope` is [`Unscoped`]), and the
+/// compiler says what to choose:
+///
+/// ```compile_fail,E0277
+/// # fn app(gate: idem_runtime::Gate) -> axum::Router {
+/// axum::Router::new()
+///     .route("/charges", axum::routing::post(|| async { "charged" }))
+///     .layer(idem_runtime::http::IdempotencyLayer::new(gate)) // error: no scope chosen
+/// # }
+/// ```
+pub struct IdempotencyLayer<Scope = Scoped> {
     config: Arc<Config>,
+    scope: PhantomData<fn() -> Scope>,
+}
+
+/// The state of an [`IdempotencyLayer`] whose scope is not chosen yet:
+/// not a layer until [`scope`](IdempotencyLayer::scope) or
+/// [`single_tenant`](IdempotencyLayer::single_tenant) is called.
+#[derive(Debug, Clone, Copy)]
+pub struct Unscoped;
+
+/// The state of an [`IdempotencyLayer`] that says whose keys it guards:
+/// a layer.
+#[derive(Debug, Clone, Copy)]
+pub struct Scoped;
+
+/// Implemented by [`Scoped`] only: an [`IdempotencyLayer`] is a
+/// `tower::Layer` once it says whose keys it guards. Sealed.
+#[diagnostic::on_unimplemented(
+    message = "this `IdempotencyLayer` does not say whose keys it guards",
+    label = "no scope chosen: every caller would share one key space",
+    note = "call `.scope(|parts| ...)` to claim each caller's keys in their own account (read the caller your authentication middleware put in the request), or `.single_tenant()` if every request comes from one caller"
+)]
+pub trait ScopeChosen: sealed::Sealed {}
+
+impl ScopeChosen for Scoped {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Scoped {}
+}
+
+impl<Scope> Clone for IdempotencyLayer<Scope> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            config: Arc::clone(&self.config),
+            scope: PhantomData,
+        }
+    }
 }
 
 /// Reads something from a request's head: its route, or its caller.
@@ -137,7 +230,11 @@ pub(super) struct Config {
     pub(super) key_required: bool,
     pub(super) body_limit: usize,
     pub(super) route: Option<FromParts<String>>,
+    /// `None`: [`single_tenant`](IdempotencyLayer::single_tenant), the
+    /// gate's account for everyone (the type says it was chosen).
     pub(super) scope: Option<FromParts<Option<String>>>,
+    /// Whether the layer has said that it found no route, once.
+    pub(super) unrouted_warned: Arc<AtomicBool>,
     pub(super) status_policy: Arc<dyn Fn(StatusCode) -> ResponseOutcome + Send + Sync>,
     pub(super) kept_headers: Vec<HeaderName>,
     /// The guarded calls' task tracker and bound (see
@@ -145,20 +242,17 @@ pub(super) struct Config {
     pub(super) detached: Detached,
 }
 
-impl IdempotencyLayer {
-    /// The largest request body read by default: 2 MiB, axum's own default
-    /// limit, so a router behind the layer is refused nothing it would
-    /// have accepted.
-    pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
-
-    /// A layer claiming on `gate` (its account, unless
-    /// [`scope`](IdempotencyLayer::scope) says otherwise), with the
-    /// defaults: the `Idempotency-Key` header, `POST` and `PATCH`, the key
-    /// optional, bodies up to [`DEFAULT_BODY_LIMIT`](Self::DEFAULT_BODY_LIMIT),
-    /// the route as method and path, [`default_status_policy`] and
-    /// [`DEFAULT_KEPT_HEADERS`].
-    pub fn new(gate: Gate) -> IdempotencyLayer {
+impl IdempotencyLayer<Unscoped> {
+    /// A layer claiming on `gate`, with the defaults: the
+    /// `Idempotency-Key` header, `POST` and `PATCH`, the key optional,
+    /// bodies up to [`DEFAULT_BODY_LIMIT`](IdempotencyLayer::DEFAULT_BODY_LIMIT),
+    /// the route as method and route template, [`default_status_policy`]
+    /// and [`DEFAULT_KEPT_HEADERS`]. It is a layer once it says whose keys
+    /// it guards: [`scope`](IdempotencyLayer::scope), or
+    /// [`single_tenant`](IdempotencyLayer::single_tenant).
+    pub fn new(gate: Gate) -> IdempotencyLayer<Unscoped> {
         IdempotencyLayer {
+            scope: PhantomData,
             config: Arc::new(Config {
                 gate,
                 mode: Mode::new(),
@@ -168,28 +262,46 @@ impl IdempotencyLayer {
                 body_limit: IdempotencyLayer::DEFAULT_BODY_LIMIT,
                 route: None,
                 scope: None,
+                unrouted_warned: Arc::new(AtomicBool::new(false)),
                 status_policy: Arc::new(default_status_policy),
                 kept_headers: DEFAULT_KEPT_HEADERS.to_vec(),
                 detached: Detached::new(),
             }),
         }
     }
+}
 
-    fn with(mut self, change: impl FnOnce(&mut Config)) -> IdempotencyLayer {
+impl IdempotencyLayer {
+    /// The largest request body read by default: 2 MiB, axum's own default
+    /// limit, so a router behind the layer is refused nothing it would
+    /// have accepted.
+    pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
+}
+
+impl<Scope> IdempotencyLayer<Scope> {
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> IdempotencyLayer<Scope> {
         change(Arc::make_mut(&mut self.config));
         self
     }
 
+    fn scoped(mut self, scope: Option<FromParts<Option<String>>>) -> IdempotencyLayer<Scoped> {
+        Arc::make_mut(&mut self.config).scope = scope;
+        IdempotencyLayer {
+            config: self.config,
+            scope: PhantomData,
+        }
+    }
+
     /// Takes the key from this header instead of `Idempotency-Key`.
     #[must_use = "`header` returns the changed layer"]
-    pub fn header(self, name: HeaderName) -> IdempotencyLayer {
+    pub fn header(self, name: HeaderName) -> IdempotencyLayer<Scope> {
         self.with(|config| config.header = name)
     }
 
     /// Guards these methods instead of `POST` and `PATCH`. Requests of
     /// other methods pass through, key or not.
     #[must_use = "`methods` returns the changed layer"]
-    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> IdempotencyLayer {
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> IdempotencyLayer<Scope> {
         let methods = methods.into_iter().collect();
         self.with(|config| config.methods = methods)
     }
@@ -198,56 +310,80 @@ impl IdempotencyLayer {
     /// the extractor's 400 `missing-idempotency-key`, instead of passing it
     /// through.
     #[must_use = "`require_key` returns the changed layer"]
-    pub fn require_key(self) -> IdempotencyLayer {
+    pub fn require_key(self) -> IdempotencyLayer<Scope> {
         self.with(|config| config.key_required = true)
     }
 
     /// Reads request bodies up to `bytes` (default
-    /// [`DEFAULT_BODY_LIMIT`](Self::DEFAULT_BODY_LIMIT)); a longer one is
+    /// [`DEFAULT_BODY_LIMIT`](IdempotencyLayer::DEFAULT_BODY_LIMIT)); a longer one is
     /// refused with 413 `body-too-large`, and the inner service is not
     /// called. Only requests with a key are read.
     #[must_use = "`body_limit` returns the changed layer"]
-    pub fn body_limit(self, bytes: usize) -> IdempotencyLayer {
+    pub fn body_limit(self, bytes: usize) -> IdempotencyLayer<Scope> {
         self.with(|config| config.body_limit = bytes)
     }
 
     /// Names the route a request's key is claimed under (the identity's
-    /// action), instead of its method and path. With axum's `Router::layer`
-    /// (which wraps each route after routing), `MatchedPath` makes
-    /// `/orders/{id}` one route; the path and query are still part of the
-    /// fingerprint.
+    /// action: its metrics label, the action a probe is registered for),
+    /// instead of its method and route template. Needed where the layer
+    /// finds no template: a bare hyper service, a layer wrapped around a
+    /// whole router, idem's `axum` feature off; without it such a service
+    /// is **not guarded at all**. Return a template, never the raw path
+    /// (one route per id is one metrics series and one probe per id); the
+    /// path and query as sent are part of the fingerprint anyway. Every
+    /// request of a guarded method with a key is guarded under what it
+    /// returns.
     ///
     /// ```
-    /// use axum::extract::MatchedPath;
     /// # fn demo(gate: idem_runtime::Gate) {
-    /// let layer = idem_runtime::http::IdempotencyLayer::new(gate).route(|parts| {
-    ///     let path = parts.extensions.get::<MatchedPath>().map_or(parts.uri.path(), MatchedPath::as_str);
-    ///     format!("{} {path}", parts.method)
-    /// });
+    /// // A hyper service with one guarded endpoint, `POST /jobs`.
+    /// let layer = idem_runtime::http::IdempotencyLayer::new(gate)
+    ///     .single_tenant()
+    ///     .route(|parts| format!("{} /jobs", parts.method));
     /// # }
     /// ```
     #[must_use = "`route` returns the changed layer"]
     pub fn route(
         self,
         route: impl Fn(&Parts) -> String + Send + Sync + 'static,
-    ) -> IdempotencyLayer {
+    ) -> IdempotencyLayer<Scope> {
         self.with(|config| config.route = Some(Arc::new(route)))
     }
 
     /// Claims each request's key in the account `scope` reads from it (the
     /// caller: a tenant or user an authentication layer put in the
-    /// request's extensions), so that two callers' keys never meet; `None`
-    /// claims in the gate's own account. An account name that cannot be
-    /// stored is refused with 400 `invalid-scope`.
+    /// request's extensions), so that two callers' keys never meet. An
+    /// account name that cannot be stored is refused with 400
+    /// `invalid-scope`.
+    ///
+    /// `None` (no caller) refuses a request with a key with 401
+    /// `unidentified-caller` (gRPC `UNAUTHENTICATED`), without calling the
+    /// service: claiming it in a shared account would let one anonymous
+    /// caller be answered with another's response. To guard anonymous
+    /// requests anyway, name their account yourself
+    /// (`.unwrap_or_else(|| "anonymous".into())`), knowing that they share
+    /// it. Requests without a key pass through as ever.
     ///
     /// Put the layer inside the authentication middleware, so that the
     /// extension is there when it runs.
-    #[must_use = "`scope` returns the changed layer"]
+    #[must_use = "`scope` returns the scoped layer"]
     pub fn scope(
         self,
         scope: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> IdempotencyLayer {
-        self.with(|config| config.scope = Some(Arc::new(scope)))
+    ) -> IdempotencyLayer<Scoped> {
+        self.scoped(Some(Arc::new(scope)))
+    }
+
+    /// Claims every request's key in the gate's own account: all callers
+    /// share one key space. Only for a service with a single caller (one
+    /// internal client, one tenant per deployment): where two callers
+    /// could pick the same key (`order-1001`), the second is answered with
+    /// the first's kept response, marked replayed, and its request never
+    /// runs. With more than one caller, use
+    /// [`scope`](IdempotencyLayer::scope).
+    #[must_use = "`single_tenant` returns the scoped layer"]
+    pub fn single_tenant(self) -> IdempotencyLayer<Scoped> {
+        self.scoped(None)
     }
 
     /// Chooses, by status, whether a response is kept and replayed or what
@@ -257,7 +393,7 @@ impl IdempotencyLayer {
     pub fn status_policy(
         self,
         policy: impl Fn(StatusCode) -> ResponseOutcome + Send + Sync + 'static,
-    ) -> IdempotencyLayer {
+    ) -> IdempotencyLayer<Scope> {
         self.with(|config| config.status_policy = Arc::new(policy))
     }
 
@@ -266,7 +402,10 @@ impl IdempotencyLayer {
     /// client only. Keep those that describe the result, never a
     /// `Set-Cookie` meant for one client.
     #[must_use = "`keep_headers` returns the changed layer"]
-    pub fn keep_headers(self, names: impl IntoIterator<Item = HeaderName>) -> IdempotencyLayer {
+    pub fn keep_headers(
+        self,
+        names: impl IntoIterator<Item = HeaderName>,
+    ) -> IdempotencyLayer<Scope> {
         let names = names.into_iter().collect();
         self.with(|config| config.kept_headers = names)
     }
@@ -277,12 +416,12 @@ impl IdempotencyLayer {
     /// [failing open](Mode::on_unavailable). The fingerprint is always the
     /// layer's own.
     #[must_use = "`mode` returns the changed layer"]
-    pub fn mode(self, mode: Mode) -> IdempotencyLayer {
+    pub fn mode(self, mode: Mode) -> IdempotencyLayer<Scope> {
         self.with(|config| config.mode = mode)
     }
 }
 
-impl IdempotencyLayer {
+impl<Scope> IdempotencyLayer<Scope> {
     /// Runs the guarded calls with this handle: its bound (how long a call
     /// may run on after its client left, then it is stopped and its key
     /// held in doubt) and its shutdown. By default each layer has its own,
@@ -294,7 +433,7 @@ impl IdempotencyLayer {
     /// timeout outside the layer drops the request's future, not the
     /// inner call, whose response is kept and replayed to the retry.
     #[must_use = "`detached` returns the changed layer"]
-    pub fn detached(self, detached: Detached) -> IdempotencyLayer {
+    pub fn detached(self, detached: Detached) -> IdempotencyLayer<Scope> {
         self.with(|config| config.detached = detached)
     }
 
@@ -307,7 +446,7 @@ impl IdempotencyLayer {
     /// use std::time::Duration;
     /// use idem_runtime::http::IdempotencyLayer;
     ///
-    /// let layer = IdempotencyLayer::new(gate);
+    /// let layer = IdempotencyLayer::new(gate).single_tenant();
     /// let calls = layer.detached_calls();
     /// // ... serve `router.layer(layer)` until a shutdown signal, then:
     /// calls.shutdown(Duration::from_secs(20)).await;
@@ -318,7 +457,7 @@ impl IdempotencyLayer {
     }
 }
 
-impl<S> Layer<S> for IdempotencyLayer {
+impl<S, Scope: ScopeChosen> Layer<S> for IdempotencyLayer<Scope> {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> IdempotencyService<S> {
@@ -326,7 +465,7 @@ impl<S> Layer<S> for IdempotencyLayer {
     }
 }
 
-impl fmt::Debug for IdempotencyLayer {
+impl<Scope> fmt::Debug for IdempotencyLayer<Scope> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.config.fmt(f)
     }
@@ -340,6 +479,7 @@ impl fmt::Debug for Config {
             .field("methods", &self.methods)
             .field("key_required", &self.key_required)
             .field("body_limit", &self.body_limit)
+            .field("per_caller", &self.scope.is_some())
             .field("kept_headers", &self.kept_headers)
             .finish_non_exhaustive()
     }

@@ -25,18 +25,24 @@ pub enum ResponseOutcome {
 }
 
 /// The default status policy: every final answer is kept and replayed,
-/// except the ones that say nothing was done or that the server failed,
-/// which release the key so that a retry runs.
+/// except the ones that say the request was refused before it ran, or
+/// that nothing was done, or that the server failed: those release the
+/// key, so that a retry (the fixed request, with the same key) runs.
 ///
 /// | status | outcome | why |
 /// |---|---|---|
 /// | 1xx to 4xx, except below | [`Replay`](ResponseOutcome::Replay) | the request's answer: a retry should get the same one (the draft's behaviour, and Stripe's) |
+/// | 400, 405, 413, 415, 422 | [`Fail(Release)`](ResponseOutcome::Fail) | the request failed validation (axum's extractors answer a malformed body 400, a missing or wrong `Content-Type` 415, a body that does not fit the handler's type 422; a method the route does not have 405): it never ran, so the client may fix it and retry with the same key (Stripe keeps no result for a request that failed validation) |
 /// | 408, 425, 429, 499 | [`Fail(Release)`](ResponseOutcome::Fail) | the server asks for a retry (timeout, too early, rate limited) or the client went away: nothing was done |
 /// | 5xx | [`Fail(Release)`](ResponseOutcome::Fail) | a server error, like an `Err` of a guarded function by default: a retry runs |
 ///
-/// A service whose handlers may fail *after* their effect (a timeout
-/// while calling a payment provider) should hold such answers in doubt
-/// instead, with a policy of its own:
+/// **The trade-off.** The layer cannot tell an extractor's 400 or 422
+/// from a handler's: a handler that takes its effect and *then* answers
+/// 400 or 422 (a charge made, then a check of the response failed) is run
+/// again by a retry. Such a service should keep those answers, or hold
+/// them in doubt, with a policy of its own. So should one whose handlers
+/// fail *after* their effect (a timeout while calling a payment
+/// provider):
 ///
 /// ```
 /// use http::StatusCode;
@@ -47,6 +53,9 @@ pub enum ResponseOutcome {
 ///     match status {
 ///         StatusCode::GATEWAY_TIMEOUT => ResponseOutcome::Fail(Disposition::InDoubt),
 ///         StatusCode::PAYMENT_REQUIRED => ResponseOutcome::Fail(Disposition::Keep),
+///         // Our handlers validate before they charge, except this one's
+///         // 422, which follows the provider's answer.
+///         StatusCode::UNPROCESSABLE_ENTITY => ResponseOutcome::Replay,
 ///         other => default_status_policy(other),
 ///     }
 /// }
@@ -58,10 +67,15 @@ pub enum ResponseOutcome {
 /// `NOT_FOUND` 404, `ALREADY_EXISTS` and `ABORTED` 409,
 /// `RESOURCE_EXHAUSTED` 429, `CANCELLED` 499, `UNAVAILABLE` 503,
 /// `DEADLINE_EXCEEDED` 504, `INTERNAL`, `UNKNOWN` and `DATA_LOSS` 500, ...):
-/// so by default `OK` and the caller's errors are replayed, and
-/// `UNAVAILABLE`, `INTERNAL` and the like release the key.
+/// so by default `OK` and answers such as `NOT_FOUND` or `ALREADY_EXISTS`
+/// are replayed, and `INVALID_ARGUMENT`, `FAILED_PRECONDITION` and
+/// `OUT_OF_RANGE` (400: the request was refused), `UNAVAILABLE`,
+/// `INTERNAL` and the like release the key.
 pub fn default_status_policy(status: StatusCode) -> ResponseOutcome {
     match status.as_u16() {
+        // Refused before it ran: failed validation, or a method the route
+        // does not have. The fixed request must be able to use its key.
+        400 | 405 | 413 | 415 | 422 => ResponseOutcome::Fail(Disposition::Release),
         408 | 425 | 429 | 499 | 500..=599 => ResponseOutcome::Fail(Disposition::Release),
         _ => ResponseOutcome::Replay,
     }
@@ -95,8 +109,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn answers_are_replayed_and_server_failures_release() {
-        for kept in [200, 201, 204, 301, 400, 402, 404, 409, 422] {
+    fn answers_are_replayed_and_refusals_and_server_failures_release() {
+        for kept in [200, 201, 204, 301, 401, 402, 403, 404, 409, 410, 412] {
             let status = StatusCode::from_u16(kept).unwrap();
             assert_eq!(
                 default_status_policy(status),
@@ -104,7 +118,9 @@ mod tests {
                 "{kept}"
             );
         }
-        for released in [408, 425, 429, 499, 500, 502, 503, 504] {
+        for released in [
+            400, 405, 408, 413, 415, 422, 425, 429, 499, 500, 502, 503, 504,
+        ] {
             let status = StatusCode::from_u16(released).unwrap();
             assert_eq!(
                 default_status_policy(status),

@@ -44,6 +44,20 @@ pub(super) fn unreadable() -> Problem {
     )
 }
 
+/// A request with a key whose caller the layer's scope could not name:
+/// claiming it in a shared account could answer it with another caller's
+/// response, so it is not run.
+pub(super) fn unidentified_caller() -> Problem {
+    Problem::idem(
+        StatusCode::UNAUTHORIZED,
+        "unidentified-caller",
+        "Caller unidentified",
+        "This request carries an Idempotency-Key, but the server could not tell who sent it, \
+         and keys are kept per caller, so it was not run. Authenticate, and send it again with \
+         the same key.",
+    )
+}
+
 /// The inner service answered, but its response body failed while it was
 /// read: the request may have taken effect, and there is no answer to give
 /// or keep.

@@ -5,12 +5,13 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Request, Response, Uri};
 use http_body::Body;
 use http_body_util::Either;
 use sha1::{Digest, Sha1};
@@ -149,11 +150,18 @@ where
         return pass_through(inner, parts, body).await;
     }
     let grpc = grpc::is_grpc(&parts.headers);
+    let Some(route) = route_of(&config, &parts, grpc) else {
+        warn_unrouted(&config, &parts);
+        return pass_through(inner, parts, body).await;
+    };
     let key = match IdempotencyKey::from_header_named(&parts.headers, &config.header) {
         Ok(Some(key)) => key,
         Ok(None) if !config.key_required => return pass_through(inner, parts, body).await,
         Ok(None) => return Ok(refuse(&Problem::from(&KeyRejection::Missing), grpc)),
         Err(rejection) => return Ok(refuse(&Problem::from(&rejection), grpc)),
+    };
+    let Some(gate) = gate_of(&config, &parts) else {
+        return Ok(refuse(&refusal::unidentified_caller(), grpc));
     };
     let read = match body::read_limited(body, config.body_limit).await {
         Ok(read) => read,
@@ -166,8 +174,7 @@ where
         }
     };
 
-    let gate = gate_of(&config, &parts);
-    let identity = identity_of(&config, &parts, &key);
+    let identity = identity_of(route, &key);
     let mode = config
         .mode
         .clone()
@@ -282,32 +289,99 @@ fn refuse<B>(problem: &Problem, grpc: bool) -> Response<ResponseBody<B>> {
     refusal::respond(problem, grpc).map(Either::Right)
 }
 
-/// The gate in the caller's account, when the layer reads one.
-fn gate_of(config: &Config, parts: &Parts) -> Gate {
-    match config.scope.as_ref().and_then(|scope| scope(parts)) {
-        Some(account) => config.gate.account(account),
-        None => config.gate.clone(),
+/// The gate in the caller's account: the one the scope names, or the
+/// gate's own for a single-tenant layer. `None` when the scope names no
+/// caller: such a request is refused, never claimed in a shared account.
+fn gate_of(config: &Config, parts: &Parts) -> Option<Gate> {
+    match &config.scope {
+        Some(scope) => scope(parts).map(|account| config.gate.account(account)),
+        None => Some(config.gate.clone()),
+    }
+}
+
+/// The route a request's key is claimed under: the layer's own
+/// [`route`](super::IdempotencyLayer::route), else its method and route
+/// template, so that actions (metrics labels, probes) are bounded by the
+/// service's routes, not by the ids in paths. For gRPC the path is the
+/// template: it names a method, and a made-up one is `UNIMPLEMENTED`,
+/// which releases the key. `None`: no route (with axum, it matched none),
+/// so not guarded.
+fn route_of(config: &Config, parts: &Parts, grpc: bool) -> Option<String> {
+    if let Some(route) = &config.route {
+        return Some(route(parts));
+    }
+    let template = if grpc {
+        original_uri(parts).path()
+    } else {
+        route_template(parts)?
+    };
+    Some(format!("{} {template}", parts.method))
+}
+
+/// The route template axum matched, in full under `nest`.
+#[cfg(feature = "axum")]
+fn route_template(parts: &Parts) -> Option<&str> {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str)
+}
+
+/// Without axum there is no template to read: `route` names it.
+#[cfg(not(feature = "axum"))]
+fn route_template(_: &Parts) -> Option<&str> {
+    None
+}
+
+/// The URI as the client sent it: axum's `OriginalUri` when a `nest`
+/// stripped a prefix from the one the layer sees.
+fn original_uri(parts: &Parts) -> &Uri {
+    #[cfg(feature = "axum")]
+    if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
+        return &original.0;
+    }
+    &parts.uri
+}
+
+/// A request of a guarded method passed through for want of a route:
+/// said at debug level each time, and once as a warning, as a layer that
+/// never finds one guards nothing.
+fn warn_unrouted(config: &Config, parts: &Parts) {
+    if !parts.headers.contains_key(&config.header) {
+        return;
+    }
+    let path = original_uri(parts).path();
+    if config.unrouted_warned.swap(true, Ordering::Relaxed) {
+        tracing::debug!(target: "idem", method = %parts.method, path, "a request with an idempotency key matched no route: passed through, not guarded");
+    } else {
+        tracing::warn!(
+            target: "idem",
+            method = %parts.method,
+            path,
+            "a request with an idempotency key passed through NOT GUARDED: the layer found no route \
+             template. Expected for a path that matched no axum route; otherwise apply the layer \
+             with axum's Router::layer (with idem's `axum` feature on), or name routes with \
+             IdempotencyLayer::route (a hyper service). Said once per layer; later ones at debug level"
+        );
     }
 }
 
 /// The route (the action) and the key.
-fn identity_of(config: &Config, parts: &Parts, key: &IdempotencyKey) -> Identity {
-    let route = match &config.route {
-        Some(route) => route(parts),
-        None => format!("{} {}", parts.method, parts.uri.path()),
-    };
+fn identity_of(route: String, key: &IdempotencyKey) -> Identity {
     Identity::new(route).part(key)
 }
 
 /// What makes two requests under one key the same request: method, path,
-/// query and body. The body enters as its sha1, so the fingerprint costs
-/// one pass over it and no copy.
+/// query (as the client sent them, not as a `nest` stripped them) and
+/// body. The body enters as its sha1, so the fingerprint costs one pass
+/// over it and no copy.
 fn fingerprint_of(parts: &Parts, body: &[u8]) -> Fingerprint {
     let body_digest: [u8; 20] = Sha1::digest(body).into();
+    let uri = original_uri(parts);
     Fingerprint::new()
         .part(parts.method.as_str())
-        .part(parts.uri.path())
-        .part(parts.uri.query().unwrap_or_default())
+        .part(uri.path())
+        .part(uri.query().unwrap_or_default())
         .part(body_digest)
 }
 
