@@ -226,6 +226,12 @@ pub async fn resolve(
             "its fence is {} now (taken over, or released and claimed anew)",
             current.fence
         ))),
+        Resolved::LeaseLive(_) => Err(CliError::Refused(format!(
+            "{what}: its lease is live, so its holder is at work and may settle it at any \
+             moment; nothing resolved. Resolve it only once its lease has run out (`idem claims \
+             show {}` shows it)",
+            claim.address
+        ))),
         other => Err(changed(&format!("{other:?}"))),
     }
 }
