@@ -118,7 +118,10 @@ pub struct ListFilter<'a> {
     pub scope: ScopeFilter<'a>,
     /// Only claims in this state.
     pub state: Option<ClaimState>,
-    /// Only claims created longer ago than this, by the database's clock.
+    /// Only claims older than this, by the database's clock: claims in
+    /// doubt by how long they have been in doubt (`in_doubt_since`; for a
+    /// claim that turned before schema version 6, since it was created),
+    /// every other claim by how long ago it was created (or taken over).
     pub older_than: Option<Duration>,
     /// At most this many.
     pub limit: u32,
@@ -235,21 +238,42 @@ impl ScopeFilter<'_> {
     }
 }
 
-/// Lists the claims of a scope, newest first. `$1`, `$2` the scope
-/// ([`scope_test`]); `$3` the state or NULL; `$4` the minimum age in
-/// seconds or NULL; `$5` the limit. Index: none serves the order; within an
-/// account, the partial unique indexes' leading `(account, kind)` narrows
-/// the rows read.
+/// The claims of a scope that [`list`] and [`count`] read, over
+/// `idem_records r`. `$1`, `$2` the scope ([`scope_test`]); `$3` the state
+/// or NULL; `$4` the minimum age in seconds or NULL: for a claim in doubt,
+/// since it went in doubt (`in_doubt_since`, or `created_at` for a row that
+/// turned before that column existed), else since it was created.
+fn list_conditions(scope: &ScopeFilter<'_>) -> String {
+    format!(
+        "r.kind = 'claim' AND {scope} \
+         AND ($3::text IS NULL OR r.state = $3) \
+         AND ($4::float8 IS NULL \
+              OR CASE WHEN r.state = 'in_doubt' THEN coalesce(r.in_doubt_since, r.created_at) \
+                      ELSE r.created_at END \
+                 < now() - make_interval(secs => $4::float8))",
+        scope = scope_test(scope),
+    )
+}
+
+/// Lists the claims of a scope, newest first ([`list_conditions`]); `$5`
+/// the limit. Index: none serves the order; within an account, the partial
+/// unique indexes' leading `(account, kind)` narrows the rows read.
 fn list_statement(scope: &ScopeFilter<'_>) -> String {
     format!(
-        "SELECT {columns} FROM idem_records r \
-         WHERE r.kind = 'claim' AND {scope} \
-           AND ($3::text IS NULL OR r.state = $3) \
-           AND ($4::float8 IS NULL OR r.created_at < now() - make_interval(secs => $4::float8)) \
+        "SELECT {columns} FROM idem_records r WHERE {conditions} \
          ORDER BY r.created_at DESC, r.account, r.namespace NULLS FIRST, r.address \
          LIMIT $5",
         columns = claim_columns!(),
-        scope = scope_test(scope),
+        conditions = list_conditions(scope),
+    )
+}
+
+/// Counts the claims [`list_statement`] would list without a limit
+/// ([`list_conditions`]). Index: as [`list_statement`].
+fn count_statement(scope: &ScopeFilter<'_>) -> String {
+    format!(
+        "SELECT count(*) FROM idem_records r WHERE {conditions}",
+        conditions = list_conditions(scope),
     )
 }
 
@@ -425,7 +449,8 @@ pub(super) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
-/// The claims matching `filter`, newest first.
+/// The claims matching `filter`, newest first, at most `filter.limit` of
+/// them: [`count`] says how many match in all.
 pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow>, Error> {
     let (account, namespace) = filter.scope.params();
     let statement = list_statement(&filter.scope);
@@ -437,6 +462,20 @@ pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow
         .bind(i64::from(filter.limit))
         .fetch_all(pool)
         .await?)
+}
+
+/// How many claims match `filter`, whatever its limit: what [`list`]
+/// would return without one.
+pub async fn count(pool: &PgPool, filter: &ListFilter<'_>) -> Result<u64, Error> {
+    let (account, namespace) = filter.scope.params();
+    let count: i64 = sqlx::query_scalar(AssertSqlSafe(count_statement(&filter.scope)))
+        .bind(account)
+        .bind(namespace)
+        .bind(filter.state.map(ClaimState::as_str))
+        .bind(filter.older_than.map(|age| age.as_secs_f64()))
+        .fetch_one(pool)
+        .await?;
+    Ok(u64::try_from(count).unwrap_or(0))
 }
 
 /// The claims a reconciler asks its probes about ([`ReconcileFilter`]),
