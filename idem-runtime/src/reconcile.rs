@@ -13,8 +13,16 @@
 //!
 //! Each resolution is one compare-and-swap on the fence the reconciler saw
 //! ([`operations::resolve_as`]): two reconcilers, or a reconciler racing the
-//! original holder's late settle, resolve a claim exactly once, and nothing
-//! ever overwrites a success.
+//! original holder's late settle, resolve a claim exactly once, nothing
+//! ever overwrites a success, and a pending claim whose lease is live (its
+//! holder renews it) is never resolved.
+//!
+//! The reconciler lists only claims of actions it has a probe for, oldest
+//! first, a window per pass that moves on from where the last one stopped:
+//! a claim whose probe can answer is reached within one cycle, whatever
+//! else is in doubt. Probes run in tasks of their own, each bounded by
+//! [`Reconciler::probe_timeout`]; a panic or a hang is an unknown, never the
+//! end of the loop.
 //!
 //! [`Disposition::InDoubt`]: crate::Disposition::InDoubt
 //! [`OnExpiry::InDoubt`]: crate::OnExpiry::InDoubt
