@@ -127,6 +127,7 @@ async fn a_panic_a_hang_and_a_knowing_probe(gate: &Gate) -> (Identity, Identity,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_probe_and_one_that_never_answers_hold_up_nobody() {
+    let captured = idem_test_support::capture::Captured::global();
     let gate = testing::gate().await;
     let (panics, hangs, knows) = a_panic_a_hang_and_a_knowing_probe(&gate).await;
     let hung = Arc::new(AtomicUsize::new(0));
@@ -174,6 +175,15 @@ async fn a_panicking_probe_and_one_that_never_answers_hold_up_nobody() {
         Some("in_doubt")
     );
     assert_eq!(hung.load(Ordering::SeqCst), 1);
+    // The panic is said, with what it was about.
+    let said = captured.lines_with(&panics.address());
+    assert!(
+        said.contains("ERROR")
+            && said.contains("the probe panicked")
+            && said.contains("probe_panics"),
+        "no error line with the action and the address: {said:?}"
+    );
+    assert!(said.contains("the provider's SDK panicked"), "{said:?}");
 
     // The loop goes on after a panic, and stops when asked.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -384,5 +394,58 @@ async fn a_verdict_the_store_could_not_record_is_recorded_later_without_asking_a
         asked.load(Ordering::SeqCst),
         1,
         "the probe was asked again for an answer it had given"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_anew_at_an_address_does_not_inherit_the_old_ones_pause() {
+    // A row at the address whose identity does not read back is left alone
+    // for five minutes (LONGEST_WAIT). Then it is released and the slot is
+    // claimed anew (a new fence), and held in doubt: the new claim is a
+    // claim of its own, probed at the next pass.
+    let gate = testing::gate().await;
+    let id = Identity::new("charge").part("ord_anew");
+    let mut unreadable = id.canonical().to_vec();
+    unreadable.push(0xff);
+    idem::sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, state, identity, state_reason) \
+         VALUES ($1, 'claim', $2, 'in_doubt', $3, 'body_in_doubt')",
+    )
+    .bind(gate.account_name())
+    .bind(id.address())
+    .bind(&unreadable)
+    .execute(gate.pool())
+    .await
+    .expect("insert a claim whose identity does not read back");
+    let asked = Arc::new(AtomicUsize::new(0));
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("charge", counting(&asked, Verdict::succeeded()));
+    assert_eq!(reconciler.reconcile_once().await.expect("a pass").probed, 0);
+
+    let slot = operations::Slot {
+        account: gate.account_name(),
+        namespace: None,
+        address: &id.address(),
+    };
+    let released = operations::resolve(gate.pool(), slot, operations::Resolution::Release)
+        .await
+        .expect("release by hand");
+    assert!(
+        matches!(released, operations::Resolved::Changed { .. }),
+        "{released:?}"
+    );
+    in_doubt(&gate, &id).await;
+
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(
+        (pass.probed, pass.resolved),
+        (1, 1),
+        "the new claim inherited its predecessor's pause: {pass:?}"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        state_of(&gate, &id).await.map(|s| s.0).as_deref(),
+        Some("success")
     );
 }
