@@ -449,3 +449,38 @@ async fn a_claim_made_anew_at_an_address_does_not_inherit_the_old_ones_pause() {
         Some("success")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_in_doubt_since_its_lease_ran_out_or_its_body_said_so() {
+    // What `idem claims list --state in_doubt --older-than` measures from.
+    let gate = testing::gate().await;
+    let lease = Duration::from_millis(200);
+    let expired = Identity::new("charge_leased").part("ord_since");
+    let mode = Mode::new().lease(lease).on_expiry(idem::OnExpiry::InDoubt);
+    std::mem::forget(gate.claim_with(&expired, &mode).await.expect("won"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(matches!(
+        gate.claim_with(&expired, &mode).await,
+        Err(Rejected::InDoubt)
+    ));
+    let body = Identity::new("charge").part("ord_since");
+    in_doubt(&gate, &body).await;
+
+    let since = |identity: &Identity| {
+        idem::sqlx::query_as::<_, (Option<i64>, bool)>(
+            "SELECT round(extract(epoch FROM in_doubt_since - created_at) * 1000)::int8, \
+                    in_doubt_since <= now() \
+             FROM idem_records WHERE account = $1 AND address = $2",
+        )
+        .bind(gate.account_name())
+        .bind(identity.address())
+        .fetch_one(gate.pool())
+    };
+    // The lease ran out 200 ms after the claim, whenever it was noticed.
+    let (after_claim, past) = since(&expired).await.expect("read the claim");
+    assert_eq!(after_claim, Some(200), "in doubt since its lease ran out");
+    assert!(past);
+    let (after_claim, past) = since(&body).await.expect("read the claim");
+    assert!(after_claim.is_some_and(|ms| ms >= 0), "{after_claim:?}");
+    assert!(past);
+}
