@@ -266,13 +266,14 @@ async fn a_version_4_partitioned_table_migrates_its_claim_states_on_every_partit
     .await
     .expect("a settled claim");
     // Back to version 4's shape: its claim states, without the columns
-    // version 5 adds, and without version 5 recorded.
+    // versions 5 and 6 add, and without either recorded.
     sqlx::raw_sql(
         "ALTER TABLE idem_records DROP CONSTRAINT idem_records_claim_state; \
          ALTER TABLE idem_records ADD CONSTRAINT idem_records_claim_state \
            CHECK (kind <> 'claim' OR state IN ('pending', 'success')); \
-         ALTER TABLE idem_records DROP COLUMN state_reason, DROP COLUMN resolved_at; \
-         DELETE FROM idem_schema_version WHERE version = 5;",
+         ALTER TABLE idem_records DROP COLUMN state_reason, DROP COLUMN resolved_at, \
+           DROP COLUMN in_doubt_since; \
+         DELETE FROM idem_schema_version WHERE version >= 5;",
     )
     .execute(&pool)
     .await

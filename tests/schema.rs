@@ -295,11 +295,14 @@ async fn every_earlier_version_migrates_to_the_current_one_keeping_its_rows() {
         insert_claim(&pool, "claim_settled", "success")
             .await
             .expect("a settled claim");
-        let refused = insert_claim(&pool, "claim_early", "in_doubt").await;
-        assert!(
-            refused.is_err(),
-            "version {from} knows no in_doubt state, so its CHECK refuses it"
-        );
+        // Versions before 5 know no in_doubt state, so their CHECK refuses it.
+        if from < 5 {
+            let refused = insert_claim(&pool, "claim_early", "in_doubt").await;
+            assert!(
+                refused.is_err(),
+                "version {from} knows no in_doubt state, so its CHECK refuses it"
+            );
+        }
 
         Gate::connect(pool.clone())
             .await

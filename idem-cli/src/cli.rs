@@ -223,12 +223,18 @@ pub struct ListArgs {
     /// Only claims in this state.
     #[arg(long, value_enum)]
     pub state: Option<StateArg>,
-    /// Only claims created longer ago than this, e.g. 10m, 2h, 3days.
+    /// Only claims older than this, e.g. 10m, 2h, 3days: claims in doubt
+    /// by how long they have been in doubt, others by when they were
+    /// claimed.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub older_than: Option<Duration>,
-    /// At most this many claims.
+    /// At most this many claims, newest first; when more match, a line on
+    /// stderr says how many.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
+    /// Print only how many claims match (all of them, whatever --limit).
+    #[arg(long)]
+    pub count: bool,
     #[command(flatten)]
     pub format: FormatArgs,
 }

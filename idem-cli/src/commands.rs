@@ -20,6 +20,9 @@ pub struct Done {
     pub output: String,
     /// Exit with 1 rather than 0.
     pub found: bool,
+    /// A line for stderr beside the output (what a script reading stdout
+    /// must not parse, and a person must not miss): that a list was cut.
+    pub note: Option<String>,
 }
 
 impl Done {
@@ -27,6 +30,7 @@ impl Done {
         Done {
             output,
             found: false,
+            note: None,
         }
     }
 }
@@ -45,6 +49,7 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             Ok(Done {
                 output,
                 found: report.lets_duplicates_in(),
+                note: None,
             })
         }
         Command::Migrate(args) => {
@@ -61,6 +66,7 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             Ok(Done {
                 output: migrate::render(&report, args.format.format)?,
                 found: !report.ok(),
+                note: None,
             })
         }
         Command::Claims(ClaimsCommand::List(args)) => {
@@ -70,12 +76,23 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
                 older_than: args.older_than,
                 limit: args.limit,
             };
-            let found =
-                on_table(&args.table, async |pool| claims::list(pool, &filter).await).await?;
-            Ok(Done::clean(claims::render_list(
-                &found,
-                args.format.format,
-            )?))
+            if args.count {
+                let count =
+                    on_table(&args.table, async |pool| claims::count(pool, &filter).await).await?;
+                return Ok(Done::clean(claims::render_count(
+                    count,
+                    args.format.format,
+                )?));
+            }
+            let listed = on_table(&args.table, async |pool| {
+                claims::list_counted(pool, &filter).await
+            })
+            .await?;
+            Ok(Done {
+                output: claims::render_list(&listed.claims, args.format.format)?,
+                found: false,
+                note: listed.cut_note(),
+            })
         }
         Command::Claims(ClaimsCommand::Show(args)) => {
             let claim = &args.claim;

@@ -42,6 +42,9 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(commands::run(cli.command)) {
         Ok(done) => {
+            if let Some(note) = &done.note {
+                eprintln!("idem: {note}");
+            }
             let mut stdout = std::io::stdout().lock();
             if let Err(error) = stdout.write_all(done.output.as_bytes()) {
                 eprintln!("idem: cannot write the output: {error}");

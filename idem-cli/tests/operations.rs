@@ -718,3 +718,151 @@ async fn migrate_distributed_needs_a_citus_coordinator_and_reports_the_layout() 
 
     drop_schemas(&mut conn, &[&schema]).await;
 }
+
+#[tokio::test]
+async fn claims_list_says_when_it_stopped_at_its_limit_and_counts_them_all() {
+    let mut conn = connect().await;
+    let schema = unique_name("idem_limit");
+    create_schemas(&mut conn, &[&schema]).await;
+    migrate_for_claims(&mut conn, &schema).await;
+    run_sql(&mut conn, &format!("SET search_path = {}", ident(&schema))).await;
+    for order in 0..101 {
+        let address = claim(&mut conn, &format!("ord_{order}"), "pending").await;
+        hold(&mut conn, &address, "in_doubt", "body_in_doubt").await;
+    }
+
+    // The default limit (100) is reached: said on stderr, with the total and
+    // how to see them all; stdout stays the list (JSON stays a JSON array).
+    let run = idem_in(&schema, "claims list --state in_doubt").expect_code(0);
+    assert_eq!(run.stdout.lines().count(), 1 + 100, "{}", run.stdout);
+    assert_contains(&run.stderr, "showing 100 of 101 claims");
+    assert_contains(&run.stderr, "--limit 101");
+    let run = idem_in(&schema, "claims list --state in_doubt --format json").expect_code(0);
+    assert_eq!(addresses(&run.json()).len(), 100);
+    assert_contains(&run.stderr, "showing 100 of 101 claims");
+    // All of them: nothing to say.
+    let run = idem_in(&schema, "claims list --state in_doubt --limit 101").expect_code(0);
+    assert_eq!(run.stdout.lines().count(), 1 + 101);
+    assert_eq!(run.stderr, "");
+
+    // The count alone, to watch.
+    let run = idem_in(&schema, "claims list --state in_doubt --count").expect_code(0);
+    assert_eq!(run.stdout, "101\n");
+    let run = idem_in(
+        &schema,
+        "claims list --state in_doubt --count --format json",
+    )
+    .expect_code(0);
+    assert_eq!(run.json(), serde_json::json!({ "count": 101 }));
+    let run = idem_in(&schema, "claims list --state failed --count").expect_code(0);
+    assert_eq!(run.stdout, "0\n");
+
+    run_sql(&mut conn, "RESET search_path").await;
+    drop_schemas(&mut conn, &[&schema]).await;
+}
+
+#[tokio::test]
+async fn claims_list_older_than_measures_a_claim_in_doubt_from_when_it_went_in_doubt() {
+    use idem::{Gate, Mode};
+    use idem_test_support::ChargeError;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    let mut conn = connect().await;
+    let schema = unique_name("idem_doubt_age");
+    create_schemas(&mut conn, &[&schema]).await;
+    migrate_for_claims(&mut conn, &schema).await;
+    let options: PgConnectOptions = idem::testing::database_url()
+        .parse::<PgConnectOptions>()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .options([("search_path", schema.as_str())]);
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gate = Gate::connect(pool).await.unwrap_or_else(|e| panic!("{e}"));
+
+    // Claimed, then in doubt three seconds later, when its body timed out.
+    let id = Identity::new("charge").part("ord_slow");
+    let outcome: Result<(), ChargeError> = gate
+        .run_disposed(&id, &Mode::new(), async {
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            Err(ChargeError::Timeout)
+        })
+        .await;
+    assert!(matches!(outcome, Err(ChargeError::Timeout)), "{outcome:?}");
+
+    // Created more than 2 s ago, in doubt for less: not listed yet.
+    let listed = idem_in(
+        &schema,
+        "claims list --state in_doubt --older-than 2s --format json",
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(
+        addresses(&listed),
+        Vec::<&str>::new(),
+        "measured from created_at"
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let listed = idem_in(
+        &schema,
+        "claims list --state in_doubt --older-than 2s --format json",
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(addresses(&listed), vec![id.address().as_str()]);
+    gate.pool().close().await;
+    drop_schemas(&mut conn, &[&schema]).await;
+}
+
+#[tokio::test]
+async fn names_with_control_characters_are_escaped_in_text_and_json_stays_json() {
+    let mut conn = connect().await;
+    let schema = unique_name("idem_escape");
+    create_schemas(&mut conn, &[&schema]).await;
+    migrate_for_claims(&mut conn, &schema).await;
+    run_sql(&mut conn, &format!("SET search_path = {}", ident(&schema))).await;
+    let hostile = "acme\u{1b}[2J\rroot\u{202e}";
+    let address = insert(
+        &mut conn,
+        Row {
+            namespace: Some("live\n"),
+            ..Row::new(
+                hostile,
+                Identity::new("charge\u{7}\u{1b}]0;x").part("ord\n1"),
+            )
+        },
+    )
+    .await;
+
+    for command in [
+        "claims list".to_owned(),
+        format!("claims show {address}"),
+        format!("claims release {address}"),
+    ] {
+        let run = idem_in(&schema, &command);
+        for text in [&run.stdout, &run.stderr] {
+            let raw: Vec<char> = text
+                .chars()
+                .filter(|c| (c.is_control() && *c != '\n') || *c == '\u{202e}')
+                .collect();
+            assert!(raw.is_empty(), "{command}: raw {raw:?} in:\n{text}");
+        }
+        let said = format!("{}{}", run.stdout, run.stderr);
+        assert_contains(&said, r"acme\u{1b}[2J\rroot\u{202e}");
+    }
+    let run = idem_in(&schema, "claims list").expect_code(0);
+    assert_contains(&run.stdout, r"live\n");
+    assert_contains(&run.stdout, r"charge\u{7}\u{1b}]0;x");
+
+    let listed = idem_in(&schema, "claims list --format json")
+        .expect_code(0)
+        .json();
+    assert_eq!(listed[0]["account"], hostile);
+    assert_eq!(listed[0]["namespace"], "live\n");
+    assert_eq!(listed[0]["action"], "charge\u{7}\u{1b}]0;x");
+
+    run_sql(&mut conn, "RESET search_path").await;
+    drop_schemas(&mut conn, &[&schema]).await;
+}

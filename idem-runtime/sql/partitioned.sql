@@ -33,6 +33,7 @@ CREATE TABLE idem_records (
     first_fence      bigint      NULL,
     state_reason     text        NULL,
     resolved_at      timestamptz NULL,
+    in_doubt_since   timestamptz NULL,
     CONSTRAINT idem_records_claim_state CHECK (
         kind <> 'claim' OR state IN ('pending', 'success', 'in_doubt', 'failed')
     ),

@@ -13,8 +13,16 @@
 //!
 //! Each resolution is one compare-and-swap on the fence the reconciler saw
 //! ([`operations::resolve_as`]): two reconcilers, or a reconciler racing the
-//! original holder's late settle, resolve a claim exactly once, and nothing
-//! ever overwrites a success.
+//! original holder's late settle, resolve a claim exactly once, nothing
+//! ever overwrites a success, and a pending claim whose lease is live (its
+//! holder renews it) is never resolved.
+//!
+//! The reconciler lists only claims of actions it has a probe for, oldest
+//! first, a window per pass that moves on from where the last one stopped:
+//! a claim whose probe can answer is reached within one cycle, whatever
+//! else is in doubt. Probes run in tasks of their own, each bounded by
+//! [`Reconciler::probe_timeout`]; a panic or a hang is an unknown, never the
+//! end of the loop.
 //!
 //! [`Disposition::InDoubt`]: crate::Disposition::InDoubt
 //! [`OnExpiry::InDoubt`]: crate::OnExpiry::InDoubt
@@ -34,8 +42,8 @@ use crate::measure;
 #[cfg(feature = "metrics")]
 use crate::metrics::MetricsOptions;
 use crate::store::operations::{
-    self, ClaimRow, ClaimState, ListFilter, NamespaceFilter, Resolution, Resolved, Resolver,
-    ScopeFilter,
+    self, ClaimRow, ClaimState, NamespaceFilter, ReconcileCursor, ReconcileFilter, Resolution,
+    Resolved, Resolver, ScopeFilter,
 };
 
 /// A claim whose outcome is not known, as a probe sees it.
@@ -113,18 +121,37 @@ pub struct Pass {
     pub probed: usize,
     /// Claims this pass resolved (settled, kept failed or released).
     pub resolved: usize,
-    /// Claims whose probe said [`Verdict::Unknown`]: still held.
+    /// Claims whose probe said [`Verdict::Unknown`], panicked or did not
+    /// answer within [`Reconciler::probe_timeout`]: still held.
     pub unknown: usize,
     /// Claims resolved meanwhile by someone else (another reconciler, an
-    /// operator, the holder's late settle): left as they are.
+    /// operator, the holder's late settle), or whose holder renewed its
+    /// lease meanwhile: left as they are.
     pub lost: usize,
-    /// Claims of actions with no probe registered: left for an operator.
+    /// Always 0 since claims are listed by action: a claim of an action
+    /// without a probe is never read, and is left for an operator. Kept so
+    /// that code reading it still builds.
     pub without_probe: usize,
+    /// Of [`unknown`](Pass::unknown): probes that panicked (logged at
+    /// error level with the action and the address).
+    pub panicked: usize,
+    /// Of [`unknown`](Pass::unknown): probes that did not answer within
+    /// [`Reconciler::probe_timeout`] (and were cancelled).
+    pub timed_out: usize,
 }
 
 type Probe = Arc<dyn Fn(Doubt) -> Pin<Box<dyn Future<Output = Verdict> + Send>> + Send + Sync>;
 
 /// Runs the application's probes over claims nobody knows the outcome of.
+///
+/// Each pass reads the next window of claims (a batch), oldest first, of
+/// the actions that have a probe, and moves on from where the last pass
+/// stopped, starting over once it reached the newest: a claim whose probe
+/// can answer is asked within one cycle (the claims with a probe, divided
+/// by the batch, plus one passes), whatever else is in doubt. Each probe
+/// runs in a task of its own, under [`probe_timeout`](Reconciler::probe_timeout):
+/// a panic or a probe that never answers counts as unknown, and holds up
+/// neither the other claims nor the shutdown.
 ///
 /// ```no_run
 /// # async fn demo(pool: idem_runtime::sqlx::PgPool) -> Result<(), idem_runtime::Error> {
@@ -161,12 +188,122 @@ pub struct Reconciler {
     pending_older_than: Option<Duration>,
     batch: u32,
     interval: Duration,
-    /// Claims whose probe said unknown: when to ask again, and the pause
-    /// after that.
-    waiting: Mutex<HashMap<String, (Instant, Duration)>>,
+    probe_timeout: Duration,
+    /// Where the listing is, and what it remembers of the claims it saw.
+    memory: Mutex<Memory>,
     /// How its `reconciled` outcomes are labelled.
     #[cfg(feature = "metrics")]
     metrics: MetricsOptions,
+}
+
+/// One claim, as the reconciler remembers it: its slot and its fence, so a
+/// claim released and claimed anew at the same address (a new fence) starts
+/// afresh, with no back-off and no verdict of its predecessor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ClaimKey {
+    account: String,
+    namespace: Option<String>,
+    address: String,
+    fence: i64,
+}
+
+impl ClaimKey {
+    fn of(row: &ClaimRow) -> ClaimKey {
+        ClaimKey {
+            account: row.account.clone(),
+            namespace: row.namespace.clone(),
+            address: row.address.clone(),
+            fence: row.fence,
+        }
+    }
+}
+
+/// What the reconciler remembers of one claim between passes.
+#[derive(Debug, Clone)]
+struct Remembered {
+    /// The cycle (one sweep of the listing, oldest to newest) it was last
+    /// listed in: an entry not listed for a whole cycle is forgotten, so
+    /// the memory holds no more than the claims still there.
+    seen: u64,
+    /// After an unknown: when to ask again, and the pause after that.
+    wait: Option<(Instant, Duration)>,
+    /// A verdict the store failed to record: recorded on the next pass
+    /// without asking the probe again (a probe may have effects).
+    verdict: Option<Verdict>,
+}
+
+/// The listing's place and the claims it remembers.
+#[derive(Debug, Default)]
+struct Memory {
+    /// Where the next window starts; `None`: from the oldest.
+    cursor: Option<ReconcileCursor>,
+    /// How many times the listing has started over.
+    cycle: u64,
+    claims: HashMap<ClaimKey, Remembered>,
+}
+
+impl Memory {
+    /// `key` was listed in this cycle: remembered (afresh if new).
+    fn seen(&mut self, key: &ClaimKey) -> &mut Remembered {
+        let cycle = self.cycle;
+        let entry = self.claims.entry(key.clone()).or_insert(Remembered {
+            seen: cycle,
+            wait: None,
+            verdict: None,
+        });
+        entry.seen = cycle;
+        entry
+    }
+
+    /// The listing reached the newest claim: the next window starts from
+    /// the oldest, and whatever was not listed in the cycle just ended
+    /// (resolved, released, taken over) is forgotten.
+    fn start_over(&mut self) {
+        let cycle = self.cycle;
+        self.claims.retain(|_, remembered| remembered.seen == cycle);
+        self.cursor = None;
+        self.cycle += 1;
+    }
+}
+
+/// How one probe ended.
+enum Asked {
+    Answered(Verdict),
+    Panicked(String),
+    TimedOut,
+    /// The shutdown came first: the probe was cancelled, nothing decided.
+    Stopped,
+}
+
+/// The shutdown a pass watches: polled between claims and raced against
+/// each probe, and never polled again once it completed.
+struct Stop<'a, S> {
+    shutdown: Pin<&'a mut S>,
+    done: bool,
+}
+
+impl<S: Future<Output = ()>> Stop<'_, S> {
+    /// Completes when the shutdown has come (at once if it came before).
+    async fn requested(&mut self) {
+        if !self.done {
+            self.shutdown.as_mut().await;
+            self.done = true;
+        }
+    }
+
+    /// Whether the shutdown has come, without waiting for it.
+    fn is_requested(&mut self) -> bool {
+        futures_util::FutureExt::now_or_never(self.requested()).is_some()
+    }
+}
+
+/// What a pass did, and what the loop makes of it.
+struct Window {
+    pass: Pass,
+    /// The window was full: more claims may follow at once.
+    full: bool,
+    /// The shutdown came during the pass.
+    stopped: bool,
 }
 
 impl Reconciler {
@@ -177,9 +314,17 @@ impl Reconciler {
     pub const LONGEST_WAIT: Duration = Duration::from_secs(300);
     /// The longest pause between passes after the store failed.
     pub const LONGEST_BACKOFF: Duration = Duration::from_secs(60);
+    /// How long a probe may take by default ([`Reconciler::probe_timeout`]):
+    /// long enough for a provider's API call and its retries, short enough
+    /// that one stuck call costs a pass half a minute, not the loop.
+    pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// How many times a pass tries to record a verdict the store refused
+    /// before it ends (the verdict is kept for the next pass).
+    const RESOLVE_ATTEMPTS: u32 = 3;
 
     /// A reconciler over every account of the store `pool` reaches, with no
-    /// probe yet, batches of 100 and a pass every 10 seconds.
+    /// probe yet, batches of 100, a pass every 10 seconds, and probes cut
+    /// off after [`Reconciler::DEFAULT_PROBE_TIMEOUT`].
     pub fn new(pool: PgPool) -> Reconciler {
         Reconciler {
             pool,
@@ -188,7 +333,8 @@ impl Reconciler {
             pending_older_than: None,
             batch: 100,
             interval: Duration::from_secs(10),
-            waiting: Mutex::new(HashMap::new()),
+            probe_timeout: Reconciler::DEFAULT_PROBE_TIMEOUT,
+            memory: Mutex::new(Memory::default()),
             #[cfg(feature = "metrics")]
             metrics: MetricsOptions::new(),
         }
@@ -214,7 +360,13 @@ impl Reconciler {
 
     /// Registers the probe of `action`: asked, for each claim of that action
     /// in doubt, what really happened. Claims of actions without a probe are
-    /// left for an operator (`idem claims resolve`).
+    /// never listed, and are left for an operator (`idem claims resolve`).
+    ///
+    /// A probe runs in a task of its own (so it needs a Tokio runtime): one
+    /// that panics, or does not answer within
+    /// [`probe_timeout`](Reconciler::probe_timeout) (it is then cancelled),
+    /// counts as [`Verdict::Unknown`]; a panic is logged at error level with
+    /// the action and the address.
     #[must_use]
     pub fn probe<F, Fut>(mut self, action: impl Into<String>, probe: F) -> Reconciler
     where
@@ -226,19 +378,35 @@ impl Reconciler {
         self
     }
 
+    /// How long one probe may take (default
+    /// [`Reconciler::DEFAULT_PROBE_TIMEOUT`], 30 seconds; at least a
+    /// millisecond): a probe still running then is cancelled, its claim
+    /// stays held, and it is asked again after a pause, as after an
+    /// unknown.
+    #[must_use]
+    pub fn probe_timeout(mut self, timeout: Duration) -> Reconciler {
+        self.probe_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
     /// Also probes `pending` claims created longer than `age` ago, whose
-    /// holder is presumed gone (crashed without a lease). Choose `age` well
-    /// beyond the longest a body runs: a probe that answers for a holder
-    /// still at work races it (the resolution and the holder's settle are
-    /// each applied at most once, but a release lets a retry run while the
-    /// slow holder may still act).
+    /// holder is presumed gone (crashed). A pending claim whose lease is
+    /// live is never probed nor resolved, whatever its age: its holder is
+    /// at work and renewing it (the resolution itself refuses it, should
+    /// the lease be renewed after the claim was listed). A claim without a
+    /// lease cannot show that, so choose `age` well beyond the longest a
+    /// body runs: a probe that answers for a holder still at work races it
+    /// (the resolution and the holder's settle are each applied at most
+    /// once, but a release lets a retry run while the slow holder may still
+    /// act).
     #[must_use]
     pub fn pending_older_than(mut self, age: Duration) -> Reconciler {
         self.pending_older_than = Some(age);
         self
     }
 
-    /// At most `batch` claims are probed per pass (at least 1).
+    /// At most `batch` claims are read, and so probed, per pass (at least
+    /// 1).
     #[must_use]
     pub fn batch(mut self, batch: u32) -> Reconciler {
         self.batch = batch.max(1);
@@ -252,89 +420,43 @@ impl Reconciler {
         self
     }
 
-    /// One pass: finds up to a batch of claims in doubt (and stale pending
-    /// ones, if asked) whose action has a probe and whose last unknown is
-    /// not too recent, asks their probes one after the other, and resolves
-    /// each as its probe says. An error of the store ends the pass.
+    /// One pass: reads the next window of up to a batch of claims in doubt
+    /// (and stale pending ones, if asked) of the actions that have a probe,
+    /// oldest first, from where the last pass stopped; asks the probe of
+    /// each whose last unknown is not too recent, one after the other; and
+    /// resolves each as its probe says. An error of the store ends the
+    /// pass; a verdict it could not record is recorded by a later pass,
+    /// without asking the probe again.
     pub async fn reconcile_once(&self) -> Result<Pass, Error> {
-        let mut pass = Pass::default();
-        let candidates = self.candidates().await?;
-        let now = Instant::now();
-        for row in candidates {
-            if pass.probed == self.batch as usize {
-                break;
-            }
-            let key = waiting_key(&row);
-            if self
-                .lock_waiting()
-                .get(&key)
-                .is_some_and(|(next, _)| *next > now)
-            {
-                continue;
-            }
-            let Some(doubt) = doubt_of(&row) else {
-                // Said once, then left alone for a while: an operator's.
-                self.lock_waiting().insert(
-                    key,
-                    (now + Reconciler::LONGEST_WAIT, Reconciler::LONGEST_WAIT),
-                );
-                continue;
-            };
-            let Some((action, probe)) = self.probes.get_key_value(doubt.identity.action()) else {
-                pass.without_probe += 1;
-                continue;
-            };
-            pass.probed += 1;
-            let verdict = probe(doubt).await;
-            let resolution = match &verdict {
-                Verdict::Succeeded { replay } => Resolution::Succeeded {
-                    output_json: replay.as_deref(),
-                },
-                Verdict::Failed => Resolution::Failed,
-                Verdict::NotHappened => Resolution::Release,
-                Verdict::Unknown => {
-                    pass.unknown += 1;
-                    self.wait_longer(key);
-                    tracing::debug!(
-                        target: "idem",
-                        account = %row.account,
-                        namespace = row.namespace.as_deref(),
-                        address = %row.address,
-                        fence = row.fence,
-                        "reconciler: the probe does not know yet; the claim stays held"
-                    );
-                    continue;
-                }
-            };
-            let by = Resolver {
-                reason: "reconciled",
-                expected_fence: Some(row.fence),
-            };
-            match operations::resolve_as(&self.pool, row.slot(), resolution, by).await? {
-                Resolved::Changed { .. } => {
-                    pass.resolved += 1;
-                    measure::reconciled(action, &row.account, self.labels_account());
-                }
-                _ => pass.lost += 1,
-            }
-            self.lock_waiting().remove(&key);
-        }
-        Ok(pass)
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        let mut stop = Stop {
+            shutdown: never,
+            done: false,
+        };
+        Ok(self.window(&mut stop).await?.pass)
     }
 
     /// Runs passes until `shutdown` completes: one every
-    /// [`interval`](Reconciler::interval), or sooner while full batches
+    /// [`interval`](Reconciler::interval), or sooner while full windows
     /// keep coming; after a store error, with a pause that doubles up to
-    /// [`Reconciler::LONGEST_BACKOFF`]. A pass under way when `shutdown`
-    /// completes is finished first, so no resolution is cut in half.
+    /// [`Reconciler::LONGEST_BACKOFF`]. The shutdown is watched between
+    /// claims and during each probe (a probe under way is cancelled, its
+    /// claim left held); a resolution under way is finished first, so none
+    /// is cut in half.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
+        let mut stop = Stop {
+            shutdown,
+            done: false,
+        };
         let mut backoff = self.interval;
         loop {
-            let pause = match self.reconcile_once().await {
-                Ok(pass) => {
+            let pause = match self.window(&mut stop).await {
+                Ok(window) if window.stopped => return,
+                Ok(window) => {
                     backoff = self.interval;
-                    if pass.probed == self.batch as usize {
+                    if window.full {
                         Duration::ZERO
                     } else {
                         self.interval
@@ -353,42 +475,274 @@ impl Reconciler {
                 }
             };
             tokio::select! {
-                () = &mut shutdown => return,
+                () = stop.requested() => return,
                 () = tokio::time::sleep(pause) => {}
             }
         }
     }
 
-    /// Claims in doubt, then stale pending ones, oldest first.
-    async fn candidates(&self) -> Result<Vec<ClaimRow>, Error> {
-        // More than a batch: some are waiting after an unknown, or have no
-        // probe here.
-        let limit = self.batch.saturating_mul(4);
-        let scope = ScopeFilter {
-            account: self.account.as_deref(),
-            namespace: NamespaceFilter::Any,
-        };
-        let mut rows = operations::list(
-            &self.pool,
-            &ListFilter {
-                scope,
-                state: Some(ClaimState::InDoubt),
-                older_than: None,
-                limit,
-            },
-        )
-        .await?;
-        if let Some(age) = self.pending_older_than {
-            let pending = ListFilter {
-                scope,
-                state: Some(ClaimState::Pending),
-                older_than: Some(age),
-                limit,
-            };
-            rows.extend(operations::list(&self.pool, &pending).await?);
+    /// One pass over the next window, watching `stop`.
+    async fn window<S: Future<Output = ()>>(
+        &self,
+        stop: &mut Stop<'_, S>,
+    ) -> Result<Window, Error> {
+        let mut pass = Pass::default();
+        let rows = self.next_window().await?;
+        let full = rows.len() >= self.batch as usize;
+        let mut last = None;
+        for (row, cursor) in rows {
+            if stop.is_requested() {
+                self.advance(last, false);
+                return Ok(Window {
+                    pass,
+                    full,
+                    stopped: true,
+                });
+            }
+            if let Err(error) = self.reconcile(&row, &mut pass, stop).await {
+                self.advance(last, false);
+                return Err(error);
+            }
+            last = Some(cursor);
         }
-        rows.sort_by_key(|row| row.created_micros);
-        Ok(rows)
+        let stopped = stop.done;
+        self.advance(last, !full && !stopped);
+        Ok(Window {
+            pass,
+            full,
+            stopped,
+        })
+    }
+
+    /// Moves the cursor past the last claim handled; when the window
+    /// reached the newest claim, starts over.
+    fn advance(&self, last: Option<ReconcileCursor>, reached_the_end: bool) {
+        let mut memory = self.lock_memory();
+        if reached_the_end {
+            memory.start_over();
+        } else if let Some(last) = last {
+            memory.cursor = Some(last);
+        }
+    }
+
+    /// The next window: claims of actions with a probe, after the cursor.
+    async fn next_window(&self) -> Result<Vec<(ClaimRow, ReconcileCursor)>, Error> {
+        let mut actions: Vec<Vec<u8>> = self
+            .probes
+            .keys()
+            .map(|action| operations::action_pattern(action))
+            .collect();
+        actions.sort();
+        if actions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let after = self.lock_memory().cursor.clone();
+        let filter = ReconcileFilter {
+            scope: ScopeFilter {
+                account: self.account.as_deref(),
+                namespace: NamespaceFilter::Any,
+            },
+            actions: &actions,
+            pending_older_than: self.pending_older_than,
+            after: after.as_ref(),
+            limit: self.batch,
+        };
+        operations::list_to_reconcile(&self.pool, &filter).await
+    }
+
+    /// Establishes and records the outcome of one listed claim: the verdict
+    /// the store failed to record last time, or its probe's, unless its
+    /// last unknown is too recent.
+    async fn reconcile<S: Future<Output = ()>>(
+        &self,
+        row: &ClaimRow,
+        pass: &mut Pass,
+        stop: &mut Stop<'_, S>,
+    ) -> Result<(), Error> {
+        let key = ClaimKey::of(row);
+        let remembered = self.lock_memory().seen(&key).clone();
+        if remembered
+            .wait
+            .is_some_and(|(next, _)| next > Instant::now())
+        {
+            return Ok(());
+        }
+        let Some(doubt) = doubt_of(row) else {
+            // Said once, then left alone for a while: an operator's.
+            self.lock_memory().seen(&key).wait = Some((
+                Instant::now() + Reconciler::LONGEST_WAIT,
+                Reconciler::LONGEST_WAIT,
+            ));
+            return Ok(());
+        };
+        let Some((action, probe)) = self.probes.get_key_value(doubt.identity.action()) else {
+            // Listed by its action's pattern, so never; counted if it were.
+            pass.without_probe += 1;
+            return Ok(());
+        };
+        let verdict = match remembered.verdict {
+            Some(verdict) => verdict,
+            None => {
+                pass.probed += 1;
+                match self.ask(action, probe, doubt, stop).await {
+                    Asked::Answered(Verdict::Unknown) => {
+                        self.unknown(row, pass, &key, "the probe does not know yet");
+                        return Ok(());
+                    }
+                    Asked::Answered(verdict) => verdict,
+                    Asked::Panicked(message) => {
+                        pass.panicked += 1;
+                        tracing::error!(
+                            target: "idem",
+                            action = %action,
+                            account = %row.account,
+                            namespace = row.namespace.as_deref(),
+                            address = %row.address,
+                            fence = row.fence,
+                            panic = %message,
+                            "reconciler: the probe panicked; the claim stays held and is probed \
+                             again later"
+                        );
+                        self.unknown(row, pass, &key, "the probe panicked");
+                        return Ok(());
+                    }
+                    Asked::TimedOut => {
+                        pass.timed_out += 1;
+                        tracing::warn!(
+                            target: "idem",
+                            action = %action,
+                            account = %row.account,
+                            address = %row.address,
+                            timeout = ?self.probe_timeout,
+                            "reconciler: the probe did not answer in time and was cancelled"
+                        );
+                        self.unknown(row, pass, &key, "the probe did not answer in time");
+                        return Ok(());
+                    }
+                    Asked::Stopped => {
+                        pass.probed -= 1;
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        self.record(action, row, &key, verdict, pass).await
+    }
+
+    /// Records `verdict` for the claim in `row`, trying again (a bounded
+    /// number of times) when the store fails; a verdict still unrecorded
+    /// is kept for the next pass, and the error ends this one.
+    async fn record(
+        &self,
+        action: &str,
+        row: &ClaimRow,
+        key: &ClaimKey,
+        verdict: Verdict,
+        pass: &mut Pass,
+    ) -> Result<(), Error> {
+        let resolution = match &verdict {
+            Verdict::Succeeded { replay } => Resolution::Succeeded {
+                output_json: replay.as_deref(),
+            },
+            Verdict::Failed => Resolution::Failed,
+            // Unknown is never recorded; NotHappened (and any later kind of
+            // definite answer) releases, as "nothing happened" does.
+            _ => Resolution::Release,
+        };
+        let by = Resolver {
+            reason: "reconciled",
+            expected_fence: Some(row.fence),
+        };
+        let mut attempt = 1;
+        let resolved = loop {
+            match operations::resolve_as(&self.pool, row.slot(), resolution, by).await {
+                Ok(resolved) => break resolved,
+                Err(error) if attempt >= Reconciler::RESOLVE_ATTEMPTS => {
+                    tracing::warn!(
+                        target: "idem",
+                        action,
+                        account = %row.account,
+                        address = %row.address,
+                        error = %error,
+                        "reconciler: the store did not record the probe's verdict; a later \
+                         pass records it without asking the probe again"
+                    );
+                    self.lock_memory().seen(key).verdict = Some(verdict);
+                    return Err(error);
+                }
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100) * attempt).await;
+                    attempt += 1;
+                }
+            }
+        };
+        match resolved {
+            Resolved::Changed { .. } => {
+                pass.resolved += 1;
+                measure::reconciled(action, &row.account, self.labels_account());
+            }
+            _ => pass.lost += 1,
+        }
+        self.lock_memory().claims.remove(key);
+        Ok(())
+    }
+
+    /// Asks `probe` about `doubt`, in a task of its own, for at most the
+    /// probe timeout, unless the shutdown comes first.
+    async fn ask<S: Future<Output = ()>>(
+        &self,
+        action: &str,
+        probe: &Probe,
+        doubt: Doubt,
+        stop: &mut Stop<'_, S>,
+    ) -> Asked {
+        let mut task = tokio::spawn(probe(doubt));
+        let joined = tokio::select! {
+            biased;
+            () = stop.requested() => {
+                task.abort();
+                return Asked::Stopped;
+            }
+            joined = tokio::time::timeout(self.probe_timeout, &mut task) => joined,
+        };
+        match joined {
+            Err(_elapsed) => {
+                task.abort();
+                Asked::TimedOut
+            }
+            Ok(Ok(verdict)) => Asked::Answered(verdict),
+            Ok(Err(error)) if error.is_panic() => {
+                Asked::Panicked(panic_message(error.into_panic()))
+            }
+            // Cancelled from outside (the runtime is shutting down): as if
+            // it never answered.
+            Ok(Err(_)) => {
+                tracing::debug!(target: "idem", action, "reconciler: the probe's task was cancelled");
+                Asked::TimedOut
+            }
+        }
+    }
+
+    /// The claim stays held: asked again after a pause that doubles.
+    fn unknown(&self, row: &ClaimRow, pass: &mut Pass, key: &ClaimKey, why: &'static str) {
+        pass.unknown += 1;
+        let mut memory = self.lock_memory();
+        let remembered = memory.seen(key);
+        let pause = remembered
+            .wait
+            .map_or(Reconciler::FIRST_WAIT, |(_, pause)| {
+                (pause * 2).min(Reconciler::LONGEST_WAIT)
+            });
+        remembered.wait = Some((Instant::now() + pause, pause));
+        tracing::debug!(
+            target: "idem",
+            account = %row.account,
+            namespace = row.namespace.as_deref(),
+            address = %row.address,
+            fence = row.fence,
+            pause = ?pause,
+            "reconciler: {why}; the claim stays held"
+        );
     }
 
     /// Whether its metrics carry the label `account`.
@@ -399,18 +753,8 @@ impl Reconciler {
         false
     }
 
-    fn wait_longer(&self, key: String) {
-        let mut waiting = self.lock_waiting();
-        let pause = waiting
-            .get(&key)
-            .map_or(Reconciler::FIRST_WAIT, |(_, pause)| {
-                (*pause * 2).min(Reconciler::LONGEST_WAIT)
-            });
-        waiting.insert(key, (Instant::now() + pause, pause));
-    }
-
-    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Duration)>> {
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock_memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -424,7 +768,19 @@ impl fmt::Debug for Reconciler {
             .field("pending_older_than", &self.pending_older_than)
             .field("batch", &self.batch)
             .field("interval", &self.interval)
+            .field("probe_timeout", &self.probe_timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// The text a panic carried, if it carried text.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(text) => *text,
+        Err(payload) => payload.downcast_ref::<&str>().map_or_else(
+            || "a panic without a message".to_owned(),
+            |text| (*text).to_owned(),
+        ),
     }
 }
 
@@ -457,11 +813,48 @@ fn doubt_of(row: &ClaimRow) -> Option<Doubt> {
     })
 }
 
-fn waiting_key(row: &ClaimRow) -> String {
-    format!(
-        "{}\u{0}{}\u{0}{}",
-        row.account,
-        row.namespace.as_deref().unwrap_or("\u{0}"),
-        row.address
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(address: &str, fence: i64) -> ClaimKey {
+        ClaimKey {
+            account: "acme".into(),
+            namespace: None,
+            address: address.into(),
+            fence,
+        }
+    }
+
+    #[test]
+    fn the_memory_forgets_what_a_whole_cycle_did_not_list() {
+        let mut memory = Memory::default();
+        memory.seen(&key("claim_a", 1)).wait = Some((Instant::now(), Reconciler::LONGEST_WAIT));
+        memory.seen(&key("claim_b", 2)).verdict = Some(Verdict::Failed);
+        memory.start_over();
+        // Cycle 1 lists only claim_a: claim_b (resolved, released) goes.
+        memory.seen(&key("claim_a", 1));
+        memory.start_over();
+        assert_eq!(memory.claims.len(), 1);
+        assert!(memory.claims.contains_key(&key("claim_a", 1)));
+        assert!(memory.cursor.is_none());
+        memory.start_over();
+        assert!(memory.claims.is_empty());
+    }
+
+    #[test]
+    fn a_claim_made_anew_at_an_address_starts_without_its_predecessors_back_off() {
+        let mut memory = Memory::default();
+        let pause = Reconciler::LONGEST_WAIT;
+        memory.seen(&key("claim_a", 1)).wait = Some((Instant::now() + pause, pause));
+        let fresh = memory.seen(&key("claim_a", 7));
+        assert!(fresh.wait.is_none() && fresh.verdict.is_none());
+    }
+
+    #[test]
+    fn a_panic_message_is_read_whatever_its_payload() {
+        assert_eq!(panic_message(Box::new("static text")), "static text");
+        assert_eq!(panic_message(Box::new(String::from("owned"))), "owned");
+        assert_eq!(panic_message(Box::new(7_u8)), "a panic without a message");
+    }
 }

@@ -78,6 +78,7 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("lease_expires_at", false),
     ("state_reason", false),
     ("resolved_at", false),
+    ("in_doubt_since", false),
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.

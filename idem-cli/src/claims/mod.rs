@@ -17,10 +17,11 @@ use sqlx::PgPool;
 
 use crate::cli::ResolveArgs;
 use crate::error::CliError;
+use crate::output::escape;
 use crate::timestamps;
 
 pub use idem_runtime::operations::{ClaimRow, ListFilter, NamespaceFilter, ScopeFilter};
-pub use render::{render_claim, render_list, render_released, render_resolved};
+pub use render::{render_claim, render_count, render_list, render_released, render_resolved};
 
 /// Fails, saying what to do, when `idem_records` is not on the search path.
 pub async fn ensure_table(pool: &PgPool) -> Result<(), CliError> {
@@ -58,6 +59,51 @@ pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow
     operations::list(pool, filter)
         .await
         .map_err(CliError::store("list the claims"))
+}
+
+/// How many claims match `filter`, whatever its limit.
+pub async fn count(pool: &PgPool, filter: &ListFilter<'_>) -> Result<u64, CliError> {
+    operations::count(pool, filter)
+        .await
+        .map_err(CliError::store("count the claims"))
+}
+
+/// The claims [`list`] returned, and how many match in all when that is
+/// more: the list stopped at its limit.
+#[derive(Debug)]
+pub struct Listed {
+    pub claims: Vec<ClaimRow>,
+    /// `Some(total)` only when the list stopped at its limit.
+    pub total_beyond_limit: Option<u64>,
+}
+
+impl Listed {
+    /// The line that says the list was cut, and how to see it all.
+    pub fn cut_note(&self) -> Option<String> {
+        let total = self.total_beyond_limit?;
+        Some(format!(
+            "showing {} of {total} claims (newest first); pass --limit {total} to see them all, \
+             or --count for the number alone",
+            self.claims.len()
+        ))
+    }
+}
+
+/// [`list`], and when it filled its limit, [`count`]: whether more match.
+pub async fn list_counted(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Listed, CliError> {
+    let claims = list(pool, filter).await?;
+    let total_beyond_limit = if claims.len() as u64 >= u64::from(filter.limit) {
+        // Counted after the list: a claim made in between makes the total
+        // larger, never smaller than what was shown.
+        let total = count(pool, filter).await?;
+        (total > claims.len() as u64).then_some(total)
+    } else {
+        None
+    };
+    Ok(Listed {
+        claims,
+        total_beyond_limit,
+    })
 }
 
 /// The one claim at `address` in `scope`: an error when there is none, or
@@ -226,6 +272,12 @@ pub async fn resolve(
             "its fence is {} now (taken over, or released and claimed anew)",
             current.fence
         ))),
+        Resolved::LeaseLive(_) => Err(CliError::Refused(format!(
+            "{what}: its lease is live, so its holder is at work and may settle it at any \
+             moment; nothing resolved. Resolve it only once its lease has run out (`idem claims \
+             show {}` shows it)",
+            claim.address
+        ))),
         other => Err(changed(&format!("{other:?}"))),
     }
 }
@@ -294,18 +346,22 @@ fn reason_in_parentheses(claim: &ClaimRow) -> String {
 
 /// "account acme, no namespace" / "account acme, namespace live".
 pub(crate) fn describe_scope(account: &str, namespace: Option<&str>) -> String {
+    let account = escape(account);
     match namespace {
-        Some(namespace) => format!("account {account}, namespace {namespace}"),
+        Some(namespace) => format!("account {account}, namespace {}", escape(namespace)),
         None => format!("account {account}, no namespace"),
     }
 }
 
 fn describe_filter(account: Option<&str>, namespace: NamespaceFilter<'_>) -> String {
-    let account = account.map_or_else(|| "any account".to_owned(), |a| format!("account {a}"));
+    let account = account.map_or_else(
+        || "any account".to_owned(),
+        |a| format!("account {}", escape(a)),
+    );
     match namespace {
         NamespaceFilter::Any => account,
         NamespaceFilter::Without => format!("{account}, no namespace"),
-        NamespaceFilter::Named(n) => format!("{account}, namespace {n}"),
+        NamespaceFilter::Named(n) => format!("{account}, namespace {}", escape(n)),
     }
 }
 

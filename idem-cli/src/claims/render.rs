@@ -70,6 +70,7 @@ impl Decoded {
             .split_once("parts: ")
             .and_then(|(_, rest)| rest.rsplit_once(", absent: "))
             .map(|(parts, _)| parts);
+        let action = output::escape(action);
         match parts {
             Some(parts) => format!("{action} {parts}"),
             None => self.identity.clone(),
@@ -168,6 +169,14 @@ pub fn render_list(claims: &[ClaimRow], format: Format) -> Result<String, CliErr
     }
 }
 
+/// `claims list --count` output: the number, or `{"count": N}`.
+pub fn render_count(count: u64, format: Format) -> Result<String, CliError> {
+    match format {
+        Format::Json => output::json(&serde_json::json!({ "count": count })),
+        Format::Text => Ok(format!("{count}\n")),
+    }
+}
+
 /// `claims show` output: every field of the row.
 pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError> {
     let decoded = Decoded::of(claim);
@@ -233,7 +242,10 @@ pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError
     let width = fields.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 1;
     Ok(fields
         .iter()
-        .map(|(name, value)| format!("{:<width$} {value}\n", format!("{name}:")))
+        .map(|(name, value)| {
+            let value = output::escape(value);
+            format!("{:<width$} {value}\n", format!("{name}:"))
+        })
         .collect())
 }
 

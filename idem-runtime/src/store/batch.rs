@@ -295,7 +295,8 @@ pub(super) const KEEP_BATCH_ASYNC: PerEngine = on_held!(concat!(keep_set!(), asy
 /// [`SETTLE_BATCH`].
 pub(super) const HOLD_IN_DOUBT_BATCH: PerEngine = on_held!(
     "UPDATE idem_records r \
-     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5 \
+     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5, \
+         in_doubt_since = now() \
      FROM"
 );
 

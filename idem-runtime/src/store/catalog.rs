@@ -23,11 +23,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../../sql/v4.sql"),
     "\n",
-    include_str!("../../sql/v5.sql")
+    include_str!("../../sql/v5.sql"),
+    "\n",
+    include_str!("../../sql/v6.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +53,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(3, include_str!("../../sql/v3.sql")),
     Migration::new(4, include_str!("../../sql/v4.sql")),
     Migration::new(5, include_str!("../../sql/v5.sql")),
+    Migration::new(6, include_str!("../../sql/v6.sql")),
 ];
 
 /// Serialises concurrent set-ups across processes ("idemschm" in ASCII).

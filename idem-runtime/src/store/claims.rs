@@ -274,12 +274,13 @@ pub(super) const KEEP_ASYNC: SplitOnNamespace = per_row!(
 
 /// Holds the holder's pending claim in doubt: its outcome is unknown, so
 /// nobody runs it until a reconciler or an operator resolves it. The lease
-/// is cleared, so it can never be taken over. `$4`: the holder's fence;
-/// `$5`: how it got there (`state_reason`). Index: the partial unique index
-/// of its form.
+/// is cleared, so it can never be taken over; `in_doubt_since` says when it
+/// turned. `$4`: the holder's fence; `$5`: how it got there
+/// (`state_reason`). Index: the partial unique index of its form.
 pub(super) const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
-     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5",
+     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5, \
+         in_doubt_since = now()",
     "state = 'pending' AND fence = $4"
 );
 
@@ -287,10 +288,13 @@ pub(super) const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
 /// one that was seen (`$4`, its fence): for an action whose expiry means
 /// "the outcome is unknown", not "run it again". Of several lookers, one
 /// changes it; a holder that settles first wins, and this then changes
-/// nothing. Index: the partial unique index of its form.
+/// nothing. It has been in doubt since its lease ran out
+/// (`in_doubt_since`), however much later someone looked. Index: the
+/// partial unique index of its form.
 pub(super) const EXPIRE_IN_DOUBT: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
-     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = 'lease_expired'",
+     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = 'lease_expired', \
+         in_doubt_since = lease_expires_at",
     "state = 'pending' AND fence = $4 AND lease_expires_at < now()"
 );
 

@@ -118,7 +118,10 @@ pub struct ListFilter<'a> {
     pub scope: ScopeFilter<'a>,
     /// Only claims in this state.
     pub state: Option<ClaimState>,
-    /// Only claims created longer ago than this, by the database's clock.
+    /// Only claims older than this, by the database's clock: claims in
+    /// doubt by how long they have been in doubt (`in_doubt_since`; for a
+    /// claim that turned before schema version 6, since it was created),
+    /// every other claim by how long ago it was created (or taken over).
     pub older_than: Option<Duration>,
     /// At most this many.
     pub limit: u32,
@@ -235,19 +238,123 @@ impl ScopeFilter<'_> {
     }
 }
 
-/// Lists the claims of a scope, newest first. `$1`, `$2` the scope
-/// ([`scope_test`]); `$3` the state or NULL; `$4` the minimum age in
-/// seconds or NULL; `$5` the limit. Index: none serves the order; within an
-/// account, the partial unique indexes' leading `(account, kind)` narrows
-/// the rows read.
+/// The claims of a scope that [`list`] and [`count`] read, over
+/// `idem_records r`. `$1`, `$2` the scope ([`scope_test`]); `$3` the state
+/// or NULL; `$4` the minimum age in seconds or NULL: for a claim in doubt,
+/// since it went in doubt (`in_doubt_since`, or `created_at` for a row that
+/// turned before that column existed), else since it was created.
+fn list_conditions(scope: &ScopeFilter<'_>) -> String {
+    format!(
+        "r.kind = 'claim' AND {scope} \
+         AND ($3::text IS NULL OR r.state = $3) \
+         AND ($4::float8 IS NULL \
+              OR CASE WHEN r.state = 'in_doubt' THEN coalesce(r.in_doubt_since, r.created_at) \
+                      ELSE r.created_at END \
+                 < now() - make_interval(secs => $4::float8))",
+        scope = scope_test(scope),
+    )
+}
+
+/// Lists the claims of a scope, newest first ([`list_conditions`]); `$5`
+/// the limit. Index: none serves the order; within an account, the partial
+/// unique indexes' leading `(account, kind)` narrows the rows read.
 fn list_statement(scope: &ScopeFilter<'_>) -> String {
     format!(
-        "SELECT {columns} FROM idem_records r \
-         WHERE r.kind = 'claim' AND {scope} \
-           AND ($3::text IS NULL OR r.state = $3) \
-           AND ($4::float8 IS NULL OR r.created_at < now() - make_interval(secs => $4::float8)) \
+        "SELECT {columns} FROM idem_records r WHERE {conditions} \
          ORDER BY r.created_at DESC, r.account, r.namespace NULLS FIRST, r.address \
          LIMIT $5",
+        columns = claim_columns!(),
+        conditions = list_conditions(scope),
+    )
+}
+
+/// Counts the claims [`list_statement`] would list without a limit
+/// ([`list_conditions`]). Index: as [`list_statement`].
+fn count_statement(scope: &ScopeFilter<'_>) -> String {
+    format!(
+        "SELECT count(*) FROM idem_records r WHERE {conditions}",
+        conditions = list_conditions(scope),
+    )
+}
+
+/// Where a reconciler's listing stopped: the sort key of the last claim it
+/// handled ([`list_to_reconcile`] lists the claims after it). `created_at`
+/// as PostgreSQL prints it (ISO, with its offset and every microsecond), so
+/// it reads back exactly, whatever the server's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReconcileCursor {
+    created_at: String,
+    account: String,
+    address: String,
+    /// The namespace, `""` for none: the order sorts them together, and
+    /// a tie on the whole key (one address claimed without a namespace
+    /// and in the namespace `""`, in the same microsecond) is the only
+    /// case a window boundary can pass over; the next cycle finds it.
+    namespace: String,
+}
+
+/// The claims a reconciler probes: of the actions it has probes for, in
+/// doubt, or pending and older than `pending_older_than` with no live
+/// lease, after `after` in the order (oldest first), at most `limit`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReconcileFilter<'a> {
+    pub(crate) scope: ScopeFilter<'a>,
+    /// [`action_pattern`] of each action with a probe.
+    pub(crate) actions: &'a [Vec<u8>],
+    pub(crate) pending_older_than: Option<Duration>,
+    pub(crate) after: Option<&'a ReconcileCursor>,
+    pub(crate) limit: u32,
+}
+
+/// A `LIKE` pattern (over `bytea`) that the canonical identity of every
+/// claim of `action` matches, and no other: the encoding of the action
+/// alone is the prefix of each of its identities (its length is part of
+/// it, so `charge` never matches `charge_refund`), with `\`, `%` and `_`
+/// escaped wherever they fall (in the name, or in its length's bytes).
+pub(crate) fn action_pattern(action: &str) -> Vec<u8> {
+    let prefix = crate::identity::Identity::new(action);
+    let mut pattern = Vec::with_capacity(prefix.canonical().len() + 8);
+    for &byte in prefix.canonical() {
+        if matches!(byte, b'\\' | b'%' | b'_') {
+            pattern.push(b'\\');
+        }
+        pattern.push(byte);
+    }
+    pattern.push(b'%');
+    pattern
+}
+
+/// The text of [`list_to_reconcile`]. `$1`, `$2` the scope
+/// ([`scope_test`]); `$3` the actions' patterns; `$4` the minimum age of a
+/// pending claim in seconds, or NULL for none; `$5`..`$8` the cursor
+/// (`$5` NULL: from the start); `$9` the limit.
+///
+/// Oldest first, by a keyset cursor, so that a window moves on across
+/// passes: claims whose probe keeps saying unknown cannot fill it every
+/// time, and the claims of actions without a probe are never read at all.
+/// A pending claim whose lease is live has a living holder and is not
+/// listed (and the resolution refuses it anyway: `NO_LIVE_LEASE`).
+///
+/// Index: no index serves the order (there is none on `created_at`, and
+/// adding one to every installation for the reconciler's sake is a schema
+/// change of its own); within an account, the partial unique indexes'
+/// leading `(account, kind)` narrows the rows read, and the cursor and the
+/// limit bound what is sorted and sent. It finds no row by address, so it
+/// is not among the `index_use` cases, like [`list_statement`].
+fn reconcile_statement(scope: &ScopeFilter<'_>) -> String {
+    format!(
+        "SELECT {columns}, r.created_at::text AS cursor_created_at FROM idem_records r \
+         WHERE r.kind = 'claim' AND {scope} \
+           AND r.identity LIKE ANY ($3::bytea[]) \
+           AND (r.state = 'in_doubt' \
+                OR ($4::float8 IS NOT NULL AND r.state = 'pending' \
+                    AND r.created_at < now() - make_interval(secs => $4::float8) \
+                    AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()))) \
+           AND ($5::timestamptz IS NULL \
+                OR (r.created_at, r.account, r.address, coalesce(r.namespace, '')) \
+                   > ($5::timestamptz, $6::text, $7::text, $8::text)) \
+         ORDER BY r.created_at, r.account, r.address, coalesce(r.namespace, '') \
+         LIMIT $9",
         columns = claim_columns!(),
         scope = scope_test(scope),
     )
@@ -290,9 +397,26 @@ pub(super) const LOCK_FOR_RESOLVE: SplitOnNamespace = per_row!(
     "FOR UPDATE"
 );
 
+/// The test, in a resolution's `WHERE`, that its claim is not a pending one
+/// whose lease is live: such a claim has a living holder, which renews it,
+/// and may settle it at any moment; resolving it (above all releasing it)
+/// would let a retry run beside that holder. A claim in doubt has no lease
+/// (it was cleared when it turned); a pending claim without one (`NULL`)
+/// can never show its holder alive, so it is left to the resolver's
+/// judgement (`pending_older_than`, an operator). The statement decides,
+/// under the row's lock, not the listing that chose the claim: the lease may
+/// have been renewed in between.
+///
+/// (Spelled out in each statement, which `per_row!` wants as one literal; a
+/// unit test checks that each carries it.)
+#[cfg(test)]
+const NO_LIVE_LEASE: &str =
+    "(state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())";
+
 /// Every resolution is a compare-and-swap matched on `state IN ('pending',
 /// 'in_doubt') AND fence = $4`: still pending or in doubt (never a success,
-/// never a kept failure) under the fence that was read.
+/// never a kept failure) under the fence that was read; and never a pending
+/// claim whose lease is live (`NO_LIVE_LEASE`).
 ///
 /// Resolves a claim as a success: the slot keeps `$5` (the output to
 /// replay, as JSON text, or NULL) forever. `$4` the fence; `$6` how it got
@@ -301,7 +425,8 @@ pub(super) const RESOLVE_SUCCEEDED: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), resolved_at = now(), lease_expires_at = NULL, \
          output_json = $5, state_reason = $6",
-    "state IN ('pending', 'in_doubt') AND fence = $4"
+    "state IN ('pending', 'in_doubt') AND fence = $4 \
+     AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
 /// Resolves a claim as a definite failure, kept: duplicates are refused.
@@ -311,7 +436,8 @@ pub(super) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'failed', settled_at = now(), resolved_at = now(), lease_expires_at = NULL, \
          state_reason = $5",
-    "state IN ('pending', 'in_doubt') AND fence = $4"
+    "state IN ('pending', 'in_doubt') AND fence = $4 \
+     AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
 /// Resolves a claim by deleting it: nothing happened, and the next
@@ -319,10 +445,12 @@ pub(super) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
 /// index of its form.
 pub(super) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
     "DELETE FROM idem_records",
-    "state IN ('pending', 'in_doubt') AND fence = $4"
+    "state IN ('pending', 'in_doubt') AND fence = $4 \
+     AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
-/// The claims matching `filter`, newest first.
+/// The claims matching `filter`, newest first, at most `filter.limit` of
+/// them: [`count`] says how many match in all.
 pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow>, Error> {
     let (account, namespace) = filter.scope.params();
     let statement = list_statement(&filter.scope);
@@ -334,6 +462,55 @@ pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow
         .bind(i64::from(filter.limit))
         .fetch_all(pool)
         .await?)
+}
+
+/// How many claims match `filter`, whatever its limit: what [`list`]
+/// would return without one.
+pub async fn count(pool: &PgPool, filter: &ListFilter<'_>) -> Result<u64, Error> {
+    let (account, namespace) = filter.scope.params();
+    let count: i64 = sqlx::query_scalar(AssertSqlSafe(count_statement(&filter.scope)))
+        .bind(account)
+        .bind(namespace)
+        .bind(filter.state.map(ClaimState::as_str))
+        .bind(filter.older_than.map(|age| age.as_secs_f64()))
+        .fetch_one(pool)
+        .await?;
+    Ok(u64::try_from(count).unwrap_or(0))
+}
+
+/// The claims a reconciler asks its probes about ([`ReconcileFilter`]),
+/// oldest first, each with the cursor that lists the claims after it.
+pub(crate) async fn list_to_reconcile(
+    pool: &PgPool,
+    filter: &ReconcileFilter<'_>,
+) -> Result<Vec<(ClaimRow, ReconcileCursor)>, Error> {
+    let (account, namespace) = filter.scope.params();
+    let after = filter.after;
+    let rows = sqlx::query(AssertSqlSafe(reconcile_statement(&filter.scope)))
+        .bind(account)
+        .bind(namespace)
+        .bind(filter.actions)
+        .bind(filter.pending_older_than.map(|age| age.as_secs_f64()))
+        .bind(after.map(|c| c.created_at.as_str()))
+        .bind(after.map(|c| c.account.as_str()))
+        .bind(after.map(|c| c.address.as_str()))
+        .bind(after.map(|c| c.namespace.as_str()))
+        .bind(i64::from(filter.limit))
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let claim = ClaimRow::from_row(row)?;
+            let cursor = ReconcileCursor {
+                created_at: sqlx::Row::try_get(row, "cursor_created_at")?,
+                account: claim.account.clone(),
+                address: claim.address.clone(),
+                namespace: claim.namespace.clone().unwrap_or_default(),
+            };
+            Ok((claim, cursor))
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Error::from)
 }
 
 /// Every claim at `address` in `scope`, by account then namespace: none,
@@ -447,6 +624,11 @@ pub enum Resolved {
         /// The fence the resolver expected.
         expected: i64,
     },
+    /// The claim is pending and its lease is live: its holder is at work
+    /// (it renews the lease, or still may) and can settle it at any moment,
+    /// so nothing was changed. A claim whose holder is gone stops renewing:
+    /// resolve it once its lease has run out.
+    LeaseLive(ClaimRow),
 }
 
 /// Resolves the claim in `slot` as an operator would: `state_reason`
@@ -463,7 +645,8 @@ pub async fn resolve(
 /// Resolves the claim in `slot` as `resolution` says, only while it is
 /// `pending` or `in_doubt` (and, if `resolver` expects one, under that
 /// fence): exactly once, however many resolvers race, and never over a
-/// success or a kept failure.
+/// success or a kept failure. A pending claim whose lease is live has a
+/// living holder and is never changed ([`Resolved::LeaseLive`]).
 ///
 /// The claim is locked and read, then changed by a statement matched on
 /// what was read (its state, its fence), in one transaction: what comes
@@ -537,10 +720,12 @@ pub async fn resolve_as(
             .for_row(scope, slot.address)
             .bind(before.fence),
     };
-    // Under the lock, the row is the one just read: the match cannot miss.
-    // Were it to, nothing is committed, and the caller hears so.
+    // Under the lock, the row is the one just read, its state and fence
+    // checked above: only a live lease makes the match miss (the statement
+    // decides it, by the database's clock, whatever the listing saw).
+    // Nothing is committed then, and the caller hears so.
     if statement.execute(&mut *tx).await?.rows_affected() != 1 {
-        return Ok(Resolved::NotResolvable(before));
+        return Ok(Resolved::LeaseLive(before));
     }
     tx.commit().await?;
     let after = resolution.state_after();
@@ -561,6 +746,37 @@ pub async fn resolve_as(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_resolution_refuses_a_pending_claim_whose_lease_is_live() {
+        for statement in [RESOLVE_SUCCEEDED, RESOLVE_FAILED, RESOLVE_RELEASE] {
+            for text in [statement.without_namespace, statement.within_namespace] {
+                assert!(text.contains(NO_LIVE_LEASE), "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_action_pattern_matches_its_identities_only() {
+        let pattern = action_pattern("a_%\\b");
+        // Every `\`, `%`, `_` of the encoding is escaped, and one `%` ends it.
+        let unescaped = pattern
+            .iter()
+            .zip(pattern.iter().skip(1))
+            .filter(|(before, byte)| **before != b'\\' && matches!(**byte, b'%' | b'_'))
+            .count();
+        assert_eq!(unescaped, 1, "{pattern:?}");
+        assert_eq!(pattern.last(), Some(&b'%'));
+        // A length byte that is `%` (37) or `_` (95) is escaped too.
+        for length in [37, 92, 95] {
+            let action = "x".repeat(length);
+            let pattern = action_pattern(&action);
+            let canonical = crate::identity::Identity::new(action.as_str())
+                .canonical()
+                .len();
+            assert_eq!(pattern.len(), canonical + 2, "length {length}");
+        }
+    }
 
     #[test]
     fn every_scope_filter_binds_both_parameters_with_a_type() {
