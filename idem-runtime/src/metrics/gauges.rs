@@ -54,7 +54,7 @@ pub struct GaugeSample {
     pub in_doubt: u64,
     /// The age of the oldest pending claim, if any.
     pub oldest_pending_age: Option<Duration>,
-    /// The age of the oldest claim in doubt, if any.
+    /// How long the oldest claim in doubt has been in doubt, if any.
     pub oldest_in_doubt_age: Option<Duration>,
 }
 

@@ -47,7 +47,7 @@
 //! | `idem_stale_pending_claims` | gauge | (`account`) | pending claims older than the age [`Gauges`] was given |
 //! | `idem_claims_in_doubt` | gauge | (`account`) | claims in doubt, waiting for a reconciler or an operator |
 //! | `idem_oldest_pending_claim_age_seconds` | gauge | (`account`) | the age of the oldest pending claim; 0 when there is none |
-//! | `idem_oldest_in_doubt_claim_age_seconds` | gauge | (`account`) | the age of the oldest claim in doubt; 0 when there is none |
+//! | `idem_oldest_in_doubt_claim_age_seconds` | gauge | (`account`) | how long the oldest claim in doubt has been in doubt (since it went in doubt); 0 when there is none |
 //!
 //! Every label is bounded: `action` is the first argument of
 //! [`Identity::new`](crate::Identity::new) (the function's name, under

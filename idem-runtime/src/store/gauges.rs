@@ -8,7 +8,8 @@ use sqlx::{PgExecutor, Row};
 /// The columns both forms of the statement return. Conditional aggregates
 /// (`CASE` inside `count` and `min`), not `FILTER`, so that Citus combines
 /// them across shards like any `count` and `min`. `$1` the age, in seconds,
-/// past which a pending claim counts.
+/// past which a pending claim counts. A claim in doubt is as old as its
+/// doubt (`in_doubt_since`; `created_at` for a row from before that column).
 macro_rules! gauges_over {
     ($scope:literal) => {
         concat!(
@@ -19,7 +20,8 @@ macro_rules! gauges_over {
                  count(CASE WHEN state = 'in_doubt' THEN 1 END) AS in_doubt, \
                  extract(epoch FROM now() - min(CASE WHEN state = 'pending' THEN created_at END)) \
                      ::float8 AS oldest_pending_seconds, \
-                 extract(epoch FROM now() - min(CASE WHEN state = 'in_doubt' THEN created_at END)) \
+                 extract(epoch FROM now() - min(CASE WHEN state = 'in_doubt' \
+                     THEN coalesce(in_doubt_since, created_at) END)) \
                      ::float8 AS oldest_in_doubt_seconds \
              FROM idem_records \
              WHERE kind = 'claim' AND state IN ('pending', 'in_doubt')",
