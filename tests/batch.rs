@@ -647,11 +647,9 @@ fn planned_batch(messages: &[Planned]) -> Batch<Planned> {
     let mut batch = Batch::new();
     for &message in messages {
         match message.2 {
-            Some(payload) => batch.push_fingerprinted(
-                message,
-                id(message.0),
-                Fingerprint::new().part(payload),
-            ),
+            Some(payload) => {
+                batch.push_fingerprinted(message, id(message.0), Fingerprint::new().part(payload))
+            }
             None => batch.push(message, id(message.0)),
         };
     }
@@ -708,7 +706,10 @@ async fn replayed_duplicates(gate: &Gate, one_by_one: bool) -> Vec<String> {
         let answer = if key == "r_failed" && failing.fetch_add(1, Ordering::SeqCst) == 0 {
             Err(JobError::Failed)
         } else {
-            Ok(format!("{key} answered at {}", failing.load(Ordering::SeqCst)))
+            Ok(format!(
+                "{key} answered at {}",
+                failing.load(Ordering::SeqCst)
+            ))
         };
         async move { answer }
     };
@@ -729,10 +730,7 @@ async fn replayed_duplicates(gate: &Gate, one_by_one: bool) -> Vec<String> {
 /// Asserts that a batch of the duplicate cases answers each copy as the
 /// oracle does, on gates that `gate` makes (uncached, or cached alike).
 async fn duplicates_answer_as_one_by_one(gate: impl Fn(Gate) -> Gate) {
-    let (batch, oracle) = (
-        gate(testing::gate().await),
-        gate(testing::gate().await),
-    );
+    let (batch, oracle) = (gate(testing::gate().await), gate(testing::gate().await));
     let (answers, runs) = disposed_as_a_batch(&batch, &DUPLICATES).await;
     let (expected, expected_runs) = disposed_one_by_one(&oracle, &DUPLICATES).await;
     for (i, (answer, expected)) in answers.iter().zip(&expected).enumerate() {
@@ -749,10 +747,7 @@ async fn duplicates_answer_as_one_by_one(gate: impl Fn(Gate) -> Gate) {
     let (expected_again, _) = disposed_one_by_one(&oracle, &DUPLICATES).await;
     assert_eq!(again, expected_again, "redelivered");
 
-    let (batch, oracle) = (
-        gate(testing::gate().await),
-        gate(testing::gate().await),
-    );
+    let (batch, oracle) = (gate(testing::gate().await), gate(testing::gate().await));
     assert_eq!(
         replayed_duplicates(&batch, false).await,
         replayed_duplicates(&oracle, true).await,
@@ -780,7 +775,12 @@ async fn an_outcome_cache_never_changes_the_answers_to_copies_in_a_batch() {
 async fn a_lookup_whose_reply_is_lost_still_runs_the_won_items() {
     let (proxy, gate) = gate_behind_a_proxy(2).await;
     let done = keys("looked_done", 0..3);
-    assert!(run_noop(&gate, batch_of(&done)).await.iter().all(Result::is_ok));
+    assert!(
+        run_noop(&gate, batch_of(&done))
+            .await
+            .iter()
+            .all(Result::is_ok)
+    );
     let fresh = keys("looked_fresh", 0..3);
     let mixed: Vec<String> = done
         .iter()
@@ -866,7 +866,10 @@ async fn no_queued_body_starts_on_a_lease_that_ran_out() {
     let (results, rival) = tokio::join!(batch, rival);
     let started = started_live.into_inner().unwrap_or_else(|e| e.into_inner());
     for (key, live) in &started {
-        assert!(live, "{key}'s body started on a lease that had run out: {started:?}");
+        assert!(
+            live,
+            "{key}'s body started on a lease that had run out: {started:?}"
+        );
     }
     let runs = ledger.runs();
     for key in &keys {
@@ -910,7 +913,12 @@ async fn a_panicking_body_holds_only_its_own_item() {
         Some("body 4 panics"),
         "the body's panic reaches the caller, as from Gate::run"
     );
-    assert_eq!(ledger.runs().len(), 10, "every body ran: {:?}", ledger.runs());
+    assert_eq!(
+        ledger.runs().len(),
+        10,
+        "every body ran: {:?}",
+        ledger.runs()
+    );
     for key in &keys {
         let expected = match key.as_str() {
             "panics_4" => Some("pending"),
@@ -954,7 +962,9 @@ async fn a_holder_whose_lease_ran_out_into_doubt_is_told_what_happened() {
         let (gate, mode) = (&gate, &mode);
         async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            gate.claim_with(&id(key), mode).await.map(|claim| claim.fence())
+            gate.claim_with(&id(key), mode)
+                .await
+                .map(|claim| claim.fence())
         }
     };
     let slow = || async {
@@ -987,7 +997,11 @@ async fn a_holder_whose_lease_ran_out_into_doubt_is_told_what_happened() {
             "{what}: nobody took the claim over, the body ran once and its success is \
              recorded: {result:?}"
         );
-        assert_eq!(state(&gate, key).await.as_deref(), Some("success"), "{what}");
+        assert_eq!(
+            state(&gate, key).await.as_deref(),
+            Some("success"),
+            "{what}"
+        );
         assert!(
             events.iter().any(|e| matches!(e, GateEvent::Settled)),
             "{what}: {events:?}"

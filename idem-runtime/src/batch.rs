@@ -13,6 +13,10 @@
 //!    statement, and each is judged by the rules every duplicate is judged
 //!    by: in flight, done (or replayed), failed for good, in doubt, another
 //!    payload, a lease that ran out (taken over, or turned in doubt).
+//!    Should that lookup fail after the claim committed, the won items
+//!    still run (their rows are this batch's: left alone they would stay
+//!    pending with nobody holding them) and only the lost ones are refused
+//!    with the lookup's error ([`Rejected::Unavailable`] for an outage).
 //! 2. **Run**: the won items' bodies, at most
 //!    [`concurrency`](Batch::concurrency) at a time (one by default, in the
 //!    batch's order). A body that is not won is never called.
@@ -495,8 +499,8 @@ fn answer<R>(
 /// The statements of the claim: one insert for every item of `to_claim`,
 /// then one lookup of the holders of those it lost, each then judged (which
 /// may take a statement of its own: a lease that ran out). Per item, the
-/// attempt, or the refusal a statement of its own met. `Err`: the insert or
-/// the lookup failed, and no item is decided.
+/// attempt, or the refusal a statement of its own (or the lookup) met.
+/// `Err`: the insert failed, and no item is decided.
 async fn claim_in_store<'i>(
     slots: &Slots,
     contenders: &[Contender<'_>],
@@ -533,14 +537,20 @@ async fn claim_in_store<'i>(
         .map(|item| item.address)
         .filter(|address| !won.contains_key(*address))
         .collect();
-    let mut holders: HashMap<String, store::Existing> = if lost.is_empty() {
-        HashMap::new()
+    // The claim committed: the won rows are ours whatever the lookup meets.
+    // Should it fail, the won items still run (leaving them pending, with
+    // nobody holding them, would strand them) and only the lost ones, whose
+    // holders are unknown, are refused.
+    let (mut holders, unknown) = if lost.is_empty() {
+        (HashMap::new(), None)
     } else {
-        store::lookup_batch(&mut *conn, slots.engine(), scope, &lost, want_output)
-            .await
-            .map_err(failed)?
-            .into_iter()
-            .collect()
+        match store::lookup_batch(&mut *conn, slots.engine(), scope, &lost, want_output).await {
+            Ok(holders) => (holders.into_iter().collect(), None),
+            Err(error) => (
+                HashMap::new(),
+                Some(lookup_failed(slots, lost.len(), error)),
+            ),
+        }
     };
     tracing::debug!(
         target: "idem",
@@ -555,6 +565,9 @@ async fn claim_in_store<'i>(
         let contender = &contenders[index];
         let attempt = if let Some(&fence) = won.get(contender.address()) {
             Ok(Attempt::Won(Fenced::new(fence)))
+        } else if let Some(rejected) = &unknown {
+            contender.refused(rejected);
+            Err(rejected.clone())
         } else {
             match holders.remove(contender.address()) {
                 Some(existing) => contender
@@ -593,6 +606,24 @@ fn batch_failed(slots: &Slots, items: usize, error: sqlx::Error) -> Rejected {
         items,
         error = %rejected,
         "{message}"
+    );
+    rejected
+}
+
+/// The lookup of the holders of a batch's lost items failed, after its
+/// claim committed: those items are refused with what this says (an outage,
+/// or an error of the request); the won ones run.
+fn lookup_failed(slots: &Slots, lost: usize, error: sqlx::Error) -> Rejected {
+    let rejected = Rejected::from_store(error);
+    tracing::error!(
+        target: "idem",
+        account = slots.account(),
+        namespace = slots.namespace(),
+        lost,
+        outage = rejected.is_outage(),
+        error = %rejected,
+        "looking up the holders of the batch's lost items failed: those are refused, \
+         the won items run"
     );
     rejected
 }

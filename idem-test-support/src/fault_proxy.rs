@@ -391,7 +391,12 @@ async fn frontend(
             b'P' => parsed = message.sql(),
             b'E' => executed = parsed.as_deref().and_then(|sql| shared.armed_by(sql)),
             b'S' => syncs.mark(executed.take()),
-            b'Q' => syncs.mark(message.sql().as_deref().and_then(|sql| shared.armed_by(sql))),
+            b'Q' => syncs.mark(
+                message
+                    .sql()
+                    .as_deref()
+                    .and_then(|sql| shared.armed_by(sql)),
+            ),
             _ => {}
         }
         // Marked before it is forwarded: the server cannot answer it sooner.
