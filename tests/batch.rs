@@ -961,14 +961,14 @@ async fn a_holder_whose_lease_ran_out_into_doubt_is_told_what_happened() {
     let duplicate = |key: &'static str| {
         let (gate, mode) = (&gate, &mode);
         async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
             gate.claim_with(&id(key), mode)
                 .await
                 .map(|claim| claim.fence())
         }
     };
     let slow = || async {
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
         Ok::<_, JobError>("charged")
     };
 

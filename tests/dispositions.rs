@@ -238,11 +238,11 @@ async fn a_late_success_settles_a_claim_its_expiry_turned_in_doubt() {
         Err(Rejected::InDoubt)
     ));
     // The slow holder finishes after all: its success is the outcome nobody
-    // knew, and is kept; the holder hears its lease ran out.
-    assert!(matches!(
-        slow.settle().await,
-        Err(Rejected::LeaseLost { .. })
-    ));
+    // knew, and is kept. Nobody took the claim over (it was only held), so
+    // the holder ran the action alone and is told it settled, not that
+    // another invocation may have run it too (issue 25, item 18).
+    let settled = slow.settle().await;
+    assert!(matches!(settled, Ok(())), "{settled:?}");
     assert_eq!(
         rows::row_state(&gate, &id.address()).await.as_deref(),
         Some("success")

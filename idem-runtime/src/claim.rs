@@ -168,7 +168,9 @@ impl Claim {
     /// happened is never forgotten), and the error says what happened:
     /// [`Rejected::LeaseLost`] (its lease ran out and another invocation
     /// took it over) or [`Rejected::ClaimLost`] (someone released or removed
-    /// it).
+    /// it). A claim whose lease ran out into doubt (`on_expiry =
+    /// "in_doubt"`) that nobody took over is still this holder's alone: the
+    /// success is recorded over the hold, and the settle returns `Ok`.
     pub async fn settle(self) -> Result<(), Rejected> {
         let Some(pool) = self.pool() else {
             return Ok(());
@@ -547,6 +549,17 @@ impl Held {
                 }
                 // An earlier attempt of this very settle committed.
                 Some(row) if row.settled && row.fence == self.fence => return Ok(()),
+                // Turned in doubt when its lease ran out (`on_expiry =
+                // "in_doubt"`), and nobody took it over (the fence is still
+                // ours): this holder alone ran the action, and its success
+                // is the outcome the slot was held for. Recorded over the
+                // hold, it is this caller's plain success.
+                Some(row) if row.state == "in_doubt" && row.fence == self.fence => {
+                    if self.settle_own_hold(via, output).await? {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 // Resolved as a definite failure by a reconciler or an
                 // operator meanwhile: a resolution stands, and is theirs to
                 // correct (`idem claims show` says who resolved it).
@@ -576,6 +589,37 @@ impl Held {
             None,
         );
         Err(self.claim_lost())
+    }
+
+    /// Writes this holder's success over its own claim, held in doubt
+    /// under its fence since its lease ran out. `false`: the row changed
+    /// between the look and the write.
+    async fn settle_own_hold(
+        &self,
+        via: &mut Via<'_>,
+        output: Option<&str>,
+    ) -> Result<bool, Rejected> {
+        let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
+        let late = LateSuccess {
+            identity: self.identity.canonical(),
+            fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
+            output,
+        };
+        // Matched on the fence: a repeat changes nothing.
+        let written: Result<bool, sqlx::Error> = repeat_recording!(via, |conn| {
+            store::settle_over(&mut *conn, scope, address, fence, late).await
+        });
+        let written = written.map_err(Rejected::from_store)?;
+        if written {
+            self.event(
+                tracing::Level::WARN,
+                "the lease ran out while the body ran and the claim was held in doubt, but \
+                 nobody took it over: the success is recorded over the hold",
+                None,
+            );
+            self.remember(Recording::Success { output }, via);
+        }
+        Ok(written)
     }
 
     /// Writes this holder's success into the slot it no longer holds: over
