@@ -293,8 +293,9 @@ async fn each_item_gets_what_gate_run_would_give_it() {
     assert!(matches!(results[4], Ok(5)), "{results:?}");
     assert_refused!(
         results[5],
-        Rejected::InFlight,
-        "the same identity twice in a batch runs once: {results:?}"
+        Rejected::AlreadyDone,
+        "the same identity twice in a batch runs once, and the second copy is told what \
+         Gate::run would tell it after the first: {results:?}"
     );
     assert!(
         matches!(results[6], Ok(7)),

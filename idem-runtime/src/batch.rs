@@ -30,6 +30,22 @@
 //! every statement visits its rows in address order. Each item's result is
 //! what [`Gate::run`] would have returned for it, in the batch's order.
 //!
+//! # The same identity twice in a batch
+//!
+//! A later copy of an identity (a message delivered twice into one batch)
+//! gets what [`Gate::run`] gives a duplicate made once the earlier copy has
+//! finished: the batch runs in passes, the first copy of every slot in the
+//! first, the second copies in the next, each pass claimed after the one
+//! before it is recorded. So the second copy of a success is told
+//! [`Rejected::AlreadyDone`] (or, replayed, handed the value), of a kept
+//! failure [`Rejected::AlreadyFailed`], of one held in doubt
+//! [`Rejected::InDoubt`]; a copy with another payload is refused
+//! [`Rejected::KeyReused`]; and the copy of a failure that released its
+//! slot runs, within this batch, as a redelivery would. An
+//! [`OutcomeCache`](crate::cache::OutcomeCache) changes none of these
+//! answers. A batch without repeats is one pass, and costs what it always
+//! did; each further pass costs a claim and its outcomes again.
+//!
 //! ```no_run
 //! # async fn demo(gate: idem_runtime::Gate) {
 //! use idem_runtime::batch::Batch;
@@ -233,7 +249,9 @@ impl Gate {
     /// Returns, in the batch's order, what [`Gate::run`] would have
     /// returned for each item: the body's output when it ran (a success
     /// settles the slot, a failure releases it), or the [`Rejected`] that
-    /// refused it, converted into `E`.
+    /// refused it, converted into `E`. A later copy of an identity is
+    /// answered as a duplicate made after the earlier copy finished (see
+    /// [the module docs](crate::batch#the-same-identity-twice-in-a-batch)).
     pub async fn run_batch<M, T, E, F, Fut>(&self, batch: Batch<M>, body: F) -> Vec<Result<T, E>>
     where
         F: FnMut(M) -> Fut,
@@ -290,8 +308,15 @@ enum Fate<R> {
     Answered(R),
 }
 
-/// The batch's run: claim, run the won bodies, record. See the module docs.
-async fn run<M, R, F, Fut>(slots: &Slots, batch: Batch<M>, outcome: OutcomeOf<R>, body: F) -> Vec<R>
+/// The batch's run: claim, run the won bodies, record, one pass for the
+/// first copy of each slot, then one for the second copies, and so on. See
+/// the module docs.
+async fn run<M, R, F, Fut>(
+    slots: &Slots,
+    batch: Batch<M>,
+    outcome: OutcomeOf<R>,
+    mut body: F,
+) -> Vec<R>
 where
     F: FnMut(M) -> Fut,
     Fut: Future<Output = R>,
@@ -301,40 +326,91 @@ where
         mode,
         concurrency,
     } = batch;
-    let (messages, claimed): (Vec<M>, Vec<Claimed>) = items
-        .into_iter()
-        .map(|item| {
-            let digest = item.fingerprint.as_ref().map(Fingerprint::digest);
-            (
-                item.message,
-                Claimed {
-                    identity: item.identity,
-                    fingerprint: item.fingerprint,
-                    digest,
-                },
-            )
-        })
-        .unzip();
-    let fates = claim(slots, &claimed, &mode, &outcome).await;
-    let mut results: Vec<Option<R>> = Vec::with_capacity(fates.len());
-    let mut won = Vec::new();
-    for ((index, fate), message) in fates.into_iter().enumerate().zip(messages) {
-        match fate {
-            Fate::Run(claim) => {
-                results.push(None);
-                won.push((index, claim, message));
-            }
-            Fate::Answered(answer) => results.push(Some(answer)),
+    let mut results: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    for pass in passes(items) {
+        let answered = run_pass(slots, pass, &mode, &outcome, &mut body, concurrency).await;
+        for (index, output) in answered {
+            results[index] = Some(output);
         }
-    }
-    let ran = run_bodies(won, body, concurrency).await;
-    for (index, output) in record(slots, ran, &outcome, concurrency).await {
-        results[index] = Some(output);
     }
     results
         .into_iter()
         .map(|result| result.unwrap_or_else(|| unreachable_result(&outcome)))
         .collect()
+}
+
+/// An item of a pass: its index in the batch, its message, how it is
+/// claimed.
+type Queued<M> = (usize, M, Claimed);
+
+/// The batch's items in passes: the first pass holds the first copy of
+/// each slot (and every absent identity, which has none), the second the
+/// second copies, and so on, each in the batch's order.
+///
+/// A later copy of a slot (the same identity twice in a batch, or two
+/// identities whose addresses collide) is a duplicate of an earlier one,
+/// and gets what [`Gate::run`] gives a duplicate made once the earlier one
+/// has finished: its pass is claimed after the earlier pass is recorded,
+/// by the same statements, so a settled slot answers it `AlreadyDone` (or,
+/// replayed, the value), a kept failure `AlreadyFailed`, a claim in doubt
+/// `InDoubt`, another payload `KeyReused`, and a released one runs it again
+/// within this batch, as a redelivery would. A batch without repeats is one
+/// pass and costs what it always did.
+fn passes<M>(items: Vec<Item<M>>) -> Vec<Vec<Queued<M>>> {
+    let mut passes: Vec<Vec<Queued<M>>> = Vec::new();
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for (index, item) in items.into_iter().enumerate() {
+        let pass = if item.identity.is_absent() {
+            0
+        } else {
+            let copy = copies.entry(item.identity.address()).or_insert(0);
+            *copy += 1;
+            *copy - 1
+        };
+        if passes.len() <= pass {
+            passes.resize_with(pass + 1, Vec::new);
+        }
+        let digest = item.fingerprint.as_ref().map(Fingerprint::digest);
+        let claimed = Claimed {
+            identity: item.identity,
+            fingerprint: item.fingerprint,
+            digest,
+        };
+        passes[pass].push((index, item.message, claimed));
+    }
+    passes
+}
+
+/// One pass of the batch (no two of its items share a slot): claim, run
+/// the won bodies, record. Per item, its index and what the caller gets.
+async fn run_pass<M, R, F, Fut>(
+    slots: &Slots,
+    pass: Vec<Queued<M>>,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+    body: &mut F,
+    concurrency: usize,
+) -> Vec<(usize, R)>
+where
+    F: FnMut(M) -> Fut,
+    Fut: Future<Output = R>,
+{
+    let (queued, claimed): (Vec<(usize, M)>, Vec<Claimed>) = pass
+        .into_iter()
+        .map(|(index, message, claimed)| ((index, message), claimed))
+        .unzip();
+    let fates = claim(slots, &claimed, mode, outcome).await;
+    let mut answered = Vec::with_capacity(fates.len());
+    let mut won = Vec::new();
+    for (fate, (index, message)) in fates.into_iter().zip(queued) {
+        match fate {
+            Fate::Run(claim) => won.push((index, claim, message)),
+            Fate::Answered(answer) => answered.push((index, answer)),
+        }
+    }
+    let ran = run_bodies(won, body, concurrency).await;
+    answered.extend(record(slots, ran, outcome, concurrency).await);
+    answered
 }
 
 /// Every item is answered or run and recorded; should one not be, it is
@@ -368,9 +444,10 @@ fn check(slots: &Slots, mode: &Mode) -> Result<Option<i64>, Rejected> {
     mode.lease_micros()
 }
 
-/// Claims every item: answers those it can without the store (absent
-/// identities run ungated, the outcome cache), claims the rest in one
-/// statement, and judges the holders of the lost ones.
+/// Claims every item of a pass (no two share a slot): answers those it can
+/// without the store (absent identities run ungated, the outcome cache),
+/// claims the rest in one statement, and judges the holders of the lost
+/// ones.
 async fn claim<R>(
     slots: &Slots,
     items: &[Claimed],
@@ -404,9 +481,7 @@ async fn claim<R>(
     };
 
     let mut fates: Vec<Option<Fate<R>>> = (0..items.len()).map(|_| None).collect();
-    // The first item of each address claims it; a later one in the same
-    // batch finds it in flight (or, another identity, a collision).
-    let mut first_of: HashMap<&str, usize> = HashMap::new();
+    // No two items of a pass share a slot (see `passes`).
     let mut to_claim = Vec::new();
     for (index, contender) in contenders.iter().enumerate() {
         if items[index].identity.is_absent() {
@@ -420,24 +495,7 @@ async fn claim<R>(
             fates[index] = Some(answer(acquired, &items[index].identity, outcome));
             continue;
         }
-        match first_of.get(contender.address()) {
-            Some(&first) => {
-                let rejected =
-                    if items[first].identity.canonical() == items[index].identity.canonical() {
-                        Rejected::InFlight
-                    } else {
-                        Rejected::Collision {
-                            address: contender.address().to_owned(),
-                        }
-                    };
-                contender.refused(&rejected);
-                fates[index] = Some(Fate::Answered(outcome.refused(rejected)));
-            }
-            None => {
-                first_of.insert(contender.address(), index);
-                to_claim.push(index);
-            }
-        }
+        to_claim.push(index);
     }
 
     let mut freed = Vec::new();
@@ -632,7 +690,7 @@ fn lookup_failed(slots: &Slots, lost: usize, error: sqlx::Error) -> Rejected {
 /// index, claim and output.
 async fn run_bodies<M, R, F, Fut>(
     won: Vec<(usize, Claim, M)>,
-    mut body: F,
+    body: &mut F,
     concurrency: usize,
 ) -> Vec<(usize, Claim, R)>
 where
