@@ -46,6 +46,16 @@
 //! answers. A batch without repeats is one pass, and costs what it always
 //! did; each further pass costs a claim and its outcomes again.
 //!
+//! # A panicking body
+//!
+//! A body that panics holds its own item, as under [`Gate::run`]: its
+//! claim stays `pending` (until its lease, if any, runs out). The other
+//! bodies of the batch still run, and every outcome that finished is
+//! recorded; then the panic resumes, and reaches the caller as it would
+//! from [`Gate::run`]. (Later copies of the batch's identities, which run
+//! in passes after it, do not run.) A redelivery finds the finished items
+//! done and the panicked one in flight.
+//!
 //! ```no_run
 //! # async fn demo(gate: idem_runtime::Gate) {
 //! use idem_runtime::batch::Batch;
@@ -90,12 +100,15 @@
 //! A batch's outcomes are recorded when its last body returns: give a
 //! [`lease`](Batch::lease) the whole batch's time, not one body's.
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::stream;
+use futures_util::{FutureExt, StreamExt};
 
 use crate::acquire::{Acquired, Attempt, Concluded, Contender, Fenced, acquire};
 use crate::claim::{Claim, Recording};
@@ -252,6 +265,12 @@ impl Gate {
     /// refused it, converted into `E`. A later copy of an identity is
     /// answered as a duplicate made after the earlier copy finished (see
     /// [the module docs](crate::batch#the-same-identity-twice-in-a-batch)).
+    ///
+    /// # Panics
+    ///
+    /// When a body panics, once the other bodies have run and every
+    /// finished outcome is recorded, with that body's panic; its own claim
+    /// is left pending, as [`Gate::run`] leaves it.
     pub async fn run_batch<M, T, E, F, Fut>(&self, batch: Batch<M>, body: F) -> Vec<Result<T, E>>
     where
         F: FnMut(M) -> Fut,
@@ -383,6 +402,11 @@ fn passes<M>(items: Vec<Item<M>>) -> Vec<Vec<Queued<M>>> {
 
 /// One pass of the batch (no two of its items share a slot): claim, run
 /// the won bodies, record. Per item, its index and what the caller gets.
+///
+/// A body that panics holds its own item (its claim is left pending, as
+/// [`Gate::run`] leaves it), every other body of the pass runs and is
+/// recorded, then the panic resumes, reaching the caller as from
+/// [`Gate::run`].
 async fn run_pass<M, R, F, Fut>(
     slots: &Slots,
     pass: Vec<Queued<M>>,
@@ -404,12 +428,19 @@ where
     let mut won = Vec::new();
     for (fate, (index, message)) in fates.into_iter().zip(queued) {
         match fate {
-            Fate::Run(claim) => won.push((index, claim, message)),
+            Fate::Run(claim) => won.push(Won {
+                index,
+                claim,
+                message,
+            }),
             Fate::Answered(answer) => answered.push((index, answer)),
         }
     }
-    let ran = run_bodies(won, body, concurrency).await;
+    let Bodies { ran, panicked } = run_bodies(won, body, concurrency).await;
     answered.extend(record(slots, ran, outcome, concurrency).await);
+    if let Some(panic) = panicked {
+        std::panic::resume_unwind(panic);
+    }
     answered
 }
 
@@ -686,27 +717,86 @@ fn lookup_failed(slots: &Slots, lost: usize, error: sqlx::Error) -> Rejected {
     rejected
 }
 
-/// Runs the won bodies, at most `concurrency` at a time: per item, its
-/// index, claim and output.
-async fn run_bodies<M, R, F, Fut>(
-    won: Vec<(usize, Claim, M)>,
-    body: &mut F,
-    concurrency: usize,
-) -> Vec<(usize, Claim, R)>
+/// A won item, waiting for its body's turn.
+struct Won<M> {
+    index: usize,
+    claim: Claim,
+    message: M,
+}
+
+/// What became of a pass's won items.
+struct Bodies<R> {
+    /// Per body that returned: its item's index, its claim and its output.
+    ran: Vec<(usize, Claim, R)>,
+    /// The first panic of a body, resumed once the rest is recorded.
+    panicked: Option<Box<dyn Any + Send>>,
+}
+
+/// What one won item's turn came to.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one turn per won item, most of them bodies that ran: boxing each would cost an \
+              allocation per item to shrink only the rare others"
+)]
+enum Turn<R> {
+    Ran(usize, Claim, R),
+    Panicked(Box<dyn Any + Send>),
+}
+
+/// Runs the won bodies, at most `concurrency` at a time. A body that panics
+/// (or whose call does) is caught: its claim is dropped, so its row stays
+/// pending as after a panic under [`Gate::run`] (until its lease, if any,
+/// runs out), and the other bodies run on.
+async fn run_bodies<M, R, F, Fut>(won: Vec<Won<M>>, body: &mut F, concurrency: usize) -> Bodies<R>
 where
     F: FnMut(M) -> Fut,
     Fut: Future<Output = R>,
 {
-    stream::iter(won)
-        .map(|(index, mut claim, message)| {
-            // Called as a turn opens, not when the claim was won.
-            claim.body_starts();
-            let running = body(message);
-            async move { (index, claim, running.await) }
+    // The body is called as a turn opens (not when the claim was won),
+    // through a lock never held across an await.
+    let body = Mutex::new(body);
+    let turns: Vec<Turn<R>> = stream::iter(won)
+        .map(|won| {
+            let body = &body;
+            async move {
+                let Won {
+                    index,
+                    mut claim,
+                    message,
+                } = won;
+                claim.body_starts();
+                let called = panic::catch_unwind(AssertUnwindSafe(|| {
+                    let mut body = body.lock().unwrap_or_else(PoisonError::into_inner);
+                    let body: &mut F = &mut body;
+                    body(message)
+                }));
+                let output = match called {
+                    Ok(running) => AssertUnwindSafe(running).catch_unwind().await,
+                    Err(panic) => Err(panic),
+                };
+                match output {
+                    Ok(output) => Turn::Ran(index, claim, output),
+                    // Its outcome is unknown: the claim is held, as dropped.
+                    Err(panic) => Turn::Panicked(panic),
+                }
+            }
         })
         .buffer_unordered(concurrency)
         .collect()
-        .await
+        .await;
+    let mut bodies = Bodies {
+        ran: Vec::with_capacity(turns.len()),
+        panicked: None,
+    };
+    for turn in turns {
+        match turn {
+            Turn::Ran(index, claim, output) => bodies.ran.push((index, claim, output)),
+            Turn::Panicked(panic) => {
+                bodies.panicked.get_or_insert(panic);
+            }
+        }
+    }
+    bodies
 }
 
 /// One kind of outcome, and the claims to record it for.
