@@ -19,7 +19,10 @@
 //!    with the lookup's error ([`Rejected::Unavailable`] for an outage).
 //! 2. **Run**: the won items' bodies, at most
 //!    [`concurrency`](Batch::concurrency) at a time (one by default, in the
-//!    batch's order). A body that is not won is never called.
+//!    batch's order). A body that is not won is never called. A body never
+//!    starts on a claim that may have been taken over: one whose turn opens
+//!    with less than half its [`lease`](Batch::lease) left renews it first
+//!    (see [`Batch::lease`]).
 //! 3. **Record**: one statement per kind of outcome among the won items
 //!    (settle, release, keep, hold in doubt), each matched per item on its
 //!    claim's fence, in address order. An item the statement did not match
@@ -188,6 +191,20 @@ impl<M> Batch<M> {
     /// Each claim expires after `lease`, as [`Mode::lease`] says (and is
     /// checked as it is). The batch's outcomes are recorded when its last
     /// body returns, so the lease must cover the whole batch.
+    ///
+    /// The lease runs from the batch's claim, and a body may wait for its
+    /// turn behind others (see [`concurrency`](Batch::concurrency)). A body
+    /// whose turn opens with less than half the lease left (by this
+    /// process's clock, which trails the store's by one round trip, far
+    /// less than that margin) first renews its claim to a whole lease (one
+    /// statement, matched on the claim's fence), so no body starts on a
+    /// claim that may have been taken over. Should the claim be lost
+    /// already (taken over, turned in doubt, released), its body does not
+    /// start: the item is claimed again alone, as a [`Gate::run`] made then
+    /// would be, and runs only if that wins. Should the store fail to
+    /// renew it, the claim is released (its body never started) and the
+    /// item refused with the store's error. A lease that covers the whole
+    /// batch never costs that statement.
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Batch<M> {
         self.mode = self.mode.lease(lease);
@@ -426,17 +443,23 @@ where
     let fates = claim(slots, &claimed, mode, outcome).await;
     let mut answered = Vec::with_capacity(fates.len());
     let mut won = Vec::new();
-    for (fate, (index, message)) in fates.into_iter().zip(queued) {
+    for ((fate, (index, message)), item) in fates.into_iter().zip(queued).zip(&claimed) {
         match fate {
             Fate::Run(claim) => won.push(Won {
                 index,
                 claim,
                 message,
+                item,
             }),
             Fate::Answered(answer) => answered.push((index, answer)),
         }
     }
-    let Bodies { ran, panicked } = run_bodies(won, body, concurrency).await;
+    let Bodies {
+        ran,
+        answered: refused,
+        panicked,
+    } = run_bodies(slots, won, body, mode, outcome, concurrency).await;
+    answered.extend(refused);
     answered.extend(record(slots, ran, outcome, concurrency).await);
     if let Some(panic) = panicked {
         std::panic::resume_unwind(panic);
@@ -718,16 +741,20 @@ fn lookup_failed(slots: &Slots, lost: usize, error: sqlx::Error) -> Rejected {
 }
 
 /// A won item, waiting for its body's turn.
-struct Won<M> {
+struct Won<'a, M> {
     index: usize,
     claim: Claim,
     message: M,
+    item: &'a Claimed,
 }
 
 /// What became of a pass's won items.
 struct Bodies<R> {
     /// Per body that returned: its item's index, its claim and its output.
     ran: Vec<(usize, Claim, R)>,
+    /// Items answered without their body running: their claim was lost
+    /// before their turn came (see [`turn_opens`]).
+    answered: Vec<(usize, R)>,
     /// The first panic of a body, resumed once the rest is recorded.
     panicked: Option<Box<dyn Any + Send>>,
 }
@@ -740,14 +767,23 @@ struct Bodies<R> {
 )]
 enum Turn<R> {
     Ran(usize, Claim, R),
+    Answered(usize, R),
     Panicked(Box<dyn Any + Send>),
 }
 
-/// Runs the won bodies, at most `concurrency` at a time. A body that panics
+/// Runs the won bodies, at most `concurrency` at a time, each only on a
+/// claim that is still this batch's ([`turn_opens`]). A body that panics
 /// (or whose call does) is caught: its claim is dropped, so its row stays
 /// pending as after a panic under [`Gate::run`] (until its lease, if any,
 /// runs out), and the other bodies run on.
-async fn run_bodies<M, R, F, Fut>(won: Vec<Won<M>>, body: &mut F, concurrency: usize) -> Bodies<R>
+async fn run_bodies<M, R, F, Fut>(
+    slots: &Slots,
+    won: Vec<Won<'_, M>>,
+    body: &mut F,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+    concurrency: usize,
+) -> Bodies<R>
 where
     F: FnMut(M) -> Fut,
     Fut: Future<Output = R>,
@@ -761,9 +797,14 @@ where
             async move {
                 let Won {
                     index,
-                    mut claim,
+                    claim,
                     message,
+                    item,
                 } = won;
+                let mut claim = match turn_opens(slots, claim, item, mode, outcome).await {
+                    Ok(claim) => claim,
+                    Err(answer) => return Turn::Answered(index, answer),
+                };
                 claim.body_starts();
                 let called = panic::catch_unwind(AssertUnwindSafe(|| {
                     let mut body = body.lock().unwrap_or_else(PoisonError::into_inner);
@@ -786,17 +827,72 @@ where
         .await;
     let mut bodies = Bodies {
         ran: Vec::with_capacity(turns.len()),
+        answered: Vec::new(),
         panicked: None,
     };
     for turn in turns {
         match turn {
             Turn::Ran(index, claim, output) => bodies.ran.push((index, claim, output)),
+            Turn::Answered(index, answer) => bodies.answered.push((index, answer)),
             Turn::Panicked(panic) => {
                 bodies.panicked.get_or_insert(panic);
             }
         }
     }
     bodies
+}
+
+/// A won item's turn opens: its body may start only on a claim that is still
+/// this batch's. The lease ran from the batch's claim, and the body may have
+/// waited behind others: with less than half of it left (by this process's
+/// clock, which starts it one round trip after the store did, far less than
+/// that margin), the claim is first renewed to a whole lease, one statement
+/// for that item, matched on its fence. So a body starts with at least half
+/// a lease ahead of it, never on a claim that may have been taken over.
+///
+/// `Err`: what the item gets instead. A claim lost before its body started
+/// (taken over, turned in doubt or released) ran nothing of this batch's: the
+/// item is claimed again alone, as a [`Gate::run`] made now would be, and
+/// runs only if it wins. A claim the store could not renew is released
+/// (matched on its fence, so only if still ours; its body never started, so
+/// freeing it is safe) and the item refused with the store's error.
+async fn turn_opens<R>(
+    slots: &Slots,
+    claim: Claim,
+    item: &Claimed,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+) -> Result<Claim, R> {
+    let Some(lease) = mode.lease_duration() else {
+        return Ok(claim);
+    };
+    if claim.lease_left().is_none_or(|left| left >= lease / 2) {
+        return Ok(claim);
+    }
+    match claim.extend(lease).await {
+        Ok(()) => Ok(claim),
+        Err(Rejected::LeaseLost { .. }) => {
+            claim.forget();
+            let via = &mut Via::Pool(slots.pool());
+            let acquired = acquire(
+                slots,
+                &item.identity,
+                &item.alone(mode),
+                outcome.replays(),
+                via,
+            )
+            .await;
+            match answer(acquired, &item.identity, outcome) {
+                Fate::Run(claim) => Ok(claim),
+                Fate::Answered(answer) => Err(answer),
+            }
+        }
+        Err(rejected) => {
+            // Reported by the claim, whatever it meets.
+            let _released = claim.release().await;
+            Err(outcome.refused(rejected))
+        }
+    }
 }
 
 /// One kind of outcome, and the claims to record it for.

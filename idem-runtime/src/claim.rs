@@ -111,6 +111,15 @@ impl Lease {
             Instant::now().checked_add(lease);
     }
 
+    /// What is left of it now; `None`: no lease, or one too long for the
+    /// clock to hold.
+    fn left(&self) -> Option<Duration> {
+        self.ends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|ends| ends.saturating_duration_since(Instant::now()))
+    }
+
     fn ran_out(&self) -> bool {
         self.ends
             .lock()
@@ -304,6 +313,19 @@ impl Claim {
     /// The slot this claim holds, if any.
     pub(crate) fn held(&self) -> Option<&Held> {
         self.held.as_ref()
+    }
+
+    /// What is left of the claim's lease by this process's clock; `None`:
+    /// no lease (or one too long for the clock to hold), or no slot.
+    pub(crate) fn lease_left(&self) -> Option<Duration> {
+        self.held.as_ref()?.lease.left()
+    }
+
+    /// Lets go of a claim found lost before its body started (a batch's
+    /// queued item): nothing of this holder's ran, so there is nothing to
+    /// record and nothing to warn about as it goes.
+    pub(crate) fn forget(mut self) {
+        self.held = None;
     }
 
     /// The body of this claim starts now: a batch's body may wait for its
