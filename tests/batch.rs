@@ -1013,3 +1013,20 @@ async fn a_holder_whose_lease_ran_out_into_doubt_is_told_what_happened() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_on_a_spawned_task() {
+    // The body is called through a lock inside the batch; its future must
+    // stay `Send`, so that a consumer can spawn it.
+    let gate = testing::gate().await;
+    let keys = keys("spawned", 0..3);
+    let spawned = tokio::spawn(async move {
+        let batch = batch_of(&keys).concurrency(2);
+        gate.run_batch(batch, |_| async { Ok::<_, JobError>(()) })
+            .await
+            .iter()
+            .filter(|result| result.is_ok())
+            .count()
+    });
+    assert_eq!(spawned.await.expect("the batch ran"), 3);
+}

@@ -788,40 +788,16 @@ where
     F: FnMut(M) -> Fut,
     Fut: Future<Output = R>,
 {
-    // The body is called as a turn opens (not when the claim was won),
-    // through a lock never held across an await.
+    // The body is called as a turn opens (not when the claim was won).
     let body = Mutex::new(body);
-    let turns: Vec<Turn<R>> = stream::iter(won)
-        .map(|won| {
-            let body = &body;
-            async move {
-                let Won {
-                    index,
-                    claim,
-                    message,
-                    item,
-                } = won;
-                let mut claim = match turn_opens(slots, claim, item, mode, outcome).await {
-                    Ok(claim) => claim,
-                    Err(answer) => return Turn::Answered(index, answer),
-                };
-                claim.body_starts();
-                let called = panic::catch_unwind(AssertUnwindSafe(|| {
-                    let mut body = body.lock().unwrap_or_else(PoisonError::into_inner);
-                    let body: &mut F = &mut body;
-                    body(message)
-                }));
-                let output = match called {
-                    Ok(running) => AssertUnwindSafe(running).catch_unwind().await,
-                    Err(panic) => Err(panic),
-                };
-                match output {
-                    Ok(output) => Turn::Ran(index, claim, output),
-                    // Its outcome is unknown: the claim is held, as dropped.
-                    Err(panic) => Turn::Panicked(panic),
-                }
-            }
-        })
+    // Each turn is a future of its own, made here and polled only as its
+    // turn opens; a named `async fn` rather than a closure's async block,
+    // so that the batch's future stays `Send` for every lifetime.
+    let turns: Vec<_> = won
+        .into_iter()
+        .map(|won| take_turn(slots, won, &body, mode, outcome))
+        .collect();
+    let turns: Vec<Turn<R>> = stream::iter(turns)
         .buffer_unordered(concurrency)
         .collect()
         .await;
@@ -840,6 +816,47 @@ where
         }
     }
     bodies
+}
+
+/// One won item's turn: its claim checked ([`turn_opens`]), then its body,
+/// called through `body`'s lock (held only for the call, never across an
+/// await), any panic of the call or of the body caught.
+async fn take_turn<M, R, F, Fut>(
+    slots: &Slots,
+    won: Won<'_, M>,
+    body: &Mutex<&mut F>,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+) -> Turn<R>
+where
+    F: FnMut(M) -> Fut,
+    Fut: Future<Output = R>,
+{
+    let Won {
+        index,
+        claim,
+        message,
+        item,
+    } = won;
+    let mut claim = match turn_opens(slots, claim, item, mode, outcome).await {
+        Ok(claim) => claim,
+        Err(answer) => return Turn::Answered(index, answer),
+    };
+    claim.body_starts();
+    let called = panic::catch_unwind(AssertUnwindSafe(|| {
+        let mut body = body.lock().unwrap_or_else(PoisonError::into_inner);
+        let body: &mut F = &mut body;
+        body(message)
+    }));
+    let output = match called {
+        Ok(running) => AssertUnwindSafe(running).catch_unwind().await,
+        Err(panic) => Err(panic),
+    };
+    match output {
+        Ok(output) => Turn::Ran(index, claim, output),
+        // Its outcome is unknown: the claim is held, as dropped.
+        Err(panic) => Turn::Panicked(panic),
+    }
 }
 
 /// A won item's turn opens: its body may start only on a claim that is still
