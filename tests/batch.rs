@@ -837,19 +837,28 @@ async fn no_queued_body_starts_on_a_lease_that_ran_out() {
     let keys = keys("queued", 0..5);
     let ledger = Ledger::default();
     let started_live = Mutex::new(Vec::new());
-    // The rival and the last body's turn fire at one instant: when the
-    // fourth body ends, the fifth item's lease ran out long ago.
-    let barrier = Barrier::new(2);
-    let rival = async {
-        barrier.wait().await;
-        gate.run_with(&id(&keys[4]), &idem::Mode::new().lease(lease), async {
-            ledger.ran(&keys[4]);
-            Ok::<_, JobError>(())
-        })
-        .await
+    // Each item's lease ran from the batch's claim, at 0 ms; its body's turn
+    // opens at 200 ms × its place. Two rivals, each released by a barrier
+    // the batch's bodies reach: one takes the fourth item over while it
+    // waits (when the second body ends, at 400 ms: its lease ran out at
+    // 300), the other races the fifth item's turn as it opens (when the
+    // third body ends: the fourth's body never starts).
+    let (waiting, opening) = (Barrier::new(2), Barrier::new(2));
+    let rival = |key: &str, barrier| {
+        let (gate, ledger, key) = (&gate, &ledger, key.to_owned());
+        async move {
+            Barrier::wait(barrier).await;
+            let mode = idem::Mode::new().lease(lease);
+            gate.run_with(&id(&key), &mode, async {
+                ledger.ran(&key);
+                Ok::<_, JobError>(())
+            })
+            .await
+        }
     };
     let batch = gate.run_batch(batch_of(&keys).lease(lease).concurrency(1), |key| {
-        let (gate, ledger, started_live, barrier) = (&gate, &ledger, &started_live, &barrier);
+        let (gate, ledger, started_live) = (&gate, &ledger, &started_live);
+        let (waiting, opening) = (&waiting, &opening);
         async move {
             let live = lease_is_live(gate, key).await;
             started_live
@@ -858,13 +867,20 @@ async fn no_queued_body_starts_on_a_lease_that_ran_out() {
                 .push((key.to_owned(), live));
             ledger.ran(key);
             tokio::time::sleep(Duration::from_millis(200)).await;
-            if key == "queued_3" {
-                barrier.wait().await;
+            match key {
+                "queued_1" => {
+                    waiting.wait().await;
+                }
+                "queued_2" => {
+                    opening.wait().await;
+                }
+                _ => {}
             }
             Ok::<_, JobError>(())
         }
     });
-    let (results, rival) = tokio::join!(batch, rival);
+    let (results, taken, raced) =
+        tokio::join!(batch, rival(&keys[3], &waiting), rival(&keys[4], &opening));
     let started = started_live.into_inner().unwrap_or_else(|e| e.into_inner());
     for (key, live) in &started {
         assert!(
@@ -876,11 +892,19 @@ async fn no_queued_body_starts_on_a_lease_that_ran_out() {
     for key in &keys {
         assert_eq!(runs.get(key), Some(&1), "{key} ran once: {runs:?}");
     }
-    assert!(results[..4].iter().all(Result::is_ok), "{results:?}");
+    assert!(results[..3].iter().all(Result::is_ok), "{results:?}");
+    // Taken over while it waited: the rival ran it, the batch's body never
+    // started, and the item is answered as a duplicate of the rival.
+    assert!(taken.is_ok(), "the rival took the fourth over: {taken:?}");
+    assert_refused!(
+        results[3],
+        Rejected::AlreadyDone | Rejected::InFlight,
+        "{results:?}"
+    );
     // Whichever won the fifth, the other was refused.
     assert!(
-        results[4].is_ok() != rival.is_ok(),
-        "exactly one of the batch ({:?}) and the rival ({rival:?}) ran it",
+        results[4].is_ok() != raced.is_ok(),
+        "exactly one of the batch ({:?}) and the rival ({raced:?}) ran it",
         results[4]
     );
 }
