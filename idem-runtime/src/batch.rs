@@ -44,9 +44,8 @@
 //! failure [`Rejected::AlreadyFailed`], of one held in doubt
 //! [`Rejected::InDoubt`]; a copy with another payload is refused
 //! [`Rejected::KeyReused`]; and the copy of a failure that released its
-//! slot runs, within this batch, as a redelivery would. An
-//! [`OutcomeCache`](crate::cache::OutcomeCache) changes none of these
-//! answers. A batch without repeats is one pass, and costs what it always
+//! slot runs, within this batch, as a redelivery would. An outcome cache
+//! (feature `cache`) changes none of these answers. A batch without repeats is one pass, and costs what it always
 //! did; each further pass costs a claim and its outcomes again.
 //!
 //! # A panicking body
