@@ -293,8 +293,9 @@ async fn each_item_gets_what_gate_run_would_give_it() {
     assert!(matches!(results[4], Ok(5)), "{results:?}");
     assert_refused!(
         results[5],
-        Rejected::InFlight,
-        "the same identity twice in a batch runs once: {results:?}"
+        Rejected::AlreadyDone,
+        "the same identity twice in a batch runs once, and the second copy is told what \
+         Gate::run would tell it after the first: {results:?}"
     );
     assert!(
         matches!(results[6], Ok(7)),
@@ -593,4 +594,463 @@ async fn asynchronous_outcomes_settle_and_release_a_batch_alike() {
         0,
         "released, not left"
     );
+}
+
+// ------------------------------------ issue 25: duplicates inside one batch
+
+/// What a message of the duplicate tests asks its body to return.
+#[derive(Debug, Clone, Copy)]
+enum Plan {
+    Ok,
+    /// Released: a retry runs.
+    Invalid,
+    /// Kept: a retry is refused as already failed.
+    Declined,
+    /// Held in doubt.
+    Timeout,
+}
+
+/// A message of the duplicate tests: its key, what its body returns, and
+/// the payload it carries (a fingerprint), if any.
+type Planned = (&'static str, Plan, Option<i64>);
+
+/// Every case of a later copy: a success, a failure kept, one in doubt, one
+/// released (the copy runs again), another payload, and three copies; their
+/// copies interleaved.
+const DUPLICATES: [Planned; 13] = [
+    ("twice", Plan::Ok, None),
+    ("kept", Plan::Declined, None),
+    ("doubt", Plan::Timeout, None),
+    ("released", Plan::Invalid, None),
+    ("reused", Plan::Ok, Some(1)),
+    ("thrice", Plan::Ok, None),
+    ("twice", Plan::Ok, None),
+    ("kept", Plan::Ok, None),
+    ("doubt", Plan::Ok, None),
+    ("released", Plan::Ok, None),
+    ("reused", Plan::Ok, Some(2)),
+    ("thrice", Plan::Ok, None),
+    ("thrice", Plan::Ok, None),
+];
+
+/// The body of a planned message: counts itself, then does as planned.
+fn planned_body(ledger: &Ledger, (key, plan, _): Planned) -> Result<String, ChargeError> {
+    ledger.ran(key);
+    match plan {
+        Plan::Ok => Ok(format!("{key} ran {}", ledger.runs()[key])),
+        Plan::Invalid => Err(ChargeError::Invalid),
+        Plan::Declined => Err(ChargeError::Declined),
+        Plan::Timeout => Err(ChargeError::Timeout),
+    }
+}
+
+fn planned_batch(messages: &[Planned]) -> Batch<Planned> {
+    let mut batch = Batch::new();
+    for &message in messages {
+        match message.2 {
+            Some(payload) => {
+                batch.push_fingerprinted(message, id(message.0), Fingerprint::new().part(payload))
+            }
+            None => batch.push(message, id(message.0)),
+        };
+    }
+    batch
+}
+
+fn planned_mode((_, _, payload): Planned) -> idem::Mode {
+    match payload {
+        Some(payload) => idem::Mode::new().fingerprint(Fingerprint::new().part(payload)),
+        None => idem::Mode::new(),
+    }
+}
+
+/// The answers and the runs of `messages` as one disposed batch on `gate`.
+async fn disposed_as_a_batch(
+    gate: &Gate,
+    messages: &[Planned],
+) -> (Vec<String>, HashMap<String, usize>) {
+    let ledger = Ledger::default();
+    let results = gate
+        .run_batch_disposed(planned_batch(messages), |message| {
+            let answer = planned_body(&ledger, message);
+            async move { answer }
+        })
+        .await;
+    let answers = results.iter().map(|r| format!("{r:?}")).collect();
+    (answers, ledger.runs())
+}
+
+/// The oracle: the same messages, one `Gate::run_disposed` at a time.
+async fn disposed_one_by_one(
+    gate: &Gate,
+    messages: &[Planned],
+) -> (Vec<String>, HashMap<String, usize>) {
+    let ledger = Ledger::default();
+    let mut answers = Vec::new();
+    for &message in messages {
+        let result = gate
+            .run_disposed(&id(message.0), &planned_mode(message), async {
+                planned_body(&ledger, message)
+            })
+            .await;
+        answers.push(format!("{result:?}"));
+    }
+    (answers, ledger.runs())
+}
+
+/// Replayed: a success handed to its later copies, a failure released
+/// (the copy runs), as one batch or one call at a time (`one_by_one`).
+async fn replayed_duplicates(gate: &Gate, one_by_one: bool) -> Vec<String> {
+    let messages = ["r_ok", "r_failed", "r_ok", "r_failed", "r_ok"];
+    let failing = AtomicUsize::new(0);
+    let body = |key: &'static str| {
+        let answer = if key == "r_failed" && failing.fetch_add(1, Ordering::SeqCst) == 0 {
+            Err(JobError::Failed)
+        } else {
+            Ok(format!(
+                "{key} answered at {}",
+                failing.load(Ordering::SeqCst)
+            ))
+        };
+        async move { answer }
+    };
+    let results: Vec<Result<String, JobError>> = if one_by_one {
+        let mut results = Vec::new();
+        for key in messages {
+            let mode = idem::Mode::new();
+            results.push(gate.run_replayed(&id(key), &mode, body(key)).await);
+        }
+        results
+    } else {
+        let batch: Batch<&'static str> = messages.iter().map(|&key| (key, id(key))).collect();
+        gate.run_batch_replayed(batch, body).await
+    };
+    results.iter().map(|r| format!("{r:?}")).collect()
+}
+
+/// Asserts that a batch of the duplicate cases answers each copy as the
+/// oracle does, on gates that `gate` makes (uncached, or cached alike).
+async fn duplicates_answer_as_one_by_one(gate: impl Fn(Gate) -> Gate) {
+    let (batch, oracle) = (gate(testing::gate().await), gate(testing::gate().await));
+    let (answers, runs) = disposed_as_a_batch(&batch, &DUPLICATES).await;
+    let (expected, expected_runs) = disposed_one_by_one(&oracle, &DUPLICATES).await;
+    for (i, (answer, expected)) in answers.iter().zip(&expected).enumerate() {
+        assert_eq!(
+            answer, expected,
+            "copy {i} ({:?}) is answered as Gate::run answers it: batch {answers:#?}, \
+             one by one {expected:#?}",
+            DUPLICATES[i]
+        );
+    }
+    assert_eq!(runs, expected_runs, "the same bodies ran");
+    // And a redelivery of the whole batch, now that every slot is decided.
+    let (again, _) = disposed_as_a_batch(&batch, &DUPLICATES).await;
+    let (expected_again, _) = disposed_one_by_one(&oracle, &DUPLICATES).await;
+    assert_eq!(again, expected_again, "redelivered");
+
+    let (batch, oracle) = (gate(testing::gate().await), gate(testing::gate().await));
+    assert_eq!(
+        replayed_duplicates(&batch, false).await,
+        replayed_duplicates(&oracle, true).await,
+        "replayed copies are answered as Gate::run_replayed answers them"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_copy_of_an_identity_in_a_batch_gets_what_gate_run_gives_it() {
+    duplicates_answer_as_one_by_one(|gate| gate).await;
+}
+
+#[cfg(feature = "cache")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_cache_never_changes_the_answers_to_copies_in_a_batch() {
+    duplicates_answer_as_one_by_one(|gate| {
+        gate.with_cache(idem::cache::OutcomeCache::builder().build())
+    })
+    .await;
+}
+
+// ------------------------------------------ issue 25: the lost lookup
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_whose_reply_is_lost_still_runs_the_won_items() {
+    let (proxy, gate) = gate_behind_a_proxy(2).await;
+    let done = keys("looked_done", 0..3);
+    assert!(
+        run_noop(&gate, batch_of(&done))
+            .await
+            .iter()
+            .all(Result::is_ok)
+    );
+    let fresh = keys("looked_fresh", 0..3);
+    let mixed: Vec<String> = done
+        .iter()
+        .zip(&fresh)
+        .flat_map(|(done, fresh)| [done.clone(), fresh.clone()])
+        .collect();
+    let ran = AtomicUsize::new(0);
+    // The claim commits and replies; the lookup of the lost (settled) items
+    // loses its reply, and with it the connection.
+    assert!(proxy.lose_next_reply_to("unnest($2::text[]) AS item(address)"));
+    let results = counted(&gate, &mixed, &ran).await;
+    let lost = proxy.take_lost_fragment_replies();
+    assert_eq!(lost.len(), 1, "the lookup's reply was lost: {lost:?}");
+    for (key, result) in mixed.iter().zip(&results) {
+        if key.starts_with("looked_fresh") {
+            assert!(result.is_ok(), "{key}, won, still runs: {results:?}");
+        } else {
+            assert!(
+                refusal(result).is_some_and(Rejected::is_outage),
+                "{key}, lost, is refused as an outage: {results:?}"
+            );
+        }
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 3, "the won bodies ran");
+    assert_eq!(
+        rows::count_rows(&gate, "pending").await,
+        0,
+        "no won row is stranded pending"
+    );
+    assert_eq!(rows::count_rows(&gate, "success").await, 6);
+}
+
+// ------------------------------------ issue 25: a body queued past its lease
+
+/// Whether the claim of `key` holds a live lease now, by the store's clock.
+async fn lease_is_live(gate: &Gate, key: &str) -> bool {
+    idem::sqlx::query_scalar::<_, bool>(
+        "SELECT state = 'pending' AND lease_expires_at > now() FROM idem_records \
+         WHERE account = $1 AND kind = 'claim' AND address = $2 AND namespace IS NULL",
+    )
+    .bind(gate.account_name())
+    .bind(id(key).address())
+    .fetch_optional(gate.pool())
+    .await
+    .expect("read the lease")
+    .unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_queued_body_starts_on_a_lease_that_ran_out() {
+    let gate = testing::gate().await;
+    let lease = Duration::from_millis(300);
+    let keys = keys("queued", 0..5);
+    let ledger = Ledger::default();
+    let started_live = Mutex::new(Vec::new());
+    // Each item's lease ran from the batch's claim, at 0 ms; its body's turn
+    // opens at 200 ms × its place. Two rivals, each released by a barrier
+    // the batch's bodies reach: one takes the fourth item over while it
+    // waits (when the second body ends, at 400 ms: its lease ran out at
+    // 300), the other races the fifth item's turn as it opens (when the
+    // third body ends: the fourth's body never starts).
+    let (waiting, opening) = (Barrier::new(2), Barrier::new(2));
+    let rival = |key: &str, barrier| {
+        let (gate, ledger, key) = (&gate, &ledger, key.to_owned());
+        async move {
+            Barrier::wait(barrier).await;
+            let mode = idem::Mode::new().lease(lease);
+            gate.run_with(&id(&key), &mode, async {
+                ledger.ran(&key);
+                Ok::<_, JobError>(())
+            })
+            .await
+        }
+    };
+    let batch = gate.run_batch(batch_of(&keys).lease(lease).concurrency(1), |key| {
+        let (gate, ledger, started_live) = (&gate, &ledger, &started_live);
+        let (waiting, opening) = (&waiting, &opening);
+        async move {
+            let live = lease_is_live(gate, key).await;
+            started_live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((key.to_owned(), live));
+            ledger.ran(key);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            match key {
+                "queued_1" => {
+                    waiting.wait().await;
+                }
+                "queued_2" => {
+                    opening.wait().await;
+                }
+                _ => {}
+            }
+            Ok::<_, JobError>(())
+        }
+    });
+    let (results, taken, raced) =
+        tokio::join!(batch, rival(&keys[3], &waiting), rival(&keys[4], &opening));
+    let started = started_live.into_inner().unwrap_or_else(|e| e.into_inner());
+    for (key, live) in &started {
+        assert!(
+            live,
+            "{key}'s body started on a lease that had run out: {started:?}"
+        );
+    }
+    let runs = ledger.runs();
+    for key in &keys {
+        assert_eq!(runs.get(key), Some(&1), "{key} ran once: {runs:?}");
+    }
+    assert!(results[..3].iter().all(Result::is_ok), "{results:?}");
+    // Taken over while it waited: the rival ran it, the batch's body never
+    // started, and the item is answered as a duplicate of the rival.
+    assert!(taken.is_ok(), "the rival took the fourth over: {taken:?}");
+    assert_refused!(
+        results[3],
+        Rejected::AlreadyDone | Rejected::InFlight,
+        "{results:?}"
+    );
+    // Whichever won the fifth, the other was refused.
+    assert!(
+        results[4].is_ok() != raced.is_ok(),
+        "exactly one of the batch ({:?}) and the rival ({raced:?}) ran it",
+        results[4]
+    );
+}
+
+// --------------------------------------------- issue 25: a panicking body
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_body_holds_only_its_own_item() {
+    use futures_util::FutureExt;
+    let gate = testing::gate().await;
+    let keys = keys("panics", 0..10);
+    let ledger = Ledger::default();
+    let run = gate.run_batch(batch_of(&keys).concurrency(2), |key| {
+        let ledger = &ledger;
+        async move {
+            ledger.ran(key);
+            tokio::task::yield_now().await;
+            match key {
+                "panics_4" => panic!("body 4 panics"),
+                "panics_7" => Err(JobError::Failed),
+                _ => Ok(()),
+            }
+        }
+    });
+    let panicked = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+    let message = panicked
+        .err()
+        .and_then(|payload| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()));
+    assert_eq!(
+        message.as_deref(),
+        Some("body 4 panics"),
+        "the body's panic reaches the caller, as from Gate::run"
+    );
+    assert_eq!(
+        ledger.runs().len(),
+        10,
+        "every body ran: {:?}",
+        ledger.runs()
+    );
+    for key in &keys {
+        let expected = match key.as_str() {
+            "panics_4" => Some("pending"),
+            "panics_7" => None,
+            _ => Some("success"),
+        };
+        assert_eq!(state(&gate, key).await.as_deref(), expected, "{key}");
+    }
+    // Redelivered: the 8 successes are done, the released one runs, the
+    // panicked one is held.
+    let again = Ledger::default();
+    let results = gate
+        .run_batch(batch_of(&keys), |key| {
+            let again = &again;
+            async move {
+                again.ran(key);
+                Ok::<_, JobError>(())
+            }
+        })
+        .await;
+    for (key, result) in keys.iter().zip(&results) {
+        match key.as_str() {
+            "panics_4" => assert_refused!(result, Rejected::InFlight, "{key}: {results:?}"),
+            "panics_7" => assert!(result.is_ok(), "{key}: {results:?}"),
+            _ => assert_refused!(result, Rejected::AlreadyDone, "{key}: {results:?}"),
+        }
+    }
+    assert_eq!(again.runs().len(), 1, "{:?}", again.runs());
+}
+
+// ------------------------- issue 25: a lease that ran out into doubt, told so
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_lease_ran_out_into_doubt_is_told_what_happened() {
+    let gate = testing::gate().await;
+    let lease = Duration::from_millis(150);
+    let mode = idem::Mode::new().lease(lease).on_expiry(OnExpiry::InDoubt);
+    // A duplicate arrives after the lease ran out, while the body still
+    // runs: it turns the claim in doubt (nobody takes it over).
+    let duplicate = |key: &'static str| {
+        let (gate, mode) = (&gate, &mode);
+        async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            gate.claim_with(&id(key), mode)
+                .await
+                .map(|claim| claim.fence())
+        }
+    };
+    let slow = || async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        Ok::<_, JobError>("charged")
+    };
+
+    let batch = Batch::from_iter([("doubted_batch", id("doubted_batch"))])
+        .lease(lease)
+        .on_expiry(OnExpiry::InDoubt);
+    let ((results, events), refused) = tokio::join!(
+        testing::observe(gate.run_batch(batch, |_| slow())),
+        duplicate("doubted_batch")
+    );
+    assert!(matches!(refused, Err(Rejected::InDoubt)), "{refused:?}");
+    let single_id = id("doubted_single");
+    let ((single, single_events), refused) = tokio::join!(
+        testing::observe(gate.run_with(&single_id, &mode, slow())),
+        duplicate("doubted_single")
+    );
+    assert!(matches!(refused, Err(Rejected::InDoubt)), "{refused:?}");
+
+    for (what, result, events, key) in [
+        ("batch", &results[0], &events, "doubted_batch"),
+        ("single", &single, &single_events, "doubted_single"),
+    ] {
+        assert_eq!(
+            result.as_deref().ok(),
+            Some("charged"),
+            "{what}: nobody took the claim over, the body ran once and its success is \
+             recorded: {result:?}"
+        );
+        assert_eq!(
+            state(&gate, key).await.as_deref(),
+            Some("success"),
+            "{what}"
+        );
+        assert!(
+            events.iter().any(|e| matches!(e, GateEvent::Settled)),
+            "{what}: {events:?}"
+        );
+        assert!(
+            !events.iter().any(|e| matches!(e, GateEvent::Unrecorded(_))),
+            "{what}: {events:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_on_a_spawned_task() {
+    // The body is called through a lock inside the batch; its future must
+    // stay `Send`, so that a consumer can spawn it.
+    let gate = testing::gate().await;
+    let keys = keys("spawned", 0..3);
+    let spawned = tokio::spawn(async move {
+        let batch = batch_of(&keys).concurrency(2);
+        gate.run_batch(batch, |_| async { Ok::<_, JobError>(()) })
+            .await
+            .iter()
+            .filter(|result| result.is_ok())
+            .count()
+    });
+    assert_eq!(spawned.await.expect("the batch ran"), 3);
 }

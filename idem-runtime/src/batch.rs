@@ -13,9 +13,16 @@
 //!    statement, and each is judged by the rules every duplicate is judged
 //!    by: in flight, done (or replayed), failed for good, in doubt, another
 //!    payload, a lease that ran out (taken over, or turned in doubt).
+//!    Should that lookup fail after the claim committed, the won items
+//!    still run (their rows are this batch's: left alone they would stay
+//!    pending with nobody holding them) and only the lost ones are refused
+//!    with the lookup's error ([`Rejected::Unavailable`] for an outage).
 //! 2. **Run**: the won items' bodies, at most
 //!    [`concurrency`](Batch::concurrency) at a time (one by default, in the
-//!    batch's order). A body that is not won is never called.
+//!    batch's order). A body that is not won is never called. A body never
+//!    starts on a claim that may have been taken over: one whose turn opens
+//!    with less than half its [`lease`](Batch::lease) left renews it first
+//!    (see [`Batch::lease`]).
 //! 3. **Record**: one statement per kind of outcome among the won items
 //!    (settle, release, keep, hold in doubt), each matched per item on its
 //!    claim's fence, in address order. An item the statement did not match
@@ -25,6 +32,31 @@
 //! Overlapping batches, from any number of consumers, cannot deadlock:
 //! every statement visits its rows in address order. Each item's result is
 //! what [`Gate::run`] would have returned for it, in the batch's order.
+//!
+//! # The same identity twice in a batch
+//!
+//! A later copy of an identity (a message delivered twice into one batch)
+//! gets what [`Gate::run`] gives a duplicate made once the earlier copy has
+//! finished: the batch runs in passes, the first copy of every slot in the
+//! first, the second copies in the next, each pass claimed after the one
+//! before it is recorded. So the second copy of a success is told
+//! [`Rejected::AlreadyDone`] (or, replayed, handed the value), of a kept
+//! failure [`Rejected::AlreadyFailed`], of one held in doubt
+//! [`Rejected::InDoubt`]; a copy with another payload is refused
+//! [`Rejected::KeyReused`]; and the copy of a failure that released its
+//! slot runs, within this batch, as a redelivery would. An outcome cache
+//! (feature `cache`) changes none of these answers. A batch without repeats is one pass, and costs what it always
+//! did; each further pass costs a claim and its outcomes again.
+//!
+//! # A panicking body
+//!
+//! A body that panics holds its own item, as under [`Gate::run`]: its
+//! claim stays `pending` (until its lease, if any, runs out). The other
+//! bodies of the batch still run, and every outcome that finished is
+//! recorded; then the panic resumes, and reaches the caller as it would
+//! from [`Gate::run`]. (Later copies of the batch's identities, which run
+//! in passes after it, do not run.) A redelivery finds the finished items
+//! done and the panicked one in flight.
 //!
 //! ```no_run
 //! # async fn demo(gate: idem_runtime::Gate) {
@@ -70,12 +102,15 @@
 //! A batch's outcomes are recorded when its last body returns: give a
 //! [`lease`](Batch::lease) the whole batch's time, not one body's.
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::stream;
+use futures_util::{FutureExt, StreamExt};
 
 use crate::acquire::{Acquired, Attempt, Concluded, Contender, Fenced, acquire};
 use crate::claim::{Claim, Recording};
@@ -155,6 +190,20 @@ impl<M> Batch<M> {
     /// Each claim expires after `lease`, as [`Mode::lease`] says (and is
     /// checked as it is). The batch's outcomes are recorded when its last
     /// body returns, so the lease must cover the whole batch.
+    ///
+    /// The lease runs from the batch's claim, and a body may wait for its
+    /// turn behind others (see [`concurrency`](Batch::concurrency)). A body
+    /// whose turn opens with less than half the lease left (by this
+    /// process's clock, which trails the store's by one round trip, far
+    /// less than that margin) first renews its claim to a whole lease (one
+    /// statement, matched on the claim's fence), so no body starts on a
+    /// claim that may have been taken over. Should the claim be lost
+    /// already (taken over, turned in doubt, released), its body does not
+    /// start: the item is claimed again alone, as a [`Gate::run`] made then
+    /// would be, and runs only if that wins. Should the store fail to
+    /// renew it, the claim is released (its body never started) and the
+    /// item refused with the store's error. A lease that covers the whole
+    /// batch never costs that statement.
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Batch<M> {
         self.mode = self.mode.lease(lease);
@@ -229,7 +278,15 @@ impl Gate {
     /// Returns, in the batch's order, what [`Gate::run`] would have
     /// returned for each item: the body's output when it ran (a success
     /// settles the slot, a failure releases it), or the [`Rejected`] that
-    /// refused it, converted into `E`.
+    /// refused it, converted into `E`. A later copy of an identity is
+    /// answered as a duplicate made after the earlier copy finished (see
+    /// [the module docs](crate::batch#the-same-identity-twice-in-a-batch)).
+    ///
+    /// # Panics
+    ///
+    /// When a body panics, once the other bodies have run and every
+    /// finished outcome is recorded, with that body's panic; its own claim
+    /// is left pending, as [`Gate::run`] leaves it.
     pub async fn run_batch<M, T, E, F, Fut>(&self, batch: Batch<M>, body: F) -> Vec<Result<T, E>>
     where
         F: FnMut(M) -> Fut,
@@ -286,8 +343,15 @@ enum Fate<R> {
     Answered(R),
 }
 
-/// The batch's run: claim, run the won bodies, record. See the module docs.
-async fn run<M, R, F, Fut>(slots: &Slots, batch: Batch<M>, outcome: OutcomeOf<R>, body: F) -> Vec<R>
+/// The batch's run: claim, run the won bodies, record, one pass for the
+/// first copy of each slot, then one for the second copies, and so on. See
+/// the module docs.
+async fn run<M, R, F, Fut>(
+    slots: &Slots,
+    batch: Batch<M>,
+    outcome: OutcomeOf<R>,
+    mut body: F,
+) -> Vec<R>
 where
     F: FnMut(M) -> Fut,
     Fut: Future<Output = R>,
@@ -297,40 +361,109 @@ where
         mode,
         concurrency,
     } = batch;
-    let (messages, claimed): (Vec<M>, Vec<Claimed>) = items
-        .into_iter()
-        .map(|item| {
-            let digest = item.fingerprint.as_ref().map(Fingerprint::digest);
-            (
-                item.message,
-                Claimed {
-                    identity: item.identity,
-                    fingerprint: item.fingerprint,
-                    digest,
-                },
-            )
-        })
-        .unzip();
-    let fates = claim(slots, &claimed, &mode, &outcome).await;
-    let mut results: Vec<Option<R>> = Vec::with_capacity(fates.len());
-    let mut won = Vec::new();
-    for ((index, fate), message) in fates.into_iter().enumerate().zip(messages) {
-        match fate {
-            Fate::Run(claim) => {
-                results.push(None);
-                won.push((index, claim, message));
-            }
-            Fate::Answered(answer) => results.push(Some(answer)),
+    let mut results: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    for pass in passes(items) {
+        let answered = run_pass(slots, pass, &mode, &outcome, &mut body, concurrency).await;
+        for (index, output) in answered {
+            results[index] = Some(output);
         }
-    }
-    let ran = run_bodies(won, body, concurrency).await;
-    for (index, output) in record(slots, ran, &outcome, concurrency).await {
-        results[index] = Some(output);
     }
     results
         .into_iter()
         .map(|result| result.unwrap_or_else(|| unreachable_result(&outcome)))
         .collect()
+}
+
+/// An item of a pass: its index in the batch, its message, how it is
+/// claimed.
+type Queued<M> = (usize, M, Claimed);
+
+/// The batch's items in passes: the first pass holds the first copy of
+/// each slot (and every absent identity, which has none), the second the
+/// second copies, and so on, each in the batch's order.
+///
+/// A later copy of a slot (the same identity twice in a batch, or two
+/// identities whose addresses collide) is a duplicate of an earlier one,
+/// and gets what [`Gate::run`] gives a duplicate made once the earlier one
+/// has finished: its pass is claimed after the earlier pass is recorded,
+/// by the same statements, so a settled slot answers it `AlreadyDone` (or,
+/// replayed, the value), a kept failure `AlreadyFailed`, a claim in doubt
+/// `InDoubt`, another payload `KeyReused`, and a released one runs it again
+/// within this batch, as a redelivery would. A batch without repeats is one
+/// pass and costs what it always did.
+fn passes<M>(items: Vec<Item<M>>) -> Vec<Vec<Queued<M>>> {
+    let mut passes: Vec<Vec<Queued<M>>> = Vec::new();
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for (index, item) in items.into_iter().enumerate() {
+        let pass = if item.identity.is_absent() {
+            0
+        } else {
+            let copy = copies.entry(item.identity.address()).or_insert(0);
+            *copy += 1;
+            *copy - 1
+        };
+        if passes.len() <= pass {
+            passes.resize_with(pass + 1, Vec::new);
+        }
+        let digest = item.fingerprint.as_ref().map(Fingerprint::digest);
+        let claimed = Claimed {
+            identity: item.identity,
+            fingerprint: item.fingerprint,
+            digest,
+        };
+        passes[pass].push((index, item.message, claimed));
+    }
+    passes
+}
+
+/// One pass of the batch (no two of its items share a slot): claim, run
+/// the won bodies, record. Per item, its index and what the caller gets.
+///
+/// A body that panics holds its own item (its claim is left pending, as
+/// [`Gate::run`] leaves it), every other body of the pass runs and is
+/// recorded, then the panic resumes, reaching the caller as from
+/// [`Gate::run`].
+async fn run_pass<M, R, F, Fut>(
+    slots: &Slots,
+    pass: Vec<Queued<M>>,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+    body: &mut F,
+    concurrency: usize,
+) -> Vec<(usize, R)>
+where
+    F: FnMut(M) -> Fut,
+    Fut: Future<Output = R>,
+{
+    let (queued, claimed): (Vec<(usize, M)>, Vec<Claimed>) = pass
+        .into_iter()
+        .map(|(index, message, claimed)| ((index, message), claimed))
+        .unzip();
+    let fates = claim(slots, &claimed, mode, outcome).await;
+    let mut answered = Vec::with_capacity(fates.len());
+    let mut won = Vec::new();
+    for ((fate, (index, message)), item) in fates.into_iter().zip(queued).zip(&claimed) {
+        match fate {
+            Fate::Run(claim) => won.push(Won {
+                index,
+                claim,
+                message,
+                item,
+            }),
+            Fate::Answered(answer) => answered.push((index, answer)),
+        }
+    }
+    let Bodies {
+        ran,
+        answered: refused,
+        panicked,
+    } = run_bodies(slots, won, body, mode, outcome, concurrency).await;
+    answered.extend(refused);
+    answered.extend(record(slots, ran, outcome, concurrency).await);
+    if let Some(panic) = panicked {
+        std::panic::resume_unwind(panic);
+    }
+    answered
 }
 
 /// Every item is answered or run and recorded; should one not be, it is
@@ -364,9 +497,10 @@ fn check(slots: &Slots, mode: &Mode) -> Result<Option<i64>, Rejected> {
     mode.lease_micros()
 }
 
-/// Claims every item: answers those it can without the store (absent
-/// identities run ungated, the outcome cache), claims the rest in one
-/// statement, and judges the holders of the lost ones.
+/// Claims every item of a pass (no two share a slot): answers those it can
+/// without the store (absent identities run ungated, the outcome cache),
+/// claims the rest in one statement, and judges the holders of the lost
+/// ones.
 async fn claim<R>(
     slots: &Slots,
     items: &[Claimed],
@@ -400,9 +534,7 @@ async fn claim<R>(
     };
 
     let mut fates: Vec<Option<Fate<R>>> = (0..items.len()).map(|_| None).collect();
-    // The first item of each address claims it; a later one in the same
-    // batch finds it in flight (or, another identity, a collision).
-    let mut first_of: HashMap<&str, usize> = HashMap::new();
+    // No two items of a pass share a slot (see `passes`).
     let mut to_claim = Vec::new();
     for (index, contender) in contenders.iter().enumerate() {
         if items[index].identity.is_absent() {
@@ -416,24 +548,7 @@ async fn claim<R>(
             fates[index] = Some(answer(acquired, &items[index].identity, outcome));
             continue;
         }
-        match first_of.get(contender.address()) {
-            Some(&first) => {
-                let rejected =
-                    if items[first].identity.canonical() == items[index].identity.canonical() {
-                        Rejected::InFlight
-                    } else {
-                        Rejected::Collision {
-                            address: contender.address().to_owned(),
-                        }
-                    };
-                contender.refused(&rejected);
-                fates[index] = Some(Fate::Answered(outcome.refused(rejected)));
-            }
-            None => {
-                first_of.insert(contender.address(), index);
-                to_claim.push(index);
-            }
-        }
+        to_claim.push(index);
     }
 
     let mut freed = Vec::new();
@@ -495,8 +610,8 @@ fn answer<R>(
 /// The statements of the claim: one insert for every item of `to_claim`,
 /// then one lookup of the holders of those it lost, each then judged (which
 /// may take a statement of its own: a lease that ran out). Per item, the
-/// attempt, or the refusal a statement of its own met. `Err`: the insert or
-/// the lookup failed, and no item is decided.
+/// attempt, or the refusal a statement of its own (or the lookup) met.
+/// `Err`: the insert failed, and no item is decided.
 async fn claim_in_store<'i>(
     slots: &Slots,
     contenders: &[Contender<'_>],
@@ -533,14 +648,20 @@ async fn claim_in_store<'i>(
         .map(|item| item.address)
         .filter(|address| !won.contains_key(*address))
         .collect();
-    let mut holders: HashMap<String, store::Existing> = if lost.is_empty() {
-        HashMap::new()
+    // The claim committed: the won rows are ours whatever the lookup meets.
+    // Should it fail, the won items still run (leaving them pending, with
+    // nobody holding them, would strand them) and only the lost ones, whose
+    // holders are unknown, are refused.
+    let (mut holders, unknown) = if lost.is_empty() {
+        (HashMap::new(), None)
     } else {
-        store::lookup_batch(&mut *conn, slots.engine(), scope, &lost, want_output)
-            .await
-            .map_err(failed)?
-            .into_iter()
-            .collect()
+        match store::lookup_batch(&mut *conn, slots.engine(), scope, &lost, want_output).await {
+            Ok(holders) => (holders.into_iter().collect(), None),
+            Err(error) => (
+                HashMap::new(),
+                Some(lookup_failed(slots, lost.len(), error)),
+            ),
+        }
     };
     tracing::debug!(
         target: "idem",
@@ -555,6 +676,9 @@ async fn claim_in_store<'i>(
         let contender = &contenders[index];
         let attempt = if let Some(&fence) = won.get(contender.address()) {
             Ok(Attempt::Won(Fenced::new(fence)))
+        } else if let Some(rejected) = &unknown {
+            contender.refused(rejected);
+            Err(rejected.clone())
         } else {
             match holders.remove(contender.address()) {
                 Some(existing) => contender
@@ -597,27 +721,194 @@ fn batch_failed(slots: &Slots, items: usize, error: sqlx::Error) -> Rejected {
     rejected
 }
 
-/// Runs the won bodies, at most `concurrency` at a time: per item, its
-/// index, claim and output.
+/// The lookup of the holders of a batch's lost items failed, after its
+/// claim committed: those items are refused with what this says (an outage,
+/// or an error of the request); the won ones run.
+fn lookup_failed(slots: &Slots, lost: usize, error: sqlx::Error) -> Rejected {
+    let rejected = Rejected::from_store(error);
+    tracing::error!(
+        target: "idem",
+        account = slots.account(),
+        namespace = slots.namespace(),
+        lost,
+        outage = rejected.is_outage(),
+        error = %rejected,
+        "looking up the holders of the batch's lost items failed: those are refused, \
+         the won items run"
+    );
+    rejected
+}
+
+/// A won item, waiting for its body's turn.
+struct Won<'a, M> {
+    index: usize,
+    claim: Claim,
+    message: M,
+    item: &'a Claimed,
+}
+
+/// What became of a pass's won items.
+struct Bodies<R> {
+    /// Per body that returned: its item's index, its claim and its output.
+    ran: Vec<(usize, Claim, R)>,
+    /// Items answered without their body running: their claim was lost
+    /// before their turn came (see [`turn_opens`]).
+    answered: Vec<(usize, R)>,
+    /// The first panic of a body, resumed once the rest is recorded.
+    panicked: Option<Box<dyn Any + Send>>,
+}
+
+/// What one won item's turn came to.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one turn per won item, most of them bodies that ran: boxing each would cost an \
+              allocation per item to shrink only the rare others"
+)]
+enum Turn<R> {
+    Ran(usize, Claim, R),
+    Answered(usize, R),
+    Panicked(Box<dyn Any + Send>),
+}
+
+/// Runs the won bodies, at most `concurrency` at a time, each only on a
+/// claim that is still this batch's ([`turn_opens`]). A body that panics
+/// (or whose call does) is caught: its claim is dropped, so its row stays
+/// pending as after a panic under [`Gate::run`] (until its lease, if any,
+/// runs out), and the other bodies run on.
 async fn run_bodies<M, R, F, Fut>(
-    won: Vec<(usize, Claim, M)>,
-    mut body: F,
+    slots: &Slots,
+    won: Vec<Won<'_, M>>,
+    body: &mut F,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
     concurrency: usize,
-) -> Vec<(usize, Claim, R)>
+) -> Bodies<R>
 where
     F: FnMut(M) -> Fut,
     Fut: Future<Output = R>,
 {
-    stream::iter(won)
-        .map(|(index, mut claim, message)| {
-            // Called as a turn opens, not when the claim was won.
-            claim.body_starts();
-            let running = body(message);
-            async move { (index, claim, running.await) }
-        })
+    // The body is called as a turn opens (not when the claim was won).
+    let body = Mutex::new(body);
+    // Each turn is a future of its own, made here and polled only as its
+    // turn opens; a named `async fn` rather than a closure's async block,
+    // so that the batch's future stays `Send` for every lifetime.
+    let turns: Vec<_> = won
+        .into_iter()
+        .map(|won| take_turn(slots, won, &body, mode, outcome))
+        .collect();
+    let turns: Vec<Turn<R>> = stream::iter(turns)
         .buffer_unordered(concurrency)
         .collect()
-        .await
+        .await;
+    let mut bodies = Bodies {
+        ran: Vec::with_capacity(turns.len()),
+        answered: Vec::new(),
+        panicked: None,
+    };
+    for turn in turns {
+        match turn {
+            Turn::Ran(index, claim, output) => bodies.ran.push((index, claim, output)),
+            Turn::Answered(index, answer) => bodies.answered.push((index, answer)),
+            Turn::Panicked(panic) => {
+                bodies.panicked.get_or_insert(panic);
+            }
+        }
+    }
+    bodies
+}
+
+/// One won item's turn: its claim checked ([`turn_opens`]), then its body,
+/// called through `body`'s lock (held only for the call, never across an
+/// await), any panic of the call or of the body caught.
+async fn take_turn<M, R, F, Fut>(
+    slots: &Slots,
+    won: Won<'_, M>,
+    body: &Mutex<&mut F>,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+) -> Turn<R>
+where
+    F: FnMut(M) -> Fut,
+    Fut: Future<Output = R>,
+{
+    let Won {
+        index,
+        claim,
+        message,
+        item,
+    } = won;
+    let mut claim = match turn_opens(slots, claim, item, mode, outcome).await {
+        Ok(claim) => claim,
+        Err(answer) => return Turn::Answered(index, answer),
+    };
+    claim.body_starts();
+    let called = panic::catch_unwind(AssertUnwindSafe(|| {
+        let mut body = body.lock().unwrap_or_else(PoisonError::into_inner);
+        let body: &mut F = &mut body;
+        body(message)
+    }));
+    let output = match called {
+        Ok(running) => AssertUnwindSafe(running).catch_unwind().await,
+        Err(panic) => Err(panic),
+    };
+    match output {
+        Ok(output) => Turn::Ran(index, claim, output),
+        // Its outcome is unknown: the claim is held, as dropped.
+        Err(panic) => Turn::Panicked(panic),
+    }
+}
+
+/// A won item's turn opens: its body may start only on a claim that is still
+/// this batch's. The lease ran from the batch's claim, and the body may have
+/// waited behind others: with less than half of it left (by this process's
+/// clock, which starts it one round trip after the store did, far less than
+/// that margin), the claim is first renewed to a whole lease, one statement
+/// for that item, matched on its fence. So a body starts with at least half
+/// a lease ahead of it, never on a claim that may have been taken over.
+///
+/// `Err`: what the item gets instead. A claim lost before its body started
+/// (taken over, turned in doubt or released) ran nothing of this batch's: the
+/// item is claimed again alone, as a [`Gate::run`] made now would be, and
+/// runs only if it wins. A claim the store could not renew is released
+/// (matched on its fence, so only if still ours; its body never started, so
+/// freeing it is safe) and the item refused with the store's error.
+async fn turn_opens<R>(
+    slots: &Slots,
+    claim: Claim,
+    item: &Claimed,
+    mode: &Mode,
+    outcome: &OutcomeOf<R>,
+) -> Result<Claim, R> {
+    let Some(lease) = mode.lease_duration() else {
+        return Ok(claim);
+    };
+    if claim.lease_left().is_none_or(|left| left >= lease / 2) {
+        return Ok(claim);
+    }
+    match claim.extend(lease).await {
+        Ok(()) => Ok(claim),
+        Err(Rejected::LeaseLost { .. }) => {
+            claim.forget();
+            let via = &mut Via::Pool(slots.pool());
+            let acquired = acquire(
+                slots,
+                &item.identity,
+                &item.alone(mode),
+                outcome.replays(),
+                via,
+            )
+            .await;
+            match answer(acquired, &item.identity, outcome) {
+                Fate::Run(claim) => Ok(claim),
+                Fate::Answered(answer) => Err(answer),
+            }
+        }
+        Err(rejected) => {
+            // Reported by the claim, whatever it meets.
+            let _released = claim.release().await;
+            Err(outcome.refused(rejected))
+        }
+    }
 }
 
 /// One kind of outcome, and the claims to record it for.

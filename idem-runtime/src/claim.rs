@@ -111,6 +111,15 @@ impl Lease {
             Instant::now().checked_add(lease);
     }
 
+    /// What is left of it now; `None`: no lease, or one too long for the
+    /// clock to hold.
+    fn left(&self) -> Option<Duration> {
+        self.ends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|ends| ends.saturating_duration_since(Instant::now()))
+    }
+
     fn ran_out(&self) -> bool {
         self.ends
             .lock()
@@ -364,6 +373,19 @@ impl Claim {
     /// The slot this claim holds, if any.
     pub(crate) fn held(&self) -> Option<&Held> {
         self.held.as_ref()
+    }
+
+    /// What is left of the claim's lease by this process's clock; `None`:
+    /// no lease (or one too long for the clock to hold), or no slot.
+    pub(crate) fn lease_left(&self) -> Option<Duration> {
+        self.held.as_ref()?.lease.left()
+    }
+
+    /// Lets go of a claim found lost before its body started (a batch's
+    /// queued item): nothing of this holder's ran, so there is nothing to
+    /// record and nothing to warn about as it goes.
+    pub(crate) fn forget(mut self) {
+        self.held = None;
     }
 
     /// The body of this claim starts now: a batch's body may wait for its
@@ -694,7 +716,7 @@ impl Held {
                 // success is the outcome nobody knew, and once written it is
                 // ours, the one every duplicate is told.
                 Some(row) if row.fence == self.fence && row.state == "in_doubt" => {
-                    if self.keep_late_success(via, Some(row.fence), output).await? {
+                    if self.settle_own_hold(via, output).await? {
                         return Ok(());
                     }
                     continue;
@@ -724,6 +746,37 @@ impl Held {
             None,
         );
         Err(self.claim_lost())
+    }
+
+    /// Writes this holder's success over its own claim, held in doubt
+    /// under its fence since its lease ran out. `false`: the row changed
+    /// between the look and the write.
+    async fn settle_own_hold(
+        &self,
+        via: &mut Via<'_>,
+        output: Option<&str>,
+    ) -> Result<bool, Rejected> {
+        let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
+        let late = LateSuccess {
+            identity: self.identity.canonical(),
+            fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
+            output,
+        };
+        // Matched on the fence: a repeat changes nothing.
+        let written: Result<bool, sqlx::Error> = repeat_recording!(via, |conn| {
+            store::settle_own_hold(&mut *conn, scope, address, fence, late).await
+        });
+        let written = written.map_err(Rejected::from_store)?;
+        if written {
+            self.event(
+                tracing::Level::WARN,
+                "the lease ran out while the body ran and the claim was held in doubt, but \
+                 nobody took it over: the success is recorded over the hold",
+                None,
+            );
+            self.remember(Recording::Success { output }, via);
+        }
+        Ok(written)
     }
 
     /// Writes this holder's success into the slot it no longer holds: over

@@ -114,6 +114,11 @@ struct Shared {
     /// Statements whose next execution loses its reply, once each.
     armed: Mutex<Vec<Statement>>,
     lost: Mutex<Vec<LostReply>>,
+    /// SQL fragments: the next statement containing one loses its reply,
+    /// once each (for statements [`Statement`] does not tell apart).
+    armed_fragments: Mutex<Vec<&'static str>>,
+    /// The SQL text of each statement whose reply was lost to a fragment.
+    lost_fragments: Mutex<Vec<String>>,
     /// Statements executed through the proxy (Execute messages and simple
     /// Queries), on every connection.
     executions: AtomicU64,
@@ -145,6 +150,8 @@ impl Proxy {
             connections: Mutex::new(JoinSet::new()),
             armed: Mutex::new(Vec::new()),
             lost: Mutex::new(Vec::new()),
+            armed_fragments: Mutex::new(Vec::new()),
+            lost_fragments: Mutex::new(Vec::new()),
             executions: AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept(listener, shared.clone()));
@@ -206,6 +213,26 @@ impl Proxy {
         true
     }
 
+    /// Loses the reply of the next statement whose SQL text contains
+    /// `fragment`, on whichever connection runs it: for a statement that
+    /// [`Statement`] does not tell apart (a lookup, say). `false` when that
+    /// fragment is armed already.
+    pub fn lose_next_reply_to(&self, fragment: &'static str) -> bool {
+        let mut armed = lock(&self.shared.armed_fragments);
+        if armed.contains(&fragment) {
+            return false;
+        }
+        armed.push(fragment);
+        true
+    }
+
+    /// The SQL text of each statement whose reply was lost to
+    /// [`lose_next_reply_to`](Proxy::lose_next_reply_to) since the last
+    /// call, oldest first.
+    pub fn take_lost_fragment_replies(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.shared.lost_fragments))
+    }
+
     /// The replies lost since the last call, oldest first.
     pub fn take_lost_replies(&self) -> Vec<LostReply> {
         std::mem::take(&mut *lock(&self.shared.lost))
@@ -220,6 +247,7 @@ impl Proxy {
     /// Disarms every reply not lost yet.
     pub fn disarm(&self) {
         lock(&self.shared.armed).clear();
+        lock(&self.shared.armed_fragments).clear();
     }
 }
 
@@ -291,8 +319,16 @@ async fn startup_message(client: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 #[derive(Default)]
 struct Syncs {
     sent: AtomicU64,
-    /// `(sync number, statement)`, set before that Sync is forwarded.
-    lose: Mutex<Option<(u64, Statement)>>,
+    /// `(sync number, what it carries)`, set before that Sync is forwarded.
+    lose: Mutex<Option<(u64, Armed)>>,
+}
+
+/// What an execution whose reply is to be lost was armed by.
+#[derive(Debug, Clone)]
+enum Armed {
+    Statement(Statement),
+    /// A fragment of its SQL; the whole text.
+    Fragment(String),
 }
 
 /// One protocol message: its type byte and its body.
@@ -342,25 +378,24 @@ async fn frontend(
 ) -> std::io::Result<()> {
     let (mut from, mut to) = (BufReader::new(from), BufWriter::new(to));
     syncs.sent.store(1, Ordering::SeqCst); // the startup's ReadyForQuery
-    // The statement last parsed: the unnamed one that a Bind then executes.
-    let mut parsed: Option<Statement> = None;
+    // The SQL last parsed: the unnamed statement that a Bind then executes.
+    let mut parsed: Option<String> = None;
     // An armed statement executed since the last Sync.
-    let mut executed: Option<Statement> = None;
+    let mut executed: Option<Armed> = None;
     loop {
         let message = Message::read(&mut from).await?;
         if matches!(message.kind, b'E' | b'Q') {
             shared.executions.fetch_add(1, Ordering::SeqCst);
         }
         match message.kind {
-            b'P' => parsed = message.sql().as_deref().and_then(Statement::of),
-            b'E' => executed = parsed.filter(|statement| shared.take_armed(*statement)),
+            b'P' => parsed = message.sql(),
+            b'E' => executed = parsed.as_deref().and_then(|sql| shared.armed_by(sql)),
             b'S' => syncs.mark(executed.take()),
             b'Q' => syncs.mark(
                 message
                     .sql()
                     .as_deref()
-                    .and_then(Statement::of)
-                    .filter(|statement| shared.take_armed(*statement)),
+                    .and_then(|sql| shared.armed_by(sql)),
             ),
             _ => {}
         }
@@ -375,10 +410,10 @@ async fn frontend(
 impl Syncs {
     /// Counts one more request that earns a ReadyForQuery, whose reply is
     /// lost if it carries an armed `statement`.
-    fn mark(&self, statement: Option<Statement>) {
+    fn mark(&self, armed: Option<Armed>) {
         let number = self.sent.fetch_add(1, Ordering::SeqCst) + 1;
-        if let Some(statement) = statement {
-            *lock(&self.lose) = Some((number, statement));
+        if let Some(armed) = armed {
+            *lock(&self.lose) = Some((number, armed));
         }
     }
 }
@@ -396,17 +431,20 @@ async fn backend(
     let mut ready = 0_u64;
     loop {
         let message = Message::read(&mut from).await?;
-        let lose = *lock(&syncs.lose);
-        if let Some((number, statement)) = lose
+        let lose = lock(&syncs.lose).clone();
+        if let Some((number, armed)) = lose
             && ready + 1 == number
         {
             // Everything before this reply reaches the client; none of it.
             to.flush().await?;
             if message.kind == b'Z' {
-                lock(&shared.lost).push(LostReply {
-                    statement,
-                    at: Instant::now(),
-                });
+                match armed {
+                    Armed::Statement(statement) => lock(&shared.lost).push(LostReply {
+                        statement,
+                        at: Instant::now(),
+                    }),
+                    Armed::Fragment(sql) => lock(&shared.lost_fragments).push(sql),
+                }
                 return Ok(());
             }
             continue;
@@ -422,6 +460,18 @@ async fn backend(
 }
 
 impl Shared {
+    /// What, if anything, armed the loss of the reply to `sql`: its
+    /// statement, or a fragment of it (each disarmed as it fires).
+    fn armed_by(&self, sql: &str) -> Option<Armed> {
+        if let Some(statement) = Statement::of(sql).filter(|s| self.take_armed(*s)) {
+            return Some(Armed::Statement(statement));
+        }
+        let mut fragments = lock(&self.armed_fragments);
+        let position = fragments.iter().position(|f| sql.contains(f))?;
+        fragments.swap_remove(position);
+        Some(Armed::Fragment(sql.to_owned()))
+    }
+
     /// Disarms `statement` if it was armed; `true` if it was.
     fn take_armed(&self, statement: Statement) -> bool {
         let mut armed = lock(&self.armed);

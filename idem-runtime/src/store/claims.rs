@@ -352,6 +352,22 @@ pub(super) const SETTLE_OVER: SplitOnNamespace = per_row!(
     "state IN ('pending', 'in_doubt') AND fence = $4"
 );
 
+/// Records the success of a holder whose own claim its lease turned in
+/// doubt ([`EXPIRE_IN_DOUBT`], `on_expiry = "in_doubt"`) while nobody took
+/// it over: matched on its fence (`$4`) and on that reason, so only the
+/// hold its own expiry made. The outcome is the holder's own, as if it had
+/// settled in time, so `state_reason` is cleared: a settle repeated after
+/// this reply was lost reads the row back as its own, where
+/// [`SETTLE_OVER`]'s `late_success` would say somebody else wrote it.
+/// `$5`: the output; `$6`: the fingerprint. Index: the partial unique index
+/// of its form.
+pub(super) const SETTLE_OWN_HOLD: SplitOnNamespace = per_row!(
+    "UPDATE idem_records \
+     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
+         fingerprint = $6, state_reason = NULL",
+    "state = 'in_doubt' AND state_reason = 'lease_expired' AND fence = $4"
+);
+
 /// Records the success of a holder whose claim was released (by the holder
 /// that took it over, or by an operator) while nobody holds the slot: a
 /// settled row, as if claimed and settled at once. `$4`: the identity;
@@ -589,6 +605,27 @@ pub(crate) async fn settle_over<'e>(
         SETTLE_OVER
             .for_row(scope, address)
             .bind(seen)
+            .bind(late.output)
+            .bind(late.fingerprint),
+        executor,
+    )
+    .await
+}
+
+/// Settles this holder's own claim, held in doubt by its expired lease,
+/// with its success ([`SETTLE_OWN_HOLD`]). `false`: the row changed since
+/// it was seen.
+pub(crate) async fn settle_own_hold<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    fence: i64,
+    late: LateSuccess<'_>,
+) -> Result<bool, sqlx::Error> {
+    changed_one(
+        SETTLE_OWN_HOLD
+            .for_row(scope, address)
+            .bind(fence)
             .bind(late.output)
             .bind(late.fingerprint),
         executor,

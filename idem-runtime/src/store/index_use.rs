@@ -144,6 +144,12 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             lookup,
         ),
         per_row(
+            "settle_own_hold",
+            &claims::SETTLE_OWN_HOLD,
+            &[Int(1), output, Bytes],
+            lookup,
+        ),
+        per_row(
             "settle_vacant",
             &claims::SETTLE_VACANT,
             &[Bytes, Bytes, output],

@@ -74,7 +74,7 @@ pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
     BODY_IN_DOUBT, Claimed, Existing, KEPT_FAILURE, LATE_SUCCESS, LateSuccess, NewClaim, claim,
     expire_in_doubt, extend, hold_in_doubt, keep, lookup, release, settle, settle_over,
-    settle_vacant, take_over,
+    settle_own_hold, settle_vacant, take_over,
 };
 
 /// Where a claim (or a usage event) lives, besides its address.
