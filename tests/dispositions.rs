@@ -254,6 +254,41 @@ async fn a_late_success_settles_a_claim_its_expiry_turned_in_doubt() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_over_its_own_hold_whose_reply_was_lost_is_still_its_own() {
+    // The settle over the hold its own expiry made commits, and its reply is
+    // lost: the repeat finds the row settled under its fence and must read
+    // it as its own success, not as somebody else's (`NotRecorded`).
+    let proxy = idem_test_support::fault_proxy::Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let id = Identity::new("charge_leased_lost").part("ord_9");
+    let mode = Mode::new()
+        .lease(Duration::from_millis(150))
+        .on_expiry(idem::OnExpiry::InDoubt);
+    let slow = gate.claim_with(&id, &mode).await.expect("won");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(matches!(
+        gate.claim_with(&id, &mode).await,
+        Err(Rejected::InDoubt)
+    ));
+    assert!(proxy.lose_next_reply_to("state_reason = 'lease_expired' AND fence"));
+    let late = slow.settle().await;
+    assert_eq!(
+        proxy.take_lost_fragment_replies().len(),
+        1,
+        "the settle over the hold lost its reply"
+    );
+    assert!(late.is_ok(), "the holder's own success, repeated: {late:?}");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+    assert!(matches!(
+        gate.claim_with(&id, &mode).await,
+        Err(Rejected::AlreadyDone)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_leaves_a_failure_resolved_meanwhile_as_it_is() {
     use idem::operations::{self, Resolution, Resolved, Slot};
 
