@@ -30,6 +30,11 @@ mod batches;
 #[cfg(feature = "cache")]
 #[path = "history/cached.rs"]
 mod cached;
+#[path = "history/reconciled.rs"]
+mod reconciled;
+// The new rules and events, each shown catching a planted violation.
+#[path = "history/rules.rs"]
+mod rules;
 
 const SEED_VARIABLE: &str = "IDEM_HISTORY_SEED";
 

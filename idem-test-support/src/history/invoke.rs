@@ -183,7 +183,7 @@ async fn by_claim(gate: &Gate, call: Call, body: Body) -> Result<u64, JobError> 
 }
 
 /// Runs `body`, renewing the claim's lease every half lease meanwhile.
-async fn extending<F: Future<Output = Result<u64, JobError>>>(
+pub(super) async fn extending<F: Future>(
     claim: &idem::Claim,
     lease: Duration,
     log: &BodyLog,

@@ -57,6 +57,7 @@ mod final_state;
 mod handmade;
 mod invoke;
 mod meter;
+mod reconcile;
 mod record;
 mod target;
 mod workload;
@@ -70,6 +71,7 @@ pub use self::{
     drive::{Run, assert_recovers, run},
     faults::{Faults, Inject},
     figures::{Figures, assert_no_anomalies},
+    reconcile::{Reconciling, run_reconciling},
     record::Recorder,
     target::Target,
     workload::{Plans, Workload, count_from_env},
