@@ -30,6 +30,9 @@ mod batches;
 #[cfg(feature = "cache")]
 #[path = "history/cached.rs"]
 mod cached;
+#[cfg(feature = "tower")]
+#[path = "history/layer.rs"]
+mod layer;
 #[path = "history/reconciled.rs"]
 mod reconciled;
 // The new rules and events, each shown catching a planted violation.

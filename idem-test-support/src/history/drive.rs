@@ -18,7 +18,7 @@ use super::meter::meter_batches;
 use super::record::Recorder;
 use super::target::Target;
 use super::workload::Workload;
-use super::{FaultKind, Final, Got, History, identity};
+use super::{FaultKind, Final, Got, History, Keys, identity};
 use crate::rng::XorShift;
 
 /// A finished run: what it did, its history and the store's final state.
@@ -54,9 +54,56 @@ pub async fn run(target: &Target, workload: &Workload, faults: Option<&Faults>) 
     started.finish().await
 }
 
+/// A run under way, for a workload whose callers live outside this crate
+/// (the tower layer's, whose server needs features this crate does not
+/// enable): its recorder, its target, and whether it should stop.
+#[derive(Clone)]
+pub struct Session(Arc<Context>);
+
+impl Session {
+    /// What every caller records to.
+    pub fn recorder(&self) -> &Recorder {
+        &self.0.recorder
+    }
+
+    /// Where the run happens.
+    pub fn target(&self) -> &Target {
+        &self.0.target
+    }
+
+    /// The run is over: stop calling.
+    pub fn stopped(&self) -> bool {
+        self.0.stopped()
+    }
+}
+
+/// Runs `callers` (given the run's [`Session`]) over identities guarded by
+/// `guards` and keyed as `keys` says, while `faults` (if any) are
+/// injected; then waits until the store answers again and reads its final
+/// state. `workload` describes the run in its figures.
+pub async fn run_outside<F, Fut>(
+    target: &Target,
+    workload: &Workload,
+    guards: Vec<super::Guard>,
+    keys: Keys,
+    faults: Option<&Faults>,
+    callers: F,
+) -> Run
+where
+    F: FnOnce(Session) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut seeds = XorShift::new(workload.seed);
+    let mut started = start(target, workload, guards, faults, &mut seeds);
+    started.keys = keys;
+    callers(Session(started.context.clone())).await;
+    started.finish().await
+}
+
 /// A run under way: what its callers share, and the tasks beside them.
 pub(super) struct Started {
     pub(super) context: Arc<Context>,
+    keys: Keys,
     injector: Option<tokio::task::JoinHandle<()>>,
     metering: Option<tokio::task::JoinHandle<()>>,
 }
@@ -88,6 +135,7 @@ pub(super) fn start(
         .then(|| tokio::spawn(meter_batches(context.clone(), seeds.next_u64())));
     Started {
         context,
+        keys: Keys::Numbers,
         injector,
         metering,
     }
@@ -99,6 +147,7 @@ impl Started {
     pub(super) async fn finish(self) -> Run {
         let Started {
             context,
+            keys,
             injector,
             metering,
         } = self;
@@ -123,7 +172,8 @@ impl Started {
                     .fault(FaultKind::ReplyLost(lost.statement), at, at);
             }
         }
-        let history = context.recorder.history(context.guards.clone());
+        let mut history = context.recorder.history(context.guards.clone());
+        history.keys = keys;
         let last = read_final(target, &history).await;
         Run {
             workload: context.workload.clone(),

@@ -68,11 +68,11 @@ pub use self::{
     batch::{Batches, run_batches},
     body::{Body, Plan},
     check::{Anomaly, Rule, check},
-    drive::{Run, assert_recovers, run},
+    drive::{Run, Session, assert_recovers, run, run_outside},
     faults::{Faults, Inject},
     figures::{Figures, assert_no_anomalies},
     reconcile::{Reconciling, run_reconciling},
-    record::Recorder,
+    record::{BodyLog, Inside, Recorder},
     target::Target,
     workload::{Plans, Workload, count_from_env},
 };
@@ -458,6 +458,18 @@ pub struct History {
     pub charges: Vec<Charge>,
     /// Every answer a reconciler's probe gave.
     pub probes: Vec<Probed>,
+}
+
+impl History {
+    /// A fault was active between `start` and `end`, or had just been (as
+    /// the checker judges an outage): what a workload that infers an
+    /// invocation's events from its answer asks before assuming that an
+    /// outcome was recorded.
+    pub fn fault_during(&self, start: Micros, end: Micros) -> bool {
+        self.faults
+            .iter()
+            .any(|fault| fault.start <= end && start <= fault.end + check::OUTAGE_GRACE)
+    }
 }
 
 /// How identity `n` is keyed: how the final rows are told apart.

@@ -154,7 +154,7 @@ impl Default for Recorder {
 }
 
 /// What a body writes about itself; shared by the body and its invocation.
-pub(super) struct BodyLog {
+pub struct BodyLog {
     epoch: Instant,
     run: Mutex<Option<BodyRun>>,
     /// Still running: not returned, panicked or dropped yet.
@@ -163,7 +163,8 @@ pub(super) struct BodyLog {
 }
 
 impl BodyLog {
-    pub(super) fn new(recorder: &Recorder) -> Arc<BodyLog> {
+    /// A body not entered yet, on `recorder`'s clock.
+    pub fn new(recorder: &Recorder) -> Arc<BodyLog> {
         Arc::new(BodyLog {
             epoch: recorder.epoch,
             run: Mutex::new(None),
@@ -176,7 +177,9 @@ impl BodyLog {
         self.epoch.elapsed().as_micros() as Micros
     }
 
-    pub(super) fn enter(&self) -> Inside<'_> {
+    /// The body is entered now; hold what this returns to its end (dropped
+    /// unfinished, it records a cancellation or a panic).
+    pub fn enter(&self) -> Inside<'_> {
         let start = self.now();
         *lock(&self.run) = Some(BodyRun {
             start,
@@ -189,7 +192,8 @@ impl BodyLog {
         Inside { log: self }
     }
 
-    pub(super) fn leave(&self, left: Left) {
+    /// The body left, as `left` says.
+    pub fn leave(&self, left: Left) {
         if self.open.swap(false, Ordering::SeqCst)
             && let Some(run) = lock(&self.run).as_mut()
         {
@@ -204,14 +208,20 @@ impl BodyLog {
         }
     }
 
-    pub(super) fn take(&self) -> Option<BodyRun> {
+    /// Its run, if it was entered (taken: a second call gets `None`).
+    pub fn take(&self) -> Option<BodyRun> {
         lock(&self.run).take()
+    }
+
+    /// Entered and not left yet.
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::SeqCst)
     }
 }
 
 /// A body between entry and exit: if it is dropped unfinished, it was
 /// cancelled, or it panicked.
-pub(super) struct Inside<'a> {
+pub struct Inside<'a> {
     log: &'a BodyLog,
 }
 

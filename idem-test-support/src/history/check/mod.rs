@@ -23,7 +23,7 @@ pub(super) use view::views; // for the figures
 /// How long after a fault an outage may still be reported: a connection
 /// the fault broke can be found broken a little later.
 /// (Measured: within 6 ms, under load on 2 cores.)
-const OUTAGE_GRACE: Micros = 250_000;
+pub(super) const OUTAGE_GRACE: Micros = 250_000;
 
 /// How far apart the database's clock (which expires leases) and ours may
 /// read the same instant.
