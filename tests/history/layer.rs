@@ -35,7 +35,7 @@ use idem_test_support::history::{
 };
 use tokio::net::TcpListener;
 
-use super::{CONNECTIONS, SEED_VARIABLE, connection_faults, faults};
+use super::{CONNECTIONS, SEED_VARIABLE, connection_faults, every_fault, faults};
 
 /// The header the layer's scope reads the caller's account from.
 const ACCOUNT: &str = "x-account";
@@ -416,12 +416,15 @@ fn outcomes_known(run: &mut Run) {
     }
 }
 
-async fn the_layer_keeps_every_promise(shape: Shape, name: &str) {
-    let target = Target::proxied(CONNECTIONS).await;
+async fn the_layer_keeps_every_promise(target: Target, shape: Shape, name: &str) {
     let registry = Registry::default();
     let url = serve(target.gate.clone(), registry.clone()).await;
     let guards = vec![Guard::Fingerprint; shape.identities];
-    let faults = faults(connection_faults());
+    let faults = if target.cluster.is_some() {
+        faults(every_fault())
+    } else {
+        faults(connection_faults())
+    };
     let mut run = history::run_outside(
         &target,
         &shape.workload(),
@@ -461,7 +464,8 @@ async fn the_layer_keeps_every_promise(shape: Shape, name: &str) {
 /// mid-way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retrying_clients_through_the_layer_under_connection_faults_keep_every_promise() {
-    the_layer_keeps_every_promise(Shape::new(1_500, 0), "history (tower layer)").await;
+    let target = Target::proxied(CONNECTIONS).await;
+    the_layer_keeps_every_promise(target, Shape::new(1_500, 0), "history (tower layer)").await;
 }
 
 /// The same, with clients that give up on a request mid-way: the guarded
@@ -473,14 +477,16 @@ async fn retrying_clients_through_the_layer_under_connection_faults_keep_every_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "fails until issue 25's detached bodies land: a client's disconnect cancels the guarded handler"]
 async fn clients_that_disconnect_through_the_layer_keep_every_promise() {
+    let target = Target::proxied(CONNECTIONS).await;
     let name = "history (tower layer, disconnects)";
-    the_layer_keeps_every_promise(Shape::new(1_500, 15), name).await;
+    the_layer_keeps_every_promise(target, Shape::new(1_500, 15), name).await;
 }
 
 /// The long run: `IDEM_HISTORY_REQUESTS`, `IDEM_HISTORY_CLIENTS`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the long history of the tower layer (minutes): run it with -- --ignored"]
 async fn a_long_history_of_the_layer_with_disconnects_keeps_every_promise() {
-    let name = "history (tower layer, disconnects, long)";
-    the_layer_keeps_every_promise(Shape::new(30_000, 10), name).await;
+    let target = Target::cluster(CONNECTIONS).await;
+    let name = "history (tower layer, disconnects, long, every fault)";
+    the_layer_keeps_every_promise(target, Shape::new(30_000, 10), name).await;
 }

@@ -261,7 +261,7 @@ fn probe(context: &Context, rng: &Mutex<XorShift>, unknown: u64, doubt: &Doubt) 
             Verdict::succeeded_with(&receipt).expect("a number serializes"),
             ProbeVerdict::Charged(receipt),
         ),
-        None if roll % 2 == 0 => (Verdict::Failed, ProbeVerdict::Failed),
+        None if roll.is_multiple_of(2) => (Verdict::Failed, ProbeVerdict::Failed),
         None => (Verdict::NotHappened, ProbeVerdict::NotHappened),
     };
     recorder.probed(identity, recorded);

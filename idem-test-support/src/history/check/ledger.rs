@@ -98,8 +98,15 @@ impl Found<'_, '_> {
                 _ => None,
             })
             .collect();
-        let values: BTreeSet<u64> = valued.iter().map(|&(_, value)| value).collect();
-        let calls: Vec<&Invocation> = valued.iter().map(|&(call, _)| call).collect();
+        // A holder whose outcome was reported unrecorded (its settle failed
+        // in an outage: its `Ok` is its body's, and its events say the
+        // slot may tell another) is not a story the slot told.
+        let told: Vec<&(&Invocation, u64)> = valued
+            .iter()
+            .filter(|(call, _)| call.unrecorded().is_none())
+            .collect();
+        let values: BTreeSet<u64> = told.iter().map(|&&(_, value)| value).collect();
+        let calls: Vec<&Invocation> = told.iter().map(|&&(call, _)| call).collect();
         if values.len() > 1 {
             let what = format!("callers were told {} stories: {values:?}", values.len());
             self.report(Rule::Ledger, what, &calls);
