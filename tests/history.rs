@@ -3,13 +3,19 @@
 //! for the rules), and the checker itself proven able to fail on hand-made
 //! bad histories.
 //!
-//! Two short runs are the default: one against the test database through
-//! a fault proxy (backends terminated, connections cut, replies lost after
-//! the commit), one against a throwaway cluster that is also restarted and
-//! crashed. `cargo test --test history -- --ignored --nocapture` runs the
-//! long one; `IDEM_HISTORY_CALLS`, `IDEM_HISTORY_IDENTITIES` and
-//! `IDEM_HISTORY_TASKS` size it, and `IDEM_HISTORY_SEED` replays a run's
-//! choices (the interleaving and the faults' timing are the machine's).
+//! Two short runs of the gate's entry points are the default: one against
+//! the test database through a fault proxy (backends terminated,
+//! connections cut, replies lost after the commit), one against a
+//! throwaway cluster that is also restarted and crashed. The surfaces built
+//! on them have workloads of their own under the same faults, in
+//! `tests/history/`: batches, the tower layer through a real server and
+//! real clients (feature `tower`), the reconciler over a fake provider, and
+//! cached gates beside uncached ones (feature `cache`).
+//! `cargo test --all-features --test history -- --ignored --nocapture`
+//! runs the long ones; `IDEM_HISTORY_CALLS`, `IDEM_HISTORY_IDENTITIES` and
+//! `IDEM_HISTORY_TASKS` size them (each surface's file names its own
+//! knobs), and `IDEM_HISTORY_SEED` replays a run's choices (the
+//! interleaving and the faults' timing are the machine's).
 
 use std::time::Duration;
 

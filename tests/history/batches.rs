@@ -59,11 +59,14 @@ async fn batches_with_duplicates_inside_under_connection_faults_keep_every_promi
     batches_keep_every_promise(target, batches(400, 15), name).await;
 }
 
-/// The long run: `IDEM_HISTORY_ROUNDS`, `IDEM_HISTORY_CONSUMERS`.
+/// The long run: `IDEM_HISTORY_ROUNDS`, `IDEM_HISTORY_CONSUMERS`, and
+/// `IDEM_HISTORY_DUPLICATES` (percent of items pushed twice; 0 until item
+/// 14 lands).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the long history of batches (minutes): run it with -- --ignored"]
 async fn a_long_history_of_batches_under_every_fault_keeps_every_promise() {
     let target = Target::cluster(CONNECTIONS).await;
     let name = "history (batches, long, every fault)";
-    batches_keep_every_promise(target, batches(3_000, 15), name).await;
+    let duplicates = count_from_env("IDEM_HISTORY_DUPLICATES", 15) as u64;
+    batches_keep_every_promise(target, batches(3_000, duplicates), name).await;
 }

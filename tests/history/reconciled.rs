@@ -81,14 +81,16 @@ async fn renewed_leases_beside_a_reconciler_of_stale_pending_claims_keep_the_led
 }
 
 /// The long run: every fault, slow holders, renewals, stale pending
-/// claims probed.
+/// claims probed. `IDEM_HISTORY_CALLS`, and `IDEM_HISTORY_SLOW` (percent of
+/// holders outliving their lease; 0 until items 10 and 11 land).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the long history of the reconciler (minutes): run it with -- --ignored"]
 async fn a_long_history_of_two_reconcilers_under_every_fault_keeps_the_ledger() {
     let target = Target::cluster(CONNECTIONS).await;
+    let slow = count_from_env("IDEM_HISTORY_SLOW", 15) as u64;
     let run = Reconciling {
         pending_older_than: Some(Duration::from_secs(2)),
-        ..reconciling(30_000, 15, 50)
+        ..reconciling(30_000, slow, 50)
     };
     let name = "history (reconciled, long, every fault)";
     reconciled_keeps_the_ledger(target, run, name).await;

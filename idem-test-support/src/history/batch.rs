@@ -9,8 +9,11 @@
 //! them: a value its own body returned was settled (`Won`, `Settled`), one
 //! it did not was replayed; a refusal without a body was the gate's; an
 //! error after a body is its outcome unrecorded; a body's own failure was
-//! released unless the batch reported an outcome it could not record (then
-//! the release is unknown, and the checker gives the benefit of the doubt).
+//! released. Where the batch reported an outcome it could not record (of
+//! an item it does not name), every item's own outcome is unknown: a value
+//! its body returned is unrecorded (returned `Ok` all the same, as
+//! `Gate::run` returns it), a failure's release unknown, and the checker
+//! gives the benefit of the doubt.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -222,7 +225,13 @@ async fn one_batch(context: &Context, gate: &Gate, items: Vec<Item>, concurrency
     .await;
     let end = recorder.now();
     let events: Vec<Event> = events.iter().map(Event::from).collect();
-    let unrecorded = events.iter().any(|e| matches!(e, Event::Unrecorded(_)));
+    // An outcome the batch could not record, of some item it does not
+    // say: every item's own outcome is then unknown as far as its answer
+    // goes (a success is still returned `Ok`, as `Gate::run` returns it).
+    let unrecorded = events.iter().find_map(|event| match event {
+        Event::Unrecorded(reason) => Some(*reason),
+        _ => None,
+    });
     // What the batch reported that no item's answer can show: passed on
     // to its first item, for the checker to judge.
     let unexpected: Vec<Event> = events
@@ -257,18 +266,23 @@ async fn one_batch(context: &Context, gate: &Gate, items: Vec<Item>, concurrency
 }
 
 /// The events an item's answer proves (see the module docs).
-fn item_events(result: &Result<u64, JobError>, ran: bool, unrecorded: bool) -> Vec<Event> {
-    match (result, ran) {
-        (Ok(_), true) => vec![Event::Won, Event::Settled],
-        (Ok(_), false) => vec![Event::Replayed],
-        (Err(JobError::Failed), _) if unrecorded => vec![Event::Won],
-        (Err(JobError::Failed), _) => vec![Event::Won, Event::Released],
-        (Err(JobError::Rejected(rejected)), true) => {
+fn item_events(
+    result: &Result<u64, JobError>,
+    ran: bool,
+    unrecorded: Option<&'static str>,
+) -> Vec<Event> {
+    match (result, ran, unrecorded) {
+        (Ok(_), true, Some(reason)) => vec![Event::Won, Event::Unrecorded(reason)],
+        (Ok(_), true, None) => vec![Event::Won, Event::Settled],
+        (Ok(_), false, _) => vec![Event::Replayed],
+        (Err(JobError::Failed), _, Some(_)) => vec![Event::Won],
+        (Err(JobError::Failed), _, None) => vec![Event::Won, Event::Released],
+        (Err(JobError::Rejected(rejected)), true, _) => {
             vec![Event::Won, Event::Unrecorded(rejected.reason())]
         }
-        (Err(JobError::Rejected(rejected)), false) => {
+        (Err(JobError::Rejected(rejected)), false, _) => {
             vec![Event::Refused(rejected.reason())]
         }
-        (Err(JobError::Store(_)), _) => Vec::new(),
+        (Err(JobError::Store(_)), _, _) => Vec::new(),
     }
 }

@@ -31,6 +31,13 @@
 //!    `pending` or `success`, and every row belongs to an identity.
 //! 6. **Metering.** Every event of an acknowledged batch is stored exactly
 //!    once with its quantity, and reported inserted at most once.
+//! 7. **Ledger** (identities of [`Guard::Reconciled`], instead of rules 1
+//!    to 5). The fake provider charged each key at most once; no body
+//!    beside a live (renewed) lease; every probe's verdict, the final row
+//!    and every answer agree with the ledger; the callers of a key were
+//!    told one story.
+//! 8. **Detached.** A request through the tower layer whose client went
+//!    away still runs to completion: its handler is never cancelled.
 //!
 //! Where a fault makes the truth unknowable the checker gives the benefit
 //! of the doubt, and only there: a claim refused as unavailable (or run
@@ -45,6 +52,12 @@
 //! `context` and `drive` (the run), `faults` (the injector), `meter` (the
 //! metering task) and `final_state`; then `check` (a module per rule) and
 //! `figures`. `handmade` builds histories for the checker's unit tests.
+//! The surfaces' workloads: `batch` (consumers of `Gate::run_batch`),
+//! `reconcile` (bodies in doubt, slow holders, two reconcilers over a fake
+//! provider); the tower layer's lives in `tests/history/layer.rs` (its
+//! server needs features this crate does not enable) and drives a run
+//! through [`run_outside`]; a cached gate is the caller's to make
+//! ([`Target::beside`]).
 
 mod batch;
 mod body;
