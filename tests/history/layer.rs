@@ -487,7 +487,7 @@ async fn clients_that_disconnect_through_the_layer_keep_every_promise() {
 /// detached bodies land).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the long history of the tower layer (minutes): run it with -- --ignored"]
-async fn a_long_history_of_the_layer_with_disconnects_keeps_every_promise() {
+async fn a_long_history_of_the_layer_under_every_fault_keeps_every_promise() {
     let target = Target::cluster(CONNECTIONS).await;
     let name = "history (tower layer, long, every fault)";
     let disconnect = count_from_env("IDEM_HISTORY_DISCONNECT", 10) as u64;
