@@ -71,8 +71,11 @@ async fn slow_holders_beside_two_reconcilers_keep_the_ledger() {
 
 /// Slow holders that renew their lease, and a reconciler that also probes
 /// stale pending claims: a claim whose lease is being renewed has a living
-/// holder, and is never resolved under it. Its slow holders that do not
-/// renew meet issue 25 item 11 as above (rule 7, seed 1796183425816824503).
+/// holder, and is never resolved under it. Every slow holder here renews.
+/// On 4f59d0d one run in four: a holder renewed its lease four times
+/// (every renewal landed), a reconciler's stale-pending probe resolved its
+/// claim all the same, and its settle then told it `Ok(its value)` beside
+/// the probe's receipt (rule 7, seed 1796185755473846033).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "fails until issue 25 items 10 and 11 land: stale pending probed under a renewed lease; a late success told Ok beside the probe's verdict"]
 async fn renewed_leases_beside_a_reconciler_of_stale_pending_claims_keep_the_ledger() {

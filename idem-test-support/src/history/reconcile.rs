@@ -42,8 +42,8 @@ pub struct Reconciling {
     pub in_doubt: u64,
     /// Percent of holders that work past their lease.
     pub slow: u64,
-    /// Percent of slow holders (through `Gate::claim_with`) that renew
-    /// their lease every half lease meanwhile.
+    /// Percent of slow holders that renew their lease every half lease
+    /// meanwhile (through `Gate::claim_with` and `Claim::extend`).
     pub renew: u64,
     /// Percent of probes that answer unknown.
     pub unknown: u64,
@@ -307,8 +307,10 @@ async fn call(context: &Context, reconciling: &Reconciling, rng: &mut XorShift) 
         says,
         work,
     };
-    let by_claim = rng.below(2) == 0;
-    let renew = by_claim && slow && rng.below(100) < reconciling.renew;
+    // A renewing holder renews through its `Claim`; the others take
+    // either way in.
+    let renew = slow && rng.below(100) < reconciling.renew;
+    let by_claim = renew || rng.below(2) == 0;
     let log = BodyLog::new(recorder);
     let start = recorder.now();
     let (output, events) = testing::observe(async {
