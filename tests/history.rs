@@ -3,13 +3,19 @@
 //! for the rules), and the checker itself proven able to fail on hand-made
 //! bad histories.
 //!
-//! Two short runs are the default: one against the test database through
-//! a fault proxy (backends terminated, connections cut, replies lost after
-//! the commit), one against a throwaway cluster that is also restarted and
-//! crashed. `cargo test --test history -- --ignored --nocapture` runs the
-//! long one; `IDEM_HISTORY_CALLS`, `IDEM_HISTORY_IDENTITIES` and
-//! `IDEM_HISTORY_TASKS` size it, and `IDEM_HISTORY_SEED` replays a run's
-//! choices (the interleaving and the faults' timing are the machine's).
+//! Two short runs of the gate's entry points are the default: one against
+//! the test database through a fault proxy (backends terminated,
+//! connections cut, replies lost after the commit), one against a
+//! throwaway cluster that is also restarted and crashed. The surfaces built
+//! on them have workloads of their own under the same faults, in
+//! `tests/history/`: batches, the tower layer through a real server and
+//! real clients (feature `tower`), the reconciler over a fake provider, and
+//! cached gates beside uncached ones (feature `cache`).
+//! `cargo test --all-features --test history -- --ignored --nocapture`
+//! runs the long ones; `IDEM_HISTORY_CALLS`, `IDEM_HISTORY_IDENTITIES` and
+//! `IDEM_HISTORY_TASKS` size them (each surface's file names its own
+//! knobs), and `IDEM_HISTORY_SEED` replays a run's choices (the
+//! interleaving and the faults' timing are the machine's).
 
 use std::time::Duration;
 
@@ -23,6 +29,22 @@ use idem_test_support::history::{
 };
 use idem_test_support::{XorShift, rows};
 
+// The surfaces beyond the gate's own entry points, each a workload of its
+// own under the same faults and rules.
+#[path = "history/batches.rs"]
+mod batches;
+#[cfg(feature = "cache")]
+#[path = "history/cached.rs"]
+mod cached;
+#[cfg(feature = "tower")]
+#[path = "history/layer.rs"]
+mod layer;
+#[path = "history/reconciled.rs"]
+mod reconciled;
+// The new rules and events, each shown catching a planted violation.
+#[path = "history/rules.rs"]
+mod rules;
+
 const SEED_VARIABLE: &str = "IDEM_HISTORY_SEED";
 
 /// The short runs' size: each takes about 20 s on 2 cores.
@@ -34,12 +56,12 @@ const TASKS: usize = 12;
 /// The long run's size.
 const LONG_CALLS: usize = 100_000;
 /// The gate's pool: fewer than the tasks, so calls also queue for it.
-const CONNECTIONS: u32 = 8;
+pub(crate) const CONNECTIONS: u32 = 8;
 
 /// Every guard through every entry point, bodies that succeed, fail,
 /// panic, hang until cancelled, are cancelled around their return, or
 /// outlive their lease; and a metering task alongside.
-fn every_mode(calls: usize) -> Workload {
+pub(crate) fn every_mode(calls: usize) -> Workload {
     let calls = count_from_env("IDEM_HISTORY_CALLS", calls);
     Workload {
         tasks: count_from_env("IDEM_HISTORY_TASKS", TASKS),
@@ -60,13 +82,14 @@ fn every_mode(calls: usize) -> Workload {
             work: Duration::from_millis(3),
         },
         metering: true,
+        cached: 0,
         until: None,
         seed: XorShift::seed_from_env(SEED_VARIABLE),
     }
 }
 
 /// What a proxy and `pg_terminate_backend` can do to connections.
-fn connection_faults() -> Vec<(u64, Inject)> {
+pub(crate) fn connection_faults() -> Vec<(u64, Inject)> {
     vec![
         (3, Inject::Terminate),
         (2, Inject::Cut),
@@ -75,13 +98,13 @@ fn connection_faults() -> Vec<(u64, Inject)> {
 }
 
 /// ... and what `pg_ctl` can do to the server.
-fn every_fault() -> Vec<(u64, Inject)> {
+pub(crate) fn every_fault() -> Vec<(u64, Inject)> {
     let mut kinds = connection_faults();
     kinds.extend([(1, Inject::Restart), (1, Inject::Crash)]);
     kinds
 }
 
-fn faults(kinds: Vec<(u64, Inject)>) -> Faults {
+pub(crate) fn faults(kinds: Vec<(u64, Inject)>) -> Faults {
     Faults {
         kinds,
         pause: 50..500,
@@ -265,7 +288,7 @@ async fn the_proxy_loses_each_statement_s_reply_after_it_commits() {
 // ------------------------------------------- the checker, on bad histories
 
 /// The rules the checker finds broken, each once.
-fn broken(history: &History, last: &Final) -> Vec<Rule> {
+pub(crate) fn broken(history: &History, last: &Final) -> Vec<Rule> {
     let mut rules: Vec<Rule> = check(history, last).iter().map(|a| a.rule).collect();
     rules.sort();
     rules.dedup();

@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::check::{Anomaly, check, views};
 use super::drive::Run;
-use super::{Event, FaultKind, Guard, Left};
+use super::{Event, FaultKind, Guard, Left, ProbeVerdict};
 
 /// What a run did, in one line: calls, bodies, answers, faults, rows and
 /// anomalies.
@@ -113,6 +113,26 @@ impl Figures<'_> {
     }
 }
 
+impl Figures<'_> {
+    fn ledger(&self) -> String {
+        let history = &self.run.history;
+        let keys = count_by(history.charges.iter(), |charge| Some(charge.identity));
+        let verdicts = count_by(history.probes.iter(), |probed| {
+            Some(match probed.verdict {
+                ProbeVerdict::Charged(_) => "charged",
+                ProbeVerdict::Failed => "failed",
+                ProbeVerdict::NotHappened => "not_happened",
+                ProbeVerdict::Unknown => "unknown",
+            })
+        });
+        format!(
+            "ledger {} charges of {} keys; probes answered {verdicts:?}",
+            history.charges.len(),
+            keys.len()
+        )
+    }
+}
+
 impl fmt::Display for Figures<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (run, history) = (self.run, &self.run.history);
@@ -135,6 +155,9 @@ impl fmt::Display for Figures<'_> {
         )?;
         if !history.batches.is_empty() {
             write!(f, "; {}", self.metering())?;
+        }
+        if !history.charges.is_empty() || !history.probes.is_empty() {
+            write!(f, "; {}", self.ledger())?;
         }
         write!(f, "; anomalies found: {}", self.anomalies.len())
     }

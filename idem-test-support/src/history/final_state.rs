@@ -8,13 +8,14 @@ use idem::sqlx::{self, FromRow, PgPool};
 
 use super::meter::meter_event;
 use super::target::Target;
-use super::{ClaimRow, Final, History, MeterRow, address};
+use super::{ClaimRow, Final, History, MeterRow, address_of};
 
 pub(super) async fn read_final(target: &Target, history: &History) -> Final {
     let account = target.gate.account_name();
     let admin = &target.admin;
-    let identities: HashMap<String, usize> =
-        (0..history.guards.len()).map(|n| (address(n), n)).collect();
+    let identities: HashMap<String, usize> = (0..history.guards.len())
+        .map(|n| (address_of(history.keys, n), n))
+        .collect();
     let rows: Vec<(String, String)> = of_account(
         admin,
         "SELECT address, state FROM idem_records WHERE account = $1 AND kind = 'claim'",

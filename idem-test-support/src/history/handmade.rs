@@ -33,6 +33,31 @@ impl History {
         self.invocations.last_mut().expect("just pushed")
     }
 
+    /// The provider charged `identity` for `invocation` at `at`.
+    pub fn charged(&mut self, identity: usize, invocation: u64, at: Micros) -> &mut History {
+        self.charges.push(super::Charge {
+            identity,
+            invocation,
+            at,
+        });
+        self
+    }
+
+    /// A probe answered `verdict` about `identity` at `at`.
+    pub fn probed(
+        &mut self,
+        identity: usize,
+        at: Micros,
+        verdict: super::ProbeVerdict,
+    ) -> &mut History {
+        self.probes.push(super::Probed {
+            identity,
+            at,
+            verdict,
+        });
+        self
+    }
+
     /// Adds a fault.
     pub fn fault(&mut self, kind: FaultKind, start: Micros, end: Micros) -> &mut History {
         self.faults.push(Fault { kind, start, end });
@@ -61,6 +86,24 @@ impl Invocation {
     /// The gate reported `events` inside it.
     pub fn events(&mut self, events: &[Event]) -> &mut Invocation {
         self.events = events.to_vec();
+        self
+    }
+
+    /// It reached the gate through `entry`.
+    pub fn entry(&mut self, entry: Entry) -> &mut Invocation {
+        self.entry = entry;
+        self
+    }
+
+    /// It renewed its lease from `start` to `end` (renewed or not).
+    pub fn extended(&mut self, start: Micros, end: Micros, renewed: bool) -> &mut Invocation {
+        if let Some(body) = self.body.as_mut() {
+            body.extensions.push(super::Extension {
+                start,
+                end,
+                renewed,
+            });
+        }
         self
     }
 

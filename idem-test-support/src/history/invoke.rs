@@ -130,6 +130,7 @@ async fn by_attribute(gate: &Gate, call: Call, body: Body) -> Result<u64, JobErr
         Guard::AsyncOutcome => attribute::async_outcome(gate, n, body).await,
         Guard::FailOpen => attribute::fail_open(gate, n, body).await,
         Guard::Lease(_) => panic!("no attribute function has the lease of {call:?}"),
+        Guard::Reconciled => panic!("the reconciler's workload makes its own calls: {call:?}"),
     }
 }
 
@@ -182,7 +183,7 @@ async fn by_claim(gate: &Gate, call: Call, body: Body) -> Result<u64, JobError> 
 }
 
 /// Runs `body`, renewing the claim's lease every half lease meanwhile.
-async fn extending<F: Future<Output = Result<u64, JobError>>>(
+pub(super) async fn extending<F: Future>(
     claim: &idem::Claim,
     lease: Duration,
     log: &BodyLog,
@@ -202,13 +203,13 @@ async fn extending<F: Future<Output = Result<u64, JobError>>>(
 }
 
 /// How an invocation ended, seen from its caller.
-enum Ending {
+pub(super) enum Ending {
     Returned(Result<u64, JobError>),
     Panicked,
     Cancelled,
 }
 
-fn says_what_to_do(rejected: &Rejected) -> bool {
+pub(super) fn says_what_to_do(rejected: &Rejected) -> bool {
     let message = rejected.to_string();
     message.contains("did not run") || message.contains("check the side effect")
 }

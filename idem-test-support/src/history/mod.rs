@@ -31,6 +31,13 @@
 //!    `pending` or `success`, and every row belongs to an identity.
 //! 6. **Metering.** Every event of an acknowledged batch is stored exactly
 //!    once with its quantity, and reported inserted at most once.
+//! 7. **Ledger** (identities of [`Guard::Reconciled`], instead of rules 1
+//!    to 5). The fake provider charged each key at most once; no body
+//!    beside a live (renewed) lease; every probe's verdict, the final row
+//!    and every answer agree with the ledger; the callers of a key were
+//!    told one story.
+//! 8. **Detached.** A request through the tower layer whose client went
+//!    away still runs to completion: its handler is never cancelled.
 //!
 //! Where a fault makes the truth unknowable the checker gives the benefit
 //! of the doubt, and only there: a claim refused as unavailable (or run
@@ -45,7 +52,14 @@
 //! `context` and `drive` (the run), `faults` (the injector), `meter` (the
 //! metering task) and `final_state`; then `check` (a module per rule) and
 //! `figures`. `handmade` builds histories for the checker's unit tests.
+//! The surfaces' workloads: `batch` (consumers of `Gate::run_batch`),
+//! `reconcile` (bodies in doubt, slow holders, two reconcilers over a fake
+//! provider); the tower layer's lives in `tests/history/layer.rs` (its
+//! server needs features this crate does not enable) and drives a run
+//! through [`run_outside`]; a cached gate is the caller's to make
+//! ([`Target::beside`]).
 
+mod batch;
 mod body;
 mod check;
 mod context;
@@ -56,6 +70,7 @@ mod final_state;
 mod handmade;
 mod invoke;
 mod meter;
+mod reconcile;
 mod record;
 mod target;
 mod workload;
@@ -63,19 +78,21 @@ mod workload;
 // The public API, at the paths the tests use: `history::run`,
 // `history::Target`...
 pub use self::{
+    batch::{Batches, run_batches},
     body::{Body, Plan},
     check::{Anomaly, Rule, check},
-    drive::{Run, assert_recovers, run},
+    drive::{Run, Session, assert_recovers, run, run_outside},
     faults::{Faults, Inject},
     figures::{Figures, assert_no_anomalies},
-    record::Recorder,
+    reconcile::{Reconciling, run_reconciling},
+    record::{BodyLog, Inside, Recorder},
     target::Target,
     workload::{Plans, Workload, count_from_env},
 };
 
 use std::time::Duration;
 
-use idem::{Fingerprint, GateEvent, Identity, Mode, OnUnavailable, OutcomeCommit};
+use idem::{Fingerprint, GateEvent, Identity, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 
 use crate::fault_proxy::Statement;
 
@@ -94,6 +111,9 @@ pub const SHORT_LEASE: Duration = Duration::from_millis(80);
 /// The lease of identities guarded by a long lease: longer than most
 /// bodies' work.
 pub const LONG_LEASE: Duration = Duration::from_millis(250);
+/// The lease of the reconciler's workload: slow holders outlive it, and
+/// their claims turn in doubt unless they renew it.
+pub const RECONCILED_LEASE: Duration = Duration::from_millis(150);
 /// How long a waiting duplicate waits for the holder's outcome.
 pub const WAIT: Duration = Duration::from_millis(300);
 
@@ -118,6 +138,12 @@ pub enum Guard {
     AsyncOutcome,
     /// `on_unavailable = "run"`: an outage runs the body ungated.
     FailOpen,
+    /// The reconciler's workload: replay, a lease of [`RECONCILED_LEASE`]
+    /// that runs out into doubt (`on_expiry = "in_doubt"`), failures held
+    /// in doubt, kept or released as the body says; its bodies charge a
+    /// fake provider, and rule 7 (the ledger) judges it instead of rules 1
+    /// to 5, which know nothing of dispositions.
+    Reconciled,
 }
 
 impl Guard {
@@ -145,6 +171,7 @@ impl Guard {
             Guard::Tx => "tx",
             Guard::AsyncOutcome => "async",
             Guard::FailOpen => "fail_open",
+            Guard::Reconciled => "reconciled",
         }
     }
 
@@ -152,12 +179,13 @@ impl Guard {
     pub fn lease(self) -> Option<Duration> {
         match self {
             Guard::Lease(lease) => Some(lease),
+            Guard::Reconciled => Some(RECONCILED_LEASE),
             _ => None,
         }
     }
 
     fn replays(self) -> bool {
-        matches!(self, Guard::Replay | Guard::Fingerprint)
+        matches!(self, Guard::Replay | Guard::Fingerprint | Guard::Reconciled)
     }
 
     /// The mode an invocation passes to `Gate::run_with` and friends.
@@ -167,6 +195,9 @@ impl Guard {
             Guard::Wait => Mode::new().wait(WAIT),
             Guard::AsyncOutcome => Mode::new().outcome_commit(OutcomeCommit::Async),
             Guard::FailOpen => Mode::new().on_unavailable(OnUnavailable::Run),
+            Guard::Reconciled => Mode::new()
+                .lease(RECONCILED_LEASE)
+                .on_expiry(OnExpiry::InDoubt),
             Guard::Plain | Guard::Replay | Guard::Fingerprint | Guard::Tx => Mode::new(),
         };
         match fingerprint {
@@ -186,6 +217,14 @@ pub enum Entry {
     /// `Gate::claim_with` (or `claim_in`), then `settle` or `release`, with
     /// `Claim::extend` under a lease.
     Claim,
+    /// One item of `Gate::run_batch` (or `run_batch_replayed`): its start
+    /// and end are the batch's, and its events are what its answer shows
+    /// (see `history::batch`).
+    Batch,
+    /// One HTTP request through the tower layer, by a real client; its body
+    /// is the handler's run, its events what the response shows (see
+    /// `history::http`).
+    Http,
 }
 
 /// One invocation: a call of the guarded action, from start to end.
@@ -310,6 +349,14 @@ pub enum Event {
     Released,
     /// [`GateEvent::Unrecorded`], by reason.
     Unrecorded(&'static str),
+    /// [`GateEvent::Kept`]: a definite failure was kept.
+    Kept,
+    /// [`GateEvent::InDoubt`]: the slot is held in doubt.
+    InDoubt,
+    /// Not the gate's: the caller went away (a client disconnected) after
+    /// its request may have reached the gate, so its claim may stand, as a
+    /// claim refused as unavailable may.
+    Abandoned,
     /// One this checker does not know.
     Other(String),
 }
@@ -326,6 +373,8 @@ impl From<&GateEvent> for Event {
             GateEvent::Settled => Event::Settled,
             GateEvent::Released => Event::Released,
             GateEvent::Unrecorded(rejected) => Event::Unrecorded(rejected.reason()),
+            GateEvent::Kept => Event::Kept,
+            GateEvent::InDoubt => Event::InDoubt,
             other => Event::Other(format!("{other:?}")),
         }
     }
@@ -416,7 +465,82 @@ pub struct History {
     pub batches: Vec<Vec<Metered>>,
     /// Every attempt to record a batch.
     pub attempts: Vec<MeterAttempt>,
+    /// How identity numbers become keys (and so addresses).
+    pub keys: Keys,
+    /// The fake provider's ledger: every charge it was asked to make.
+    pub charges: Vec<Charge>,
+    /// Every answer a reconciler's probe gave.
+    pub probes: Vec<Probed>,
 }
+
+impl History {
+    /// A fault was active between `start` and `end`, or had just been (as
+    /// the checker judges an outage): what a workload that infers an
+    /// invocation's events from its answer asks before assuming that an
+    /// outcome was recorded.
+    pub fn fault_during(&self, start: Micros, end: Micros) -> bool {
+        self.faults
+            .iter()
+            .any(|fault| fault.start <= end && start <= fault.end + check::OUTAGE_GRACE)
+    }
+}
+
+/// How identity `n` is keyed: how the final rows are told apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Keys {
+    /// `(ACTION, n)`, `n` an integer: every entry point of the gate.
+    #[default]
+    Numbers,
+    /// `(ACTION, "key-n")`: an `Idempotency-Key` header through the tower
+    /// layer, whose route is [`ACTION`].
+    Text,
+}
+
+/// A charge the fake provider was asked to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    /// The identity charged.
+    pub identity: usize,
+    /// The invocation whose body charged.
+    pub invocation: u64,
+    /// When.
+    pub at: Micros,
+}
+
+/// What a probe told a reconciler about one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probed {
+    /// The identity probed.
+    pub identity: usize,
+    /// When the probe answered.
+    pub at: Micros,
+    /// What it answered.
+    pub verdict: ProbeVerdict,
+}
+
+/// A probe's answer, as read from the provider's ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeVerdict {
+    /// Charged: settled, with this receipt to replay.
+    Charged(u64),
+    /// Not charged: kept failed.
+    Failed,
+    /// Not charged: released for a retry.
+    NotHappened,
+    /// Not telling (yet).
+    Unknown,
+}
+
+/// The provider's receipt for a charge made by invocation `invocation`:
+/// what a probe replays. It differs from the value the charging body
+/// returns, so that a caller told its own value while the slot replays the
+/// probe's shows as two stories.
+pub fn receipt(invocation: u64) -> u64 {
+    RECEIPTS + invocation
+}
+
+/// Where receipts start: above every invocation id.
+pub const RECEIPTS: u64 = 1 << 40;
 
 /// What the store holds once the run is over.
 #[derive(Debug, Clone, Default)]
@@ -454,6 +578,20 @@ pub fn address(n: usize) -> String {
     identity(n).address()
 }
 
-fn identity(n: usize) -> Identity {
+/// The address of identity `n`, keyed as `keys` says.
+pub fn address_of(keys: Keys, n: usize) -> String {
+    match keys {
+        Keys::Numbers => address(n),
+        Keys::Text => Identity::new(ACTION).part(http_key(n)).address(),
+    }
+}
+
+/// The `Idempotency-Key` of identity `n` through the tower layer.
+pub fn http_key(n: usize) -> String {
+    format!("key-{n}")
+}
+
+/// Identity `n` through every entry point of the gate.
+pub fn identity(n: usize) -> Identity {
     Identity::new(ACTION).part(n as u64)
 }

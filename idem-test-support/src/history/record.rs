@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use super::{
-    BodyRun, Extension, Fault, FaultKind, Guard, History, Invocation, Left, MeterAttempt, Metered,
-    Micros,
+    BodyRun, Charge, Extension, Fault, FaultKind, Guard, History, Invocation, Keys, Left,
+    MeterAttempt, Metered, Micros, ProbeVerdict, Probed, receipt,
 };
 
 /// Records a history as it happens. Shared by every task of a run.
@@ -17,6 +17,14 @@ pub struct Recorder {
     invocations: Mutex<Vec<Invocation>>,
     faults: Mutex<Vec<Fault>>,
     metering: Mutex<Metering>,
+    ledger: Mutex<Ledger>,
+}
+
+/// The fake provider's charges, and what probes said of them.
+#[derive(Default, Clone)]
+struct Ledger {
+    charges: Vec<Charge>,
+    probes: Vec<Probed>,
 }
 
 /// The batches metered, and every attempt to record one.
@@ -39,6 +47,7 @@ impl Recorder {
             invocations: Mutex::new(Vec::new()),
             faults: Mutex::new(Vec::new()),
             metering: Mutex::new(Metering::default()),
+            ledger: Mutex::new(Ledger::default()),
         }
     }
 
@@ -57,12 +66,49 @@ impl Recorder {
         lock(&self.faults).push(Fault { kind, start, end });
     }
 
-    pub(super) fn next_id(&self) -> u64 {
+    /// A fresh invocation id.
+    pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(super) fn push(&self, invocation: Invocation) {
+    /// Records a finished invocation.
+    pub fn push(&self, invocation: Invocation) {
         lock(&self.invocations).push(invocation);
+    }
+
+    /// The fake provider: charges `identity` for `invocation`, unless the
+    /// provider holds a charge of it already (a real provider with an
+    /// idempotency key would refuse the second); either way the request is
+    /// in the ledger. Returns the charge's receipt, or `None` for a charge
+    /// refused as a second one.
+    pub fn charge(&self, identity: usize, invocation: u64) -> Option<u64> {
+        let at = self.now();
+        let mut ledger = lock(&self.ledger);
+        let first = !ledger.charges.iter().any(|c| c.identity == identity);
+        ledger.charges.push(Charge {
+            identity,
+            invocation,
+            at,
+        });
+        first.then(|| receipt(invocation))
+    }
+
+    /// What the provider's ledger says of `identity` now, as a probe reads
+    /// it: the first charge's receipt, if any.
+    pub fn charged(&self, identity: usize) -> Option<u64> {
+        let ledger = lock(&self.ledger);
+        let first = ledger.charges.iter().find(|c| c.identity == identity);
+        first.map(|charge| receipt(charge.invocation))
+    }
+
+    /// Records a probe's answer.
+    pub fn probed(&self, identity: usize, verdict: ProbeVerdict) {
+        let at = self.now();
+        lock(&self.ledger).probes.push(Probed {
+            identity,
+            at,
+            verdict,
+        });
     }
 
     /// A new batch of `events`; its number.
@@ -87,12 +133,16 @@ impl Recorder {
         let mut faults = lock(&self.faults).clone();
         faults.sort_by_key(|fault| fault.start);
         let Metering { batches, attempts } = lock(&self.metering).clone();
+        let Ledger { charges, probes } = lock(&self.ledger).clone();
         History {
             guards,
             invocations,
             faults,
             batches,
             attempts,
+            keys: Keys::Numbers,
+            charges,
+            probes,
         }
     }
 }
@@ -104,7 +154,7 @@ impl Default for Recorder {
 }
 
 /// What a body writes about itself; shared by the body and its invocation.
-pub(super) struct BodyLog {
+pub struct BodyLog {
     epoch: Instant,
     run: Mutex<Option<BodyRun>>,
     /// Still running: not returned, panicked or dropped yet.
@@ -113,7 +163,8 @@ pub(super) struct BodyLog {
 }
 
 impl BodyLog {
-    pub(super) fn new(recorder: &Recorder) -> Arc<BodyLog> {
+    /// A body not entered yet, on `recorder`'s clock.
+    pub fn new(recorder: &Recorder) -> Arc<BodyLog> {
         Arc::new(BodyLog {
             epoch: recorder.epoch,
             run: Mutex::new(None),
@@ -126,7 +177,9 @@ impl BodyLog {
         self.epoch.elapsed().as_micros() as Micros
     }
 
-    pub(super) fn enter(&self) -> Inside<'_> {
+    /// The body is entered now; hold what this returns to its end (dropped
+    /// unfinished, it records a cancellation or a panic).
+    pub fn enter(&self) -> Inside<'_> {
         let start = self.now();
         *lock(&self.run) = Some(BodyRun {
             start,
@@ -139,7 +192,8 @@ impl BodyLog {
         Inside { log: self }
     }
 
-    pub(super) fn leave(&self, left: Left) {
+    /// The body left, as `left` says.
+    pub fn leave(&self, left: Left) {
         if self.open.swap(false, Ordering::SeqCst)
             && let Some(run) = lock(&self.run).as_mut()
         {
@@ -154,14 +208,20 @@ impl BodyLog {
         }
     }
 
-    pub(super) fn take(&self) -> Option<BodyRun> {
+    /// Its run, if it was entered (taken: a second call gets `None`).
+    pub fn take(&self) -> Option<BodyRun> {
         lock(&self.run).take()
+    }
+
+    /// Entered and not left yet.
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::SeqCst)
     }
 }
 
 /// A body between entry and exit: if it is dropped unfinished, it was
 /// cancelled, or it panicked.
-pub(super) struct Inside<'a> {
+pub struct Inside<'a> {
     log: &'a BodyLog,
 }
 

@@ -27,6 +27,10 @@ pub struct Target {
     pub proxy: Option<Arc<Proxy>>,
     /// The run's own cluster, when it may be restarted and crashed.
     pub cluster: Option<Arc<Cluster>>,
+    /// A copy of `gate` with an outcome cache (`Gate::with_cache`, feature
+    /// `cache`), beside it on the same pool and account: the workload's
+    /// `cached` share of calls go through it.
+    pub cached: Option<Gate>,
 }
 
 impl Target {
@@ -115,7 +119,15 @@ impl Target {
             application_name,
             proxy,
             cluster,
+            cached: None,
         }
+    }
+
+    /// This target, with `cached` (the gate with a cache) beside its gate.
+    /// The caller makes it, as only it knows the feature `cache`.
+    pub fn beside(mut self, cached: Gate) -> Target {
+        self.cached = Some(cached);
+        self
     }
 }
 

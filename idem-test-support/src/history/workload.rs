@@ -43,6 +43,9 @@ pub struct Workload {
     pub plans: Plans,
     /// A task that meters batches (and re-sends them) alongside.
     pub metering: bool,
+    /// Percent of calls made through the target's cached gate (when it has
+    /// one), the rest through the uncached one: the same keys through both.
+    pub cached: u64,
     /// Stop calling this long after the start, whatever `calls` says.
     pub until: Option<Duration>,
     /// The seed of every random choice: the same seed, the same run.
@@ -83,6 +86,7 @@ impl Workload {
             entries: vec![Entry::Run],
             plans,
             metering: false,
+            cached: 0,
             until: None,
             seed,
         }

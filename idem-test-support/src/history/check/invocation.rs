@@ -45,10 +45,13 @@ impl Invocation {
 
     /// The claim statement failed, and may have committed all the same:
     /// the caller was refused as unavailable, or (failing open) ran its
-    /// body ungated. (No identity of these workloads is absent, so ungated
+    /// body ungated; or the caller went away before it knew. (No identity of these workloads is absent, so ungated
     /// always means a failed claim.)
     pub(super) fn claim_failed(&self) -> bool {
-        !self.won() && (self.has(&Event::Refused("unavailable")) || self.ungated())
+        !self.won()
+            && (self.has(&Event::Refused("unavailable"))
+                || self.ungated()
+                || self.has(&Event::Abandoned))
     }
 
     /// It may have written the slot's claim row.

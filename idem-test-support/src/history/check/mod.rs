@@ -2,11 +2,13 @@
 //! the gate's promises, offline. One module a rule (the rules are listed in
 //! the docs of `history`); [`View`] is what each rule sees of an identity.
 
+mod detached;
 mod done_means_done;
 mod exclusive;
 mod final_rows;
 mod invocation;
 mod kept;
+mod ledger;
 mod metering;
 mod true_answers;
 mod view;
@@ -14,14 +16,14 @@ mod view;
 use std::collections::HashMap;
 use std::fmt;
 
-use super::{Final, History, Invocation, Micros};
+use super::{Final, Guard, History, Invocation, Micros};
 use view::View;
 pub(super) use view::views; // for the figures
 
 /// How long after a fault an outage may still be reported: a connection
 /// the fault broke can be found broken a little later.
 /// (Measured: within 6 ms, under load on 2 cores.)
-const OUTAGE_GRACE: Micros = 250_000;
+pub(super) const OUTAGE_GRACE: Micros = 250_000;
 
 /// How far apart the database's clock (which expires leases) and ours may
 /// read the same instant.
@@ -42,6 +44,11 @@ pub enum Rule {
     FinalRows = 5,
     /// Every acknowledged event is stored once.
     Metering = 6,
+    /// The provider charged each key at most once, and the store, the
+    /// probes and the callers all tell the ledger's story.
+    Ledger = 7,
+    /// A request whose client went away still runs to completion.
+    Detached = 8,
 }
 
 impl Rule {
@@ -53,6 +60,8 @@ impl Rule {
             Rule::TrueAnswers => "true answers",
             Rule::FinalRows => "final rows",
             Rule::Metering => "metering",
+            Rule::Ledger => "ledger",
+            Rule::Detached => "detached",
         }
     }
 }
@@ -97,11 +106,17 @@ pub fn check(history: &History, last: &Final) -> Vec<Anomaly> {
             view: &view,
             anomalies: &mut anomalies,
         };
+        if view.guard == Guard::Reconciled {
+            // Dispositions and resolutions: the ledger judges these.
+            found.ledger();
+            continue;
+        }
         found.exclusive();
         found.kept();
         found.done_means_done();
         found.true_answers();
         found.final_rows();
+        found.detached();
     }
     final_rows::stray_rows(last, &mut anomalies);
     metering::metering(history, last, &mut anomalies);

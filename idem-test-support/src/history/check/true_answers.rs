@@ -60,6 +60,10 @@ impl Found<'_, '_> {
             Event::Ungated if !view.outage_during(call.start, call.end) => {
                 Some(format!("#{} failed open while the store was up", call.id))
             }
+            Event::Kept | Event::InDoubt if view.guard != Guard::Reconciled => Some(format!(
+                "#{} was kept or held in doubt, though no body of it has a disposition",
+                call.id
+            )),
             Event::Other(event) => Some(format!("#{} reported an unknown event {event}", call.id)),
             _ => None,
         }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::{Anomaly, CLOCK_TOLERANCE, OUTAGE_GRACE, Rule};
 use crate::history::{
-    BodyRun, Fault, FaultKind, Final, Guard, History, Invocation, Left, Micros, WAIT,
+    BodyRun, Charge, Fault, FaultKind, Final, Guard, History, Invocation, Left, Micros, Probed,
+    WAIT,
 };
 
 /// One identity's part of the history and of the final state.
@@ -17,6 +18,10 @@ pub(crate) struct View<'h> {
     pub(crate) calls: Vec<&'h Invocation>,
     pub(super) rows: Vec<&'h str>,
     pub(super) effects: Vec<u64>,
+    /// The provider's charges of this identity, in order.
+    pub(super) charges: Vec<&'h Charge>,
+    /// What probes answered about it, in order.
+    pub(super) probes: Vec<&'h Probed>,
     faults: &'h [Fault],
     pub(super) by_id: &'h HashMap<u64, &'h Invocation>,
 }
@@ -33,6 +38,8 @@ pub(crate) fn views<'h>(
             calls: Vec::new(),
             rows: Vec::new(),
             effects: Vec::new(),
+            charges: Vec::new(),
+            probes: Vec::new(),
             faults: &history.faults,
             by_id,
         })
@@ -50,6 +57,12 @@ pub(crate) fn views<'h>(
     }
     for &(identity, invocation) in &last.effects {
         views[identity].effects.push(invocation);
+    }
+    for charge in &history.charges {
+        views[charge.identity].charges.push(charge);
+    }
+    for probed in &history.probes {
+        views[probed.identity].probes.push(probed);
     }
     views
 }
