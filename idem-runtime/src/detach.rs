@@ -210,7 +210,10 @@ where
         outcome,
         left: left.clone(),
     };
-    let task = detached.shared.tracker.spawn(run.claim_and_run(body));
+    let task = detached
+        .shared
+        .tracker
+        .spawn(crate::observe::carried(run.claim_and_run(body)));
     // Dropped with this future, before the task is done: the caller left,
     // and the body's bound starts.
     let caller = Caller(Some(left));

@@ -66,6 +66,20 @@ pub(crate) fn record(event: GateEvent) {
     });
 }
 
+/// Carries the observer in scope, if any, into `future`, which is to run
+/// as a task of its own (a detached guarded call): a task does not inherit
+/// its spawner's task-locals, and what the gate decides inside it is still
+/// the observed call's.
+pub(crate) fn carried<F: Future>(future: F) -> impl Future<Output = F::Output> {
+    let events = EVENTS.try_with(Arc::clone).ok();
+    async move {
+        match events {
+            Some(events) => EVENTS.scope(events, future).await,
+            None => future.await,
+        }
+    }
+}
+
 /// Runs `future` with `events` collecting what the gate decides inside it.
 #[cfg(feature = "testing")]
 pub(crate) async fn collecting<F: Future>(events: Events, future: F) -> F::Output {

@@ -52,7 +52,6 @@ async fn overlapping_batches_under_connection_faults_keep_every_promise() {
 /// 1796183122064127957: 956 anomalies, e.g. a copy refused in flight
 /// beside its twin in the same batch that was replayed the value).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue 25 item 14 lands: a duplicate inside a batch is always InFlight"]
 async fn batches_with_duplicates_inside_under_connection_faults_keep_every_promise() {
     let target = Target::proxied(CONNECTIONS).await;
     let name = "history (batches, duplicates inside)";

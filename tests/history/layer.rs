@@ -475,7 +475,6 @@ async fn retrying_clients_through_the_layer_under_connection_faults_keep_every_p
 /// (seed 1796183776689438908: 17 handlers cancelled mid-body, their claims
 /// left pending, every retry refused in flight).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue 25's detached bodies land: a client's disconnect cancels the guarded handler"]
 async fn clients_that_disconnect_through_the_layer_keep_every_promise() {
     let target = Target::proxied(CONNECTIONS).await;
     let name = "history (tower layer, disconnects)";

@@ -58,7 +58,6 @@ async fn two_reconcilers_over_bodies_in_doubt_keep_the_ledger() {
 /// events `[Won, Settled]`, while the duplicates are replayed the probe's
 /// receipt).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue 25 item 11 lands: a slow holder's late success is told Ok beside the probe's verdict"]
 async fn slow_holders_beside_two_reconcilers_keep_the_ledger() {
     let target = Target::proxied(CONNECTIONS).await;
     // Many slow holders that charged and will say so: the case at stake.
@@ -77,7 +76,6 @@ async fn slow_holders_beside_two_reconcilers_keep_the_ledger() {
 /// claim all the same, and its settle then told it `Ok(its value)` beside
 /// the probe's receipt (rule 7, seed 1796185755473846033).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until issue 25 items 10 and 11 land: stale pending probed under a renewed lease; a late success told Ok beside the probe's verdict"]
 async fn renewed_leases_beside_a_reconciler_of_stale_pending_claims_keep_the_ledger() {
     let target = Target::proxied(CONNECTIONS).await;
     let run = Reconciling {
