@@ -530,7 +530,7 @@ impl Reconciler {
         let mut actions: Vec<Vec<u8>> = self
             .probes
             .keys()
-            .map(|action| operations::action_pattern(action))
+            .map(|action| operations::action_pattern(Identity::new(action.as_str()).canonical()))
             .collect();
         actions.sort();
         if actions.is_empty() {
@@ -816,6 +816,27 @@ fn doubt_of(row: &ClaimRow) -> Option<Doubt> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_action_pattern_matches_its_identities_only() {
+        let pattern = operations::action_pattern(Identity::new("a_%\\b").canonical());
+        // Every `\`, `%`, `_` of the encoding is escaped, and one `%` ends it.
+        let unescaped = pattern
+            .iter()
+            .zip(pattern.iter().skip(1))
+            .filter(|(before, byte)| **before != b'\\' && matches!(**byte, b'%' | b'_'))
+            .count();
+        assert_eq!(unescaped, 1, "{pattern:?}");
+        assert_eq!(pattern.last(), Some(&b'%'));
+        // A length byte that is `%` (37) or `_` (95) is escaped too.
+        for length in [37, 92, 95] {
+            let action = "x".repeat(length);
+            let canonical = Identity::new(action.as_str());
+            let pattern = operations::action_pattern(canonical.canonical());
+            let canonical = canonical.canonical().len();
+            assert_eq!(pattern.len(), canonical + 2, "length {length}");
+        }
+    }
 
     fn key(address: &str, fence: i64) -> ClaimKey {
         ClaimKey {
