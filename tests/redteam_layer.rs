@@ -1,0 +1,802 @@
+//! Red team of the tower layer (`IdempotencyLayer`) and detached guarded
+//! calls: each test is named after the promise of the docs it attacks
+//! (src/http.md, the layer's and `Detached`'s docs, docs/operations.md
+//! "The tower layer"), through real servers on 127.0.0.1.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use idem::Gate;
+use idem::http::IdempotencyLayer;
+use idem::sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+const SETTLE_WAIT: Duration = Duration::from_secs(15);
+
+async fn gate() -> (Gate, String) {
+    let account = idem::testing::unique_name("redteam");
+    let gate = Gate::connect(idem::testing::pool_with(8).await)
+        .await
+        .expect("idem's schema")
+        .account(account.clone());
+    (gate, account)
+}
+
+#[derive(Clone, Default)]
+struct Effects {
+    started: Arc<AtomicUsize>,
+    finished: Arc<AtomicUsize>,
+    began: Arc<Notify>,
+}
+
+impl Effects {
+    fn start(&self) -> usize {
+        let n = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        self.began.notify_one();
+        n
+    }
+    fn finish(&self) {
+        self.finished.fetch_add(1, Ordering::SeqCst);
+    }
+    fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+    fn finished(&self) -> usize {
+        self.finished.load(Ordering::SeqCst)
+    }
+    async fn began(&self) {
+        tokio::time::timeout(SETTLE_WAIT, self.began.notified())
+            .await
+            .expect("the guarded handler never started");
+    }
+}
+
+/// `POST /charges`: an effect taking `time`, 201.
+fn charges(effects: &Effects, time: Duration) -> Router {
+    let effects = effects.clone();
+    Router::new().route(
+        "/charges",
+        post(move |body: Bytes| {
+            let effects = effects.clone();
+            async move {
+                let n = effects.start();
+                tokio::time::sleep(time).await;
+                effects.finish();
+                (
+                    StatusCode::CREATED,
+                    [("content-type", "text/plain")],
+                    format!("charge {n} of {}", String::from_utf8_lossy(&body)),
+                )
+            }
+        }),
+    )
+}
+
+async fn serve(router: Router) -> SocketAddr {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto;
+    use hyper_util::service::TowerToHyperService;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let address = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let service = TowerToHyperService::new(router.clone());
+            connections.spawn(async move {
+                let _closed = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+            while connections.try_join_next().is_some() {}
+        }
+    });
+    address
+}
+
+#[derive(Debug, PartialEq)]
+struct Read {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+impl Read {
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|value| value == "true")
+    }
+    fn problem_type(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+async fn try_send(address: SocketAddr, request: Request<Full<Bytes>>) -> Option<Read> {
+    use hyper_util::rt::TokioIo;
+    let stream = TcpStream::connect(address).await.expect("the server");
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("an HTTP/1.1 handshake");
+    tokio::spawn(connection);
+    let response = sender.send_request(request).await.ok()?;
+    let (head, body) = response.into_parts();
+    let collected = body.collect().await.ok()?;
+    Some(Read {
+        status: head.status,
+        headers: head.headers,
+        trailers: collected.trailers().cloned(),
+        body: collected.to_bytes(),
+    })
+}
+
+async fn send(address: SocketAddr, request: Request<Full<Bytes>>) -> Read {
+    try_send(address, request).await.expect("a whole response")
+}
+
+fn post_to(path: &str, key: Option<&str>, _: ()) -> http::request::Builder {
+    let mut builder = Request::post(path)
+        .header("host", "127.0.0.1")
+        .header("content-type", "text/plain");
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder
+}
+
+fn charge(key: &str, body: &str) -> Request<Full<Bytes>> {
+    post_to("/charges", Some(key), ())
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("a request")
+}
+
+async fn post_and_hold(address: SocketAddr, key: &str, body: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(address).await.expect("the server");
+    let request = format!(
+        "POST /charges HTTP/1.1\r\nhost: 127.0.0.1\r\nidempotency-key: {key}\r\n\
+         content-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("written");
+    stream
+}
+
+async fn rows(pool: &PgPool, account: &str) -> Vec<(String, Option<String>)> {
+    idem::sqlx::query_as(
+        "SELECT state, state_reason FROM idem_records WHERE account = $1 AND kind = 'claim' \
+         ORDER BY created_at",
+    )
+    .bind(account)
+    .fetch_all(pool)
+    .await
+    .expect("the claims")
+}
+
+/// Waits until no claim of `account` is pending (or the wait is over).
+async fn settled_rows(pool: &PgPool, account: &str) -> Vec<(String, Option<String>)> {
+    let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+    loop {
+        let rows = rows(pool, account).await;
+        if rows.iter().all(|row| row.0 != "pending") || tokio::time::Instant::now() >= deadline {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ------------------------------------------------------------ panics
+
+/// "A body that panics holds its claim in doubt (`body_panicked`)": through
+/// the layer, an axum handler that panics after its effect.
+#[tokio::test]
+async fn a_panicking_handler_holds_its_key_in_doubt_and_never_runs_again() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let handler_effects = effects.clone();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                let effects = handler_effects.clone();
+                async move {
+                    effects.start();
+                    if effects.started() > 0 {
+                        panic!("the provider's reply did not parse");
+                    }
+                    StatusCode::CREATED
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+
+    let first = try_send(address, charge("panic-1", "a")).await;
+    assert!(
+        first.as_ref().is_none_or(|read| read.status.is_server_error()),
+        "{first:?}"
+    );
+    let pool = idem::testing::pool().await;
+    assert_eq!(
+        settled_rows(&pool, &account).await,
+        [(
+            "in_doubt".to_owned(),
+            Some(idem::detach::PANICKED.to_owned())
+        )]
+    );
+    let retry = send(address, charge("panic-1", "a")).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert_eq!(effects.started(), 1, "a key in doubt never runs again");
+    // The server survived the panic.
+    let _ = try_send(address, charge("panic-2", "b")).await;
+    assert_eq!(effects.started(), 2, "the server still serves after a panic");
+}
+
+// ------------------------------------------------------ kept headers
+
+/// "never a `Set-Cookie` meant for one client", "never those about one
+/// delivery (`Date`, `Set-Cookie`, ...)"; the replay is marked, the first
+/// is not.
+#[tokio::test]
+async fn set_cookie_and_date_reach_the_first_client_only_and_the_replay_is_marked() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let handler_effects = effects.clone();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                let effects = handler_effects.clone();
+                async move {
+                    let n = effects.start();
+                    (
+                        StatusCode::CREATED,
+                        [
+                            ("content-type", "application/json"),
+                            ("location", "/charges/ch_1"),
+                            ("set-cookie", "session=alice-secret"),
+                            ("date", "Tue, 01 Dec 2026 00:00:00 GMT"),
+                            ("x-request-id", "req-first"),
+                        ],
+                        format!("{{\"n\":{n}}}"),
+                    )
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    let first = send(address, charge("cookie-1", "a")).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed(), "the first answer is not a replay");
+    assert_eq!(first.headers["set-cookie"], "session=alice-secret");
+    let replay = send(address, charge("cookie-1", "a")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.headers["content-type"], "application/json");
+    assert_eq!(replay.headers["location"], "/charges/ch_1");
+    assert!(
+        replay.headers.get("set-cookie").is_none(),
+        "Set-Cookie replayed: {:?}",
+        replay.headers
+    );
+    assert!(replay.headers.get("x-request-id").is_none());
+    assert_ne!(
+        replay.headers.get("date").map(HeaderValue::as_bytes),
+        Some(&b"Tue, 01 Dec 2026 00:00:00 GMT"[..]),
+        "the first delivery's Date replayed"
+    );
+    assert_eq!(effects.started(), 1);
+}
+
+// -------------------------------------------------------- body limit
+
+/// "2 MiB at most by default: a larger one is a 413, and the service is
+/// never called": exactly at the limit runs; one more byte, with a
+/// Content-Length or chunked, is 413.
+#[tokio::test]
+async fn a_body_exactly_at_the_limit_runs_and_one_byte_more_is_413_never_run() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let app = charges(&effects, Duration::ZERO)
+        .layer(IdempotencyLayer::new(gate).single_tenant().body_limit(16));
+    let address = serve(app).await;
+
+    let at = send(address, charge("limit-at", &"x".repeat(16))).await;
+    assert_eq!(at.status, StatusCode::CREATED, "{at:?}");
+    let over = send(address, charge("limit-over", &"x".repeat(17))).await;
+    assert_eq!(over.status, StatusCode::PAYLOAD_TOO_LARGE, "{over:?}");
+
+    // Chunked, no Content-Length: 10 + 7 bytes.
+    let mut stream = TcpStream::connect(address).await.expect("the server");
+    stream
+        .write_all(
+            b"POST /charges HTTP/1.1\r\nhost: 127.0.0.1\r\nidempotency-key: limit-chunked\r\n\
+              content-type: text/plain\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+              a\r\nxxxxxxxxxx\r\n7\r\nxxxxxxx\r\n0\r\n\r\n",
+        )
+        .await
+        .expect("written");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert_eq!(effects.started(), 1, "only the body at the limit ran");
+}
+
+// ------------------------------------------------------- hostile keys
+
+/// "a malformed or repeated key | 400 `invalid-idempotency-key`; the
+/// service is not called".
+#[tokio::test]
+async fn hostile_keys_are_400_and_the_service_is_never_called() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let app = charges(&effects, Duration::ZERO).layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+
+    let long = "k".repeat(8 * 1024);
+    let keys: Vec<Vec<u8>> = vec![
+        b"".to_vec(),
+        b" ".to_vec(),
+        long.into_bytes(),
+        "k".repeat(256).into_bytes(),
+        b"tab\there".to_vec(),
+        b"space here".to_vec(),
+        "caf\u{e9}".as_bytes().to_vec(),
+        vec![0xff, 0xfe],
+    ];
+    for key in keys {
+        let request = Request::post("/charges")
+            .header("host", "127.0.0.1")
+            .header(
+                "idempotency-key",
+                HeaderValue::from_bytes(&key).expect("a header value"),
+            )
+            .body(Full::new(Bytes::from_static(b"a")))
+            .expect("a request");
+        let read = send(address, request).await;
+        assert_eq!(
+            read.status,
+            StatusCode::BAD_REQUEST,
+            "key {:?}: {read:?}",
+            String::from_utf8_lossy(&key)
+        );
+        assert!(read.problem_type().contains("invalid-idempotency-key"), "{read:?}");
+    }
+    let repeated = Request::post("/charges")
+        .header("host", "127.0.0.1")
+        .header("idempotency-key", "one")
+        .header("idempotency-key", "two")
+        .body(Full::new(Bytes::from_static(b"a")))
+        .expect("a request");
+    let read = send(address, repeated).await;
+    assert_eq!(read.status, StatusCode::BAD_REQUEST, "{read:?}");
+    assert_eq!(effects.started(), 0);
+    let pool = idem::testing::pool().await;
+    assert!(rows(&pool, &account).await.is_empty());
+    // The longest accepted key (255) runs.
+    let ok = send(address, charge(&"k".repeat(255), "a")).await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{ok:?}");
+}
+
+// ---------------------------------------------------------- scope
+
+/// "An account name that cannot be stored is refused with 400
+/// `invalid-scope`"; "two callers never share a key"; never an outage.
+#[tokio::test]
+async fn odd_account_names_are_400_invalid_scope_or_their_own_never_an_outage() {
+    let base = idem::testing::unique_name("odd");
+    let effects = Effects::default();
+    let prefix = base.clone();
+    let layer = IdempotencyLayer::new(
+        Gate::connect(idem::testing::pool_with(8).await)
+            .await
+            .expect("schema"),
+    )
+    .scope(move |parts| {
+        let caller = parts.headers.get("x-caller")?.to_str().ok()?;
+        Some(match caller {
+            "nul" => format!("{prefix}\0nul"),
+            "long" => format!("{prefix}{}", "x".repeat(2000)),
+            "long-unicode" => format!("{prefix}{}", "\u{1f980}".repeat(300)),
+            "ctrl" => format!("{prefix}\u{1}\u{7f}\n"),
+            "empty" => String::new(),
+            "zoe-umlaut" => format!("{prefix}Zo\u{eb}"),
+            other => format!("{prefix}{other}"),
+        })
+    });
+    let app = charges(&effects, Duration::ZERO).layer(layer);
+    let address = serve(app).await;
+    let as_caller = |caller: &str| {
+        post_to("/charges", Some("odd-1"), ())
+            .header("x-caller", caller)
+            .body(Full::new(Bytes::from_static(b"a")))
+            .expect("a request")
+    };
+    for caller in ["nul", "long", "long-unicode"] {
+        let read = send(address, as_caller(caller)).await;
+        assert_eq!(read.status, StatusCode::BAD_REQUEST, "{caller}: {read:?}");
+        assert!(read.problem_type().contains("invalid-scope"), "{read:?}");
+    }
+    assert_eq!(effects.started(), 0, "refused scopes never ran");
+    let mut created = 0;
+    for caller in ["ctrl", "zoe-umlaut", "Zoe", "zoe"] {
+        let read = send(address, as_caller(caller)).await;
+        assert_eq!(read.status, StatusCode::CREATED, "{caller}: {read:?}");
+        assert!(!read.replayed(), "{caller} got another caller's response");
+        created += 1;
+    }
+    assert_eq!(effects.started(), created);
+    let empty = send(address, as_caller("empty")).await;
+    assert!(
+        empty.status == StatusCode::CREATED || empty.status.is_client_error(),
+        "an empty account name is an error of the request at worst: {empty:?}"
+    );
+}
+
+/// "two callers never share a key": fired at the same instant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_callers_with_one_key_at_the_same_instant_each_run_once() {
+    let base = idem::testing::unique_name("twins");
+    let effects = Effects::default();
+    let prefix = base.clone();
+    let layer = IdempotencyLayer::new(
+        Gate::connect(idem::testing::pool_with(8).await)
+            .await
+            .expect("schema"),
+    )
+    .scope(move |parts| {
+        let caller = parts.headers.get("x-caller")?.to_str().ok()?;
+        Some(format!("{prefix}-{caller}"))
+    });
+    let address = serve(charges(&effects, Duration::from_millis(50)).layer(layer)).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut calls = JoinSet::new();
+    for i in 0..8 {
+        let barrier = Arc::clone(&barrier);
+        let caller = if i % 2 == 0 { "alice" } else { "bob" };
+        calls.spawn(async move {
+            let request = post_to("/charges", Some("order-1001"), ())
+                .header("x-caller", caller)
+                .body(Full::new(Bytes::from_static(b"a")))
+                .expect("a request");
+            barrier.wait().await;
+            (caller, send(address, request).await)
+        });
+    }
+    let answers = calls.join_all().await;
+    for caller in ["alice", "bob"] {
+        let originals = answers
+            .iter()
+            .filter(|(who, read)| *who == caller && read.status == StatusCode::CREATED && !read.replayed())
+            .count();
+        assert_eq!(originals, 1, "{caller}: {answers:?}");
+    }
+    assert_eq!(effects.started(), 2, "one effect per caller");
+}
+
+/// "Requests without a key pass through as ever"; only a request *with a
+/// key* of a guarded method is refused 401; a GET with a key passes.
+#[tokio::test]
+async fn no_caller_is_401_only_for_a_guarded_request_with_a_key() {
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(
+        Gate::connect(idem::testing::pool_with(4).await)
+            .await
+            .expect("schema"),
+    )
+    .scope(|_| None);
+    let app = charges(&effects, Duration::ZERO)
+        .route("/charges", axum::routing::get(|| async { "list" }))
+        .layer(layer);
+    let address = serve(app).await;
+    let with_key = send(address, charge("anon-1", "a")).await;
+    assert_eq!(with_key.status, StatusCode::UNAUTHORIZED);
+    let without = send(
+        address,
+        post_to("/charges", None, ())
+            .body(Full::new(Bytes::from_static(b"a")))
+            .expect("a request"),
+    )
+    .await;
+    assert_eq!(without.status, StatusCode::CREATED);
+    let get = send(
+        address,
+        Request::get("/charges")
+            .header("host", "127.0.0.1")
+            .header("idempotency-key", "anon-2")
+            .body(Full::new(Bytes::new()))
+            .expect("a request"),
+    )
+    .await;
+    assert_eq!(get.status, StatusCode::OK, "{get:?}");
+    assert_eq!(effects.started(), 1);
+}
+
+// ------------------------------------------------- detached calls
+
+/// "the layer reads the body ..., claims the key ..., calls the service
+/// only if the claim is won": a client that disconnects during its upload
+/// claims nothing and never runs; its full retry runs.
+#[tokio::test]
+async fn a_client_that_disconnects_during_upload_claims_nothing_and_its_retry_runs() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let address =
+        serve(charges(&effects, Duration::ZERO).layer(IdempotencyLayer::new(gate).single_tenant()))
+            .await;
+    let mut stream = TcpStream::connect(address).await.expect("the server");
+    stream
+        .write_all(
+            b"POST /charges HTTP/1.1\r\nhost: 127.0.0.1\r\nidempotency-key: upload-1\r\n\
+              content-type: text/plain\r\ncontent-length: 100\r\n\r\namount=5",
+        )
+        .await
+        .expect("written");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pool = idem::testing::pool().await;
+    assert!(rows(&pool, &account).await.is_empty(), "a half upload claimed");
+    assert_eq!(effects.started(), 0);
+    let retry = send(address, charge("upload-1", "amount=500")).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(effects.started(), 1);
+}
+
+/// "A run that begins after this [shutdown] was called claims nothing and
+/// is refused `InFlight` (retry later, at another instance)": through the
+/// layer, while an older call still runs in its grace.
+#[tokio::test]
+async fn a_request_that_arrives_during_shutdown_claims_nothing_and_never_runs() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(gate).single_tenant();
+    let address = serve(charges(&effects, Duration::from_millis(800)).layer(layer.clone())).await;
+    let first = tokio::spawn(send(address, charge("shut-1", "a")));
+    effects.began().await;
+    let calls = layer.detached_calls();
+    let shutdown = tokio::spawn(async move { calls.shutdown(SETTLE_WAIT).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let late = send(address, charge("shut-2", "b")).await;
+    assert_eq!(late.status, StatusCode::CONFLICT, "{late:?}");
+    assert!(late.headers.contains_key("retry-after"), "{late:?}");
+    let stopped = shutdown.await.expect("the shutdown");
+    assert_eq!(stopped.held_in_doubt, 0);
+    let first = first.await.expect("the first client");
+    assert_eq!(first.status, StatusCode::CREATED, "the running call finished in its grace");
+    assert_eq!(effects.started(), 1, "the late request never ran");
+    let pool = idem::testing::pool().await;
+    assert_eq!(rows(&pool, &account).await, [("success".to_owned(), None)]);
+    // After the shutdown, still nothing is claimed.
+    let after = send(address, charge("shut-3", "c")).await;
+    assert_eq!(after.status, StatusCode::CONFLICT, "{after:?}");
+    assert_eq!(effects.started(), 1);
+}
+
+/// "It may run on for a bound *after its client left*": a body slower
+/// than the bound whose client waits is never stopped.
+#[tokio::test]
+async fn the_bound_never_stops_a_body_whose_client_is_still_waiting() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(gate)
+        .single_tenant()
+        .detached(idem::Detached::with_bound(Duration::from_millis(100)));
+    let address = serve(charges(&effects, Duration::from_millis(600)).layer(layer)).await;
+    let read = send(address, charge("bound-wait", "a")).await;
+    assert_eq!(read.status, StatusCode::CREATED, "{read:?}");
+    let pool = idem::testing::pool().await;
+    assert_eq!(rows(&pool, &account).await, [("success".to_owned(), None)]);
+    assert_eq!((effects.started(), effects.finished()), (1, 1));
+}
+
+/// "From the moment the caller left, the body has `detached`'s bound to
+/// finish": a body that already ran past the bound when its client left
+/// still gets the bound from then.
+#[tokio::test]
+async fn the_bound_counts_from_when_the_client_left_not_from_the_start() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(gate)
+        .single_tenant()
+        .detached(idem::Detached::with_bound(Duration::from_millis(700)));
+    let address = serve(charges(&effects, Duration::from_millis(1000)).layer(layer)).await;
+    let stream = post_and_hold(address, "bound-late", "a").await;
+    effects.began().await;
+    tokio::time::sleep(Duration::from_millis(750)).await;
+    drop(stream);
+    let pool = idem::testing::pool().await;
+    assert_eq!(
+        settled_rows(&pool, &account).await,
+        [("success".to_owned(), None)]
+    );
+    assert_eq!((effects.started(), effects.finished()), (1, 1));
+}
+
+/// "a duplicate, the first still running | 409 `in-flight`, `Retry-After:
+/// 1`", while the first runs detached (its client gone); then the replay.
+#[tokio::test]
+async fn a_duplicate_of_a_detached_call_is_409_retry_after_then_the_replay() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let address = serve(
+        charges(&effects, Duration::from_millis(600))
+            .layer(IdempotencyLayer::new(gate).single_tenant()),
+    )
+    .await;
+    let stream = post_and_hold(address, "dup-1", "a").await;
+    effects.began().await;
+    drop(stream);
+    let duplicate = send(address, charge("dup-1", "a")).await;
+    assert_eq!(duplicate.status, StatusCode::CONFLICT, "{duplicate:?}");
+    assert_eq!(duplicate.headers["retry-after"], "1");
+    assert!(duplicate.problem_type().contains("in-flight"), "{duplicate:?}");
+    let pool = idem::testing::pool().await;
+    assert_eq!(settled_rows(&pool, &account).await, [("success".to_owned(), None)]);
+    let replay = send(address, charge("dup-1", "a")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, "charge 1 of a");
+    assert_eq!(effects.started(), 1);
+}
+
+/// "a wait (so that a duplicate in flight waits for the answer instead of
+/// a 409)": the first's client gone, the duplicate waits and is answered.
+#[tokio::test]
+async fn with_a_wait_a_duplicate_of_a_detached_call_gets_the_replay() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(gate)
+        .single_tenant()
+        .mode(idem::Mode::new().wait(Duration::from_secs(10)));
+    let address = serve(charges(&effects, Duration::from_millis(600)).layer(layer)).await;
+    let stream = post_and_hold(address, "dupw-1", "a").await;
+    effects.began().await;
+    drop(stream);
+    let duplicate = send(address, charge("dupw-1", "a")).await;
+    assert_eq!(duplicate.status, StatusCode::CREATED, "{duplicate:?}");
+    assert!(duplicate.replayed());
+    assert_eq!(duplicate.body, "charge 1 of a");
+    assert_eq!(effects.started(), 1);
+}
+
+/// "returns once every claim is recorded. Never releases a claim whose
+/// body started": many calls in flight, clients gone, a short grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_with_many_calls_in_flight_leaves_none_pending_and_releases_none() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(gate).single_tenant();
+    let address = serve(charges(&effects, Duration::from_secs(30)).layer(layer.clone())).await;
+    let mut streams = Vec::new();
+    for i in 0..6 {
+        streams.push(post_and_hold(address, &format!("many-{i}"), "a").await);
+    }
+    let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+    while effects.started() < 6 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Half the clients leave, half still wait.
+    streams.truncate(3);
+    let stopped = layer
+        .detached_calls()
+        .shutdown(Duration::from_millis(200))
+        .await;
+    assert_eq!(stopped.held_in_doubt, 6, "{stopped:?}");
+    assert_eq!(layer.detached_calls().running(), 0);
+    let pool = idem::testing::pool().await;
+    let rows = rows(&pool, &account).await;
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for row in rows {
+        assert_eq!(
+            row,
+            ("in_doubt".to_owned(), Some(idem::detach::AT_SHUTDOWN.to_owned()))
+        );
+    }
+    drop(streams);
+}
+
+// ---------------------------------------------------------- statuses
+
+/// "every other answer is kept and replayed": a matched route's own 404.
+#[tokio::test]
+async fn a_handlers_own_404_on_a_matched_route_is_kept_and_replayed() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let handler_effects = effects.clone();
+    let app = Router::new()
+        .route(
+            "/charges/{id}",
+            post(move || {
+                let effects = handler_effects.clone();
+                async move {
+                    effects.start();
+                    (StatusCode::NOT_FOUND, "no such card")
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    let request = || {
+        post_to("/charges/c1", Some("nf-1"), ())
+            .body(Full::new(Bytes::from_static(b"a")))
+            .expect("a request")
+    };
+    let first = send(address, request()).await;
+    assert_eq!(first.status, StatusCode::NOT_FOUND);
+    let replay = send(address, request()).await;
+    assert_eq!(replay.status, StatusCode::NOT_FOUND);
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(effects.started(), 1);
+}
+
+/// "The inner service returning an error instead of a response releases
+/// the key": a bare tower service whose first call fails.
+#[tokio::test]
+async fn an_inner_service_error_releases_the_key_so_the_retry_runs() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto;
+    use hyper_util::service::TowerToHyperService;
+
+    let (gate, account) = gate().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let inner = tower::service_fn(move |_request: Request<idem::http::RequestBody<hyper::body::Incoming>>| {
+        let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            if n == 1 {
+                Err::<http::Response<Full<Bytes>>, std::io::Error>(std::io::Error::other("the inner service broke"))
+            } else {
+                Ok(http::Response::builder()
+                    .status(201)
+                    .body(Full::new(Bytes::from(format!("call {n}"))))
+                    .expect("a response"))
+            }
+        }
+    });
+    let layer = IdempotencyLayer::new(gate)
+        .single_tenant()
+        .route(|parts| format!("{} /charges", parts.method));
+    let service = tower::Layer::layer(&layer, inner);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let address = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let first = try_send(address, charge("err-1", "a")).await;
+    assert!(first.is_none(), "{first:?}");
+    let pool = idem::testing::pool().await;
+    let after_error = settled_rows(&pool, &account).await;
+    assert!(
+        after_error.iter().all(|row| row.0 != "pending" && row.0 != "in_doubt"),
+        "{after_error:?}"
+    );
+    let retry = send(address, charge("err-1", "a")).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
