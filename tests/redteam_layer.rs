@@ -800,3 +800,209 @@ async fn an_inner_service_error_releases_the_key_so_the_retry_runs() {
     assert!(!retry.replayed());
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+// ------------------------------------------------------------- routes
+
+/// "A request that matched no axum route (the router's 404, a fallback)
+/// passes through and is not stored": a nested router's fallback.
+#[tokio::test]
+async fn a_nested_routers_fallback_is_not_guarded_nor_stored() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let fallback_hits = Arc::new(AtomicUsize::new(0));
+    let hits = Arc::clone(&fallback_hits);
+    let api = charges(&effects, Duration::ZERO).fallback(move || {
+        let hits = Arc::clone(&hits);
+        async move {
+            hits.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::NOT_FOUND, "nothing here")
+        }
+    });
+    let app = Router::new()
+        .nest("/api", api)
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    for path in ["/api/made-up-1", "/api/made-up-2/x", "/nowhere"] {
+        let read = send(
+            address,
+            post_to(path, Some("fb-1"), ())
+                .body(Full::new(Bytes::from_static(b"a")))
+                .expect("a request"),
+        )
+        .await;
+        assert_eq!(read.status, StatusCode::NOT_FOUND, "{path}: {read:?}");
+        assert!(!read.replayed(), "{path}: {read:?}");
+    }
+    let pool = idem::testing::pool().await;
+    let stored: Vec<String> = idem::sqlx::query_scalar::<_, Vec<u8>>(
+        "SELECT identity FROM idem_records WHERE account = $1",
+    )
+    .bind(&account)
+    .fetch_all(&pool)
+    .await
+    .expect("the rows")
+    .iter()
+    .map(|canonical| {
+        idem::Identity::from_canonical(canonical)
+            .expect("a canonical identity")
+            .action()
+            .to_owned()
+    })
+    .collect();
+    assert!(stored.is_empty(), "made-up paths were stored: {stored:?}");
+    assert_eq!(fallback_hits.load(Ordering::SeqCst), 2, "the nested fallback answered both /api paths");
+    // The real route is guarded.
+    let real = send(
+        address,
+        post_to("/api/charges", Some("fb-2"), ())
+            .body(Full::new(Bytes::from_static(b"a")))
+            .expect("a request"),
+    )
+    .await;
+    assert_eq!(real.status, StatusCode::CREATED);
+    assert_eq!(rows(&pool, &account).await.len(), 1);
+}
+
+// --------------------------------------------------------------- gRPC
+
+/// An axum route answering as a gRPC server would: HTTP 200, the status in
+/// the headers (trailers-only) or the trailers.
+fn grpc_route(effects: &Effects, status: &'static str, in_trailers: bool) -> Router {
+    use http_body_util::StreamBody;
+    let effects = effects.clone();
+    Router::new().route(
+        "/pkg.Payments/Charge",
+        post(move || {
+            let effects = effects.clone();
+            async move {
+                effects.start();
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", HeaderValue::from_static(status));
+                let mut builder = http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/grpc");
+                let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> =
+                    if in_trailers {
+                        vec![
+                            Ok(hyper::body::Frame::data(Bytes::from_static(b"\0\0\0\0\x01z"))),
+                            Ok(hyper::body::Frame::trailers(trailers)),
+                        ]
+                    } else {
+                        builder = builder.header("grpc-status", status);
+                        vec![]
+                    };
+                builder
+                    .body(axum::body::Body::new(StreamBody::new(
+                        futures_util::stream::iter(frames),
+                    )))
+                    .expect("a response")
+            }
+        }),
+    )
+}
+
+fn grpc_call(key: &str, content_type: &str) -> Request<Full<Bytes>> {
+    Request::post("/pkg.Payments/Charge")
+        .header("host", "127.0.0.1")
+        .header("content-type", content_type)
+        .header("te", "trailers")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\x01a")))
+        .expect("a request")
+}
+
+/// "`INVALID_ARGUMENT` ... (400: the request was refused) ... release the
+/// key": in a trailers-only response (the status in the headers).
+#[tokio::test]
+async fn grpc_a_trailers_only_invalid_argument_releases_the_key() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let address =
+        serve(grpc_route(&effects, "3", false).layer(IdempotencyLayer::new(gate).single_tenant()))
+            .await;
+    let first = send(address, grpc_call("g-1", "application/grpc")).await;
+    assert_eq!(first.headers["grpc-status"], "3", "{first:?}");
+    let retry = send(address, grpc_call("g-1", "application/grpc")).await;
+    assert!(!retry.replayed(), "{retry:?}");
+    assert_eq!(effects.started(), 2, "the key was released, the retry ran");
+}
+
+/// "A gRPC response is judged by its `grpc-status`": with the media type
+/// written in capitals (media types are case-insensitive, RFC 9110 8.3.1),
+/// an `INTERNAL` in the trailers must release the key, not be replayed.
+#[tokio::test]
+async fn grpc_a_content_type_in_capitals_is_still_judged_by_its_grpc_status() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let address =
+        serve(grpc_route(&effects, "13", true).layer(IdempotencyLayer::new(gate).single_tenant()))
+            .await;
+    let first = send(address, grpc_call("gc-1", "Application/gRPC")).await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    let retry = send(address, grpc_call("gc-1", "Application/gRPC")).await;
+    assert!(
+        !retry.replayed(),
+        "an INTERNAL gRPC answer was kept and replayed: {retry:?}"
+    );
+    assert_eq!(effects.started(), 2);
+}
+
+// ------------------------------------------------------------ trailers
+
+/// "the kept ones (those named by `keep_headers`) [reach] the replays":
+/// and only those.
+#[tokio::test]
+async fn a_trailer_not_kept_reaches_the_first_client_only() {
+    use http_body_util::StreamBody;
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let handler_effects = effects.clone();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                let effects = handler_effects.clone();
+                async move {
+                    effects.start();
+                    let mut trailers = HeaderMap::new();
+                    trailers.insert("etag", HeaderValue::from_static("\"v1\""));
+                    trailers.insert("x-session-token", HeaderValue::from_static("alice-secret"));
+                    let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = vec![
+                        Ok(hyper::body::Frame::data(Bytes::from_static(b"done"))),
+                        Ok(hyper::body::Frame::trailers(trailers)),
+                    ];
+                    http::Response::builder()
+                        .status(201)
+                        .header("trailer", "etag, x-session-token")
+                        .body(axum::body::Body::new(StreamBody::new(
+                            futures_util::stream::iter(frames),
+                        )))
+                        .expect("a response")
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    let with_te = |key: &str| {
+        post_to("/charges", Some(key), ())
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(b"a")))
+            .expect("a request")
+    };
+    let first = send(address, with_te("tr-1")).await;
+    let first_trailers = first.trailers.clone().unwrap_or_default();
+    assert_eq!(first_trailers["x-session-token"], "alice-secret", "{first:?}");
+    let replay = send(address, with_te("tr-1")).await;
+    assert!(replay.replayed());
+    let trailers = replay.trailers.clone().unwrap_or_default();
+    assert_eq!(trailers.get("etag").map(HeaderValue::as_bytes), Some(&b"\"v1\""[..]), "{replay:?}");
+    assert!(trailers.get("x-session-token").is_none(), "{replay:?}");
+    assert!(
+        replay
+            .headers
+            .get("trailer")
+            .is_none_or(|value| !value.to_str().unwrap_or_default().contains("x-session-token")),
+        "the replay announces a trailer it does not send: {replay:?}"
+    );
+    assert_eq!(effects.started(), 1);
+}
