@@ -226,7 +226,9 @@ async fn a_panicking_handler_holds_its_key_in_doubt_and_never_runs_again() {
 
     let first = try_send(address, charge("panic-1", "a")).await;
     assert!(
-        first.as_ref().is_none_or(|read| read.status.is_server_error()),
+        first
+            .as_ref()
+            .is_none_or(|read| read.status.is_server_error()),
         "{first:?}"
     );
     let pool = idem::testing::pool().await;
@@ -242,7 +244,11 @@ async fn a_panicking_handler_holds_its_key_in_doubt_and_never_runs_again() {
     assert_eq!(effects.started(), 1, "a key in doubt never runs again");
     // The server survived the panic.
     let _ = try_send(address, charge("panic-2", "b")).await;
-    assert_eq!(effects.started(), 2, "the server still serves after a panic");
+    assert_eq!(
+        effects.started(),
+        2,
+        "the server still serves after a panic"
+    );
 }
 
 // ------------------------------------------------------ kept headers
@@ -374,7 +380,10 @@ async fn hostile_keys_are_400_and_the_service_is_never_called() {
             "key {:?}: {read:?}",
             String::from_utf8_lossy(&key)
         );
-        assert!(read.problem_type().contains("invalid-idempotency-key"), "{read:?}");
+        assert!(
+            read.problem_type().contains("invalid-idempotency-key"),
+            "{read:?}"
+        );
     }
     let repeated = Request::post("/charges")
         .header("host", "127.0.0.1")
@@ -481,7 +490,9 @@ async fn two_callers_with_one_key_at_the_same_instant_each_run_once() {
     for caller in ["alice", "bob"] {
         let originals = answers
             .iter()
-            .filter(|(who, read)| *who == caller && read.status == StatusCode::CREATED && !read.replayed())
+            .filter(|(who, read)| {
+                *who == caller && read.status == StatusCode::CREATED && !read.replayed()
+            })
             .count();
         assert_eq!(originals, 1, "{caller}: {answers:?}");
     }
@@ -550,7 +561,10 @@ async fn a_client_that_disconnects_during_upload_claims_nothing_and_its_retry_ru
     drop(stream);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pool = idem::testing::pool().await;
-    assert!(rows(&pool, &account).await.is_empty(), "a half upload claimed");
+    assert!(
+        rows(&pool, &account).await.is_empty(),
+        "a half upload claimed"
+    );
     assert_eq!(effects.started(), 0);
     let retry = send(address, charge("upload-1", "amount=500")).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
@@ -578,7 +592,11 @@ async fn a_request_that_arrives_during_shutdown_claims_nothing_and_never_runs() 
     let stopped = shutdown.await.expect("the shutdown");
     assert_eq!(stopped.held_in_doubt, 0);
     let first = first.await.expect("the first client");
-    assert_eq!(first.status, StatusCode::CREATED, "the running call finished in its grace");
+    assert_eq!(
+        first.status,
+        StatusCode::CREATED,
+        "the running call finished in its grace"
+    );
     assert_eq!(effects.started(), 1, "the late request never ran");
     let pool = idem::testing::pool().await;
     assert_eq!(rows(&pool, &account).await, [("success".to_owned(), None)]);
@@ -645,9 +663,15 @@ async fn a_duplicate_of_a_detached_call_is_409_retry_after_then_the_replay() {
     let duplicate = send(address, charge("dup-1", "a")).await;
     assert_eq!(duplicate.status, StatusCode::CONFLICT, "{duplicate:?}");
     assert_eq!(duplicate.headers["retry-after"], "1");
-    assert!(duplicate.problem_type().contains("in-flight"), "{duplicate:?}");
+    assert!(
+        duplicate.problem_type().contains("in-flight"),
+        "{duplicate:?}"
+    );
     let pool = idem::testing::pool().await;
-    assert_eq!(settled_rows(&pool, &account).await, [("success".to_owned(), None)]);
+    assert_eq!(
+        settled_rows(&pool, &account).await,
+        [("success".to_owned(), None)]
+    );
     let replay = send(address, charge("dup-1", "a")).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, "charge 1 of a");
@@ -704,7 +728,10 @@ async fn a_shutdown_with_many_calls_in_flight_leaves_none_pending_and_releases_n
     for row in rows {
         assert_eq!(
             row,
-            ("in_doubt".to_owned(), Some(idem::detach::AT_SHUTDOWN.to_owned()))
+            (
+                "in_doubt".to_owned(),
+                Some(idem::detach::AT_SHUTDOWN.to_owned())
+            )
         );
     }
     drop(streams);
@@ -755,19 +782,23 @@ async fn an_inner_service_error_releases_the_key_so_the_retry_runs() {
     let (gate, account) = gate().await;
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&calls);
-    let inner = tower::service_fn(move |_request: Request<idem::http::RequestBody<hyper::body::Incoming>>| {
-        let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
-        async move {
-            if n == 1 {
-                Err::<http::Response<Full<Bytes>>, std::io::Error>(std::io::Error::other("the inner service broke"))
-            } else {
-                Ok(http::Response::builder()
-                    .status(201)
-                    .body(Full::new(Bytes::from(format!("call {n}"))))
-                    .expect("a response"))
+    let inner = tower::service_fn(
+        move |_request: Request<idem::http::RequestBody<hyper::body::Incoming>>| {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 1 {
+                    Err::<http::Response<Full<Bytes>>, std::io::Error>(std::io::Error::other(
+                        "the inner service broke",
+                    ))
+                } else {
+                    Ok(http::Response::builder()
+                        .status(201)
+                        .body(Full::new(Bytes::from(format!("call {n}"))))
+                        .expect("a response"))
+                }
             }
-        }
-    });
+        },
+    );
     let layer = IdempotencyLayer::new(gate)
         .single_tenant()
         .route(|parts| format!("{} /charges", parts.method));
@@ -792,7 +823,9 @@ async fn an_inner_service_error_releases_the_key_so_the_retry_runs() {
     let pool = idem::testing::pool().await;
     let after_error = settled_rows(&pool, &account).await;
     assert!(
-        after_error.iter().all(|row| row.0 != "pending" && row.0 != "in_doubt"),
+        after_error
+            .iter()
+            .all(|row| row.0 != "pending" && row.0 != "in_doubt"),
         "{after_error:?}"
     );
     let retry = send(address, charge("err-1", "a")).await;
@@ -850,7 +883,11 @@ async fn a_nested_routers_fallback_is_not_guarded_nor_stored() {
     })
     .collect();
     assert!(stored.is_empty(), "made-up paths were stored: {stored:?}");
-    assert_eq!(fallback_hits.load(Ordering::SeqCst), 2, "the nested fallback answered both /api paths");
+    assert_eq!(
+        fallback_hits.load(Ordering::SeqCst),
+        2,
+        "the nested fallback answered both /api paths"
+    );
     // The real route is guarded.
     let real = send(
         address,
@@ -884,7 +921,9 @@ fn grpc_route(effects: &Effects, status: &'static str, in_trailers: bool) -> Rou
                 let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> =
                     if in_trailers {
                         vec![
-                            Ok(hyper::body::Frame::data(Bytes::from_static(b"\0\0\0\0\x01z"))),
+                            Ok(hyper::body::Frame::data(Bytes::from_static(
+                                b"\0\0\0\0\x01z",
+                            ))),
                             Ok(hyper::body::Frame::trailers(trailers)),
                         ]
                     } else {
@@ -957,31 +996,35 @@ async fn a_trailer_not_kept_reaches_the_first_client_only() {
     let (gate, _account) = gate().await;
     let effects = Effects::default();
     let handler_effects = effects.clone();
-    let app = Router::new()
-        .route(
-            "/charges",
-            post(move || {
-                let effects = handler_effects.clone();
-                async move {
-                    effects.start();
-                    let mut trailers = HeaderMap::new();
-                    trailers.insert("etag", HeaderValue::from_static("\"v1\""));
-                    trailers.insert("x-session-token", HeaderValue::from_static("alice-secret"));
-                    let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = vec![
-                        Ok(hyper::body::Frame::data(Bytes::from_static(b"done"))),
-                        Ok(hyper::body::Frame::trailers(trailers)),
-                    ];
-                    http::Response::builder()
-                        .status(201)
-                        .header("trailer", "etag, x-session-token")
-                        .body(axum::body::Body::new(StreamBody::new(
-                            futures_util::stream::iter(frames),
-                        )))
-                        .expect("a response")
-                }
-            }),
-        )
-        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let app =
+        Router::new()
+            .route(
+                "/charges",
+                post(move || {
+                    let effects = handler_effects.clone();
+                    async move {
+                        effects.start();
+                        let mut trailers = HeaderMap::new();
+                        trailers.insert("etag", HeaderValue::from_static("\"v1\""));
+                        trailers
+                            .insert("x-session-token", HeaderValue::from_static("alice-secret"));
+                        let frames: Vec<
+                            Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+                        > = vec![
+                            Ok(hyper::body::Frame::data(Bytes::from_static(b"done"))),
+                            Ok(hyper::body::Frame::trailers(trailers)),
+                        ];
+                        http::Response::builder()
+                            .status(201)
+                            .header("trailer", "etag, x-session-token")
+                            .body(axum::body::Body::new(StreamBody::new(
+                                futures_util::stream::iter(frames),
+                            )))
+                            .expect("a response")
+                    }
+                }),
+            )
+            .layer(IdempotencyLayer::new(gate).single_tenant());
     let address = serve(app).await;
     let with_te = |key: &str| {
         post_to("/charges", Some(key), ())
@@ -991,17 +1034,24 @@ async fn a_trailer_not_kept_reaches_the_first_client_only() {
     };
     let first = send(address, with_te("tr-1")).await;
     let first_trailers = first.trailers.clone().unwrap_or_default();
-    assert_eq!(first_trailers["x-session-token"], "alice-secret", "{first:?}");
+    assert_eq!(
+        first_trailers["x-session-token"], "alice-secret",
+        "{first:?}"
+    );
     let replay = send(address, with_te("tr-1")).await;
     assert!(replay.replayed());
     let trailers = replay.trailers.clone().unwrap_or_default();
-    assert_eq!(trailers.get("etag").map(HeaderValue::as_bytes), Some(&b"\"v1\""[..]), "{replay:?}");
+    assert_eq!(
+        trailers.get("etag").map(HeaderValue::as_bytes),
+        Some(&b"\"v1\""[..]),
+        "{replay:?}"
+    );
     assert!(trailers.get("x-session-token").is_none(), "{replay:?}");
     assert!(
-        replay
-            .headers
-            .get("trailer")
-            .is_none_or(|value| !value.to_str().unwrap_or_default().contains("x-session-token")),
+        replay.headers.get("trailer").is_none_or(|value| !value
+            .to_str()
+            .unwrap_or_default()
+            .contains("x-session-token")),
         "the replay announces a trailer it does not send: {replay:?}"
     );
     assert_eq!(effects.started(), 1);
