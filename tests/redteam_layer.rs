@@ -1056,3 +1056,50 @@ async fn a_trailer_not_kept_reaches_the_first_client_only() {
     );
     assert_eq!(effects.started(), 1);
 }
+
+// ------------------------------------------------- shutdown and waits
+
+/// "`shutdown(grace)` waits for the guarded calls still running, up to
+/// `grace`, and holds the rest in doubt": a duplicate that waits (`Mode::
+/// wait`) for a call running at another instance is no call of this one
+/// to wait for past the grace. (A liveness bound, far from the grace and
+/// far below the wait: not a speed assertion.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_is_not_held_past_its_grace_by_a_duplicate_waiting_for_another_instance() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    // Instance A runs the original, for long.
+    let a = IdempotencyLayer::new(gate.clone()).single_tenant();
+    let a_address = serve(charges(&effects, Duration::from_secs(30)).layer(a.clone())).await;
+    // Instance B's duplicates wait up to 60 s for it.
+    let b = IdempotencyLayer::new(gate)
+        .single_tenant()
+        .mode(idem::Mode::new().wait(Duration::from_secs(60)));
+    let b_address = serve(charges(&effects, Duration::from_secs(30)).layer(b.clone())).await;
+
+    let _original = post_and_hold(a_address, "wait-shut", "a").await;
+    effects.began().await;
+    let waiting = tokio::spawn(try_send(b_address, charge("wait-shut", "a")));
+    let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+    while b.detached_calls().running() == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(b.detached_calls().running(), 1, "B's duplicate is waiting");
+    let shutdown = tokio::time::timeout(
+        Duration::from_secs(3),
+        b.detached_calls().shutdown(Duration::from_millis(200)),
+    )
+    .await;
+    assert!(
+        shutdown.is_ok(),
+        "B's shutdown(200 ms) was still waiting after 3 s, for a duplicate that waits 60 s \
+         for A's call"
+    );
+    waiting.abort();
+    let _ = a
+        .detached_calls()
+        .shutdown(Duration::from_millis(100))
+        .await;
+    let pool = idem::testing::pool().await;
+    assert_eq!(effects.started(), 1, "{:?}", rows(&pool, &account).await);
+}
