@@ -1103,3 +1103,48 @@ async fn a_shutdown_is_not_held_past_its_grace_by_a_duplicate_waiting_for_anothe
     let pool = idem::testing::pool().await;
     assert_eq!(effects.started(), 1, "{:?}", rows(&pool, &account).await);
 }
+
+// ------------------------------------------------------------- HTTP/2
+
+/// "A guarded call runs to completion when its client disconnects": over
+/// HTTP/2, a client that cancels its stream (RST_STREAM) on a connection
+/// that stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_reset_mid_body_does_not_cancel_the_call() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let address = serve(
+        charges(&effects, Duration::from_millis(600))
+            .layer(IdempotencyLayer::new(gate).single_tenant()),
+    )
+    .await;
+    let stream = TcpStream::connect(address).await.expect("the server");
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("an HTTP/2 handshake");
+    tokio::spawn(connection);
+    let h2 = |key: &str| {
+        Request::post(format!("http://{address}/charges"))
+            .header("idempotency-key", key)
+            .header("content-type", "text/plain")
+            .body(Full::new(Bytes::from_static(b"amount=2")))
+            .expect("a request")
+    };
+    let pending = sender.send_request(h2("h2-1"));
+    let cancelled = tokio::time::timeout(Duration::from_millis(200), pending).await;
+    assert!(cancelled.is_err(), "the call answered before the reset");
+    // The reset stream: its future dropped, the connection kept.
+    let pool = idem::testing::pool().await;
+    assert_eq!(
+        settled_rows(&pool, &account).await,
+        [("success".to_owned(), None)]
+    );
+    assert_eq!((effects.started(), effects.finished()), (1, 1));
+    let retry = sender.send_request(h2("h2-1")).await.expect("a response");
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(effects.started(), 1);
+}
