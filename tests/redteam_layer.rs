@@ -1148,3 +1148,56 @@ async fn an_http2_stream_reset_mid_body_does_not_cancel_the_call() {
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(effects.started(), 1);
 }
+
+// ----------------------------------------------------- kept bodies
+
+/// "the kept response back byte for byte": bodies PostgreSQL's text and
+/// jsonb cannot hold as they are (a NUL, which is valid UTF-8; bytes that
+/// are no UTF-8; an escape-looking text), and one large body the client
+/// stops reading half-way.
+#[tokio::test]
+async fn bodies_with_nul_and_non_utf8_bytes_are_replayed_byte_for_byte() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let handler_effects = effects.clone();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move |body: Bytes| {
+                let effects = handler_effects.clone();
+                async move {
+                    effects.start();
+                    let answer: Vec<u8> = match &body[..] {
+                        b"nul" => b"a\0b".to_vec(),
+                        b"bytes" => vec![0xff, 0x00, 0xfe, 0x80],
+                        b"escape" => br#"\u0000 "\" \\ \n"#.to_vec(),
+                        _ => vec![b'z'; 1024 * 1024],
+                    };
+                    (StatusCode::CREATED, answer)
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    for body in ["nul", "bytes", "escape"] {
+        let key = format!("bytes-{body}");
+        let first = send(address, charge(&key, body)).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{body}: {first:?}");
+        let replay = send(address, charge(&key, body)).await;
+        assert!(replay.replayed(), "{body}: {replay:?}");
+        assert_eq!(replay.status, StatusCode::CREATED);
+        assert_eq!(replay.body, first.body, "{body}");
+    }
+    // A large answer whose client reads its head and leaves.
+    let mut stream = post_and_hold(address, "big-1", "big").await;
+    let mut head = [0u8; 64];
+    let _ = stream.read(&mut head).await;
+    drop(stream);
+    let pool = idem::testing::pool().await;
+    let settled = settled_rows(&pool, &account).await;
+    assert!(settled.iter().all(|row| row.0 == "success"), "{settled:?}");
+    let replay = send(address, charge("big-1", "big")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body.len(), 1024 * 1024);
+    assert_eq!(effects.started(), 4);
+}
