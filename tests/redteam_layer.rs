@@ -1201,3 +1201,61 @@ async fn bodies_with_nul_and_non_utf8_bytes_are_replayed_byte_for_byte() {
     assert_eq!(replay.body.len(), 1024 * 1024);
     assert_eq!(effects.started(), 4);
 }
+
+/// A weakness more than a written promise: "Won during shutdown, the body
+/// not begun: nothing happened, so the slot is free again" has no
+/// counterpart for the bound. A duplicate whose client left while it
+/// waited (`Mode::wait`) wins the key after its bound ran out, and its
+/// body is begun only to be stopped at its first `.await` and held in
+/// doubt: an effect started for a client long gone, for nothing.
+#[tokio::test]
+async fn a_body_whose_bound_ran_out_before_it_began_is_never_begun() {
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let handler_effects = effects.clone();
+    let layer = IdempotencyLayer::new(gate)
+        .single_tenant()
+        .mode(idem::Mode::new().wait(Duration::from_secs(10)))
+        .detached(idem::Detached::with_bound(Duration::from_millis(100)));
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                let effects = handler_effects.clone();
+                async move {
+                    let n = effects.start();
+                    if n == 1 {
+                        tokio::time::sleep(Duration::from_millis(800)).await;
+                        return (StatusCode::SERVICE_UNAVAILABLE, "try again");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    effects.finish();
+                    (StatusCode::CREATED, "charged")
+                }
+            }),
+        )
+        .layer(layer.clone());
+    let address = serve(app).await;
+    let first = tokio::spawn(send(address, charge("late-1", "a")));
+    effects.began().await;
+    // The duplicate waits for the first, then its client leaves.
+    let duplicate = post_and_hold(address, "late-1", "a").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(duplicate);
+    assert_eq!(
+        first.await.expect("the first").status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+    while layer.detached_calls().running() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pool = idem::testing::pool().await;
+    let settled = settled_rows(&pool, &account).await;
+    assert!(
+        effects.started() == 1 || effects.finished() == 1,
+        "a body begun past its bound and stopped at once: started {}, finished {}, {settled:?}",
+        effects.started(),
+        effects.finished()
+    );
+}
