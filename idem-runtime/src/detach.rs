@@ -286,9 +286,12 @@ impl<R> Run<R> {
             }
             Err(rejected) => return Finished::Output(self.outcome.refused(rejected)),
         };
-        if self.shared.is_closing() {
-            // Won during shutdown, the body not begun: nothing happened, so
-            // the slot is free again.
+        if self.shared.is_closing() || self.past_bound() {
+            // Won during shutdown, or after the caller left more than the
+            // bound ago (it waited for a duplicate): the body not begun,
+            // nothing happened, so the slot is free again. Begun now, the
+            // body would be stopped at once, perhaps after starting its
+            // effect, and its key held in doubt for nothing.
             let _recorded = claim.dispose_via(Disposition::Release, &mut via).await;
             return Finished::Output(self.outcome.refused(Rejected::InFlight));
         }
@@ -315,6 +318,14 @@ impl<R> Run<R> {
                 Finished::Output(self.outcome.refused(Rejected::InDoubt))
             }
         }
+    }
+
+    /// Whether the caller left more than the bound ago.
+    fn past_bound(&self) -> bool {
+        self.left
+            .at
+            .get()
+            .is_some_and(|left_at| left_at.elapsed() >= self.shared.bound)
     }
 
     /// Resolves when the body must be stopped: its bound ran out after the
