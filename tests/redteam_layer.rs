@@ -1259,3 +1259,60 @@ async fn a_body_whose_bound_ran_out_before_it_began_is_never_begun() {
         effects.finished()
     );
 }
+
+/// "Trailers the service sends reach the first client, and the kept ones
+/// ... the replays, announced in a `Trailer` header": a service that sends
+/// trailers without announcing them (as gRPC servers and most bodies do),
+/// to an HTTP/1.1 client that asked for them (`TE: trailers`).
+#[tokio::test]
+async fn unannounced_trailers_reach_the_first_http1_client_too() {
+    use http_body_util::StreamBody;
+    let (gate, _account) = gate().await;
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(|| async {
+                let mut trailers = HeaderMap::new();
+                trailers.insert("etag", HeaderValue::from_static("\"v2\""));
+                let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = vec![
+                    Ok(hyper::body::Frame::data(Bytes::from_static(b"done"))),
+                    Ok(hyper::body::Frame::trailers(trailers)),
+                ];
+                http::Response::builder()
+                    .status(201)
+                    .body(axum::body::Body::new(StreamBody::new(
+                        futures_util::stream::iter(frames),
+                    )))
+                    .expect("a response")
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    let with_te = || {
+        post_to("/charges", Some("unannounced-1"), ())
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(b"a")))
+            .expect("a request")
+    };
+    let first = send(address, with_te()).await;
+    let replay = send(address, with_te()).await;
+    assert!(replay.replayed());
+    assert_eq!(
+        replay
+            .trailers
+            .as_ref()
+            .and_then(|t| t.get("etag"))
+            .map(HeaderValue::as_bytes),
+        Some(&b"\"v2\""[..]),
+        "the replay: {replay:?}"
+    );
+    assert_eq!(
+        first
+            .trailers
+            .as_ref()
+            .and_then(|t| t.get("etag"))
+            .map(HeaderValue::as_bytes),
+        Some(&b"\"v2\""[..]),
+        "the first client lost the trailers the replays get: {first:?}"
+    );
+}
