@@ -1316,3 +1316,106 @@ async fn unannounced_trailers_reach_the_first_http1_client_too() {
         "the first client lost the trailers the replays get: {first:?}"
     );
 }
+
+/// "A request whose content type is `application/grpc*` is refused with a
+/// gRPC status in a trailers-only response (... `INVALID_ARGUMENT` for a
+/// bad key or one reused, `RESOURCE_EXHAUSTED` over the limit, `ABORTED` in
+/// flight ...)", never problem+json.
+#[tokio::test]
+async fn grpc_refusals_are_grpc_statuses_in_trailers_only_responses() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let slow = effects.clone();
+    let app = Router::new()
+        .route(
+            "/pkg.Payments/Charge",
+            post(move || {
+                let effects = slow.clone();
+                async move {
+                    effects.start();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/grpc")
+                        .header("grpc-status", "0")
+                        .body(axum::body::Body::empty())
+                        .expect("a response")
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant().body_limit(8));
+    let address = serve(app).await;
+    let call = |key: &[u8], body: &'static [u8]| {
+        Request::post("/pkg.Payments/Charge")
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/grpc+proto")
+            .header(
+                "idempotency-key",
+                HeaderValue::from_bytes(key).expect("a value"),
+            )
+            .body(Full::new(Bytes::from_static(body)))
+            .expect("a request")
+    };
+    let status_of = |read: &Read| {
+        read.headers
+            .get("grpc-status")
+            .or_else(|| read.trailers.as_ref().and_then(|t| t.get("grpc-status")))
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    let bad_key = send(address, call(b"a key", b"x")).await;
+    assert_eq!(status_of(&bad_key).as_deref(), Some("3"), "{bad_key:?}");
+    let too_large = send(address, call(b"big", b"123456789")).await;
+    assert_eq!(status_of(&too_large).as_deref(), Some("8"), "{too_large:?}");
+    let first = tokio::spawn(send(address, call(b"g-inflight", b"x")));
+    effects.began().await;
+    let in_flight = send(address, call(b"g-inflight", b"x")).await;
+    assert_eq!(
+        status_of(&in_flight).as_deref(),
+        Some("10"),
+        "{in_flight:?}"
+    );
+    let reused = send(address, call(b"g-inflight", b"y")).await;
+    assert!(
+        matches!(status_of(&reused).as_deref(), Some("3" | "10")),
+        "{reused:?}"
+    );
+    assert_eq!(
+        status_of(&first.await.expect("the first")).as_deref(),
+        Some("0")
+    );
+    let reused = send(address, call(b"g-inflight", b"y")).await;
+    assert_eq!(status_of(&reused).as_deref(), Some("3"), "{reused:?}");
+    for read in [&bad_key, &too_large, &in_flight, &reused] {
+        assert_eq!(
+            read.status,
+            StatusCode::OK,
+            "gRPC refusals are HTTP 200: {read:?}"
+        );
+        assert!(
+            read.headers["content-type"]
+                .to_str()
+                .is_ok_and(|value| value.starts_with("application/grpc")),
+            "{read:?}"
+        );
+    }
+    assert_eq!(effects.started(), 1);
+}
+
+/// "2 MiB at most by default ... a router behind the layer is refused
+/// nothing it would have accepted": exactly 2 MiB runs, one byte more is
+/// 413.
+#[tokio::test]
+async fn the_default_limit_is_exactly_two_mebibytes() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let app = charges(&effects, Duration::ZERO).layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    let limit = IdempotencyLayer::DEFAULT_BODY_LIMIT;
+    assert_eq!(limit, 2 * 1024 * 1024);
+    let at = send(address, charge("two-mib", &"x".repeat(limit))).await;
+    assert_eq!(at.status, StatusCode::CREATED, "{:?}", at.status);
+    let over = send(address, charge("two-mib-1", &"x".repeat(limit + 1))).await;
+    assert_eq!(over.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(effects.started(), 1);
+}
