@@ -1419,3 +1419,37 @@ async fn the_default_limit_is_exactly_two_mebibytes() {
     assert_eq!(over.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(effects.started(), 1);
 }
+
+/// "It may run on for a bound after its client left, then it is stopped"
+/// (a run is "claiming, running, or recording", `Detached::running`): a
+/// duplicate that waits (`Mode::wait`) for another instance's call is not
+/// stopped at its bound once its client left; it runs on for its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_duplicate_whose_client_left_is_stopped_at_its_bound() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let a = IdempotencyLayer::new(gate.clone()).single_tenant();
+    let a_address = serve(charges(&effects, Duration::from_secs(30)).layer(a.clone())).await;
+    let b = IdempotencyLayer::new(gate)
+        .single_tenant()
+        .mode(idem::Mode::new().wait(Duration::from_secs(60)))
+        .detached(idem::Detached::with_bound(Duration::from_millis(100)));
+    let b_address = serve(charges(&effects, Duration::from_secs(30)).layer(b.clone())).await;
+
+    let _original = post_and_hold(a_address, "wait-bound", "a").await;
+    effects.began().await;
+    let duplicate = post_and_hold(b_address, "wait-bound", "a").await;
+    let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+    while b.detached_calls().running() == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(duplicate);
+    // Twenty bounds later (a liveness bound, not a speed assertion).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = b.detached_calls().running();
+    let _ = a.detached_calls().shutdown(Duration::from_millis(50)).await;
+    assert_eq!(
+        still, 0,
+        "B's duplicate ran on 2 s after its client left, past its 100 ms bound"
+    );
+}
