@@ -27,7 +27,7 @@ use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::acquire::{Acquired, acquire};
+use crate::acquire::{Acquired, acquire_unless};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
@@ -271,12 +271,16 @@ impl<R> Run<R> {
             return Finished::Output(self.outcome.refused(Rejected::InFlight));
         }
         let mut via = Via::Pool(self.slots.pool());
-        let claim = match acquire(
+        // A duplicate that waits (`Mode::wait`) is a run too: it stops
+        // waiting at its bound after its caller left, or at the shutdown's
+        // grace, as a body would be stopped then.
+        let claim = match acquire_unless(
             &self.slots,
             &self.identity,
             &self.mode,
             self.outcome.replays(),
             &mut via,
+            self.stop(),
         )
         .await
         {
