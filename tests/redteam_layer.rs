@@ -1453,3 +1453,63 @@ async fn a_waiting_duplicate_whose_client_left_is_stopped_at_its_bound() {
         "B's duplicate ran on 2 s after its client left, past its 100 ms bound"
     );
 }
+
+// ------------------------------------------------------------- outages
+
+/// "the store unreachable | 503 `store-unavailable`; the service is not
+/// called": the store lost *after* the service ran (its settle cannot be
+/// written). The client must not be told the service was not called, and
+/// the retry must not run it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_lost_after_the_service_ran_is_not_answered_as_never_called() {
+    use idem_test_support::fault_proxy::Proxy;
+
+    let proxy = Arc::new(Proxy::start().await);
+    let account = idem::testing::unique_name("lost-settle");
+    let gate = Gate::connect(proxy.pool(4).await)
+        .await
+        .expect("schema")
+        .account(account.clone());
+    let effects = Effects::default();
+    let handler_effects = effects.clone();
+    let cutter = Arc::clone(&proxy);
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                let effects = handler_effects.clone();
+                let proxy = Arc::clone(&cutter);
+                async move {
+                    let n = effects.start();
+                    if n == 1 {
+                        proxy.cut().await;
+                        let resumer = Arc::clone(&proxy);
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(1500)).await;
+                            resumer.cut_for(Duration::ZERO).await;
+                        });
+                    }
+                    effects.finish();
+                    (StatusCode::CREATED, format!("charge {n}"))
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    let first = send(address, charge("lost-1", "a")).await;
+    assert_eq!(effects.started(), 1);
+    assert!(
+        !(first.status == StatusCode::SERVICE_UNAVAILABLE
+            && first.problem_type().contains("store-unavailable")),
+        "the service ran, yet its client was told the store was unavailable (\"the service is \
+         not called\"): {first:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let retry = send(address, charge("lost-1", "a")).await;
+    assert_ne!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(
+        effects.started(),
+        1,
+        "the retry ran the service again: {retry:?}"
+    );
+}
