@@ -10,7 +10,10 @@
 //! leaves the task running. A body may run on after
 //! its caller left for at most the [`Detached`] handle's bound: then it is
 //! stopped and its claim held in doubt (`state_reason`
-//! [`PAST_BOUND`]), never released (it may have taken effect). At
+//! [`PAST_BOUND`]), never released (it may have taken effect); a run
+//! still waiting for its claim then ([`Mode::wait`](crate::Mode::wait))
+//! gives up, claiming nothing, and one that wins its claim past the bound
+//! releases it unbegun. At
 //! shutdown, [`Detached::shutdown`] waits for the bodies still running,
 //! up to a grace period, then stops the rest and holds their claims in
 //! doubt ([`AT_SHUTDOWN`]). A body that panics holds its claim in doubt
@@ -129,7 +132,9 @@ impl Detached {
     /// stops the rest and holds their claims in doubt, and returns once
     /// every claim is recorded. Never releases a claim whose body started.
     /// A run that begins after this was called claims nothing and is
-    /// refused [`Rejected::InFlight`] (retry later, at another instance).
+    /// refused [`Rejected::InFlight`] (retry later, at another instance);
+    /// so is one still waiting for its claim ([`Mode::wait`](crate::Mode::wait))
+    /// when the grace runs out.
     ///
     /// Call it after the server stopped accepting requests, before the
     /// runtime shuts down: a task the runtime drops records nothing, and
