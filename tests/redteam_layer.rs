@@ -1513,3 +1513,53 @@ async fn a_store_lost_after_the_service_ran_is_not_answered_as_never_called() {
         "the retry ran the service again: {retry:?}"
     );
 }
+
+/// "A body that panics holds its claim in doubt ... and the panic is
+/// resumed in its caller, *if still there*": a handler that panics after
+/// an outer timeout gave up on it takes nothing else down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_after_its_client_gave_up_is_held_in_doubt_and_harms_nothing() {
+    use axum::error_handling::HandleErrorLayer;
+    use tower::ServiceBuilder;
+
+    let (gate, account) = gate().await;
+    let effects = Effects::default();
+    let handler_effects = effects.clone();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move |body: Bytes| {
+                let effects = handler_effects.clone();
+                async move {
+                    effects.start();
+                    if &body[..] == b"boom" {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        panic!("after the client left");
+                    }
+                    effects.finish();
+                    (StatusCode::CREATED, "fine")
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant())
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+                    StatusCode::GATEWAY_TIMEOUT
+                }))
+                .timeout(Duration::from_millis(100)),
+        );
+    let address = serve(app).await;
+    let first = send(address, charge("late-panic", "boom")).await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    let pool = idem::testing::pool().await;
+    assert_eq!(
+        settled_rows(&pool, &account).await,
+        [("in_doubt".to_owned(), Some(idem::detach::PANICKED.to_owned()))]
+    );
+    let retry = send(address, charge("late-panic", "boom")).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    let other = send(address, charge("after-panic", "ok")).await;
+    assert_eq!(other.status, StatusCode::CREATED, "the server serves on: {other:?}");
+    assert_eq!(effects.started(), 2);
+}
