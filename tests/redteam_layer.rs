@@ -1555,11 +1555,64 @@ async fn a_handler_that_panics_after_its_client_gave_up_is_held_in_doubt_and_har
     let pool = idem::testing::pool().await;
     assert_eq!(
         settled_rows(&pool, &account).await,
-        [("in_doubt".to_owned(), Some(idem::detach::PANICKED.to_owned()))]
+        [(
+            "in_doubt".to_owned(),
+            Some(idem::detach::PANICKED.to_owned())
+        )]
     );
     let retry = send(address, charge("late-panic", "boom")).await;
     assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
     let other = send(address, charge("after-panic", "ok")).await;
-    assert_eq!(other.status, StatusCode::CREATED, "the server serves on: {other:?}");
+    assert_eq!(
+        other.status,
+        StatusCode::CREATED,
+        "the server serves on: {other:?}"
+    );
     assert_eq!(effects.started(), 2);
+}
+
+/// "Trailers the service sends reach the first client": an answer the
+/// policy does not keep (a 503, released) too.
+#[tokio::test]
+async fn unannounced_trailers_of_an_answer_not_kept_reach_its_http1_client() {
+    use http_body_util::StreamBody;
+    let (gate, _account) = gate().await;
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(|| async {
+                let mut trailers = HeaderMap::new();
+                trailers.insert("x-retry-reason", HeaderValue::from_static("provider-down"));
+                let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = vec![
+                    Ok(hyper::body::Frame::data(Bytes::from_static(b"later"))),
+                    Ok(hyper::body::Frame::trailers(trailers)),
+                ];
+                http::Response::builder()
+                    .status(503)
+                    .body(axum::body::Body::new(StreamBody::new(
+                        futures_util::stream::iter(frames),
+                    )))
+                    .expect("a response")
+            }),
+        )
+        .layer(IdempotencyLayer::new(gate).single_tenant());
+    let address = serve(app).await;
+    let first = send(
+        address,
+        post_to("/charges", Some("unkept-trailers"), ())
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from_static(b"a")))
+            .expect("a request"),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        first
+            .trailers
+            .as_ref()
+            .and_then(|t| t.get("x-retry-reason"))
+            .map(HeaderValue::as_bytes),
+        Some(&b"provider-down"[..]),
+        "{first:?}"
+    );
 }
