@@ -207,7 +207,10 @@ where
     match ran {
         Ok(kept) => Ok(answer(kept, first_fields).map(Either::Right)),
         Err(Unkept::Refused(rejected)) => Ok(refuse(&Problem::from(&rejected), grpc)),
-        Err(Unkept::Answered { response, .. }) => Ok(response.map(Either::Right)),
+        Err(Unkept::Answered { mut response, .. }) => {
+            announce_trailers(&mut response);
+            Ok(response.map(Either::Right))
+        }
         Err(Unkept::Failed(error)) => Err(error),
     }
 }
