@@ -1616,3 +1616,77 @@ async fn unannounced_trailers_of_an_answer_not_kept_reach_its_http1_client() {
         "{first:?}"
     );
 }
+
+/// "Never releases a claim whose body started", "returns once every claim
+/// is recorded": twenty requests fired at the instant the shutdown begins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_racing_the_shutdown_leave_no_claim_pending_and_none_begun_released() {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    let (gate, account) = gate().await;
+    let begun = Arc::new(Mutex::new(BTreeSet::<String>::new()));
+    let seen = Arc::clone(&begun);
+    let layer = IdempotencyLayer::new(gate).single_tenant();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move |body: Bytes| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    seen.lock()
+                        .expect("the set")
+                        .insert(String::from_utf8_lossy(&body).into_owned());
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    (StatusCode::CREATED, "charged")
+                }
+            }),
+        )
+        .layer(layer.clone());
+    let address = serve(app).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(21));
+    let mut calls = JoinSet::new();
+    for i in 0..20 {
+        let barrier = Arc::clone(&barrier);
+        calls.spawn(async move {
+            let key = format!("race-shut-{i}");
+            let request = charge(&key, &key);
+            barrier.wait().await;
+            tokio::time::sleep(Duration::from_millis(i * 3)).await;
+            try_send(address, request).await
+        });
+    }
+    barrier.wait().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let stopped = layer
+        .detached_calls()
+        .shutdown(Duration::from_millis(50))
+        .await;
+    assert_eq!(layer.detached_calls().running(), 0);
+    let _answers = calls.join_all().await;
+    let pool = idem::testing::pool().await;
+    let rows: Vec<(Vec<u8>, String, Option<String>)> = idem::sqlx::query_as(
+        "SELECT identity, state, state_reason FROM idem_records WHERE account = $1 AND kind = 'claim'",
+    )
+    .bind(&account)
+    .fetch_all(&pool)
+    .await
+    .expect("the claims");
+    let begun = begun.lock().expect("the set").clone();
+    for (_identity, state, reason) in &rows {
+        assert_ne!(
+            state, "pending",
+            "a claim left pending after the shutdown returned: {rows:?}"
+        );
+        assert!(
+            state == "success" || state == "in_doubt",
+            "{state} {reason:?}"
+        );
+    }
+    assert_eq!(
+        rows.len(),
+        begun.len(),
+        "every begun body has its claim kept (success or in doubt), and only those: begun \
+         {begun:?}, rows {rows:?}, stopped {stopped:?}"
+    );
+}
