@@ -1690,3 +1690,27 @@ async fn requests_racing_the_shutdown_leave_no_claim_pending_and_none_begun_rele
          {begun:?}, rows {rows:?}, stopped {stopped:?}"
     );
 }
+
+/// `.mode(Mode::new().lease(..))`: "a lease (so that a claim whose process
+/// died is taken over)". A detached call is alive (its process did not
+/// die): its retry, after the lease and within the bound, must not take
+/// the key over and run the service a second time.
+#[tokio::test]
+async fn a_lease_never_hands_a_live_detached_call_to_its_retry() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(gate)
+        .single_tenant()
+        .mode(idem::Mode::new().lease(Duration::from_millis(300)));
+    let address = serve(charges(&effects, Duration::from_millis(900)).layer(layer)).await;
+    let stream = post_and_hold(address, "lease-1", "a").await;
+    effects.began().await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retry = send(address, charge("lease-1", "a")).await;
+    assert_eq!(
+        effects.started(),
+        1,
+        "the retry took the live call's key over and ran it again: {retry:?}"
+    );
+}
