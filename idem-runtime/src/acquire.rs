@@ -64,6 +64,31 @@ pub(crate) async fn acquire(
     want_output: bool,
     via: &mut Via<'_>,
 ) -> Result<Acquired, Rejected> {
+    acquire_unless(
+        slots,
+        identity,
+        mode,
+        want_output,
+        via,
+        std::future::pending::<()>(),
+    )
+    .await
+}
+
+/// [`acquire`], giving up a wait (refused [`Rejected::InFlight`], nothing
+/// claimed) once `stop` resolves: a detached run whose caller left past
+/// its bound, or whose shutdown's grace ran out, must not wait on. It is
+/// only looked at between polls, where no statement is in flight (one
+/// dropped mid-insert could leave a claim nobody records).
+pub(crate) async fn acquire_unless<S: std::future::Future>(
+    slots: &Slots,
+    identity: &Identity,
+    mode: &Mode,
+    want_output: bool,
+    via: &mut Via<'_>,
+    stop: S,
+) -> Result<Acquired, Rejected> {
+    let mut stop = std::pin::pin!(stop);
     let contender = Contender::new(slots, identity);
     if identity.is_absent() {
         contender.ungated();
@@ -147,7 +172,13 @@ pub(crate) async fn acquire(
                 let remaining = deadline
                     .flatten()
                     .map_or(poll, |d| d.saturating_duration_since(Instant::now()));
-                tokio::time::sleep(poll.min(remaining)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(poll.min(remaining)) => {}
+                    _ = &mut stop => {
+                        contender.refused(&Rejected::InFlight);
+                        return Err(Rejected::InFlight);
+                    }
+                }
                 poll = (poll * 2).min(WAIT_LONGEST_POLL);
             }
             // Still held, or the slot changed hands on every attempt.

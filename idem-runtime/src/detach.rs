@@ -10,7 +10,10 @@
 //! leaves the task running. A body may run on after
 //! its caller left for at most the [`Detached`] handle's bound: then it is
 //! stopped and its claim held in doubt (`state_reason`
-//! [`PAST_BOUND`]), never released (it may have taken effect). At
+//! [`PAST_BOUND`]), never released (it may have taken effect); a run
+//! still waiting for its claim then ([`Mode::wait`](crate::Mode::wait))
+//! gives up, claiming nothing, and one that wins its claim past the bound
+//! releases it unbegun. At
 //! shutdown, [`Detached::shutdown`] waits for the bodies still running,
 //! up to a grace period, then stops the rest and holds their claims in
 //! doubt ([`AT_SHUTDOWN`]). A body that panics holds its claim in doubt
@@ -27,7 +30,7 @@ use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::acquire::{Acquired, acquire};
+use crate::acquire::{Acquired, acquire_unless};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
@@ -129,7 +132,9 @@ impl Detached {
     /// stops the rest and holds their claims in doubt, and returns once
     /// every claim is recorded. Never releases a claim whose body started.
     /// A run that begins after this was called claims nothing and is
-    /// refused [`Rejected::InFlight`] (retry later, at another instance).
+    /// refused [`Rejected::InFlight`] (retry later, at another instance);
+    /// so is one still waiting for its claim ([`Mode::wait`](crate::Mode::wait))
+    /// when the grace runs out.
     ///
     /// Call it after the server stopped accepting requests, before the
     /// runtime shuts down: a task the runtime drops records nothing, and
@@ -274,12 +279,16 @@ impl<R> Run<R> {
             return Finished::Output(self.outcome.refused(Rejected::InFlight));
         }
         let mut via = Via::Pool(self.slots.pool());
-        let claim = match acquire(
+        // A duplicate that waits (`Mode::wait`) is a run too: it stops
+        // waiting at its bound after its caller left, or at the shutdown's
+        // grace, as a body would be stopped then.
+        let claim = match acquire_unless(
             &self.slots,
             &self.identity,
             &self.mode,
             self.outcome.replays(),
             &mut via,
+            self.stop(),
         )
         .await
         {
@@ -289,9 +298,12 @@ impl<R> Run<R> {
             }
             Err(rejected) => return Finished::Output(self.outcome.refused(rejected)),
         };
-        if self.shared.is_closing() {
-            // Won during shutdown, the body not begun: nothing happened, so
-            // the slot is free again.
+        if self.shared.is_closing() || self.past_bound() {
+            // Won during shutdown, or after the caller left more than the
+            // bound ago (it waited for a duplicate): the body not begun,
+            // nothing happened, so the slot is free again. Begun now, the
+            // body would be stopped at once, perhaps after starting its
+            // effect, and its key held in doubt for nothing.
             let _recorded = claim.dispose_via(Disposition::Release, &mut via).await;
             return Finished::Output(self.outcome.refused(Rejected::InFlight));
         }
@@ -318,6 +330,14 @@ impl<R> Run<R> {
                 Finished::Output(self.outcome.refused(Rejected::InDoubt))
             }
         }
+    }
+
+    /// Whether the caller left more than the bound ago.
+    fn past_bound(&self) -> bool {
+        self.left
+            .at
+            .get()
+            .is_some_and(|left_at| left_at.elapsed() >= self.shared.bound)
     }
 
     /// Resolves when the body must be stopped: its bound ran out after the

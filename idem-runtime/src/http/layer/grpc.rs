@@ -36,7 +36,16 @@ mod code {
 pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+        .is_some_and(|value| starts_with_ignoring_case(value.as_bytes(), b"application/grpc"))
+}
+
+/// Whether a content type begins with `prefix` (lowercase): media types
+/// are case-insensitive (RFC 9110, 8.3.1), so `Application/gRPC` is gRPC
+/// too, and its response must be judged by its `grpc-status`.
+fn starts_with_ignoring_case(content_type: &[u8], prefix: &[u8]) -> bool {
+    content_type
+        .get(..prefix.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
 }
 
 /// The HTTP status a gRPC response stands for, for the status policy: its
@@ -92,9 +101,9 @@ enum WebEncoding {
 /// The gRPC-web encoding a response's content type names, if it is one.
 fn web_encoding(headers: &HeaderMap) -> Option<WebEncoding> {
     let content_type = headers.get(CONTENT_TYPE)?.as_bytes();
-    if content_type.starts_with(b"application/grpc-web-text") {
+    if starts_with_ignoring_case(content_type, b"application/grpc-web-text") {
         Some(WebEncoding::Text)
-    } else if content_type.starts_with(b"application/grpc-web") {
+    } else if starts_with_ignoring_case(content_type, b"application/grpc-web") {
         Some(WebEncoding::Binary)
     } else {
         None

@@ -207,7 +207,10 @@ where
     match ran {
         Ok(kept) => Ok(answer(kept, first_fields).map(Either::Right)),
         Err(Unkept::Refused(rejected)) => Ok(refuse(&Problem::from(&rejected), grpc)),
-        Err(Unkept::Answered { response, .. }) => Ok(response.map(Either::Right)),
+        Err(Unkept::Answered { mut response, .. }) => {
+            announce_trailers(&mut response);
+            Ok(response.map(Either::Right))
+        }
         Err(Unkept::Failed(error)) => Err(error),
     }
 }
@@ -428,14 +431,16 @@ fn answer(
             crate::http::IDEMPOTENT_REPLAYED,
             http::HeaderValue::from_static("true"),
         );
-        announce_trailers(&mut response);
     }
+    // The first client too: trailers the service sent unannounced would
+    // otherwise reach the replays only.
+    announce_trailers(&mut response);
     response
 }
 
-/// Announces a replay's kept trailers in a `Trailer` header (when the
-/// kept headers did not): an HTTP/1.1 server sends only the trailers a
-/// response announced, so without it a replay would lose them.
+/// Announces a response's trailers in a `Trailer` header (when its
+/// headers did not): an HTTP/1.1 server sends only the trailers a
+/// response announced, so without it the client would lose them.
 fn announce_trailers(response: &mut Response<BufferedBody>) {
     if response.headers().contains_key(http::header::TRAILER) {
         return;
