@@ -1,0 +1,529 @@
+//! Red team: the promises of `idem::reconcile` (the `Reconciler`) and of
+//! `idem::operations::resolve_as`, attacked from their docs. Each test is
+//! named after the promise it attacks; a failing one is a broken promise.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::operations::{self, NamespaceFilter, ScopeFilter};
+use idem::reconcile::{Doubt, Reconciler, Verdict};
+use idem::{Gate, Identity, Mode, Rejected, idempotent, testing};
+use idem_test_support::ChargeError;
+use tokio::sync::Barrier;
+
+/// Holds `identity` in doubt: its body timed out, it may have charged.
+async fn in_doubt(gate: &Gate, identity: &Identity) {
+    let outcome: Result<(), ChargeError> = gate
+        .run_disposed(identity, &Mode::new(), async { Err(ChargeError::Timeout) })
+        .await;
+    assert!(matches!(outcome, Err(ChargeError::Timeout)), "{outcome:?}");
+}
+
+/// The state and fence of the claim of `identity` in the gate's account.
+async fn state_of(gate: &Gate, identity: &Identity) -> Option<(String, i64)> {
+    let scope = ScopeFilter {
+        account: Some(gate.account_name()),
+        namespace: NamespaceFilter::Any,
+    };
+    operations::find(gate.pool(), &identity.address(), &scope)
+        .await
+        .expect("find the claim")
+        .into_iter()
+        .next()
+        .map(|row| (row.state, row.fence))
+}
+
+async fn state(gate: &Gate, identity: &Identity) -> Option<String> {
+    state_of(gate, identity).await.map(|(s, _)| s)
+}
+
+/// Calls per address.
+type Calls = Arc<Mutex<HashMap<String, usize>>>;
+
+fn counted(calls: &Calls, doubt: &Doubt) {
+    *calls
+        .lock()
+        .unwrap()
+        .entry(doubt.address.clone())
+        .or_default() += 1;
+}
+
+// ---------------------------------------------------------------------------
+// "two reconcilers ... resolve a claim exactly once" (reconcile.rs module doc,
+// docs/operations.md "Claims in doubt, and the reconciler")
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_reconcilers_at_once_resolve_each_claim_exactly_once() {
+    const CLAIMS: usize = 40;
+    let gate = testing::gate().await;
+    let ids: Vec<Identity> = (0..CLAIMS)
+        .map(|k| Identity::new("rt_two").part(k as i64))
+        .collect();
+    for id in &ids {
+        in_doubt(&gate, id).await;
+    }
+    let make = |verdict: Verdict| {
+        Reconciler::new(gate.pool().clone())
+            .account(gate.account_name())
+            .probe("rt_two", move |_| {
+                let verdict = verdict.clone();
+                async move {
+                    // Slow enough that both reconcilers hold the same claims.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    verdict
+                }
+            })
+    };
+    let a = Arc::new(make(Verdict::succeeded_with(&"a").expect("json")));
+    let b = Arc::new(make(Verdict::Failed));
+    let barrier = Arc::new(Barrier::new(2));
+    let run = |r: Arc<Reconciler>, barrier: Arc<Barrier>| {
+        tokio::spawn(async move {
+            barrier.wait().await;
+            r.reconcile_once().await.expect("a pass")
+        })
+    };
+    let (pa, pb) = tokio::join!(run(a, barrier.clone()), run(b, barrier));
+    let (pa, pb) = (pa.expect("no panic"), pb.expect("no panic"));
+    assert_eq!(
+        pa.resolved + pb.resolved,
+        CLAIMS,
+        "each claim resolved exactly once: {pa:?} {pb:?}"
+    );
+    assert_eq!(pa.resolved + pa.lost, pa.probed, "{pa:?}");
+    assert_eq!(pb.resolved + pb.lost, pb.probed, "{pb:?}");
+    for id in &ids {
+        let s = state(&gate, id).await;
+        assert!(
+            matches!(s.as_deref(), Some("success" | "failed")),
+            "{s:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// "a reconciler racing the original holder's late settle, resolve a claim
+// exactly once, nothing ever overwrites a success" (reconcile.rs module doc)
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_probe_answering_after_the_holders_late_settle_never_overwrites_the_success() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_late").part("ord_1");
+    let claim = gate.claim(&id).await.expect("claim");
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let settled = Arc::new(tokio::sync::Notify::new());
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .pending_older_than(Duration::ZERO)
+        .probe("rt_late", {
+            let (asked, settled) = (asked.clone(), settled.clone());
+            move |_| {
+                let (asked, settled) = (asked.clone(), settled.clone());
+                async move {
+                    asked.notify_one();
+                    settled.notified().await;
+                    Verdict::NotHappened
+                }
+            }
+        });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pass = tokio::spawn(async move { reconciler.reconcile_once().await });
+    asked.notified().await;
+    claim.settle().await.expect("the holder's late settle");
+    settled.notify_one();
+    let pass = pass.await.expect("no panic").expect("a pass");
+    assert_eq!((pass.probed, pass.resolved, pass.lost), (1, 0, 1), "{pass:?}");
+    assert_eq!(state(&gate, &id).await.as_deref(), Some("success"));
+    assert!(matches!(gate.claim(&id).await, Err(Rejected::AlreadyDone)));
+}
+
+/// "the resolution and the holder's settle are each applied at most once"
+/// (`pending_older_than`), and `Claim::settle`: "If the claim is no longer
+/// this holder's, the success is still recorded in the slot unless it is
+/// already settled ... (ClaimLost)"; the retry's own settle then finds
+/// "that outcome stands and the error is NotRecorded".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_holders_settle_after_a_release_is_applied_once_and_told_claim_lost() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_slow").part("ord_1");
+    let slow = gate.claim(&id).await.expect("claim");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .pending_older_than(Duration::ZERO)
+        .probe("rt_slow", |_| async { Verdict::NotHappened });
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(pass.resolved, 1, "{pass:?}");
+    let retry = gate.claim(&id).await.expect("the retry runs");
+    let new_fence = retry.fence().expect("fence");
+    // The slow holder wakes up and settles: its success happened, and is kept.
+    let late = slow.settle().await;
+    assert!(matches!(late, Err(Rejected::ClaimLost { .. })), "{late:?}");
+    assert_eq!(
+        state_of(&gate, &id).await,
+        Some(("success".to_owned(), new_fence))
+    );
+    let second = retry.settle().await;
+    assert!(matches!(second, Err(Rejected::NotRecorded { .. })), "{second:?}");
+    // The reconciler, asked again, finds nothing to do.
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(pass.probed, 0, "{pass:?}");
+}
+
+// ---------------------------------------------------------------------------
+// "The reconciler lists only claims of actions it has a probe for" and
+// action_pattern: "`charge` never matches `charge_refund`, with `\`, `%` and
+// `_` escaped wherever they fall (in the name, or in its length's bytes)"
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_is_asked_only_about_its_own_action_whatever_the_names() {
+    let gate = testing::gate().await;
+    let x = |n: usize| "x".repeat(n);
+    // (action with a probe, actions without one that a sloppy pattern matches)
+    let families: Vec<(String, Vec<String>)> = vec![
+        ("charge".into(), vec!["charge_refund".into(), "chargeX".into()]),
+        ("a_c".into(), vec!["abc".into(), "a_cd".into()]),
+        ("a%".into(), vec!["ab".into(), "a%b".into(), "aXYZ".into()]),
+        ("a\\".into(), vec!["a\\\\".into(), "a\\b".into()]),
+        ("é_%\\".into(), vec!["é_%\\x".into(), "éa%\\".into()]),
+        // Lengths whose byte is `%` (37), `\` (92), `_` (95).
+        (x(37), vec![x(38), x(36), format!("{}y", x(37))]),
+        (x(92), vec![x(93), x(91)]),
+        (x(95), vec![x(96), x(94)]),
+        // Lengths that straddle a one-byte length (127, 128, 300).
+        (x(127), vec![x(128)]),
+        (x(300), vec![x(301), x(299)]),
+    ];
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let mut reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .batch(1000);
+    for (action, others) in &families {
+        in_doubt(&gate, &Identity::new(action.as_str()).part(1_i64)).await;
+        for other in others {
+            in_doubt(&gate, &Identity::new(other.as_str()).part(1_i64)).await;
+        }
+        let registered = action.clone();
+        let seen = seen.clone();
+        reconciler = reconciler.probe(action.as_str(), move |doubt: Doubt| {
+            seen.lock()
+                .unwrap()
+                .push((registered.clone(), doubt.identity.action().to_owned()));
+            async { Verdict::Unknown }
+        });
+    }
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    let seen = seen.lock().unwrap().clone();
+    let wrong: Vec<_> = seen.iter().filter(|(probe, action)| probe != action).collect();
+    assert!(wrong.is_empty(), "probes asked about other actions: {wrong:?}");
+    assert_eq!(pass.probed, families.len(), "{pass:?} {seen:?}");
+}
+
+// ---------------------------------------------------------------------------
+// "A claim whose probe can answer is reached within one cycle, whatever else
+// is in doubt" / "Each resolution ... pending_older_than": odd option values
+// must not stop the reconciler from reaching claims in doubt.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_pending_older_than_still_reaches_the_claims_in_doubt() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_huge").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        // "never probe pending claims, in practice"
+        .pending_older_than(Duration::MAX)
+        .probe("rt_huge", |_| async { Verdict::NotHappened });
+    let pass = reconciler.reconcile_once().await;
+    assert!(
+        matches!(pass, Ok(ref p) if p.resolved == 1),
+        "a claim in doubt was not reached: {pass:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_claim_younger_than_pending_older_than_is_never_probed() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_young").part("ord_1");
+    let claim = gate.claim(&id).await.expect("claim");
+    let calls: Calls = Arc::default();
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        // Under a second: a seconds-granular age would read it as 0.
+        .pending_older_than(Duration::from_millis(900))
+        .probe("rt_young", {
+            let calls = calls.clone();
+            move |doubt| {
+                counted(&calls, &doubt);
+                async { Verdict::NotHappened }
+            }
+        });
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(pass.probed, 0, "{pass:?}");
+    assert_eq!(state(&gate, &id).await.as_deref(), Some("pending"));
+    claim.settle().await.expect("settle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_zero_and_probe_timeout_zero_are_clamped_not_fatal() {
+    let gate = testing::gate().await;
+    for k in 0..3_i64 {
+        in_doubt(&gate, &Identity::new("rt_clamp").part(k)).await;
+    }
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .batch(0)
+        .probe_timeout(Duration::ZERO)
+        .probe("rt_clamp", |_| async { Verdict::NotHappened });
+    let mut resolved = 0;
+    for _ in 0..6 {
+        let pass = reconciler.reconcile_once().await.expect("a pass");
+        assert!(pass.probed <= 1, "batch(0) is at least 1, not unbounded: {pass:?}");
+        resolved += pass.resolved;
+    }
+    assert_eq!(resolved, 3, "an immediate probe answered within 1 ms");
+}
+
+// ---------------------------------------------------------------------------
+// "Still unknown: the claim stays held, and is probed again later, each time
+// after a longer pause" (Verdict::Unknown) — one reconciler, passes that
+// overlap (reconcile_once takes &self: a cron job and an admin endpoint).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_passes_of_one_reconciler_ask_a_probe_once_per_pause() {
+    let gate = testing::gate().await;
+    for k in 0..5_i64 {
+        in_doubt(&gate, &Identity::new("rt_overlap").part(k)).await;
+    }
+    let calls: Calls = Arc::default();
+    let reconciler = Arc::new(
+        Reconciler::new(gate.pool().clone())
+            .account(gate.account_name())
+            .probe("rt_overlap", {
+                let calls = calls.clone();
+                move |doubt| {
+                    counted(&calls, &doubt);
+                    async {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Verdict::Unknown
+                    }
+                }
+            }),
+    );
+    let barrier = Arc::new(Barrier::new(2));
+    let pass = |r: Arc<Reconciler>, b: Arc<Barrier>| {
+        tokio::spawn(async move {
+            b.wait().await;
+            r.reconcile_once().await.expect("a pass")
+        })
+    };
+    let (p1, p2) = tokio::join!(
+        pass(reconciler.clone(), barrier.clone()),
+        pass(reconciler.clone(), barrier)
+    );
+    let calls = calls.lock().unwrap().clone();
+    let twice: Vec<_> = calls.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "one reconciler asked a probe twice about a claim within its first pause \
+         (a probe may have effects): {twice:?}; passes {:?} {:?}",
+        p1.expect("no panic"),
+        p2.expect("no panic")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// "a lease that runs out under OnExpiry::InDoubt does the same for a holder
+// that vanished ... A Reconciler finds those claims" (reconcile.rs module
+// doc); Doubt::reason "`lease_expired` (its holder vanished under
+// on_expiry = "in_doubt")".
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_holders_expired_lease_under_on_expiry_in_doubt_is_found_by_the_reconciler() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_vanished").part("ord_1");
+    let mode = Mode::new()
+        .lease(Duration::from_millis(200))
+        .on_expiry(idem::OnExpiry::InDoubt);
+    // The holder vanishes mid-action: no settle, no drop handler.
+    std::mem::forget(gate.claim_with(&id, &mode).await.expect("won"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let reasons: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("rt_vanished", {
+            let reasons = reasons.clone();
+            move |doubt: Doubt| {
+                reasons.lock().unwrap().push(doubt.reason.clone());
+                async { Verdict::Unknown }
+            }
+        });
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(
+        pass.probed,
+        1,
+        "the claim whose lease ran out under on_expiry = in_doubt (stored as {:?}) was \
+         not probed until a retry turns it: {pass:?}",
+        state(&gate, &id).await
+    );
+    assert_eq!(*reasons.lock().unwrap(), vec![Some("lease_expired".to_owned())]);
+}
+
+// ---------------------------------------------------------------------------
+// "The shutdown is watched ... never polled again once it completed" and
+// "a probe under way is cancelled, its claim left held" (Reconciler::run).
+
+/// A shutdown that panics if polled again after it completed.
+struct Once {
+    rx: tokio::sync::oneshot::Receiver<()>,
+    done: bool,
+}
+
+impl std::future::Future for Once {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        assert!(!self.done, "the shutdown was polled after it completed");
+        match std::pin::Pin::new(&mut self.rx).poll(cx) {
+            std::task::Poll::Ready(_) => {
+                self.done = true;
+                std::task::Poll::Ready(())
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_mid_probe_cancels_it_leaves_the_claim_held_and_is_polled_once() {
+    let gate = testing::gate().await;
+    let hang = Identity::new("rt_stop").part("a");
+    in_doubt(&gate, &hang).await;
+    let after = Identity::new("rt_stop").part("b");
+    in_doubt(&gate, &after).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let dropped = Arc::new(AtomicUsize::new(0));
+    struct Dropped(Arc<AtomicUsize>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe_timeout(Duration::from_secs(60))
+        .probe("rt_stop", {
+            let (started, dropped) = (started.clone(), dropped.clone());
+            move |_| {
+                let (started, guard) = (started.clone(), Dropped(dropped.clone()));
+                async move {
+                    let _guard = guard;
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                    Verdict::NotHappened
+                }
+            }
+        });
+    let (stop, rx) = tokio::sync::oneshot::channel();
+    let running = tokio::spawn(async move {
+        reconciler.run(Once { rx, done: false }).await;
+    });
+    started.notified().await;
+    stop.send(()).expect("send");
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("run did not stop while a probe hung")
+        .expect("run panicked (the shutdown polled again?)");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the probe was cancelled");
+    assert_eq!(state(&gate, &hang).await.as_deref(), Some("in_doubt"));
+    assert_eq!(state(&gate, &after).await.as_deref(), Some("in_doubt"));
+}
+
+// ---------------------------------------------------------------------------
+// "Claims resolved meanwhile by someone else (another reconciler, an
+// operator ...): left as they are" (Pass::lost); "nothing ever overwrites a
+// success".
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_resolving_while_a_probe_is_slow_wins_and_the_pass_counts_it_lost() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_operator").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::new(tokio::sync::Notify::new());
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("rt_operator", {
+            let (asked, go) = (asked.clone(), go.clone());
+            move |_| {
+                let (asked, go) = (asked.clone(), go.clone());
+                async move {
+                    asked.notify_one();
+                    go.notified().await;
+                    Verdict::NotHappened
+                }
+            }
+        });
+    let pass = tokio::spawn(async move { reconciler.reconcile_once().await });
+    asked.notified().await;
+    let slot = operations::Slot {
+        account: gate.account_name(),
+        namespace: None,
+        address: &id.address(),
+    };
+    let by_hand = operations::resolve(
+        gate.pool(),
+        slot,
+        operations::Resolution::Succeeded {
+            output_json: Some("\"by hand\""),
+        },
+    )
+    .await
+    .expect("resolve");
+    assert!(matches!(by_hand, operations::Resolved::Changed { .. }), "{by_hand:?}");
+    go.notify_one();
+    let pass = pass.await.expect("no panic").expect("a pass");
+    assert_eq!((pass.resolved, pass.lost), (0, 1), "{pass:?}");
+    assert_eq!(state(&gate, &id).await.as_deref(), Some("success"));
+}
+
+// ---------------------------------------------------------------------------
+// Verdict::succeeded_with: "the value duplicates of a replay function get
+// back".
+
+#[idempotent(key = "order", replay, action = "rt_replay", disposition = ChargeError::disposition)]
+async fn rt_replay(gate: &Gate, order: &str, runs: &AtomicUsize) -> Result<String, ChargeError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Err(ChargeError::Timeout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn succeeded_with_is_what_every_retry_replays() {
+    let gate = testing::gate().await;
+    let runs = AtomicUsize::new(0);
+    let first = rt_replay(&gate, "ord_1", &runs).await;
+    assert!(first.is_err(), "{first:?}");
+    let held = rt_replay(&gate, "ord_1", &runs).await;
+    assert!(held.is_err(), "held in doubt: {held:?}");
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("rt_replay", |_| async {
+            Verdict::succeeded_with("receipt \u{202e} \"r_1\"").expect("json")
+        });
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(pass.resolved, 1, "{pass:?}");
+    for _ in 0..2 {
+        let replayed = rt_replay(&gate, "ord_1", &runs).await;
+        assert_eq!(
+            replayed.as_deref().ok(),
+            Some("receipt \u{202e} \"r_1\""),
+            "{replayed:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
+}
