@@ -527,3 +527,179 @@ async fn succeeded_with_is_what_every_retry_replays() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
 }
+
+// ---------------------------------------------------------------------------
+// "What it remembers of a claim is keyed by its address and fence, so a
+// claim released and made anew starts without the old pause" and "a verdict
+// the store could not record is ... recorded by a later pass without asking
+// the probe again" (docs/operations.md): the kept verdict is the old claim's,
+// never its successor's at the same address.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_verdict_is_never_applied_to_a_claim_made_anew_at_its_address() {
+    use idem_test_support::fault_proxy::Proxy;
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_kept").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let old_fence = state_of(&gate, &id).await.expect("held").1;
+    let proxy = Arc::new(tokio::sync::Mutex::new(Proxy::start().await));
+    let pool = proxy.lock().await.pool(2).await;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let reconciler = Reconciler::new(pool)
+        .account(gate.account_name())
+        .probe("rt_kept", {
+            let (asked, proxy) = (asked.clone(), proxy.clone());
+            move |_| {
+                let (asked, proxy) = (asked.clone(), proxy.clone());
+                async move {
+                    if asked.fetch_add(1, Ordering::SeqCst) == 0 {
+                        // The provider said it charged; then the store goes.
+                        proxy.lock().await.cut().await;
+                        Verdict::succeeded_with(&"old").expect("json")
+                    } else {
+                        Verdict::NotHappened
+                    }
+                }
+            }
+        });
+    assert!(reconciler.reconcile_once().await.is_err());
+    // Meanwhile an operator released it, and a retry made it anew, in doubt.
+    let slot = operations::Slot {
+        account: gate.account_name(),
+        namespace: None,
+        address: &id.address(),
+    };
+    let released = operations::resolve(gate.pool(), slot, operations::Resolution::Release)
+        .await
+        .expect("release");
+    assert!(matches!(released, operations::Resolved::Changed { .. }));
+    in_doubt(&gate, &id).await;
+    let new_fence = state_of(&gate, &id).await.expect("held").1;
+    assert_ne!(old_fence, new_fence);
+    proxy.lock().await.resume().await;
+    let mut passes = Vec::new();
+    for _ in 0..3 {
+        if let Ok(pass) = reconciler.reconcile_once().await {
+            let done = pass.resolved + pass.lost > 0;
+            passes.push(pass);
+            if done {
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        state(&gate, &id).await,
+        None,
+        "the new claim got its predecessor's kept verdict instead of its own probe's \
+         (asked {} times): {passes:?}",
+        asked.load(Ordering::SeqCst)
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+}
+
+// "a probe still running then is cancelled, its claim stays held, and it is
+// asked again after a pause, as after an unknown" (probe_timeout)
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_probe_is_not_asked_again_before_its_pause() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_timeout").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let calls: Calls = Arc::default();
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe_timeout(Duration::from_millis(20))
+        .probe("rt_timeout", {
+            let calls = calls.clone();
+            move |doubt| {
+                counted(&calls, &doubt);
+                async {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Verdict::NotHappened
+                }
+            }
+        });
+    let first = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!((first.probed, first.unknown, first.timed_out), (1, 1, 1), "{first:?}");
+    for _ in 0..3 {
+        let again = reconciler.reconcile_once().await.expect("a pass");
+        assert_eq!(again.probed, 0, "asked again at once: {again:?}");
+    }
+    assert_eq!(state(&gate, &id).await.as_deref(), Some("in_doubt"));
+}
+
+// "Runs passes until shutdown completes ... The shutdown is watched between
+// claims": a shutdown that already came asks no probe.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_a_shutdown_that_already_came_asks_no_probe() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_already").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let calls: Calls = Arc::default();
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("rt_already", {
+            let calls = calls.clone();
+            move |doubt| {
+                counted(&calls, &doubt);
+                async { Verdict::NotHappened }
+            }
+        });
+    tokio::time::timeout(Duration::from_secs(5), reconciler.run(async {}))
+        .await
+        .expect("run returns");
+    assert!(calls.lock().unwrap().is_empty(), "{calls:?}");
+    assert_eq!(state(&gate, &id).await.as_deref(), Some("in_doubt"));
+}
+
+// "after a store error, with a pause that doubles up to LONGEST_BACKOFF"
+// (run): the loop outlives an outage and resolves the claim once the store
+// is back.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_outlives_a_store_outage_and_resolves_once_it_is_back() {
+    use idem_test_support::fault_proxy::Proxy;
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_outage").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let mut proxy = Proxy::start().await;
+    let pool = proxy.pool(2).await;
+    proxy.cut().await;
+    let calls: Calls = Arc::default();
+    let reconciler = Reconciler::new(pool)
+        .account(gate.account_name())
+        .interval(Duration::from_millis(20))
+        .probe("rt_outage", {
+            let calls = calls.clone();
+            move |doubt| {
+                counted(&calls, &doubt);
+                async { Verdict::Failed }
+            }
+        });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        reconciler
+            .run(async {
+                stopped.await.ok();
+            })
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.resume().await;
+    let mut now = None;
+    for _ in 0..100 {
+        now = state(&gate, &id).await;
+        if now.as_deref() == Some("failed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.send(()).ok();
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("stops")
+        .expect("no panic");
+    assert_eq!(now.as_deref(), Some("failed"));
+    assert_eq!(calls.lock().unwrap().values().copied().collect::<Vec<_>>(), vec![1]);
+}
