@@ -703,3 +703,89 @@ async fn run_outlives_a_store_outage_and_resolves_once_it_is_back() {
     assert_eq!(now.as_deref(), Some("failed"));
     assert_eq!(calls.lock().unwrap().values().copied().collect::<Vec<_>>(), vec![1]);
 }
+
+/// Inserts `count` claims of `action` in doubt in one statement: every one
+/// with the same `created_at` (one `now()`).
+async fn bulk_in_doubt(gate: &Gate, action: &str, from: i64, count: i64) -> Vec<Identity> {
+    let ids: Vec<Identity> = (from..from + count)
+        .map(|k| Identity::new(action).part(k))
+        .collect();
+    let addresses: Vec<String> = ids.iter().map(Identity::address).collect();
+    let identities: Vec<Vec<u8>> = ids.iter().map(|id| id.canonical().to_vec()).collect();
+    idem::sqlx::query(
+        "INSERT INTO idem_records \
+             (account, kind, address, namespace, state, identity, created_at, in_doubt_since, \
+              state_reason) \
+         SELECT $1, 'claim', a, NULL, 'in_doubt', i, now(), now(), 'body_in_doubt' \
+         FROM unnest($2::text[], $3::bytea[]) AS t(a, i)",
+    )
+    .bind(gate.account_name())
+    .bind(&addresses)
+    .bind(&identities)
+    .execute(gate.pool())
+    .await
+    .expect("insert claims in doubt");
+    ids
+}
+
+// "Each pass reads the next window of claims (a batch), oldest first ... and
+// moves on from where the last pass stopped ... a claim whose probe can
+// answer is asked within one cycle (the claims with a probe, divided by the
+// batch, plus one passes)" (Reconciler): claims made in the same
+// microsecond, windows of one.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_of_one_walk_claims_made_in_the_same_microsecond_each_once() {
+    const CLAIMS: i64 = 60;
+    let gate = testing::gate().await;
+    let ids = bulk_in_doubt(&gate, "rt_tie", 0, CLAIMS).await;
+    let calls: Calls = Arc::default();
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .batch(1)
+        .probe("rt_tie", {
+            let calls = calls.clone();
+            move |doubt| {
+                counted(&calls, &doubt);
+                async { Verdict::Unknown }
+            }
+        });
+    // One cycle: CLAIMS / 1 + 1 passes, all within the first pause.
+    for _ in 0..=CLAIMS {
+        reconciler.reconcile_once().await.expect("a pass");
+    }
+    let calls = calls.lock().unwrap().clone();
+    let missed: Vec<_> = ids
+        .iter()
+        .map(Identity::address)
+        .filter(|a| !calls.contains_key(a))
+        .collect();
+    assert!(missed.is_empty(), "{} never asked in one cycle: {missed:?}", missed.len());
+    assert!(calls.values().all(|n| *n == 1), "{calls:?}");
+}
+
+// "thousands of claims without probes ahead of one with a probe": "Claims of
+// actions without a probe are never read" — a claim with a probe, newest of
+// all, behind 3000 without one, is reached in (1 / 1 + 1) = 2 passes of one.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_claims_without_a_probe_never_hold_up_the_one_with_a_probe() {
+    let gate = testing::gate().await;
+    bulk_in_doubt(&gate, "rt_no_probe", 0, 3000).await;
+    // Prefixes of the probed action, and the action with a suffix.
+    bulk_in_doubt(&gate, "rt_prob", 0, 200).await;
+    bulk_in_doubt(&gate, "rt_probed_", 0, 200).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let id = Identity::new("rt_probed").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .batch(1)
+        .probe("rt_probed", |_| async { Verdict::Failed });
+    let mut resolved = 0;
+    for _ in 0..2 {
+        resolved += reconciler.reconcile_once().await.expect("a pass").resolved;
+    }
+    assert_eq!(resolved, 1);
+    assert_eq!(state(&gate, &id).await.as_deref(), Some("failed"));
+}

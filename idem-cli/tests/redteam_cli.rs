@@ -239,3 +239,103 @@ async fn names_with_control_characters_are_escaped_by_list_show_resolve_and_rele
         "{listed}"
     );
 }
+
+async fn states(conn: &mut PgConnection, address: &str) -> Vec<(String, Option<String>, String)> {
+    sqlx::query_as(
+        "SELECT account, namespace, state FROM idem_records WHERE address = $1 \
+         ORDER BY account, namespace NULLS FIRST",
+    )
+    .bind(address)
+    .fetch_all(conn)
+    .await
+    .expect("read")
+}
+
+/// "An address claimed in several accounts or namespaces asks for
+/// `--account` / `--namespace NAME` / `--no-namespace`" (resolve), and a
+/// stale pending claim (no lease, or one run out) is resolved: "settles a
+/// claim in doubt (or a stale pending one)".
+#[tokio::test]
+async fn claims_resolve_of_an_address_in_two_accounts_asks_which_and_changes_only_that_one() {
+    let mut conn = connect().await;
+    let schema = schema(&mut conn, "rt_two_acc").await;
+    let id = Identity::new("charge").part("shared");
+    let address = insert(&mut conn, "acme", None, &id, "in_doubt", 600.0, Some(60.0)).await;
+    insert(&mut conn, "globex", None, &id, "in_doubt", 600.0, Some(60.0)).await;
+    insert(&mut conn, "acme", Some(""), &id, "in_doubt", 600.0, Some(60.0)).await;
+    let run = idem(&["claims", "resolve", &address, "--release", "--yes", "--schema", &schema]);
+    assert_ne!(run.code, 0, "{run:?}");
+    assert_contains(&run.stderr, "--account");
+    assert_eq!(states(&mut conn, &address).await.len(), 3);
+    // acme has it without a namespace and in the namespace "": still two.
+    let run = idem(&[
+        "claims", "resolve", &address, "--failed", "--yes", "--account", "acme", "--schema", &schema,
+    ]);
+    assert_ne!(run.code, 0, "{run:?}");
+    idem(&[
+        "claims", "resolve", &address, "--failed", "--yes", "--account", "acme", "--no-namespace",
+        "--schema", &schema,
+    ])
+    .expect_code(0);
+    assert_eq!(
+        states(&mut conn, &address).await,
+        vec![
+            ("acme".to_owned(), None, "failed".to_owned()),
+            ("acme".to_owned(), Some(String::new()), "in_doubt".to_owned()),
+            ("globex".to_owned(), None, "in_doubt".to_owned()),
+        ]
+    );
+    idem(&[
+        "claims", "resolve", &address, "--release", "--yes", "--account", "acme", "--namespace", "",
+        "--schema", &schema,
+    ])
+    .expect_code(0);
+    assert_eq!(states(&mut conn, &address).await.len(), 2);
+
+    // A stale pending claim: no lease, or a lease run out.
+    let stale = insert(&mut conn, "acme", None, &Identity::new("charge").part("stale"), "pending", 600.0, None).await;
+    let expired = insert(&mut conn, "acme", None, &Identity::new("charge").part("expired"), "pending", 600.0, None).await;
+    sqlx::query("UPDATE idem_records SET lease_expires_at = now() - interval '1 second' WHERE address = $1")
+        .bind(&expired)
+        .execute(&mut conn)
+        .await
+        .expect("lease");
+    idem(&["claims", "resolve", &stale, "--succeeded", "--yes", "--schema", &schema]).expect_code(0);
+    idem(&["claims", "resolve", &expired, "--release", "--yes", "--schema", &schema]).expect_code(0);
+    assert_eq!(stored(&mut conn, &stale).await.map(|s| s.0).as_deref(), Some("success"));
+    assert_eq!(stored(&mut conn, &expired).await, None);
+}
+
+/// "Text output escapes control characters ... in accounts, namespaces and
+/// actions": also when the identity does not read back (its raw bytes are
+/// whatever was written).
+#[tokio::test]
+async fn a_claim_whose_identity_does_not_read_back_is_printed_escaped() {
+    let mut conn = connect().await;
+    let schema = schema(&mut conn, "rt_garbage").await;
+    let address = "claim_00000000000000000000abcd";
+    sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, namespace, state, identity, created_at, \
+                                   in_doubt_since, state_reason) \
+         VALUES ('acme', 'claim', $1, NULL, 'in_doubt', $2, now() - interval '1 hour', now(), \
+                 'body_in_doubt\u{1b}[2J')",
+    )
+    .bind(address)
+    .bind(b"\x1b[2J\xe2\x80\xae\x07 not canonical".as_slice())
+    .execute(&mut conn)
+    .await
+    .expect("insert");
+    for args in [
+        vec!["claims", "list"],
+        vec!["claims", "show", address],
+        vec!["claims", "resolve", address, "--failed"],
+        vec!["claims", "resolve", address, "--failed", "--yes"],
+        vec!["claims", "resolve", address, "--failed", "--yes"],
+    ] {
+        let mut args = args.clone();
+        args.extend(["--schema", &schema]);
+        let run = idem(&args);
+        assert_no_raw_controls(&format!("{args:?} (stdout)"), &run.stdout);
+        assert_no_raw_controls(&format!("{args:?} (stderr)"), &run.stderr);
+    }
+}
