@@ -789,3 +789,102 @@ async fn thousands_of_claims_without_a_probe_never_hold_up_the_one_with_a_probe(
     assert_eq!(resolved, 1);
     assert_eq!(state(&gate, &id).await.as_deref(), Some("failed"));
 }
+
+// Doubt: "The account (tenant) it was claimed in", "Its namespace", "The
+// fencing token it was claimed (or taken over) with", "ClaimState::InDoubt,
+// or ClaimState::Pending for a claim older than pending_older_than", reason
+// "`body_in_doubt` ... `None` for a pending claim"; Reconciler::account "Only
+// the claims of `account`"; new: "every account of the store".
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
+    let base = testing::gate().await;
+    let acme = base.account(format!("{}_a%_\\", base.account_name()));
+    let other = base.account(format!("{}_b", base.account_name()));
+    let live = acme.namespace("live\u{1b}");
+    let id = Identity::new("rt_doubt").part("ord_1");
+    in_doubt(&acme, &id).await;
+    in_doubt(&other, &id).await;
+    in_doubt(&live, &id).await;
+    // A pending claim whose holder is gone: its lease ran out.
+    let gone = Identity::new("rt_doubt").part("ord_gone");
+    std::mem::forget(
+        acme.claim_with(&gone, &Mode::new().lease(Duration::from_millis(50)))
+            .await
+            .expect("won"),
+    );
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let seen: Arc<Mutex<Vec<Doubt>>> = Arc::default();
+    let probe = {
+        let seen = seen.clone();
+        move |doubt: Doubt| {
+            seen.lock().unwrap().push(doubt);
+            async { Verdict::Unknown }
+        }
+    };
+    let scoped = Reconciler::new(acme.pool().clone())
+        .account(acme.account_name())
+        .pending_older_than(Duration::from_millis(10))
+        .probe("rt_doubt", probe.clone());
+    let pass = scoped.reconcile_once().await.expect("a pass");
+    assert_eq!(pass.probed, 3, "{pass:?}");
+    let doubts = std::mem::take(&mut *seen.lock().unwrap());
+    let now = std::time::SystemTime::now();
+    for doubt in &doubts {
+        assert_eq!(doubt.account, acme.account_name(), "{doubt:?}");
+        let (stored, fence) = match doubt.namespace.as_deref() {
+            None => {
+                let identity = if doubt.identity.address() == gone.address() { &gone } else { &id };
+                let scope = ScopeFilter {
+                    account: Some(acme.account_name()),
+                    namespace: NamespaceFilter::Without,
+                };
+                let row = operations::find(acme.pool(), &identity.address(), &scope)
+                    .await
+                    .expect("find")
+                    .into_iter()
+                    .next()
+                    .expect("held");
+                (row.state, row.fence)
+            }
+            Some(ns) => {
+                assert_eq!(ns, "live\u{1b}");
+                let scope = ScopeFilter {
+                    account: Some(live.account_name()),
+                    namespace: NamespaceFilter::Named(ns),
+                };
+                let row = operations::find(live.pool(), &id.address(), &scope)
+                    .await
+                    .expect("find")
+                    .into_iter()
+                    .next()
+                    .expect("held");
+                (row.state, row.fence)
+            }
+        };
+        assert_eq!(doubt.fence, fence, "{doubt:?}");
+        assert_eq!(doubt.address, doubt.identity.address());
+        let age = now.duration_since(doubt.claimed_at).expect("claimed in the past");
+        assert!(age < Duration::from_secs(30), "{doubt:?}");
+        match stored.as_str() {
+            "in_doubt" => {
+                assert_eq!(doubt.state, operations::ClaimState::InDoubt);
+                assert_eq!(doubt.reason.as_deref(), Some("body_in_doubt"));
+            }
+            _ => {
+                assert_eq!(doubt.state, operations::ClaimState::Pending, "{doubt:?}");
+                assert_eq!(doubt.reason, None);
+            }
+        }
+    }
+    // Unscoped, it reaches the other account too (and the claims of accounts
+    // of other tests, whose probes are not ours: only rt_doubt is asked).
+    let everywhere = Reconciler::new(acme.pool().clone())
+        .batch(10_000)
+        .probe("rt_doubt", probe);
+    everywhere.reconcile_once().await.expect("a pass");
+    let doubts = std::mem::take(&mut *seen.lock().unwrap());
+    for account in [acme.account_name(), other.account_name()] {
+        assert!(doubts.iter().any(|d| d.account == account), "{account} not reached");
+    }
+}
