@@ -888,3 +888,47 @@ async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
         assert!(doubts.iter().any(|d| d.account == account), "{account} not reached");
     }
 }
+
+// "Probes run in tasks of their own, each bounded by
+// Reconciler::probe_timeout; a panic or a hang is an unknown" (module doc):
+// a pass dropped mid-probe (an admin endpoint's request timed out, a
+// select! elsewhere won) leaves no probe running unbounded.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_dropped_mid_probe_leaves_no_probe_running() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_dropped").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let alive = Arc::new(AtomicUsize::new(0));
+    struct Alive(Arc<AtomicUsize>);
+    impl Drop for Alive {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe_timeout(Duration::from_secs(3600))
+        .probe("rt_dropped", {
+            let alive = alive.clone();
+            move |_| {
+                alive.fetch_add(1, Ordering::SeqCst);
+                let guard = Alive(alive.clone());
+                async move {
+                    let _guard = guard;
+                    std::future::pending::<()>().await;
+                    Verdict::NotHappened
+                }
+            }
+        });
+    let cut_short =
+        tokio::time::timeout(Duration::from_millis(200), reconciler.reconcile_once()).await;
+    assert!(cut_short.is_err(), "the probe hangs: {cut_short:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        alive.load(Ordering::SeqCst),
+        0,
+        "the probe of a dropped pass still runs, bounded by nothing"
+    );
+    assert_eq!(state(&gate, &id).await.as_deref(), Some("in_doubt"));
+}
