@@ -450,7 +450,8 @@ impl Reconciler {
     /// pass; a verdict it could not record is recorded by a later pass,
     /// without asking the probe again. Passes of one reconciler that
     /// overlap (a loop and an admin endpoint) never handle one claim at
-    /// the same time: its probe is not asked twice at once.
+    /// the same time: its probe is not asked twice at once. A pass dropped
+    /// before it ends cancels the probe under way, as a shutdown does.
     pub async fn reconcile_once(&self) -> Result<Pass, Error> {
         let never = std::future::pending::<()>();
         tokio::pin!(never);
@@ -732,20 +733,16 @@ impl Reconciler {
         doubt: Doubt,
         stop: &mut Stop<'_, S>,
     ) -> Asked {
-        let mut task = tokio::spawn(probe(doubt));
+        // Aborted when dropped: with the pass, should its caller drop it
+        // mid-probe, the probe goes too, never left running unbounded.
+        let mut task = AbortOnDrop(tokio::spawn(probe(doubt)));
         let joined = tokio::select! {
             biased;
-            () = stop.requested() => {
-                task.abort();
-                return Asked::Stopped;
-            }
-            joined = tokio::time::timeout(self.probe_timeout, &mut task) => joined,
+            () = stop.requested() => return Asked::Stopped,
+            joined = tokio::time::timeout(self.probe_timeout, &mut task.0) => joined,
         };
         match joined {
-            Err(_elapsed) => {
-                task.abort();
-                Asked::TimedOut
-            }
+            Err(_elapsed) => Asked::TimedOut,
             Ok(Ok(verdict)) => Asked::Answered(verdict),
             Ok(Err(error)) if error.is_panic() => {
                 Asked::Panicked(panic_message(error.into_panic()))
@@ -806,6 +803,15 @@ impl fmt::Debug for Reconciler {
             .field("interval", &self.interval)
             .field("probe_timeout", &self.probe_timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// A probe's task, aborted when this is dropped (a no-op once it ended).
+struct AbortOnDrop(tokio::task::JoinHandle<Verdict>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
