@@ -932,3 +932,56 @@ async fn a_pass_dropped_mid_probe_leaves_no_probe_running() {
     );
     assert_eq!(state(&gate, &id).await.as_deref(), Some("in_doubt"));
 }
+
+// "A verdict the store could not record is tried again (three times), and
+// otherwise kept ... without asking the probe again" (docs/operations.md):
+// the reply of the resolution lost on the wire; the probe is asked once, the
+// claim resolved once, and the pass goes on.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_whose_reply_is_lost_is_retried_without_asking_again() {
+    use idem_test_support::fault_proxy::{Proxy, Statement};
+    let gate = testing::gate().await;
+    let settled = Identity::new("rt_lost").part("a");
+    let released = Identity::new("rt_lost").part("b");
+    in_doubt(&gate, &settled).await;
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    in_doubt(&gate, &released).await;
+    let proxy = Proxy::start().await;
+    let pool = proxy.pool(2).await;
+    let calls: Calls = Arc::default();
+    let (a, b) = (settled.address(), released.address());
+    let reconciler = Reconciler::new(pool)
+        .account(gate.account_name())
+        .probe("rt_lost", {
+            let calls = calls.clone();
+            move |doubt: Doubt| {
+                counted(&calls, &doubt);
+                let verdict = if doubt.address == a {
+                    Verdict::succeeded()
+                } else {
+                    Verdict::NotHappened
+                };
+                async move { verdict }
+            }
+        });
+    assert!(proxy.lose_next_reply(Statement::Settle));
+    assert!(proxy.lose_next_reply(Statement::Release));
+    let mut passes = Vec::new();
+    for _ in 0..3 {
+        let pass = reconciler.reconcile_once().await;
+        let done = matches!(&pass, Ok(p) if p.probed == 0);
+        passes.push(pass);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(state(&gate, &settled).await.as_deref(), Some("success"), "{passes:?}");
+    assert_eq!(state(&gate, &released).await, None, "{passes:?}");
+    let calls = calls.lock().unwrap().clone();
+    assert!(calls.values().all(|n| *n == 1), "asked again: {calls:?} {passes:?}");
+    assert_eq!(calls.len(), 2);
+    assert!(!proxy.take_lost_replies().is_empty(), "no reply was lost");
+    let resolved: usize = passes.iter().flatten().map(|p| p.resolved).sum();
+    assert_eq!(resolved, 2, "{passes:?}");
+}
