@@ -985,3 +985,49 @@ async fn a_resolution_whose_reply_is_lost_is_retried_without_asking_again() {
     let resolved: usize = passes.iter().flatten().map(|p| p.resolved).sum();
     assert_eq!(resolved, 2, "{passes:?}");
 }
+
+// "A pending claim whose lease is live is never probed nor resolved ... (the
+// resolution itself refuses it, should the lease be renewed after the claim
+// was listed)" (pending_older_than); Pass::lost "or whose holder renewed its
+// lease meanwhile: left as they are".
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_renewed_while_its_probe_runs_is_left_to_its_holder() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_renewed").part("ord_1");
+    let claim = gate
+        .claim_with(&id, &Mode::new().lease(Duration::from_millis(100)))
+        .await
+        .expect("won");
+    // The holder stalls past its lease (a GC pause), nobody takes over.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::new(tokio::sync::Notify::new());
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .pending_older_than(Duration::from_millis(50))
+        .probe("rt_renewed", {
+            let (asked, go) = (asked.clone(), go.clone());
+            move |_| {
+                let (asked, go) = (asked.clone(), go.clone());
+                async move {
+                    asked.notify_one();
+                    go.notified().await;
+                    Verdict::NotHappened
+                }
+            }
+        });
+    let pass = tokio::spawn(async move { reconciler.reconcile_once().await });
+    asked.notified().await;
+    let renewed = claim.extend(Duration::from_secs(30)).await;
+    go.notify_one();
+    let pass = pass.await.expect("no panic").expect("a pass");
+    if renewed.is_ok() {
+        assert_eq!((pass.resolved, pass.lost), (0, 1), "{pass:?}");
+        assert_eq!(state(&gate, &id).await.as_deref(), Some("pending"));
+        claim.settle().await.expect("the holder settles its claim");
+        assert_eq!(state(&gate, &id).await.as_deref(), Some("success"));
+    } else {
+        panic!("the holder could not renew its lapsed lease: {renewed:?} ({pass:?})");
+    }
+}
