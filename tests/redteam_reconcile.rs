@@ -1031,3 +1031,54 @@ async fn a_lease_renewed_while_its_probe_runs_is_left_to_its_holder() {
         panic!("the holder could not renew its lapsed lease: {renewed:?} ({pass:?})");
     }
 }
+
+// "a resolution under way is finished first, so none is cut in half"
+// (Reconciler::run): the shutdown comes while the resolution waits on the
+// claim's row lock.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_during_a_resolution_waits_for_it_to_finish() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_finish").part("ord_1");
+    in_doubt(&gate, &id).await;
+    // Someone (an operator's session) holds the row for a while.
+    let mut blocker = gate.pool().begin().await.expect("begin");
+    idem::sqlx::query("SELECT 1 FROM idem_records WHERE account = $1 AND address = $2 FOR UPDATE")
+        .bind(gate.account_name())
+        .bind(id.address())
+        .execute(&mut *blocker)
+        .await
+        .expect("lock the row");
+    let asked = Arc::new(AtomicUsize::new(0));
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("rt_finish", {
+            let asked = asked.clone();
+            move |_| {
+                asked.fetch_add(1, Ordering::SeqCst);
+                async { Verdict::NotHappened }
+            }
+        });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut running = tokio::spawn(async move {
+        reconciler
+            .run(async {
+                stopped.await.ok();
+            })
+            .await;
+    });
+    while asked.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.send(()).expect("send");
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut running).await;
+    assert!(early.is_err(), "run returned with the resolution cut in half");
+    blocker.commit().await.expect("let go of the row");
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("run stops once the resolution is done")
+        .expect("no panic");
+    assert_eq!(state(&gate, &id).await, None, "the resolution was finished");
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+}
