@@ -1082,3 +1082,35 @@ async fn shutdown_during_a_resolution_waits_for_it_to_finish() {
     assert_eq!(state(&gate, &id).await, None, "the resolution was finished");
     assert_eq!(asked.load(Ordering::SeqCst), 1);
 }
+
+// "Unknown claims are probed again after a pause that doubles, up to five
+// minutes" (docs/operations.md); Reconciler::FIRST_WAIT "The first pause
+// ... each further unknown doubles it".
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_is_asked_again_after_the_first_pause_then_after_a_longer_one() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_pause").part("ord_1");
+    in_doubt(&gate, &id).await;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("rt_pause", {
+            let asked = asked.clone();
+            move |_| {
+                asked.fetch_add(1, Ordering::SeqCst);
+                async { Verdict::Unknown }
+            }
+        });
+    reconciler.reconcile_once().await.expect("a pass");
+    reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(Reconciler::FIRST_WAIT + Duration::from_millis(100)).await;
+    reconciler.reconcile_once().await.expect("a pass");
+    reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "asked again after the first pause, once");
+    // The next pause is twice the first: not yet after one more FIRST_WAIT.
+    tokio::time::sleep(Reconciler::FIRST_WAIT + Duration::from_millis(100)).await;
+    reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "the pause did not double");
+}
