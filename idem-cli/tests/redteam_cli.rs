@@ -339,3 +339,44 @@ async fn a_claim_whose_identity_does_not_read_back_is_printed_escaped() {
         assert_no_raw_controls(&format!("{args:?} (stderr)"), &run.stderr);
     }
 }
+
+/// `--account` "Only this account", `--namespace` "Only this namespace":
+/// names that are LIKE patterns match only themselves, in list, --count and
+/// resolve.
+#[tokio::test]
+async fn account_and_namespace_filters_are_names_not_patterns() {
+    let mut conn = connect().await;
+    let schema = schema(&mut conn, "rt_like").await;
+    let id = Identity::new("charge").part("ord_1");
+    for (account, namespace) in [
+        ("a%", None),
+        ("ab", None),
+        ("a_", Some("_")),
+        ("a\\", Some("%")),
+        ("a_", Some("x")),
+    ] {
+        insert(&mut conn, account, namespace, &id, "in_doubt", 600.0, Some(60.0)).await;
+    }
+    let count = |args: &[&str]| {
+        let mut all = vec!["claims", "list", "--count"];
+        all.extend(args);
+        all.extend(["--schema", &schema]);
+        idem(&all).expect_code(0).stdout.trim().to_owned()
+    };
+    assert_eq!(count(&["--account", "a%"]), "1");
+    assert_eq!(count(&["--account", "a_"]), "2");
+    assert_eq!(count(&["--account", "a_", "--namespace", "_"]), "1");
+    assert_eq!(count(&["--namespace", "%"]), "1");
+    assert_eq!(count(&["--account", "a\\"]), "1");
+    assert_eq!(count(&["--account", "a"]), "0");
+    let address = id.address();
+    idem(&[
+        "claims", "resolve", &address, "--failed", "--yes", "--account", "a%", "--schema", &schema,
+    ])
+    .expect_code(0);
+    let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records WHERE state = 'failed'")
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+    assert_eq!(failed, 1);
+}
