@@ -1114,3 +1114,30 @@ async fn an_unknown_is_asked_again_after_the_first_pause_then_after_a_longer_one
     reconciler.reconcile_once().await.expect("a pass");
     assert_eq!(asked.load(Ordering::SeqCst), 2, "the pause did not double");
 }
+
+// "a panic or a probe that never answers counts as unknown, and holds up
+// neither the other claims nor the shutdown" (Reconciler): a probe that
+// blocks its thread (a synchronous SDK call) rather than awaiting.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_probe_that_blocks_its_thread_times_out_and_holds_up_nobody() {
+    let gate = testing::gate().await;
+    let blocks = Identity::new("rt_blocks").part("a");
+    let knows = Identity::new("rt_knows").part("b");
+    in_doubt(&gate, &blocks).await;
+    in_doubt(&gate, &knows).await;
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe_timeout(Duration::from_millis(100))
+        .probe("rt_blocks", |_| async {
+            std::thread::sleep(Duration::from_millis(1500));
+            Verdict::NotHappened
+        })
+        .probe("rt_knows", |_| async { Verdict::Failed });
+    let started = std::time::Instant::now();
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert!(started.elapsed() < Duration::from_millis(1000), "{:?}", started.elapsed());
+    assert_eq!((pass.resolved, pass.timed_out), (1, 1), "{pass:?}");
+    assert_eq!(state(&gate, &knows).await.as_deref(), Some("failed"));
+    assert_eq!(state(&gate, &blocks).await.as_deref(), Some("in_doubt"));
+}
