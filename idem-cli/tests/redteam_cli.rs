@@ -380,3 +380,26 @@ async fn account_and_namespace_filters_are_names_not_patterns() {
         .expect("count");
     assert_eq!(failed, 1);
 }
+
+/// "Exit status: ... 1 ... no such claim, or a refused release or
+/// resolution"; release: "a claim in doubt (use `resolve`)" is refused.
+#[tokio::test]
+async fn resolve_of_no_claim_and_release_of_a_claim_in_doubt_are_refused_with_exit_1() {
+    let mut conn = connect().await;
+    let schema = schema(&mut conn, "rt_exit").await;
+    let nothing = Identity::new("charge").part("none").address();
+    let run = idem(&["claims", "resolve", &nothing, "--release", "--yes", "--schema", &schema]);
+    assert_eq!(run.code, 1, "{run:?}");
+    let doubt = insert(&mut conn, "acme", None, &Identity::new("charge").part("d"), "in_doubt", 600.0, Some(60.0)).await;
+    let run = idem(&["claims", "release", &doubt, "--yes", "--schema", &schema]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_contains(&run.stderr, "resolve");
+    assert_eq!(stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(), Some("in_doubt"));
+    // A malformed address is a usage error or no claim, never a database error.
+    for address in ["claim_XYZ", "'; DROP TABLE idem_records; --", "", "claim_\u{1b}[2J"] {
+        let run = idem(&["claims", "resolve", address, "--release", "--yes", "--schema", &schema]);
+        assert!(matches!(run.code, 1 | 2), "{run:?}");
+        assert_no_raw_controls("stderr", &run.stderr);
+    }
+    assert_eq!(stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(), Some("in_doubt"));
+}
