@@ -96,10 +96,7 @@ async fn two_reconcilers_at_once_resolve_each_claim_exactly_once() {
     assert_eq!(pb.resolved + pb.lost, pb.probed, "{pb:?}");
     for id in &ids {
         let s = state(&gate, id).await;
-        assert!(
-            matches!(s.as_deref(), Some("success" | "failed")),
-            "{s:?}"
-        );
+        assert!(matches!(s.as_deref(), Some("success" | "failed")), "{s:?}");
     }
 }
 
@@ -134,7 +131,11 @@ async fn a_probe_answering_after_the_holders_late_settle_never_overwrites_the_su
     claim.settle().await.expect("the holder's late settle");
     settled.notify_one();
     let pass = pass.await.expect("no panic").expect("a pass");
-    assert_eq!((pass.probed, pass.resolved, pass.lost), (1, 0, 1), "{pass:?}");
+    assert_eq!(
+        (pass.probed, pass.resolved, pass.lost),
+        (1, 0, 1),
+        "{pass:?}"
+    );
     assert_eq!(state(&gate, &id).await.as_deref(), Some("success"));
     assert!(matches!(gate.claim(&id).await, Err(Rejected::AlreadyDone)));
 }
@@ -166,7 +167,10 @@ async fn a_slow_holders_settle_after_a_release_is_applied_once_and_told_claim_lo
         Some(("success".to_owned(), new_fence))
     );
     let second = retry.settle().await;
-    assert!(matches!(second, Err(Rejected::NotRecorded { .. })), "{second:?}");
+    assert!(
+        matches!(second, Err(Rejected::NotRecorded { .. })),
+        "{second:?}"
+    );
     // The reconciler, asked again, finds nothing to do.
     let pass = reconciler.reconcile_once().await.expect("a pass");
     assert_eq!(pass.probed, 0, "{pass:?}");
@@ -183,7 +187,10 @@ async fn a_probe_is_asked_only_about_its_own_action_whatever_the_names() {
     let x = |n: usize| "x".repeat(n);
     // (action with a probe, actions without one that a sloppy pattern matches)
     let families: Vec<(String, Vec<String>)> = vec![
-        ("charge".into(), vec!["charge_refund".into(), "chargeX".into()]),
+        (
+            "charge".into(),
+            vec!["charge_refund".into(), "chargeX".into()],
+        ),
         ("a_c".into(), vec!["abc".into(), "a_cd".into()]),
         ("a%".into(), vec!["ab".into(), "a%b".into(), "aXYZ".into()]),
         ("a\\".into(), vec!["a\\\\".into(), "a\\b".into()]),
@@ -216,8 +223,14 @@ async fn a_probe_is_asked_only_about_its_own_action_whatever_the_names() {
     }
     let pass = reconciler.reconcile_once().await.expect("a pass");
     let seen = seen.lock().unwrap().clone();
-    let wrong: Vec<_> = seen.iter().filter(|(probe, action)| probe != action).collect();
-    assert!(wrong.is_empty(), "probes asked about other actions: {wrong:?}");
+    let wrong: Vec<_> = seen
+        .iter()
+        .filter(|(probe, action)| probe != action)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "probes asked about other actions: {wrong:?}"
+    );
     assert_eq!(pass.probed, families.len(), "{pass:?} {seen:?}");
 }
 
@@ -280,7 +293,10 @@ async fn batch_zero_and_probe_timeout_zero_are_clamped_not_fatal() {
     let mut resolved = 0;
     for _ in 0..6 {
         let pass = reconciler.reconcile_once().await.expect("a pass");
-        assert!(pass.probed <= 1, "batch(0) is at least 1, not unbounded: {pass:?}");
+        assert!(
+            pass.probed <= 1,
+            "batch(0) is at least 1, not unbounded: {pass:?}"
+        );
         resolved += pass.resolved;
     }
     assert_eq!(resolved, 3, "an immediate probe answered within 1 ms");
@@ -368,7 +384,10 @@ async fn a_vanished_holders_expired_lease_under_on_expiry_in_doubt_is_found_by_t
          not probed until a retry turns it: {pass:?}",
         state(&gate, &id).await
     );
-    assert_eq!(*reasons.lock().unwrap(), vec![Some("lease_expired".to_owned())]);
+    assert_eq!(
+        *reasons.lock().unwrap(),
+        vec![Some("lease_expired".to_owned())]
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -485,7 +504,10 @@ async fn an_operator_resolving_while_a_probe_is_slow_wins_and_the_pass_counts_it
     )
     .await
     .expect("resolve");
-    assert!(matches!(by_hand, operations::Resolved::Changed { .. }), "{by_hand:?}");
+    assert!(
+        matches!(by_hand, operations::Resolved::Changed { .. }),
+        "{by_hand:?}"
+    );
     go.notify_one();
     let pass = pass.await.expect("no panic").expect("a pass");
     assert_eq!((pass.resolved, pass.lost), (0, 1), "{pass:?}");
@@ -620,7 +642,11 @@ async fn a_timed_out_probe_is_not_asked_again_before_its_pause() {
             }
         });
     let first = reconciler.reconcile_once().await.expect("a pass");
-    assert_eq!((first.probed, first.unknown, first.timed_out), (1, 1, 1), "{first:?}");
+    assert_eq!(
+        (first.probed, first.unknown, first.timed_out),
+        (1, 1, 1),
+        "{first:?}"
+    );
     for _ in 0..3 {
         let again = reconciler.reconcile_once().await.expect("a pass");
         assert_eq!(again.probed, 0, "asked again at once: {again:?}");
@@ -701,7 +727,10 @@ async fn run_outlives_a_store_outage_and_resolves_once_it_is_back() {
         .expect("stops")
         .expect("no panic");
     assert_eq!(now.as_deref(), Some("failed"));
-    assert_eq!(calls.lock().unwrap().values().copied().collect::<Vec<_>>(), vec![1]);
+    assert_eq!(
+        calls.lock().unwrap().values().copied().collect::<Vec<_>>(),
+        vec![1]
+    );
 }
 
 /// Inserts `count` claims of `action` in doubt in one statement: every one
@@ -760,7 +789,11 @@ async fn windows_of_one_walk_claims_made_in_the_same_microsecond_each_once() {
         .map(Identity::address)
         .filter(|a| !calls.contains_key(a))
         .collect();
-    assert!(missed.is_empty(), "{} never asked in one cycle: {missed:?}", missed.len());
+    assert!(
+        missed.is_empty(),
+        "{} never asked in one cycle: {missed:?}",
+        missed.len()
+    );
     assert!(calls.values().all(|n| *n == 1), "{calls:?}");
 }
 
@@ -834,7 +867,11 @@ async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
         assert_eq!(doubt.account, acme.account_name(), "{doubt:?}");
         let (stored, fence) = match doubt.namespace.as_deref() {
             None => {
-                let identity = if doubt.identity.address() == gone.address() { &gone } else { &id };
+                let identity = if doubt.identity.address() == gone.address() {
+                    &gone
+                } else {
+                    &id
+                };
                 let scope = ScopeFilter {
                     account: Some(acme.account_name()),
                     namespace: NamespaceFilter::Without,
@@ -864,7 +901,9 @@ async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
         };
         assert_eq!(doubt.fence, fence, "{doubt:?}");
         assert_eq!(doubt.address, doubt.identity.address());
-        let age = now.duration_since(doubt.claimed_at).expect("claimed in the past");
+        let age = now
+            .duration_since(doubt.claimed_at)
+            .expect("claimed in the past");
         assert!(age < Duration::from_secs(30), "{doubt:?}");
         match stored.as_str() {
             "in_doubt" => {
@@ -885,7 +924,10 @@ async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
     everywhere.reconcile_once().await.expect("a pass");
     let doubts = std::mem::take(&mut *seen.lock().unwrap());
     for account in [acme.account_name(), other.account_name()] {
-        assert!(doubts.iter().any(|d| d.account == account), "{account} not reached");
+        assert!(
+            doubts.iter().any(|d| d.account == account),
+            "{account} not reached"
+        );
     }
 }
 
@@ -950,7 +992,7 @@ async fn a_resolution_whose_reply_is_lost_is_retried_without_asking_again() {
     let proxy = Proxy::start().await;
     let pool = proxy.pool(2).await;
     let calls: Calls = Arc::default();
-    let (a, b) = (settled.address(), released.address());
+    let a = settled.address();
     let reconciler = Reconciler::new(pool)
         .account(gate.account_name())
         .probe("rt_lost", {
@@ -976,10 +1018,17 @@ async fn a_resolution_whose_reply_is_lost_is_retried_without_asking_again() {
             break;
         }
     }
-    assert_eq!(state(&gate, &settled).await.as_deref(), Some("success"), "{passes:?}");
+    assert_eq!(
+        state(&gate, &settled).await.as_deref(),
+        Some("success"),
+        "{passes:?}"
+    );
     assert_eq!(state(&gate, &released).await, None, "{passes:?}");
     let calls = calls.lock().unwrap().clone();
-    assert!(calls.values().all(|n| *n == 1), "asked again: {calls:?} {passes:?}");
+    assert!(
+        calls.values().all(|n| *n == 1),
+        "asked again: {calls:?} {passes:?}"
+    );
     assert_eq!(calls.len(), 2);
     assert!(!proxy.take_lost_replies().is_empty(), "no reply was lost");
     let resolved: usize = passes.iter().flatten().map(|p| p.resolved).sum();
@@ -1073,7 +1122,10 @@ async fn shutdown_during_a_resolution_waits_for_it_to_finish() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     stop.send(()).expect("send");
     let early = tokio::time::timeout(Duration::from_millis(300), &mut running).await;
-    assert!(early.is_err(), "run returned with the resolution cut in half");
+    assert!(
+        early.is_err(),
+        "run returned with the resolution cut in half"
+    );
     blocker.commit().await.expect("let go of the row");
     tokio::time::timeout(Duration::from_secs(5), running)
         .await
@@ -1108,7 +1160,11 @@ async fn an_unknown_is_asked_again_after_the_first_pause_then_after_a_longer_one
     tokio::time::sleep(Reconciler::FIRST_WAIT + Duration::from_millis(100)).await;
     reconciler.reconcile_once().await.expect("a pass");
     reconciler.reconcile_once().await.expect("a pass");
-    assert_eq!(asked.load(Ordering::SeqCst), 2, "asked again after the first pause, once");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        2,
+        "asked again after the first pause, once"
+    );
     // The next pause is twice the first: not yet after one more FIRST_WAIT.
     tokio::time::sleep(Reconciler::FIRST_WAIT + Duration::from_millis(100)).await;
     reconciler.reconcile_once().await.expect("a pass");
@@ -1136,7 +1192,11 @@ async fn a_probe_that_blocks_its_thread_times_out_and_holds_up_nobody() {
         .probe("rt_knows", |_| async { Verdict::Failed });
     let started = std::time::Instant::now();
     let pass = reconciler.reconcile_once().await.expect("a pass");
-    assert!(started.elapsed() < Duration::from_millis(1000), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!((pass.resolved, pass.timed_out), (1, 1), "{pass:?}");
     assert_eq!(state(&gate, &knows).await.as_deref(), Some("failed"));
     assert_eq!(state(&gate, &blocks).await.as_deref(), Some("in_doubt"));

@@ -75,11 +75,31 @@ async fn claims_list_count_limit_and_older_than_agree_on_claims_in_doubt() {
     let mut old_doubts = Vec::new();
     for k in 0..5_i64 {
         let id = Identity::new("charge").part(k);
-        old_doubts.push(insert(&mut conn, "acme", None, &id, "in_doubt", 172_800.0, Some(7_200.0)).await);
+        old_doubts.push(
+            insert(
+                &mut conn,
+                "acme",
+                None,
+                &id,
+                "in_doubt",
+                172_800.0,
+                Some(7_200.0),
+            )
+            .await,
+        );
     }
     for k in 5..8_i64 {
         let id = Identity::new("charge").part(k);
-        insert(&mut conn, "acme", None, &id, "in_doubt", 172_800.0, Some(60.0)).await;
+        insert(
+            &mut conn,
+            "acme",
+            None,
+            &id,
+            "in_doubt",
+            172_800.0,
+            Some(60.0),
+        )
+        .await;
     }
     for k in 8..10_i64 {
         let id = Identity::new("charge").part(k);
@@ -97,8 +117,16 @@ async fn claims_list_count_limit_and_older_than_agree_on_claims_in_doubt() {
     idem_in(&schema, "claims list --state in_doubt --limit 0").expect_code(2);
     assert_eq!(count("--state in_doubt --older-than 1h"), "5");
     assert_eq!(count("--state in_doubt --older-than 1h --limit 2"), "5");
-    assert_eq!(count("--older-than 1h"), "7", "5 in doubt for 2h, 2 pending for 2d");
-    let json = idem_in(&schema, "claims list --state in_doubt --count --format json").expect_code(0);
+    assert_eq!(
+        count("--older-than 1h"),
+        "7",
+        "5 in doubt for 2h, 2 pending for 2d"
+    );
+    let json = idem_in(
+        &schema,
+        "claims list --state in_doubt --count --format json",
+    )
+    .expect_code(0);
     assert_eq!(json.json()["count"], 8);
 
     let listed = idem_in(
@@ -116,12 +144,18 @@ async fn claims_list_count_limit_and_older_than_agree_on_claims_in_doubt() {
         );
     }
     // All of them, with no note.
-    let all = idem_in(&schema, "claims list --state in_doubt --older-than 1h --format json")
-        .expect_code(0);
+    let all = idem_in(
+        &schema,
+        "claims list --state in_doubt --older-than 1h --format json",
+    )
+    .expect_code(0);
     assert_eq!(all.json().as_array().map(Vec::len), Some(5));
     assert!(!all.stderr.contains(" of "), "{}", all.stderr);
     // An absurd age is not a database error.
-    let absurd = idem_in(&schema, "claims list --state in_doubt --older-than 100000years --count");
+    let absurd = idem_in(
+        &schema,
+        "claims list --state in_doubt --older-than 100000years --count",
+    );
     assert_eq!(
         (absurd.code, absurd.stdout.trim()),
         (0, "0"),
@@ -138,37 +172,115 @@ async fn claims_list_count_limit_and_older_than_agree_on_claims_in_doubt() {
 async fn claims_resolve_refuses_a_live_lease_a_success_a_failure_and_bad_output() {
     let mut conn = connect().await;
     let schema = schema(&mut conn, "rt_resolve").await;
-    let live = insert(&mut conn, "acme", None, &Identity::new("charge").part("live"), "pending", 3_600.0, None).await;
-    sqlx::query("UPDATE idem_records SET lease_expires_at = now() + interval '1 hour' WHERE address = $1")
-        .bind(&live)
-        .execute(&mut conn)
-        .await
-        .expect("lease");
-    let done = insert(&mut conn, "acme", None, &Identity::new("charge").part("done"), "success", 3_600.0, None).await;
-    let failed = insert(&mut conn, "acme", None, &Identity::new("charge").part("failed"), "failed", 3_600.0, None).await;
-    let doubt = insert(&mut conn, "acme", None, &Identity::new("charge").part("doubt"), "in_doubt", 3_600.0, Some(60.0)).await;
+    let live = insert(
+        &mut conn,
+        "acme",
+        None,
+        &Identity::new("charge").part("live"),
+        "pending",
+        3_600.0,
+        None,
+    )
+    .await;
+    sqlx::query(
+        "UPDATE idem_records SET lease_expires_at = now() + interval '1 hour' WHERE address = $1",
+    )
+    .bind(&live)
+    .execute(&mut conn)
+    .await
+    .expect("lease");
+    let done = insert(
+        &mut conn,
+        "acme",
+        None,
+        &Identity::new("charge").part("done"),
+        "success",
+        3_600.0,
+        None,
+    )
+    .await;
+    let failed = insert(
+        &mut conn,
+        "acme",
+        None,
+        &Identity::new("charge").part("failed"),
+        "failed",
+        3_600.0,
+        None,
+    )
+    .await;
+    let doubt = insert(
+        &mut conn,
+        "acme",
+        None,
+        &Identity::new("charge").part("doubt"),
+        "in_doubt",
+        3_600.0,
+        Some(60.0),
+    )
+    .await;
 
     for how in ["--succeeded", "--failed", "--release"] {
-        let run = idem(&["claims", "resolve", &live, how, "--yes", "--schema", &schema]).expect_code(1);
+        let run = idem(&[
+            "claims", "resolve", &live, how, "--yes", "--schema", &schema,
+        ])
+        .expect_code(1);
         assert_contains(&run.stderr, "lease is live");
-        assert_eq!(stored(&mut conn, &live).await.map(|s| s.0).as_deref(), Some("pending"));
-        let run = idem(&["claims", "resolve", &done, how, "--yes", "--schema", &schema]).expect_code(1);
+        assert_eq!(
+            stored(&mut conn, &live).await.map(|s| s.0).as_deref(),
+            Some("pending")
+        );
+        let run = idem(&[
+            "claims", "resolve", &done, how, "--yes", "--schema", &schema,
+        ])
+        .expect_code(1);
         assert_contains(&run.stderr, "succeeded");
-        assert_eq!(stored(&mut conn, &done).await.map(|s| s.0).as_deref(), Some("success"));
-        let run = idem(&["claims", "resolve", &failed, how, "--yes", "--schema", &schema]).expect_code(1);
+        assert_eq!(
+            stored(&mut conn, &done).await.map(|s| s.0).as_deref(),
+            Some("success")
+        );
+        let run = idem(&[
+            "claims", "resolve", &failed, how, "--yes", "--schema", &schema,
+        ])
+        .expect_code(1);
         assert_contains(&run.stderr, "kept failure");
-        assert_eq!(stored(&mut conn, &failed).await.map(|s| s.0).as_deref(), Some("failed"));
+        assert_eq!(
+            stored(&mut conn, &failed).await.map(|s| s.0).as_deref(),
+            Some("failed")
+        );
     }
     // Without --yes: exit 2, nothing changed.
-    idem(&["claims", "resolve", &doubt, "--release", "--schema", &schema]).expect_code(2);
-    assert_eq!(stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(), Some("in_doubt"));
+    idem(&[
+        "claims",
+        "resolve",
+        &doubt,
+        "--release",
+        "--schema",
+        &schema,
+    ])
+    .expect_code(2);
+    assert_eq!(
+        stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(),
+        Some("in_doubt")
+    );
     // Output that is not JSON: exit 2, nothing changed, with or without --yes.
     for output in ["{receipt", "", "'x'", "NaN", "[1,]"] {
         idem(&[
-            "claims", "resolve", &doubt, "--succeeded", "--output", output, "--yes", "--schema", &schema,
+            "claims",
+            "resolve",
+            &doubt,
+            "--succeeded",
+            "--output",
+            output,
+            "--yes",
+            "--schema",
+            &schema,
         ])
         .expect_code(2);
-        assert_eq!(stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(), Some("in_doubt"));
+        assert_eq!(
+            stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(),
+            Some("in_doubt")
+        );
     }
     // --output without --succeeded is not silently dropped.
     let run = idem(&[
@@ -176,14 +288,36 @@ async fn claims_resolve_refuses_a_live_lease_a_success_a_failure_and_bad_output(
     ]);
     assert_eq!(run.code, 2, "--failed --output accepted: {run:?}");
     // Resolved once; a second resolution is refused (exit 1), never over it.
-    idem(&["claims", "resolve", &doubt, "--succeeded", "--output", "{\"r\":1}", "--yes", "--schema", &schema])
-        .expect_code(0);
+    idem(&[
+        "claims",
+        "resolve",
+        &doubt,
+        "--succeeded",
+        "--output",
+        "{\"r\":1}",
+        "--yes",
+        "--schema",
+        &schema,
+    ])
+    .expect_code(0);
     assert_eq!(
         stored(&mut conn, &doubt).await,
         Some(("success".to_owned(), Some("operator".to_owned())))
     );
-    idem(&["claims", "resolve", &doubt, "--release", "--yes", "--schema", &schema]).expect_code(1);
-    assert_eq!(stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(), Some("success"));
+    idem(&[
+        "claims",
+        "resolve",
+        &doubt,
+        "--release",
+        "--yes",
+        "--schema",
+        &schema,
+    ])
+    .expect_code(1);
+    assert_eq!(
+        stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(),
+        Some("success")
+    );
 }
 
 fn assert_no_raw_controls(what: &str, text: &str) {
@@ -208,24 +342,88 @@ async fn names_with_control_characters_are_escaped_by_list_show_resolve_and_rele
     let account = "ac\u{1b}[2Jme\u{202e}";
     let namespace = "li\rve\u{2066}";
     let action = "cha\nrge\u{200f}";
-    let doubt_id = Identity::new(action).part("ord\u{1b}]0;pwned\u{7}\u{202e}1").part(1_i64);
-    let doubt = insert(&mut conn, account, Some(namespace), &doubt_id, "in_doubt", 600.0, Some(60.0)).await;
+    let doubt_id = Identity::new(action)
+        .part("ord\u{1b}]0;pwned\u{7}\u{202e}1")
+        .part(1_i64);
+    let doubt = insert(
+        &mut conn,
+        account,
+        Some(namespace),
+        &doubt_id,
+        "in_doubt",
+        600.0,
+        Some(60.0),
+    )
+    .await;
     let pending_id = Identity::new(action).part("ord\u{202e}2");
-    let pending = insert(&mut conn, account, Some(namespace), &pending_id, "pending", 600.0, None).await;
+    let pending = insert(
+        &mut conn,
+        account,
+        Some(namespace),
+        &pending_id,
+        "pending",
+        600.0,
+        None,
+    )
+    .await;
     let done_id = Identity::new(action).part("ord\u{202e}3");
-    let done = insert(&mut conn, account, Some(namespace), &done_id, "success", 600.0, None).await;
+    let done = insert(
+        &mut conn,
+        account,
+        Some(namespace),
+        &done_id,
+        "success",
+        600.0,
+        None,
+    )
+    .await;
 
     let runs = [
         ("list", idem(&["claims", "list", "--schema", &schema])),
-        ("list in_doubt", idem(&["claims", "list", "--state", "in_doubt", "--limit", "1", "--schema", &schema])),
-        ("show", idem(&["claims", "show", &doubt, "--schema", &schema])),
-        ("resolve without --yes", idem(&["claims", "resolve", &doubt, "--failed", "--schema", &schema])),
-        ("resolve a success", idem(&["claims", "resolve", &done, "--failed", "--yes", "--schema", &schema])),
-        ("resolve", idem(&["claims", "resolve", &doubt, "--failed", "--yes", "--schema", &schema])),
-        ("resolve again", idem(&["claims", "resolve", &doubt, "--failed", "--yes", "--schema", &schema])),
-        ("release without --yes", idem(&["claims", "release", &pending, "--schema", &schema])),
-        ("release", idem(&["claims", "release", &pending, "--yes", "--schema", &schema])),
-        ("release again", idem(&["claims", "release", &pending, "--yes", "--schema", &schema])),
+        (
+            "list in_doubt",
+            idem(&[
+                "claims", "list", "--state", "in_doubt", "--limit", "1", "--schema", &schema,
+            ]),
+        ),
+        (
+            "show",
+            idem(&["claims", "show", &doubt, "--schema", &schema]),
+        ),
+        (
+            "resolve without --yes",
+            idem(&["claims", "resolve", &doubt, "--failed", "--schema", &schema]),
+        ),
+        (
+            "resolve a success",
+            idem(&[
+                "claims", "resolve", &done, "--failed", "--yes", "--schema", &schema,
+            ]),
+        ),
+        (
+            "resolve",
+            idem(&[
+                "claims", "resolve", &doubt, "--failed", "--yes", "--schema", &schema,
+            ]),
+        ),
+        (
+            "resolve again",
+            idem(&[
+                "claims", "resolve", &doubt, "--failed", "--yes", "--schema", &schema,
+            ]),
+        ),
+        (
+            "release without --yes",
+            idem(&["claims", "release", &pending, "--schema", &schema]),
+        ),
+        (
+            "release",
+            idem(&["claims", "release", &pending, "--yes", "--schema", &schema]),
+        ),
+        (
+            "release again",
+            idem(&["claims", "release", &pending, "--yes", "--schema", &schema]),
+        ),
     ];
     for (what, run) in &runs {
         assert_no_raw_controls(&format!("{what} (stdout)"), &run.stdout);
@@ -235,7 +433,11 @@ async fn names_with_control_characters_are_escaped_by_list_show_resolve_and_rele
     let json = idem(&["claims", "list", "--format", "json", "--schema", &schema]).expect_code(0);
     let listed = json.json();
     assert!(
-        listed.as_array().unwrap().iter().any(|c| c["account"] == account && c["namespace"] == namespace),
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["account"] == account && c["namespace"] == namespace),
         "{listed}"
     );
 }
@@ -261,48 +463,144 @@ async fn claims_resolve_of_an_address_in_two_accounts_asks_which_and_changes_onl
     let schema = schema(&mut conn, "rt_two_acc").await;
     let id = Identity::new("charge").part("shared");
     let address = insert(&mut conn, "acme", None, &id, "in_doubt", 600.0, Some(60.0)).await;
-    insert(&mut conn, "globex", None, &id, "in_doubt", 600.0, Some(60.0)).await;
-    insert(&mut conn, "acme", Some(""), &id, "in_doubt", 600.0, Some(60.0)).await;
-    let run = idem(&["claims", "resolve", &address, "--release", "--yes", "--schema", &schema]);
+    insert(
+        &mut conn,
+        "globex",
+        None,
+        &id,
+        "in_doubt",
+        600.0,
+        Some(60.0),
+    )
+    .await;
+    insert(
+        &mut conn,
+        "acme",
+        Some(""),
+        &id,
+        "in_doubt",
+        600.0,
+        Some(60.0),
+    )
+    .await;
+    let run = idem(&[
+        "claims",
+        "resolve",
+        &address,
+        "--release",
+        "--yes",
+        "--schema",
+        &schema,
+    ]);
     assert_ne!(run.code, 0, "{run:?}");
     assert_contains(&run.stderr, "--account");
     assert_eq!(states(&mut conn, &address).await.len(), 3);
     // acme has it without a namespace and in the namespace "": still two.
     let run = idem(&[
-        "claims", "resolve", &address, "--failed", "--yes", "--account", "acme", "--schema", &schema,
+        "claims",
+        "resolve",
+        &address,
+        "--failed",
+        "--yes",
+        "--account",
+        "acme",
+        "--schema",
+        &schema,
     ]);
     assert_ne!(run.code, 0, "{run:?}");
     idem(&[
-        "claims", "resolve", &address, "--failed", "--yes", "--account", "acme", "--no-namespace",
-        "--schema", &schema,
+        "claims",
+        "resolve",
+        &address,
+        "--failed",
+        "--yes",
+        "--account",
+        "acme",
+        "--no-namespace",
+        "--schema",
+        &schema,
     ])
     .expect_code(0);
     assert_eq!(
         states(&mut conn, &address).await,
         vec![
             ("acme".to_owned(), None, "failed".to_owned()),
-            ("acme".to_owned(), Some(String::new()), "in_doubt".to_owned()),
+            (
+                "acme".to_owned(),
+                Some(String::new()),
+                "in_doubt".to_owned()
+            ),
             ("globex".to_owned(), None, "in_doubt".to_owned()),
         ]
     );
     idem(&[
-        "claims", "resolve", &address, "--release", "--yes", "--account", "acme", "--namespace", "",
-        "--schema", &schema,
+        "claims",
+        "resolve",
+        &address,
+        "--release",
+        "--yes",
+        "--account",
+        "acme",
+        "--namespace",
+        "",
+        "--schema",
+        &schema,
     ])
     .expect_code(0);
     assert_eq!(states(&mut conn, &address).await.len(), 2);
 
     // A stale pending claim: no lease, or a lease run out.
-    let stale = insert(&mut conn, "acme", None, &Identity::new("charge").part("stale"), "pending", 600.0, None).await;
-    let expired = insert(&mut conn, "acme", None, &Identity::new("charge").part("expired"), "pending", 600.0, None).await;
-    sqlx::query("UPDATE idem_records SET lease_expires_at = now() - interval '1 second' WHERE address = $1")
-        .bind(&expired)
-        .execute(&mut conn)
-        .await
-        .expect("lease");
-    idem(&["claims", "resolve", &stale, "--succeeded", "--yes", "--schema", &schema]).expect_code(0);
-    idem(&["claims", "resolve", &expired, "--release", "--yes", "--schema", &schema]).expect_code(0);
-    assert_eq!(stored(&mut conn, &stale).await.map(|s| s.0).as_deref(), Some("success"));
+    let stale = insert(
+        &mut conn,
+        "acme",
+        None,
+        &Identity::new("charge").part("stale"),
+        "pending",
+        600.0,
+        None,
+    )
+    .await;
+    let expired = insert(
+        &mut conn,
+        "acme",
+        None,
+        &Identity::new("charge").part("expired"),
+        "pending",
+        600.0,
+        None,
+    )
+    .await;
+    sqlx::query(
+        "UPDATE idem_records SET lease_expires_at = now() - interval '1 second' WHERE address = $1",
+    )
+    .bind(&expired)
+    .execute(&mut conn)
+    .await
+    .expect("lease");
+    idem(&[
+        "claims",
+        "resolve",
+        &stale,
+        "--succeeded",
+        "--yes",
+        "--schema",
+        &schema,
+    ])
+    .expect_code(0);
+    idem(&[
+        "claims",
+        "resolve",
+        &expired,
+        "--release",
+        "--yes",
+        "--schema",
+        &schema,
+    ])
+    .expect_code(0);
+    assert_eq!(
+        stored(&mut conn, &stale).await.map(|s| s.0).as_deref(),
+        Some("success")
+    );
     assert_eq!(stored(&mut conn, &expired).await, None);
 }
 
@@ -355,7 +653,16 @@ async fn account_and_namespace_filters_are_names_not_patterns() {
         ("a\\", Some("%")),
         ("a_", Some("x")),
     ] {
-        insert(&mut conn, account, namespace, &id, "in_doubt", 600.0, Some(60.0)).await;
+        insert(
+            &mut conn,
+            account,
+            namespace,
+            &id,
+            "in_doubt",
+            600.0,
+            Some(60.0),
+        )
+        .await;
     }
     let count = |args: &[&str]| {
         let mut all = vec!["claims", "list", "--count"];
@@ -371,13 +678,22 @@ async fn account_and_namespace_filters_are_names_not_patterns() {
     assert_eq!(count(&["--account", "a"]), "0");
     let address = id.address();
     idem(&[
-        "claims", "resolve", &address, "--failed", "--yes", "--account", "a%", "--schema", &schema,
+        "claims",
+        "resolve",
+        &address,
+        "--failed",
+        "--yes",
+        "--account",
+        "a%",
+        "--schema",
+        &schema,
     ])
     .expect_code(0);
-    let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records WHERE state = 'failed'")
-        .fetch_one(&mut conn)
-        .await
-        .expect("count");
+    let failed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idem_records WHERE state = 'failed'")
+            .fetch_one(&mut conn)
+            .await
+            .expect("count");
     assert_eq!(failed, 1);
 }
 
@@ -388,18 +704,54 @@ async fn resolve_of_no_claim_and_release_of_a_claim_in_doubt_are_refused_with_ex
     let mut conn = connect().await;
     let schema = schema(&mut conn, "rt_exit").await;
     let nothing = Identity::new("charge").part("none").address();
-    let run = idem(&["claims", "resolve", &nothing, "--release", "--yes", "--schema", &schema]);
+    let run = idem(&[
+        "claims",
+        "resolve",
+        &nothing,
+        "--release",
+        "--yes",
+        "--schema",
+        &schema,
+    ]);
     assert_eq!(run.code, 1, "{run:?}");
-    let doubt = insert(&mut conn, "acme", None, &Identity::new("charge").part("d"), "in_doubt", 600.0, Some(60.0)).await;
+    let doubt = insert(
+        &mut conn,
+        "acme",
+        None,
+        &Identity::new("charge").part("d"),
+        "in_doubt",
+        600.0,
+        Some(60.0),
+    )
+    .await;
     let run = idem(&["claims", "release", &doubt, "--yes", "--schema", &schema]);
     assert_eq!(run.code, 1, "{run:?}");
     assert_contains(&run.stderr, "resolve");
-    assert_eq!(stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(), Some("in_doubt"));
+    assert_eq!(
+        stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(),
+        Some("in_doubt")
+    );
     // A malformed address is a usage error or no claim, never a database error.
-    for address in ["claim_XYZ", "'; DROP TABLE idem_records; --", "", "claim_\u{1b}[2J"] {
-        let run = idem(&["claims", "resolve", address, "--release", "--yes", "--schema", &schema]);
+    for address in [
+        "claim_XYZ",
+        "'; DROP TABLE idem_records; --",
+        "",
+        "claim_\u{1b}[2J",
+    ] {
+        let run = idem(&[
+            "claims",
+            "resolve",
+            address,
+            "--release",
+            "--yes",
+            "--schema",
+            &schema,
+        ]);
         assert!(matches!(run.code, 1 | 2), "{run:?}");
         assert_no_raw_controls("stderr", &run.stderr);
     }
-    assert_eq!(stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(), Some("in_doubt"));
+    assert_eq!(
+        stored(&mut conn, &doubt).await.map(|s| s.0).as_deref(),
+        Some("in_doubt")
+    );
 }
