@@ -1201,3 +1201,46 @@ async fn a_probe_that_blocks_its_thread_times_out_and_holds_up_nobody() {
     assert_eq!(state(&gate, &knows).await.as_deref(), Some("failed"));
     assert_eq!(state(&gate, &blocks).await.as_deref(), Some("in_doubt"));
 }
+
+// "Each resolution is one compare-and-swap on the fence the reconciler saw"
+// (module doc): a retry takes the lapsed claim over while its probe runs.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_while_the_probe_runs_leaves_the_new_holder_alone() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_takeover").part("ord_1");
+    let mode = Mode::new().lease(Duration::from_millis(100));
+    std::mem::forget(gate.claim_with(&id, &mode).await.expect("won"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::new(tokio::sync::Notify::new());
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .pending_older_than(Duration::from_millis(50))
+        .probe("rt_takeover", {
+            let (asked, go) = (asked.clone(), go.clone());
+            move |_| {
+                let (asked, go) = (asked.clone(), go.clone());
+                async move {
+                    asked.notify_one();
+                    go.notified().await;
+                    Verdict::NotHappened
+                }
+            }
+        });
+    let pass = tokio::spawn(async move { reconciler.reconcile_once().await });
+    asked.notified().await;
+    let retry = gate
+        .claim_with(&id, &Mode::new().lease(Duration::from_secs(30)))
+        .await
+        .expect("the retry takes the lapsed claim over");
+    let fence = retry.fence().expect("fence");
+    go.notify_one();
+    let pass = pass.await.expect("no panic").expect("a pass");
+    assert_eq!((pass.resolved, pass.lost), (0, 1), "{pass:?}");
+    assert_eq!(
+        state_of(&gate, &id).await,
+        Some(("pending".to_owned(), fence))
+    );
+    retry.settle().await.expect("the new holder settles");
+}
