@@ -230,6 +230,27 @@ struct Remembered {
     /// A verdict the store failed to record: recorded on the next pass
     /// without asking the probe again (a probe may have effects).
     verdict: Option<Verdict>,
+    /// A pass is establishing its outcome (asking its probe, recording its
+    /// verdict) right now: another pass of this reconciler running at the
+    /// same time (`reconcile_once` takes `&self`) leaves it alone, so the
+    /// probe is never asked twice at once.
+    busy: bool,
+}
+
+/// Marks a claim [`Remembered::busy`] while a pass handles it; clears the
+/// mark when dropped.
+struct Busy<'a> {
+    memory: &'a Mutex<Memory>,
+    key: &'a ClaimKey,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut memory = self.memory.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(remembered) = memory.claims.get_mut(self.key) {
+            remembered.busy = false;
+        }
+    }
 }
 
 /// The listing's place and the claims it remembers.
@@ -250,6 +271,7 @@ impl Memory {
             seen: cycle,
             wait: None,
             verdict: None,
+            busy: false,
         });
         entry.seen = cycle;
         entry
@@ -426,7 +448,10 @@ impl Reconciler {
     /// each whose last unknown is not too recent, one after the other; and
     /// resolves each as its probe says. An error of the store ends the
     /// pass; a verdict it could not record is recorded by a later pass,
-    /// without asking the probe again.
+    /// without asking the probe again. Passes of one reconciler that
+    /// overlap (a loop and an admin endpoint) never handle one claim at
+    /// the same time: its probe is not asked twice at once. A pass dropped
+    /// before it ends cancels the probe under way, as a shutdown does.
     pub async fn reconcile_once(&self) -> Result<Pass, Error> {
         let never = std::future::pending::<()>();
         tokio::pin!(never);
@@ -560,13 +585,25 @@ impl Reconciler {
         stop: &mut Stop<'_, S>,
     ) -> Result<(), Error> {
         let key = ClaimKey::of(row);
-        let remembered = self.lock_memory().seen(&key).clone();
-        if remembered
-            .wait
-            .is_some_and(|(next, _)| next > Instant::now())
-        {
-            return Ok(());
-        }
+        let remembered = {
+            let mut memory = self.lock_memory();
+            let remembered = memory.seen(&key);
+            if remembered.busy
+                || remembered
+                    .wait
+                    .is_some_and(|(next, _)| next > Instant::now())
+            {
+                return Ok(());
+            }
+            remembered.busy = true;
+            remembered.clone()
+        };
+        // Whichever way this ends (answered, recorded, kept, cancelled with
+        // the pass), the claim is no longer being handled.
+        let _busy = Busy {
+            memory: &self.memory,
+            key: &key,
+        };
         let Some(doubt) = doubt_of(row) else {
             // Said once, then left alone for a while: an operator's.
             self.lock_memory().seen(&key).wait = Some((
@@ -696,20 +733,16 @@ impl Reconciler {
         doubt: Doubt,
         stop: &mut Stop<'_, S>,
     ) -> Asked {
-        let mut task = tokio::spawn(probe(doubt));
+        // Aborted when dropped: with the pass, should its caller drop it
+        // mid-probe, the probe goes too, never left running unbounded.
+        let mut task = AbortOnDrop(tokio::spawn(probe(doubt)));
         let joined = tokio::select! {
             biased;
-            () = stop.requested() => {
-                task.abort();
-                return Asked::Stopped;
-            }
-            joined = tokio::time::timeout(self.probe_timeout, &mut task) => joined,
+            () = stop.requested() => return Asked::Stopped,
+            joined = tokio::time::timeout(self.probe_timeout, &mut task.0) => joined,
         };
         match joined {
-            Err(_elapsed) => {
-                task.abort();
-                Asked::TimedOut
-            }
+            Err(_elapsed) => Asked::TimedOut,
             Ok(Ok(verdict)) => Asked::Answered(verdict),
             Ok(Err(error)) if error.is_panic() => {
                 Asked::Panicked(panic_message(error.into_panic()))
@@ -770,6 +803,15 @@ impl fmt::Debug for Reconciler {
             .field("interval", &self.interval)
             .field("probe_timeout", &self.probe_timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// A probe's task, aborted when this is dropped (a no-op once it ended).
+struct AbortOnDrop(tokio::task::JoinHandle<Verdict>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -340,7 +340,7 @@ fn reason_in_parentheses(claim: &ClaimRow) -> String {
     claim
         .state_reason
         .as_deref()
-        .map(|reason| format!(" ({reason})"))
+        .map(|reason| format!(" ({})", escape(reason)))
         .unwrap_or_default()
 }
 

@@ -451,6 +451,18 @@ pub(super) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
+/// The longest age a statement is asked about, in seconds (about 317
+/// years): `now()` minus more than PostgreSQL's timestamps reach is an
+/// error ("timestamp out of range"), and no claim is older than this.
+const LONGEST_AGE_SECONDS: f64 = 1e10;
+
+/// `age` in seconds for `make_interval`, at most [`LONGEST_AGE_SECONDS`]:
+/// an age beyond any claim's (`Duration::MAX`, `--older-than 100000years`)
+/// matches none, rather than failing the statement.
+fn age_in_seconds(age: Duration) -> f64 {
+    age.as_secs_f64().min(LONGEST_AGE_SECONDS)
+}
+
 /// The claims matching `filter`, newest first, at most `filter.limit` of
 /// them: [`count`] says how many match in all.
 pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow>, Error> {
@@ -460,7 +472,7 @@ pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow
         .bind(account)
         .bind(namespace)
         .bind(filter.state.map(ClaimState::as_str))
-        .bind(filter.older_than.map(|age| age.as_secs_f64()))
+        .bind(filter.older_than.map(age_in_seconds))
         .bind(i64::from(filter.limit))
         .fetch_all(pool)
         .await?)
@@ -474,7 +486,7 @@ pub async fn count(pool: &PgPool, filter: &ListFilter<'_>) -> Result<u64, Error>
         .bind(account)
         .bind(namespace)
         .bind(filter.state.map(ClaimState::as_str))
-        .bind(filter.older_than.map(|age| age.as_secs_f64()))
+        .bind(filter.older_than.map(age_in_seconds))
         .fetch_one(pool)
         .await?;
     Ok(u64::try_from(count).unwrap_or(0))
@@ -492,7 +504,7 @@ pub(crate) async fn list_to_reconcile(
         .bind(account)
         .bind(namespace)
         .bind(filter.actions)
-        .bind(filter.pending_older_than.map(|age| age.as_secs_f64()))
+        .bind(filter.pending_older_than.map(age_in_seconds))
         .bind(after.map(|c| c.created_at.as_str()))
         .bind(after.map(|c| c.account.as_str()))
         .bind(after.map(|c| c.address.as_str()))
