@@ -1,0 +1,703 @@
+//! Red team, area `holder`: what a claim's holder is told, the hand-written
+//! API, dispositions and the outcome cache. Each test is named after the
+//! promise it attacks (quoted from the docs in its comment).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::cache::OutcomeCache;
+use idem::operations::{self, Resolution, Resolved, Resolver, Slot};
+use idem::testing;
+use idem::{Disposition, Gate, GateEvent, Identity, Mode, OnExpiry, Rejected};
+use idem_test_support::rows;
+use tokio::sync::Notify;
+
+fn refusal<T: std::fmt::Debug>(result: &Result<T, Rejected>) -> &Rejected {
+    match result {
+        Err(rejected) => rejected,
+        Ok(value) => panic!("expected a refusal, got Ok({value:?})"),
+    }
+}
+
+fn slot<'a>(gate: &'a Gate, address: &'a str) -> Slot<'a> {
+    Slot {
+        account: gate.account_name(),
+        namespace: gate.namespace_name(),
+        address,
+    }
+}
+
+fn cache() -> OutcomeCache {
+    OutcomeCache::builder().ttl(Duration::from_secs(60)).build()
+}
+
+/// A fresh gate in an account of its own, with a cache of its own.
+async fn cached_gate() -> Gate {
+    testing::gate().await.with_cache(cache())
+}
+
+async fn resolve(gate: &Gate, address: &str, resolution: Resolution<'_>) {
+    let outcome = operations::resolve_as(
+        gate.pool(),
+        slot(gate, address),
+        resolution,
+        Resolver {
+            reason: "red team",
+            expected_fence: None,
+        },
+    )
+    .await
+    .expect("resolved");
+    assert!(matches!(outcome, Resolved::Changed { .. }), "{outcome:?}");
+}
+
+/// 16 replaying duplicates at a barrier on `gate`: their values (or refusals).
+async fn sixteen_replays(gate: &Gate, id: &Identity) -> Vec<Result<String, String>> {
+    let ran = AtomicUsize::new(0);
+    let report = testing::race(16, || async {
+        gate.run_replayed(id, &Mode::new(), async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Rejected>("a duplicate's value".to_owned())
+        })
+        .await
+    })
+    .await;
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "no duplicate runs: {report:?}"
+    );
+    let _ = report;
+    let mut out = Vec::new();
+    for _ in 0..16 {
+        let r: Result<String, Rejected> = gate
+            .run_replayed(id, &Mode::new(), async {
+                Ok::<_, Rejected>("a later duplicate's value".to_owned())
+            })
+            .await;
+        out.push(r.map_err(|e| e.reason().to_owned()));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// NotRecorded and the cache.
+// Promise (cache.rs): "Only final facts ... An entry is made when the store
+// tells a claim the slot is settled or failed, and when this process's own
+// settle (or kept failure) commits"; (Rejected::NotRecorded) "Every
+// duplicate is told what the slot records (with `replay`, its value), never
+// this holder's outcome".
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn not_recorded_every_cached_duplicate_replays_the_resolved_value_never_the_holders() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_cache_resolved").part(1);
+    let address = id.address();
+    let (started, resolved) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let holder = {
+        let (gate, id, started, resolved) = (
+            gate.clone(),
+            id.clone(),
+            Arc::clone(&started),
+            Arc::clone(&resolved),
+        );
+        tokio::spawn(async move {
+            gate.run_replayed(&id, &Mode::new(), async {
+                started.notify_one();
+                resolved.notified().await;
+                Ok::<_, Rejected>("the holder's value".to_owned())
+            })
+            .await
+        })
+    };
+    started.notified().await;
+    resolve(
+        &gate,
+        &address,
+        Resolution::Succeeded {
+            output_json: Some(r#""the probe's value""#),
+        },
+    )
+    .await;
+    resolved.notify_one();
+    let told = holder.await.expect("holder");
+    assert_eq!(refusal(&told).reason(), "not_recorded", "{told:?}");
+    for replay in sixteen_replays(&gate, &id).await {
+        assert_eq!(replay.as_deref(), Ok("the probe's value"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn not_recorded_a_claim_resolved_failed_is_already_failed_for_every_cached_duplicate() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_cache_failed").part(1);
+    let claim = gate.claim(&id).await.expect("won");
+    resolve(&gate, &id.address(), Resolution::Failed).await;
+    let (late, events) = testing::observe(claim.settle()).await;
+    assert_eq!(refusal(&late).reason(), "not_recorded", "{late:?}");
+    assert!(
+        late.as_ref().unwrap_err().to_string().contains("fail"),
+        "the message says the slot records a failure: {late:?}"
+    );
+    assert!(
+        matches!(events[..], [GateEvent::Unrecorded(_)]),
+        "{events:?}"
+    );
+    let report = testing::race(16, || async {
+        gate.run(&id, async { Ok::<_, Rejected>(()) }).await
+    })
+    .await;
+    assert_eq!(report.wins(), 0, "{report:?}");
+    for rejected in report.refusals() {
+        assert!(
+            matches!(rejected, Rejected::AlreadyFailed),
+            "the slot records a kept failure: {rejected:?}"
+        );
+    }
+    assert_eq!(report.refused(), 16);
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("failed")
+    );
+}
+
+/// A holder disposes of its failure as Keep after an operator resolved the
+/// claim as succeeded: not recorded, and the cache must not learn a kept
+/// failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn not_recorded_a_late_keep_over_a_resolved_success_leaves_already_done_for_cached_duplicates()
+ {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_cache_keep_over").part(1);
+    let claim = gate.claim(&id).await.expect("won");
+    resolve(
+        &gate,
+        &id.address(),
+        Resolution::Succeeded { output_json: None },
+    )
+    .await;
+    let late = claim.dispose(Disposition::Keep).await;
+    assert_eq!(refusal(&late).reason(), "not_recorded", "{late:?}");
+    for _ in 0..3 {
+        let again = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
+        assert!(matches!(again, Err(Rejected::AlreadyDone)), "{again:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Lease takeover: the stale holder's late success and failure.
+// Promise (Rejected::LeaseLost): "A success of this holder is still
+// recorded (... the slot is settled unless it already was); a failure
+// changes nothing, the new holder decides."
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_lost_a_stale_holders_late_failure_changes_nothing() {
+    let gate = testing::gate().await;
+    let mode = Mode::new().lease(Duration::from_millis(150));
+    for (part, late) in [
+        ("release", None),
+        ("keep", Some(Disposition::Keep)),
+        ("in_doubt", Some(Disposition::InDoubt)),
+        ("dispose_release", Some(Disposition::Release)),
+    ] {
+        let id = Identity::new("rt_h_stale_failure").part(part);
+        let stale = gate.claim_with(&id, &mode).await.expect("first");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let current = gate.claim_with(&id, &mode).await.expect("taken over");
+        let told = match late {
+            None => stale.release().await,
+            Some(d) => stale.dispose(d).await,
+        };
+        assert_eq!(refusal(&told).reason(), "lease_lost", "{part}: {told:?}");
+        assert_eq!(
+            rows::row_state(&gate, &id.address()).await.as_deref(),
+            Some("pending"),
+            "{part}: the new holder's claim is untouched"
+        );
+        current.settle().await.expect("the new holder settles");
+        assert_eq!(
+            rows::row_state(&gate, &id.address()).await.as_deref(),
+            Some("success")
+        );
+    }
+}
+
+/// The new holder settled with its value first; the stale holder's late
+/// success is told LeaseLost and must not put its own value in the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_lost_after_the_new_holder_settled_every_cached_replay_gets_the_new_value() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_stale_success").part(1);
+    let mode = Mode::new().lease(Duration::from_millis(150));
+    let go = Arc::new(Notify::new());
+    let stale = {
+        let (gate, id, mode, go) = (gate.clone(), id.clone(), mode.clone(), Arc::clone(&go));
+        tokio::spawn(async move {
+            gate.run_replayed(&id, &mode, async {
+                go.notified().await;
+                Ok::<_, Rejected>("stale".to_owned())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let new: Result<String, Rejected> = gate
+        .run_replayed(&id, &mode, async { Ok::<_, Rejected>("new".to_owned()) })
+        .await;
+    assert_eq!(new.expect("the taker-over runs"), "new");
+    go.notify_one();
+    let told = stale.await.expect("stale");
+    assert_eq!(refusal(&told).reason(), "lease_lost", "{told:?}");
+    for replay in sixteen_replays(&gate, &id).await {
+        assert_eq!(replay.as_deref(), Ok("new"));
+    }
+}
+
+/// The stale holder's late success lands over the new holder's pending row;
+/// the new holder is told NotRecorded; every (cached) replay on either gate
+/// gets the stale holder's value, the one the slot records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn not_recorded_after_a_stale_late_success_replays_on_both_cached_gates_agree_with_the_row() {
+    let first = cached_gate().await;
+    let second = first.without_cache().with_cache(cache());
+    let id = Identity::new("rt_h_stale_first").part(1);
+    let mode = Mode::new().lease(Duration::from_millis(150));
+    let (go_stale, go_new, started_new) = (
+        Arc::new(Notify::new()),
+        Arc::new(Notify::new()),
+        Arc::new(Notify::new()),
+    );
+    let stale = {
+        let (gate, id, mode, go) = (
+            first.clone(),
+            id.clone(),
+            mode.clone(),
+            Arc::clone(&go_stale),
+        );
+        tokio::spawn(async move {
+            gate.run_replayed(&id, &mode, async {
+                go.notified().await;
+                Ok::<_, Rejected>("stale".to_owned())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let new = {
+        let (gate, id, mode, go, started) = (
+            second.clone(),
+            id.clone(),
+            mode.clone(),
+            Arc::clone(&go_new),
+            Arc::clone(&started_new),
+        );
+        tokio::spawn(async move {
+            gate.run_replayed(&id, &mode.lease(Duration::from_secs(30)), async {
+                started.notify_one();
+                go.notified().await;
+                Ok::<_, Rejected>("new".to_owned())
+            })
+            .await
+        })
+    };
+    started_new.notified().await;
+    go_stale.notify_one();
+    let told_stale = stale.await.expect("stale");
+    assert_eq!(
+        refusal(&told_stale).reason(),
+        "lease_lost",
+        "{told_stale:?}"
+    );
+    go_new.notify_one();
+    let told_new = new.await.expect("new");
+    assert_eq!(refusal(&told_new).reason(), "not_recorded", "{told_new:?}");
+    for gate in [&first, &second] {
+        for replay in sixteen_replays(gate, &id).await {
+            assert_eq!(replay.as_deref(), Ok("stale"));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// on_expiry = "in_doubt", then the holder comes back.
+// Promise (Claim::settle): "A claim its lease turned in doubt (... nobody
+// took it over) is settled with this success, the outcome nobody knew, and
+// `Ok` is returned."
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_success_on_a_claim_turned_in_doubt_is_ok_and_every_cached_replay_gets_it() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_late_in_doubt").part(1);
+    let mode = Mode::new()
+        .lease(Duration::from_millis(150))
+        .on_expiry(OnExpiry::InDoubt);
+    let go = Arc::new(Notify::new());
+    let holder = {
+        let (gate, id, mode, go) = (gate.clone(), id.clone(), mode.clone(), Arc::clone(&go));
+        tokio::spawn(async move {
+            gate.run_replayed(&id, &mode, async {
+                go.notified().await;
+                Ok::<_, Rejected>("late".to_owned())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = testing::race(16, || async {
+        gate.run_replayed(&id, &mode, async { Ok::<_, Rejected>("dup".to_owned()) })
+            .await
+    })
+    .await;
+    assert_eq!(report.wins(), 0, "{report:?}");
+    for rejected in report.refusals() {
+        assert!(matches!(rejected, Rejected::InDoubt), "{rejected:?}");
+    }
+    go.notify_one();
+    let told = holder.await.expect("holder");
+    assert_eq!(told.expect("the late success is recorded"), "late");
+    for replay in sixteen_replays(&gate, &id).await {
+        assert_eq!(replay.as_deref(), Ok("late"));
+    }
+}
+
+/// Promise (Claim::extend): "Renews the lease ... [`Rejected::LeaseLost`] if
+/// the claim was taken over meanwhile." A holder whose claim is no longer
+/// pending under its lease (turned in doubt; resolved by an operator) must
+/// not be told its lease was renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_is_not_ok_on_a_claim_turned_in_doubt() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_h_extend_in_doubt").part(1);
+    let mode = Mode::new()
+        .lease(Duration::from_millis(150))
+        .on_expiry(OnExpiry::InDoubt);
+    let slow = gate.claim_with(&id, &mode).await.expect("won");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dup = gate.claim_with(&id, &mode).await;
+    assert!(matches!(dup, Err(Rejected::InDoubt)), "{dup:?}");
+    let extended = slow.extend(Duration::from_secs(30)).await;
+    let state = rows::row_state(&gate, &id.address()).await;
+    assert!(
+        extended.is_err(),
+        "extend said Ok on a claim held in doubt (row {state:?})"
+    );
+    assert_eq!(
+        state.as_deref(),
+        Some("in_doubt"),
+        "the slot stays in doubt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_is_not_ok_on_a_claim_an_operator_resolved() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_h_extend_resolved").part(1);
+    // A lease that ran out (nobody took it over): an operator may resolve it.
+    let mode = Mode::new().lease(Duration::from_millis(150));
+    let claim = gate.claim_with(&id, &mode).await.expect("won");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    resolve(&gate, &id.address(), Resolution::Failed).await;
+    let extended = claim.extend(Duration::from_secs(30)).await;
+    assert!(
+        extended.is_err(),
+        "extend said Ok on a claim resolved as failed meanwhile"
+    );
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("failed")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_is_not_ok_on_a_claim_an_operator_released() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_h_extend_released").part(1);
+    let mode = Mode::new().lease(Duration::from_secs(30));
+    let claim = gate.claim_with(&id, &mode).await.expect("won");
+    operations::release_pending(gate.pool(), slot(&gate, &id.address()))
+        .await
+        .expect("released");
+    let extended = claim.extend(Duration::from_secs(30)).await;
+    assert!(extended.is_err(), "extend said Ok on a released claim");
+}
+
+/// Promise (Claim::extend): "`lease` is checked as Mode::lease checks it
+/// (InvalidOption)."
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_with_a_lease_of_zero_or_too_long_is_invalid_option() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_h_extend_bad").part(1);
+    let claim = gate
+        .claim_with(&id, &Mode::new().lease(Duration::from_secs(30)))
+        .await
+        .expect("won");
+    for lease in [
+        Duration::ZERO,
+        Mode::MAX_LEASE + Duration::from_secs(1),
+        Duration::MAX,
+    ] {
+        let told = claim.extend(lease).await;
+        assert!(
+            matches!(
+                told,
+                Err(Rejected::InvalidOption {
+                    option: "lease",
+                    ..
+                })
+            ),
+            "{lease:?}: {told:?}"
+        );
+    }
+    claim.settle().await.expect("still ours");
+}
+
+// ---------------------------------------------------------------------------
+// Dropping a claim; races on a cached gate; scopes of one cache.
+// ---------------------------------------------------------------------------
+
+/// Promise (Claim): "dropping it unresolved leaves the row pending, which
+/// refuses every retry"; (cache) "never a claim pending".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_claim_stays_pending_and_every_cached_duplicate_is_in_flight() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_dropped").part(1);
+    drop(gate.claim(&id).await.expect("won"));
+    for _ in 0..2 {
+        let report = testing::race(16, || async {
+            gate.run(&id, async { Ok::<_, Rejected>(()) }).await
+        })
+        .await;
+        assert_eq!(report.wins(), 0, "{report:?}");
+        for rejected in report.refusals() {
+            assert!(matches!(rejected, Rejected::InFlight), "{rejected:?}");
+        }
+    }
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("pending")
+    );
+}
+
+/// Promise (README): "lets exactly one concurrent insert win"; (cache) a hit
+/// reports "the same GateEvent a refusal from the store does".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_at_a_barrier_on_a_cached_gate_run_once_and_cached_refusals_report_as_the_store() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_race16").part(1);
+    let ran = AtomicUsize::new(0);
+    let report = testing::race(16, || async {
+        gate.run(&id, async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, Rejected>(())
+        })
+        .await
+    })
+    .await;
+    report.assert_exactly_once();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    let (store, store_events) = testing::observe(
+        gate.without_cache()
+            .run(&id, async { Ok::<_, Rejected>(()) }),
+    )
+    .await;
+    let (hit, hit_events) = testing::observe(gate.run(&id, async { Ok::<_, Rejected>(()) })).await;
+    assert!(matches!(store, Err(Rejected::AlreadyDone)), "{store:?}");
+    assert!(matches!(hit, Err(Rejected::AlreadyDone)), "{hit:?}");
+    assert_eq!(format!("{store_events:?}"), format!("{hit_events:?}"));
+}
+
+/// Promise (cache.rs): "an entry is keyed by store, account, namespace and
+/// address, so it never answers across them".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_cache_never_answers_across_accounts_or_namespaces() {
+    let shared = cache();
+    let base = testing::gate().await.with_cache(shared.clone());
+    let account = testing::unique_name("rt_acct");
+    let gates = [
+        base.clone(),
+        base.account(&account),
+        base.namespace("n1"),
+        base.namespace("n2"),
+        base.account(&account).namespace("n1"),
+        // An account name that is the other's name plus its namespace.
+        base.account(format!("{account}n1")),
+        base.account(format!("{account}\u{1}n1")),
+        // NFC and NFD spellings are distinct names (bytes, not glyphs).
+        base.account(format!("{account}\u{e9}")),
+        base.account(format!("{account}e\u{301}")),
+    ];
+    let id = Identity::new("rt_h_scopes").part("k");
+    let ran = AtomicUsize::new(0);
+    for (n, gate) in gates.iter().enumerate() {
+        match gate.claim(&id).await {
+            Ok(claim) => {
+                ran.fetch_add(1, Ordering::SeqCst);
+                claim.dispose(Disposition::Keep).await.expect("kept");
+            }
+            Err(other) => panic!("scope {n} ({:?}): {other:?}", gate.account_name()),
+        }
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            n + 1,
+            "scope {n} ran its own body"
+        );
+    }
+    for gate in &gates {
+        let again = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
+        assert!(matches!(again, Err(Rejected::AlreadyFailed)), "{again:?}");
+    }
+    // A name PostgreSQL text cannot hold is refused as the request's error.
+    let nul = base.account(format!("{account}\u{0}n1"));
+    let refused = nul.claim(&id).await;
+    assert!(
+        matches!(&refused, Err(Rejected::InvalidScope { .. })),
+        "{:?}",
+        refused.as_ref().err()
+    );
+    assert!(
+        !refused
+            .as_ref()
+            .err()
+            .map(Rejected::is_outage)
+            .unwrap_or(true)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Replay of values that no longer deserialize.
+// Promise (Gate::run_replayed): "So is a duplicate whose stored value no
+// longer deserializes into `T`" (refused AlreadyDone).
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_value_that_no_longer_deserializes_is_already_done_from_store_and_cache() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_deser").part(1);
+    let first: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("text".to_owned()) })
+        .await;
+    assert_eq!(first.expect("runs"), "text");
+    for g in [gate.clone(), gate.without_cache()] {
+        let other: Result<u64, Rejected> = g.run_replayed(&id, &Mode::new(), async { Ok(7) }).await;
+        assert!(matches!(other, Err(Rejected::AlreadyDone)), "{other:?}");
+    }
+    let same: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("again".to_owned()) })
+        .await;
+    assert_eq!(same.expect("still replayed"), "text");
+}
+
+/// A value resolved by an operator as JSON that is not valid for `T`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolved_value_of_another_shape_is_already_done_not_an_error_or_a_run() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_deser_resolved").part(1);
+    let claim = gate.claim(&id).await.expect("won");
+    resolve(
+        &gate,
+        &id.address(),
+        Resolution::Succeeded {
+            output_json: Some(r#"{"not":"a string"}"#),
+        },
+    )
+    .await;
+    drop(claim);
+    let ran = AtomicUsize::new(0);
+    for _ in 0..3 {
+        let told: Result<String, Rejected> = gate
+            .run_replayed(&id, &Mode::new(), async {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok("ran".to_owned())
+            })
+            .await;
+        assert!(matches!(told, Err(Rejected::AlreadyDone)), "{told:?}");
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+// ---------------------------------------------------------------------------
+// The ungated claim and claim_in.
+// ---------------------------------------------------------------------------
+
+/// Promise (Gate::claim): "An absent identity (a `None` key part) yields an
+/// ungated claim whose settle and release do nothing."
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absent_identity_yields_an_ungated_claim_whose_outcomes_do_nothing() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_absent").part(None::<&str>);
+    assert!(id.is_absent());
+    for n in 0..3 {
+        let claim = gate.claim(&id).await.expect("ungated");
+        assert!(!claim.is_gated());
+        assert_eq!(claim.fence(), None);
+        assert!(claim.extend(Duration::from_secs(1)).await.is_ok());
+        let done = match n {
+            0 => claim.settle().await,
+            1 => claim.release().await,
+            _ => claim.dispose(Disposition::Keep).await,
+        };
+        assert!(done.is_ok(), "{done:?}");
+    }
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let claim = gate
+        .claim_in(&mut tx, &id, &Mode::new())
+        .await
+        .expect("ungated");
+    assert!(!claim.is_gated());
+    assert!(
+        claim.settle().await.is_ok(),
+        "an ungated claim_in claim has no row to wait on"
+    );
+    tx.rollback().await.expect("rollback");
+}
+
+/// Promise (cache.rs): "never from a settle inside the caller's transaction
+/// ... which may still roll back". A pool claim settled inside a
+/// transaction that rolls back must not be cached as settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_claim_settled_in_a_transaction_that_rolls_back_is_never_cached() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_settle_in_rollback").part(1);
+    let claim = gate.claim(&id).await.expect("won");
+    let mut tx = gate.pool().begin().await.expect("begin");
+    claim.settle_in(&mut tx).await.expect("settled in tx");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("pending")
+    );
+    let again = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
+    assert!(matches!(again, Err(Rejected::InFlight)), "{again:?}");
+}
+
+/// claim_in then commit with a settle_in, on a cached gate: duplicates are
+/// refused AlreadyDone (from the store), and a claim_in rolled back leaves
+/// the slot free to a next claimer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_rolled_back_leaves_the_slot_free_and_caches_nothing() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_claim_in_rollback").part(1);
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let claim = gate
+        .claim_in(&mut tx, &id, &Mode::new())
+        .await
+        .expect("won");
+    claim.settle_in(&mut tx).await.expect("settled");
+    tx.rollback().await.expect("rollback");
+    let ran = AtomicUsize::new(0);
+    let report = testing::race(16, || async {
+        gate.run(&id, async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Rejected>(())
+        })
+        .await
+    })
+    .await;
+    report.assert_exactly_once();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
