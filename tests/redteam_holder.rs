@@ -701,3 +701,228 @@ async fn a_claim_in_rolled_back_leaves_the_slot_free_and_caches_nothing() {
     report.assert_exactly_once();
     assert_eq!(ran.load(Ordering::SeqCst), 1);
 }
+
+// ---------------------------------------------------------------------------
+// A failure recorded over a claim somebody removed.
+// Promise (Rejected): "Why a guarded invocation did not run (or, for
+// ClaimLost, why its outcome could not be recorded)"; (ClaimLost) "The claim
+// was released or removed by someone else while the body ran ... a failure
+// changes nothing"; (GateEvent::Kept) "A definite failure was kept: the slot
+// is `failed`, and duplicates are refused AlreadyFailed"; (GateEvent::InDoubt)
+// "the slot is held `in_doubt`".
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_lost_a_keep_or_doubt_over_a_claim_an_operator_released_is_not_told_ok() {
+    let gate = testing::gate().await;
+    for (part, disposition) in [
+        ("keep", Disposition::Keep),
+        ("in_doubt", Disposition::InDoubt),
+    ] {
+        let id = Identity::new("rt_h_keep_over_released").part(part);
+        let claim = gate.claim(&id).await.expect("won");
+        let released = operations::release_pending(gate.pool(), slot(&gate, &id.address()))
+            .await
+            .expect("released by an operator");
+        assert!(released.is_some());
+        let (told, events) = testing::observe(claim.dispose(disposition)).await;
+        let state = rows::row_state(&gate, &id.address()).await;
+        assert_eq!(state, None, "the slot is vacant: a retry runs");
+        assert!(
+            told.is_err(),
+            "{part}: the holder was told its {disposition:?} was recorded (events {events:?}), \
+             but the slot is vacant and the next retry runs the action"
+        );
+        assert!(
+            matches!(events[..], [GateEvent::Unrecorded(_)]),
+            "{part}: {events:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The cache learns this process's own settles.
+// Promise (cache.rs): "An entry is made ... when this process's own settle
+// (or kept failure) commits on the gate's pool"; "answered with no round
+// trip".
+// ---------------------------------------------------------------------------
+
+/// A settle whose reply was lost, retried and found to be its own (Ok):
+/// the cache must know it, so that a duplicate is answered with the store
+/// cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_whose_reply_was_lost_is_remembered_by_the_cache() {
+    let proxy = idem_test_support::fault_proxy::Proxy::start().await;
+    let pool = idem::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(proxy.options().statement_cache_capacity(0))
+        .await
+        .expect("connect through the proxy");
+    let gate = testing::gate_on(pool).await.with_cache(cache());
+    let id = Identity::new("rt_h_lost_reply_cached").part(1);
+    assert!(proxy.lose_next_reply(idem_test_support::fault_proxy::Statement::Settle));
+    let first: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("mine".to_owned()) })
+        .await;
+    assert_eq!(
+        proxy.take_lost_replies().len(),
+        1,
+        "the settle's reply was lost"
+    );
+    assert_eq!(first.expect("its own"), "mine");
+    proxy.cut().await;
+    let again: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("again".to_owned()) })
+        .await;
+    assert_eq!(
+        again.map_err(|e| e.reason()),
+        Ok("mine".to_owned()),
+        "a settle of this process that committed is answered from the cache"
+    );
+}
+
+/// A late success over a claim its lease turned in doubt is this holder's
+/// own, told Ok: the cache must know it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_over_a_claim_turned_in_doubt_is_remembered_by_the_cache() {
+    let proxy = idem_test_support::fault_proxy::Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(4).await)
+        .await
+        .with_cache(cache());
+    let id = Identity::new("rt_h_late_in_doubt_cached").part(1);
+    let mode = Mode::new()
+        .lease(Duration::from_millis(150))
+        .on_expiry(OnExpiry::InDoubt);
+    let slow = gate.claim_with(&id, &mode).await.expect("won");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dup = gate.claim_with(&id, &mode).await;
+    assert!(matches!(dup, Err(Rejected::InDoubt)), "{dup:?}");
+    slow.settle()
+        .await
+        .expect("the late success is recorded, Ok");
+    proxy.cut().await;
+    let again = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
+    assert!(
+        matches!(again, Err(Rejected::AlreadyDone)),
+        "the holder's own Ok settle is answered from the cache: {again:?}"
+    );
+}
+
+/// Promise (cache.rs): "never ... from a row read inside one [the caller's
+/// transaction]".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_read_inside_a_transaction_is_never_cached() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_read_in_tx").part(1);
+    // Settled by another process (no cache here).
+    gate.without_cache()
+        .run(&id, async { Ok::<_, Rejected>(()) })
+        .await
+        .expect("runs");
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let seen = gate.claim_in(&mut tx, &id, &Mode::new()).await;
+    assert!(matches!(seen, Err(Rejected::AlreadyDone)), "{seen:?}");
+    tx.rollback().await.expect("rollback");
+    rows::delete_row(&gate, &id.address()).await;
+    let ran = AtomicUsize::new(0);
+    run_counted(&gate, &id, &ran)
+        .await
+        .expect("runs: nothing was cached");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+async fn run_counted(gate: &Gate, id: &Identity, ran: &AtomicUsize) -> Result<(), Rejected> {
+    gate.run(id, async {
+        ran.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------
+// A waiting duplicate and a resolution.
+// Promise (README): wait: "an in-flight duplicate polls until the holder
+// resolves, then gets the outcome".
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_duplicate_gets_the_operators_resolution_not_the_late_holders() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_wait_resolved").part(1);
+    let claim = gate.claim(&id).await.expect("won");
+    let waiter = {
+        let (gate, id) = (gate.clone(), id.clone());
+        tokio::spawn(async move {
+            gate.run_replayed(&id, &Mode::new().wait(Duration::from_secs(10)), async {
+                Ok::<_, Rejected>("waiter ran".to_owned())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    resolve(
+        &gate,
+        &id.address(),
+        Resolution::Succeeded {
+            output_json: Some(r#""resolved""#),
+        },
+    )
+    .await;
+    let late = claim.settle().await;
+    assert_eq!(refusal(&late).reason(), "not_recorded");
+    let waited = waiter.await.expect("waiter");
+    assert_eq!(waited.map_err(|e| e.reason()), Ok("resolved".to_owned()));
+}
+
+// ---------------------------------------------------------------------------
+// Fingerprints and the cache.
+// Promise (Gate::run_replayed): "a value goes only to a caller that gave the
+// same fingerprint, or that gave none when none was stored"; (README)
+// "never given the other payload's value".
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fingerprints_from_the_cache_are_judged_as_from_the_store() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_fp").part(1);
+    let fp = |n: i64| Mode::new().fingerprint(idem::Fingerprint::new().part(n));
+    let first: Result<String, Rejected> = gate
+        .run_replayed(&id, &fp(1), async { Ok("one".to_owned()) })
+        .await;
+    assert_eq!(first.expect("runs"), "one");
+    for g in [gate.clone(), gate.without_cache(), gate.clone()] {
+        let same: Result<String, Rejected> = g
+            .run_replayed(&id, &fp(1), async { Ok("x".to_owned()) })
+            .await;
+        assert_eq!(same.map_err(|e| e.reason()), Ok("one".to_owned()));
+        let other: Result<String, Rejected> = g
+            .run_replayed(&id, &fp(2), async { Ok("x".to_owned()) })
+            .await;
+        assert!(matches!(other, Err(Rejected::KeyReused)), "{other:?}");
+        let none: Result<String, Rejected> = g
+            .run_replayed(&id, &Mode::new(), async { Ok("x".to_owned()) })
+            .await;
+        assert!(matches!(none, Err(Rejected::AlreadyDone)), "{none:?}");
+    }
+}
+
+/// The control of the two above: a plain settle through the proxy is
+/// remembered, and answered with the store cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_settle_is_remembered_by_the_cache_and_answered_with_the_store_cut_off() {
+    let proxy = idem_test_support::fault_proxy::Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(4).await)
+        .await
+        .with_cache(cache());
+    let id = Identity::new("rt_h_plain_cached").part(1);
+    let first: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("mine".to_owned()) })
+        .await;
+    assert_eq!(first.expect("runs"), "mine");
+    proxy.cut().await;
+    let again: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("again".to_owned()) })
+        .await;
+    assert_eq!(again.map_err(|e| e.reason()), Ok("mine".to_owned()));
+}
