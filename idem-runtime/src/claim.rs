@@ -224,7 +224,11 @@ impl Claim {
     ///
     /// As with a release, a store failure leaves the row `pending` (fail
     /// closed), and a claim taken over meanwhile is left to its new holder
-    /// ([`Rejected::LeaseLost`]).
+    /// ([`Rejected::LeaseLost`]). A [`Keep`] or an [`InDoubt`] of a claim
+    /// that somebody released or removed meanwhile (an operator's `idem
+    /// claims release`) holds nothing: the slot is free and a retry runs,
+    /// so the error is [`Rejected::ClaimLost`] (or `LeaseLost`, once the
+    /// lease ran out).
     ///
     /// A claim under the claim's fence that somebody else recorded
     /// meanwhile (a reconciler or an operator resolved it, its lease ran
@@ -538,7 +542,17 @@ impl Held {
                 self.remember(written, via);
                 Ok(())
             }
-            Ok(false) => self.no_longer_ours(outcome, via).await,
+            Ok(false) => {
+                let found = self.no_longer_ours(outcome, via).await;
+                // `Ok` here is this holder's own outcome after all (an
+                // earlier attempt whose reply was lost, a late success over
+                // a claim turned in doubt): a final fact the cache may hold,
+                // as after a first attempt that matched.
+                if found.is_ok() {
+                    self.remember(written, via);
+                }
+                found
+            }
             Err(error) => Err(Rejected::from_store(error)),
         }
     }
@@ -616,15 +630,29 @@ impl Held {
     /// attempt whose reply was lost) or what somebody else wrote over it
     /// (a resolution, an expiry into doubt, an earlier holder's late
     /// success): then this failure was not recorded, and the holder is told
-    /// what is. Gone, or claimed anew, the release happened (by an earlier
-    /// attempt, or by someone else). Taken over: the new holder decides.
+    /// what is. Gone, or claimed anew, a release happened (by an earlier
+    /// attempt, or by someone else); a failure kept or held in doubt did
+    /// not (an earlier attempt of it would have left its row): somebody
+    /// removed the claim, the slot is free to a retry, and the holder must
+    /// not hear that its failure holds the slot. Taken over: the new holder
+    /// decides.
     fn failure_matched_nothing(
         &self,
         disposition: Disposition,
         row: Option<&store::Existing>,
     ) -> Result<(), Rejected> {
+        let releasing = !matches!(disposition, Disposition::Keep | Disposition::InDoubt);
+        let removed = || {
+            if releasing {
+                Ok(())
+            } else if self.lease_ran_out() {
+                Err(self.lease_lost())
+            } else {
+                Err(self.claim_lost())
+            }
+        };
         let Some(row) = row.filter(|row| row.identity == self.identity.canonical()) else {
-            return Ok(());
+            return removed();
         };
         if row.fence == self.fence {
             let own = row.written_by_its_holder()
@@ -642,7 +670,7 @@ impl Held {
         if row.lineage == self.lineage {
             return Err(self.lease_lost());
         }
-        Ok(())
+        removed()
     }
 
     /// The holder's outcome was not recorded, because `row`, still under
