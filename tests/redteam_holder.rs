@@ -926,3 +926,231 @@ async fn a_plain_settle_is_remembered_by_the_cache_and_answered_with_the_store_c
         .await;
     assert_eq!(again.map_err(|e| e.reason()), Ok("mine".to_owned()));
 }
+
+// ---------------------------------------------------------------------------
+// Who is told LeaseLost, who ClaimLost; a takeover race of 16.
+// ---------------------------------------------------------------------------
+
+/// Promise (Rejected::ClaimLost): "The claim was released or removed by
+/// someone else while the body ran (an operator's `idem claims release`,
+/// say)"; (Rejected::LeaseLost) "The claim's lease ran out while the body
+/// ran, and another invocation took the claim over". Here nobody took it
+/// over: an operator released it once its lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_lost_not_lease_lost_when_an_operator_released_an_expired_claim_nobody_took_over() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_h_expired_released").part(1);
+    let claim = gate
+        .claim_with(&id, &Mode::new().lease(Duration::from_millis(150)))
+        .await
+        .expect("won");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    operations::release_pending(gate.pool(), slot(&gate, &id.address()))
+        .await
+        .expect("released by an operator");
+    let late = claim.settle().await;
+    assert_eq!(
+        refusal(&late).reason(),
+        "claim_lost",
+        "nobody took the claim over; an operator released it: {late:?}"
+    );
+}
+
+/// Promise (Claim::extend): "LeaseLost if the claim was taken over
+/// meanwhile"; (README) "a pending claim whose holder crashed expires and
+/// is taken over with a higher fence"; 16 racers take it over: one wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_racers_take_an_expired_lease_over_once_and_the_stale_holder_is_told() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_h_takeover16").part(1);
+    let mode = Mode::new().lease(Duration::from_millis(150));
+    let stale = gate.claim_with(&id, &mode).await.expect("first");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let long = Mode::new().lease(Duration::from_secs(30));
+    let report = testing::race(16, || async { gate.claim_with(&id, &long).await }).await;
+    assert_eq!(report.wins(), 1, "{report:?}");
+    for rejected in report.refusals() {
+        assert!(matches!(rejected, Rejected::InFlight), "{rejected:?}");
+    }
+    let extended = stale.extend(Duration::from_secs(30)).await;
+    assert_eq!(refusal(&extended).reason(), "lease_lost", "{extended:?}");
+    let late = stale.settle().await;
+    assert_eq!(refusal(&late).reason(), "lease_lost", "{late:?}");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+}
+
+/// Promise (Claim::release): "A claim somebody else recorded meanwhile is
+/// left as it is, with NotRecorded".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_recorded_a_late_release_over_a_resolved_claim_leaves_it() {
+    let gate = cached_gate().await;
+    for (part, resolution, state) in [
+        (
+            "succeeded",
+            Resolution::Succeeded { output_json: None },
+            "success",
+        ),
+        ("failed", Resolution::Failed, "failed"),
+    ] {
+        let id = Identity::new("rt_h_release_over").part(part);
+        let claim = gate.claim(&id).await.expect("won");
+        resolve(&gate, &id.address(), resolution).await;
+        let late = claim.release().await;
+        assert_eq!(refusal(&late).reason(), "not_recorded", "{part}: {late:?}");
+        assert_eq!(
+            rows::row_state(&gate, &id.address()).await.as_deref(),
+            Some(state)
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Metric labels match what happened.
+// Promise (idem::metrics): "`unrecorded` | the store failed to record the
+// outcome: the claim stays pending"; operations.md: "any
+// outcome="unrecorded" | an outcome could not be written: its claim stays
+// pending | as a stale pending claim".
+// ---------------------------------------------------------------------------
+
+mod counted {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, OnceLock};
+
+    use idem::metrics::names;
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use metrics_util::registry::{AtomicStorage, Registry};
+
+    struct Readable {
+        registry: Registry<Key, AtomicStorage>,
+    }
+
+    impl Recorder for Readable {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            self.registry
+                .get_or_create_counter(key, |c| Counter::from_arc(Arc::clone(c)))
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            self.registry
+                .get_or_create_gauge(key, |g| Gauge::from_arc(Arc::clone(g)))
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            self.registry
+                .get_or_create_histogram(key, |h| Histogram::from_arc(Arc::clone(h)))
+        }
+    }
+
+    fn recorder() -> &'static Readable {
+        static RECORDER: OnceLock<&'static Readable> = OnceLock::new();
+        RECORDER.get_or_init(|| {
+            let recorder: &'static Readable = Box::leak(Box::new(Readable {
+                registry: Registry::atomic(),
+            }));
+            metrics::set_global_recorder(recorder).expect("one recorder");
+            recorder
+        })
+    }
+
+    pub fn install() {
+        recorder();
+    }
+
+    /// Every outcome counted for `action`, by outcome, zeros left out.
+    pub fn outcomes(action: &str) -> Vec<(String, u64)> {
+        let mut outcomes: Vec<(String, u64)> = recorder()
+            .registry
+            .get_counter_handles()
+            .into_iter()
+            .filter(|(key, _)| {
+                key.name() == names::OUTCOMES_TOTAL
+                    && key
+                        .labels()
+                        .any(|l| l.key() == names::ACTION && l.value() == action)
+            })
+            .filter_map(|(key, value)| {
+                let outcome = key
+                    .labels()
+                    .find(|l| l.key() == names::OUTCOME)?
+                    .value()
+                    .to_owned();
+                Some((outcome, value.load(Ordering::SeqCst)))
+            })
+            .filter(|(_, count)| *count > 0)
+            .collect();
+        outcomes.sort();
+        outcomes
+    }
+}
+
+/// A claim made inside a transaction, recorded through the pool: nothing
+/// was sent to the store, which did not fail; the transaction rolls back
+/// and leaves no pending claim. Counting it `unrecorded` sends operators
+/// after a stale pending claim that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_connection_misuse_is_not_counted_as_the_store_failing_to_record() {
+    counted::install();
+    let gate = testing::gate().await;
+    let action = testing::unique_name("rt_h_wrong_conn_metric");
+    let id = Identity::new(&action).part(1);
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let claim = gate
+        .claim_in(&mut tx, &id, &Mode::new())
+        .await
+        .expect("won");
+    let told = claim.settle().await;
+    assert_eq!(refusal(&told).reason(), "wrong_connection", "{told:?}");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await,
+        None,
+        "no pending claim"
+    );
+    let counted = counted::outcomes(&action);
+    assert!(
+        !counted.iter().any(|(outcome, _)| outcome == "unrecorded"),
+        "a misuse, with no statement sent and no claim left pending, counted as the store \
+         failing to record an outcome: {counted:?}"
+    );
+}
+
+/// The labels of the outcomes a holder is told: NotRecorded is
+/// `not_recorded`, ClaimLost `stale_settle`, a cache hit `already_done`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_labels_match_what_the_holder_was_told() {
+    counted::install();
+    let gate = cached_gate().await;
+    let action = testing::unique_name("rt_h_labels");
+    let resolved = Identity::new(&action).part("resolved");
+    let claim = gate.claim(&resolved).await.expect("won");
+    resolve(&gate, &resolved.address(), Resolution::Failed).await;
+    assert_eq!(refusal(&claim.settle().await).reason(), "not_recorded");
+    let released = Identity::new(&action).part("released");
+    let claim = gate.claim(&released).await.expect("won");
+    operations::release_pending(gate.pool(), slot(&gate, &released.address()))
+        .await
+        .expect("released");
+    assert_eq!(
+        refusal(&claim.dispose(Disposition::Keep).await).reason(),
+        "claim_lost"
+    );
+    let again = gate.run(&resolved, async { Ok::<_, Rejected>(()) }).await;
+    assert!(matches!(again, Err(Rejected::AlreadyFailed)), "{again:?}");
+    let again = gate.run(&resolved, async { Ok::<_, Rejected>(()) }).await;
+    assert!(matches!(again, Err(Rejected::AlreadyFailed)), "{again:?}");
+    assert_eq!(
+        counted::outcomes(&action),
+        [
+            ("already_failed".to_owned(), 2),
+            ("not_recorded".to_owned(), 1),
+            ("stale_settle".to_owned(), 1),
+            ("won".to_owned(), 2),
+        ]
+    );
+}
