@@ -1154,3 +1154,136 @@ async fn metric_labels_match_what_the_holder_was_told() {
         ]
     );
 }
+
+// ---------------------------------------------------------------------------
+// Values that cannot be kept.
+// Promise (Gate::run_replayed): "A value that fails to serialize, or that
+// the store refuses ..., never loses the success: the claim is settled
+// without a value, a tracing error says so, and duplicates are refused
+// with AlreadyDone."
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_fails_to_serialize_still_settles_and_duplicates_are_already_done() {
+    use std::collections::HashMap;
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_unserializable").part(1);
+    // serde_json refuses a map whose keys are not strings.
+    let value: HashMap<(i32, i32), i32> = [((1, 2), 3)].into_iter().collect();
+    let first: Result<HashMap<(i32, i32), i32>, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok(value.clone()) })
+        .await;
+    assert_eq!(first.expect("the success is returned"), value);
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+    for g in [gate.clone(), gate.without_cache()] {
+        let again: Result<HashMap<(i32, i32), i32>, Rejected> = g
+            .run_replayed(&id, &Mode::new(), async { Ok(HashMap::new()) })
+            .await;
+        assert!(matches!(again, Err(Rejected::AlreadyDone)), "{again:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_the_store_refuses_still_settles_and_cached_duplicates_are_already_done() {
+    let gate = cached_gate().await;
+    let account = gate.account_name().to_owned();
+    let trigger = rows::RowTrigger::install(
+        gate.pool(),
+        &testing::unique_name("rt_refuse_value"),
+        "BEFORE UPDATE",
+        &format!(
+            "IF NEW.account = '{account}' AND NEW.output_json IS NOT NULL THEN \
+             RAISE EXCEPTION 'no values here' USING ERRCODE = '22023'; END IF; RETURN NEW;"
+        ),
+    )
+    .await;
+    let id = Identity::new("rt_h_refused_value").part(1);
+    let first: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("big".to_owned()) })
+        .await;
+    trigger.remove(gate.pool()).await;
+    assert_eq!(first.expect("the success is returned"), "big");
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("success")
+    );
+    for g in [gate.clone(), gate.without_cache(), gate.clone()] {
+        let again: Result<String, Rejected> = g
+            .run_replayed(&id, &Mode::new(), async { Ok("again".to_owned()) })
+            .await;
+        assert!(matches!(again, Err(Rejected::AlreadyDone)), "{again:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A failure kept or held in doubt outlives its lease.
+// Promise (README): Keep: "refused AlreadyFailed: do not retry"; InDoubt:
+// "held: in_doubt, until an operator or a reconciler resolves it"; (mode)
+// "never a second run of a kept or doubtful one".
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kept_or_doubtful_failure_is_never_taken_over_when_its_lease_would_have_run_out() {
+    let gate = testing::gate().await;
+    let short = Mode::new().lease(Duration::from_millis(100));
+    for (part, disposition, expected) in [
+        ("keep", Disposition::Keep, "already_failed"),
+        ("in_doubt", Disposition::InDoubt, "in_doubt"),
+    ] {
+        let id = Identity::new("rt_h_disposed_lease").part(part);
+        let claim = gate.claim_with(&id, &short).await.expect("won");
+        claim.dispose(disposition).await.expect("disposed");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let ran = AtomicUsize::new(0);
+        for mode in [
+            short.clone(),
+            short.clone().on_expiry(OnExpiry::InDoubt),
+            Mode::new(),
+        ] {
+            let report = testing::race(16, || async {
+                gate.run_with(&id, &mode, async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Rejected>(())
+                })
+                .await
+            })
+            .await;
+            assert_eq!(report.wins(), 0, "{part}: {report:?}");
+            for rejected in report.refusals() {
+                assert_eq!(rejected.reason(), expected, "{part}");
+            }
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+    }
+}
+
+/// Promise (Claim): "for ... a fail-open run, no slot at all ... Settling or
+/// releasing it does nothing."
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_open_claim_settles_and_disposes_as_nothing() {
+    let proxy = idem_test_support::fault_proxy::Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(2).await)
+        .await
+        .with_cache(cache());
+    proxy.cut().await;
+    let mode = Mode::new().on_unavailable(idem::OnUnavailable::Run);
+    let id = Identity::new("rt_h_fail_open").part(1);
+    for n in 0..3 {
+        let claim = gate.claim_with(&id, &mode).await.expect("fails open");
+        assert!(!claim.is_gated());
+        let done = match n {
+            0 => claim.settle().await,
+            1 => claim.release().await,
+            _ => claim.dispose(Disposition::InDoubt).await,
+        };
+        assert!(done.is_ok(), "{done:?}");
+    }
+    let refused = gate.claim(&id).await;
+    assert!(
+        matches!(&refused, Err(rejected) if rejected.is_outage()),
+        "without failing open the gate fails closed: {refused:?}"
+    );
+}
