@@ -1287,3 +1287,110 @@ async fn a_fail_open_claim_settles_and_disposes_as_nothing() {
         "without failing open the gate fails closed: {refused:?}"
     );
 }
+
+// ---------------------------------------------------------------------------
+// The holder and an operator at the same instant.
+// Promise (operations::resolve_as): "exactly once, however many resolvers
+// race ... a racing resolver, or the original holder's late settle, waits
+// for the lock and then finds the claim resolved"; (NotRecorded) "Every
+// duplicate is told what the slot records ..., never this holder's outcome".
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_and_a_resolver_at_a_barrier_tell_one_story_to_holder_operator_and_replays() {
+    let gate = cached_gate().await;
+    for round in 0..16 {
+        let id = Identity::new("rt_h_settle_vs_resolve").part(round);
+        let address = id.address();
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let holder = {
+            let (gate, id, barrier) = (gate.clone(), id.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                gate.run_replayed(&id, &Mode::new(), async {
+                    barrier.wait().await;
+                    Ok::<_, Rejected>("mine".to_owned())
+                })
+                .await
+            })
+        };
+        // The claim is made (the body waits at the barrier) before the
+        // resolver goes.
+        while rows::row_state(&gate, &address).await.is_none() {
+            tokio::task::yield_now().await;
+        }
+        barrier.wait().await;
+        let resolved = operations::resolve_as(
+            gate.pool(),
+            slot(&gate, &address),
+            Resolution::Succeeded {
+                output_json: Some(r#""probe""#),
+            },
+            Resolver {
+                reason: "red team",
+                expected_fence: None,
+            },
+        )
+        .await
+        .expect("resolve");
+        let told = holder.await.expect("holder");
+        let recorded = match (&told, &resolved) {
+            (Ok(value), Resolved::NotResolvable(_)) => value.clone(),
+            (Err(rejected), Resolved::Changed { .. }) if rejected.reason() == "not_recorded" => {
+                "probe".to_owned()
+            }
+            other => panic!("round {round}: two stories: {other:?}"),
+        };
+        for replay in [gate.clone(), gate.without_cache()] {
+            let again: Result<String, Rejected> = replay
+                .run_replayed(&id, &Mode::new(), async { Ok("dup".to_owned()) })
+                .await;
+            assert_eq!(
+                again.map_err(|e| e.reason()),
+                Ok(recorded.clone()),
+                "round {round}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holders_keep_and_a_resolvers_success_at_a_barrier_tell_one_story() {
+    let gate = cached_gate().await;
+    for round in 0..16 {
+        let id = Identity::new("rt_h_keep_vs_resolve").part(round);
+        let address = id.address();
+        let claim = gate.claim(&id).await.expect("won");
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let holder = {
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                claim.dispose(Disposition::Keep).await
+            })
+        };
+        barrier.wait().await;
+        let resolved = operations::resolve_as(
+            gate.pool(),
+            slot(&gate, &address),
+            Resolution::Succeeded { output_json: None },
+            Resolver {
+                reason: "red team",
+                expected_fence: None,
+            },
+        )
+        .await
+        .expect("resolve");
+        let told = holder.await.expect("holder");
+        let expected = match (&told, &resolved) {
+            (Ok(()), Resolved::NotResolvable(_)) => "already_failed",
+            (Err(rejected), Resolved::Changed { .. }) if rejected.reason() == "not_recorded" => {
+                "already_done"
+            }
+            other => panic!("round {round}: two stories: {other:?}"),
+        };
+        for g in [gate.clone(), gate.without_cache(), gate.clone()] {
+            let again = g.run(&id, async { Ok::<_, Rejected>(()) }).await;
+            assert_eq!(refusal(&again).reason(), expected, "round {round}");
+        }
+    }
+}
