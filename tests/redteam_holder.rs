@@ -1394,3 +1394,52 @@ async fn a_holders_keep_and_a_resolvers_success_at_a_barrier_tell_one_story() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Promise (OutcomeCommit::Async): "Ignored (the outcome commits durably)
+// ... inside the caller's transaction, whose whole commit it would
+// otherwise make asynchronous."
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_outcome_recorded_inside_the_callers_transaction_leaves_its_commit_durable() {
+    let gate = testing::gate().await;
+    let mode = Mode::new().outcome_commit(idem::OutcomeCommit::Async);
+    type Finish = for<'c> fn(
+        idem::Claim,
+        &'c mut idem::sqlx::PgConnection,
+    ) -> futures_util::future::BoxFuture<'c, Result<(), Rejected>>;
+    let finishes: [(&str, Finish); 3] = [
+        ("settle_in", |claim, conn| Box::pin(claim.settle_in(conn))),
+        ("release_in", |claim, conn| Box::pin(claim.release_in(conn))),
+        ("dispose_in", |claim, conn| {
+            Box::pin(claim.dispose_in(conn, Disposition::Keep))
+        }),
+    ];
+    for (method, finish) in finishes {
+        for in_tx in [false, true] {
+            let id = Identity::new("rt_h_async_in_tx").part(method).part(in_tx);
+            let mut tx = gate.pool().begin().await.expect("begin");
+            let claim = if in_tx {
+                gate.claim_in(&mut tx, &id, &mode)
+                    .await
+                    .expect("won in the tx")
+            } else {
+                gate.claim_with(&id, &mode).await.expect("won on the pool")
+            };
+            finish(claim, &mut tx).await.expect("recorded in the tx");
+            let setting: String = idem::sqlx::query_scalar("SHOW synchronous_commit")
+                .fetch_one(&mut *tx)
+                .await
+                .expect("show");
+            tx.rollback().await.expect("rollback");
+            assert_eq!(
+                setting,
+                "on",
+                "Claim::{method} (claim made {}) turned the caller's whole transaction \
+                 asynchronous",
+                if in_tx { "in the tx" } else { "on the pool" }
+            );
+        }
+    }
+}
