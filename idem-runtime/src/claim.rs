@@ -584,8 +584,16 @@ impl Held {
         outcome: Recording<'_>,
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let (scope, address, fence, commit) =
-            (self.slots.scope(), &*self.address, self.fence, self.commit);
+        let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
+        // A claim made on the pool may record its outcome inside the
+        // caller's transaction (`settle_in`): there `synchronous_commit =
+        // off` would hold for the caller's whole commit, so it commits
+        // durably, as OutcomeCommit::Async promises.
+        let commit = if via.in_transaction() {
+            Commit::Durable
+        } else {
+            self.commit
+        };
         repeat_recording!(via, |conn| match outcome {
             Recording::Success { output } => {
                 store::settle(&mut *conn, scope, address, fence, output, commit).await
