@@ -1443,3 +1443,150 @@ async fn an_async_outcome_recorded_inside_the_callers_transaction_leaves_its_com
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Collisions from the cache; events of a cached replay; lost release and
+// extend replies.
+// ---------------------------------------------------------------------------
+
+/// Promise (cache.rs): "a different identity at the same address is a
+/// Collision" from the cache as from the store; (holder) a failure or a
+/// success over a slot a colliding identity holds changes nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_colliding_identity_is_refused_from_store_and_cache_and_a_holder_never_writes_over_it() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_collide").part(1);
+    let other = Identity::new("rt_h_collide_other").part(2);
+    rows::plant_row(&gate, &id.address(), "success", other.canonical()).await;
+    let ran = AtomicUsize::new(0);
+    for _ in 0..2 {
+        let report = testing::race(16, || async {
+            gate.run_replayed(&id, &Mode::new(), async {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Rejected>("x".to_owned())
+            })
+            .await
+        })
+        .await;
+        for rejected in report.refusals() {
+            assert!(
+                matches!(rejected, Rejected::Collision { .. }),
+                "{rejected:?}"
+            );
+        }
+        assert_eq!(report.refused(), 16);
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+
+    // A holder whose row was replaced by a colliding identity's pending claim.
+    let held = Identity::new("rt_h_collide_held").part(1);
+    for (part, finish) in [("settle", 0), ("keep", 1), ("release", 2)] {
+        let id = held.clone().part(part);
+        let claim = gate.claim(&id).await.expect("won");
+        rows::delete_row(&gate, &id.address()).await;
+        rows::plant_row(&gate, &id.address(), "pending", other.canonical()).await;
+        let told = match finish {
+            0 => claim.settle().await,
+            1 => claim.dispose(Disposition::Keep).await,
+            _ => claim.release().await,
+        };
+        if part != "release" {
+            assert_eq!(refusal(&told).reason(), "claim_lost", "{part}: {told:?}");
+        }
+        assert_eq!(
+            rows::row_state(&gate, &id.address()).await.as_deref(),
+            Some("pending"),
+            "{part}: the colliding claim is left as it was"
+        );
+    }
+}
+
+/// Promise (cache.rs): "A hit reports the same GateEvent a refusal from the
+/// store does".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_replay_and_kept_failure_report_the_events_the_store_does() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_events").part(1);
+    let _: String = gate
+        .run_replayed(&id, &Mode::new(), async {
+            Ok::<_, Rejected>("v".to_owned())
+        })
+        .await
+        .expect("runs");
+    let replay = |g: Gate| {
+        let id = id.clone();
+        async move {
+            testing::observe(async move {
+                let r: Result<String, Rejected> = g
+                    .run_replayed(&id, &Mode::new(), async { Ok("w".to_owned()) })
+                    .await;
+                r
+            })
+            .await
+        }
+    };
+    let (from_store, store_events) = replay(gate.without_cache()).await;
+    let (from_cache, cache_events) = replay(gate.clone()).await;
+    assert_eq!(from_store.expect("replayed"), "v");
+    assert_eq!(from_cache.expect("replayed"), "v");
+    assert_eq!(format!("{store_events:?}"), format!("{cache_events:?}"));
+
+    let kept = Identity::new("rt_h_events").part(2);
+    gate.claim(&kept)
+        .await
+        .expect("won")
+        .dispose(Disposition::Keep)
+        .await
+        .expect("kept");
+    let (a, store_events) = testing::observe(
+        gate.without_cache()
+            .run(&kept, async { Ok::<_, Rejected>(()) }),
+    )
+    .await;
+    let (b, cache_events) =
+        testing::observe(gate.run(&kept, async { Ok::<_, Rejected>(()) })).await;
+    assert!(matches!(a, Err(Rejected::AlreadyFailed)), "{a:?}");
+    assert!(matches!(b, Err(Rejected::AlreadyFailed)), "{b:?}");
+    assert_eq!(format!("{store_events:?}"), format!("{cache_events:?}"));
+}
+
+/// Promise (Claim::release): "A claim that is gone already (released ... by
+/// an earlier attempt of this release whose reply was lost) counts as
+/// released"; (Claim::extend) renewed, a repeat changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_or_extend_whose_reply_was_lost_is_still_its_own() {
+    use idem_test_support::fault_proxy::{Proxy, Statement};
+    let proxy = Proxy::start().await;
+    let pool = idem::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(proxy.options().statement_cache_capacity(0))
+        .await
+        .expect("connect through the proxy");
+    let gate = testing::gate_on(pool).await.with_cache(cache());
+    let id = Identity::new("rt_h_lost_release").part(1);
+    let claim = gate
+        .claim_with(&id, &Mode::new().lease(Duration::from_secs(30)))
+        .await
+        .expect("won");
+    assert!(proxy.lose_next_reply(Statement::Extend));
+    let extended = claim.extend(Duration::from_secs(60)).await;
+    assert_eq!(
+        proxy.take_lost_replies().len(),
+        1,
+        "the extend's reply was lost"
+    );
+    assert!(extended.is_ok(), "{extended:?}");
+    assert!(proxy.lose_next_reply(Statement::Release));
+    let (released, events) = testing::observe(claim.release()).await;
+    assert_eq!(
+        proxy.take_lost_replies().len(),
+        1,
+        "the release's reply was lost"
+    );
+    assert!(released.is_ok(), "{released:?}");
+    assert!(matches!(events[..], [GateEvent::Released]), "{events:?}");
+    let ran = AtomicUsize::new(0);
+    run_counted(&gate, &id, &ran).await.expect("a retry runs");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
