@@ -1590,3 +1590,69 @@ async fn a_release_or_extend_whose_reply_was_lost_is_still_its_own() {
     run_counted(&gate, &id, &ran).await.expect("a retry runs");
     assert_eq!(ran.load(Ordering::SeqCst), 1);
 }
+
+// ---------------------------------------------------------------------------
+// Promise (Mode::wait): "A duplicate that finds the slot in flight waits up
+// to `wait` for it to resolve ..., then returns the outcome: the stored
+// value (with replay), AlreadyDone, or it runs if the holder failed."
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_duplicates_get_each_disposition_of_the_holder() {
+    let gate = cached_gate().await;
+    for (part, disposition, expected) in [
+        ("keep", Some(Disposition::Keep), "already_failed"),
+        ("in_doubt", Some(Disposition::InDoubt), "in_doubt"),
+        ("release", Some(Disposition::Release), "ran"),
+        ("operator_release", None, "ran"),
+    ] {
+        let id = Identity::new("rt_h_wait_disposed").part(part);
+        let claim = gate.claim(&id).await.expect("won");
+        let ran = Arc::new(AtomicUsize::new(0));
+        let waiters: Vec<_> = (0..16)
+            .map(|_| {
+                let (gate, id, ran) = (gate.clone(), id.clone(), Arc::clone(&ran));
+                tokio::spawn(async move {
+                    gate.run_with(
+                        &id,
+                        &Mode::new().wait(Duration::from_secs(10)),
+                        async move {
+                            ran.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, Rejected>(())
+                        },
+                    )
+                    .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match disposition {
+            Some(d) => claim.dispose(d).await.expect("disposed"),
+            None => {
+                operations::release_pending(gate.pool(), slot(&gate, &id.address()))
+                    .await
+                    .expect("released");
+                drop(claim);
+            }
+        }
+        let mut told = Vec::new();
+        for waiter in waiters {
+            told.push(waiter.await.expect("waiter").map_err(|e| e.reason()));
+        }
+        if expected == "ran" {
+            assert_eq!(
+                ran.load(Ordering::SeqCst),
+                1,
+                "{part}: one waiter runs: {told:?}"
+            );
+            assert_eq!(
+                told.iter().filter(|t| t.is_ok()).count(),
+                1,
+                "{part}: {told:?}"
+            );
+        } else {
+            assert_eq!(ran.load(Ordering::SeqCst), 0, "{part}");
+            assert!(told.iter().all(|t| *t == Err(expected)), "{part}: {told:?}");
+        }
+    }
+}
