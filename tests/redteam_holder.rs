@@ -1656,3 +1656,109 @@ async fn waiting_duplicates_get_each_disposition_of_the_holder() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Promise (Gate::run): "If the store fails to record the success, the
+// body's Ok value is still returned, the claim stays pending, and a tracing
+// error says so"; (cache) "never a claim pending".
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_the_store_could_not_record_is_returned_stays_pending_and_is_never_cached() {
+    let proxy = Arc::new(idem_test_support::fault_proxy::Proxy::start().await);
+    let shared = cache();
+    let through = testing::gate_on(proxy.pool(2).await)
+        .await
+        .with_cache(shared.clone());
+    let direct = testing::gate()
+        .await
+        .account(through.account_name())
+        .with_cache(shared);
+    let id = Identity::new("rt_h_unrecorded").part(1);
+    let (told, events) = testing::observe(through.run_replayed(&id, &Mode::new(), {
+        let proxy = Arc::clone(&proxy);
+        async move {
+            proxy.cut().await;
+            Ok::<_, Rejected>("charged".to_owned())
+        }
+    }))
+    .await;
+    assert_eq!(told.expect("the body's value is still returned"), "charged");
+    assert!(
+        matches!(events.last(), Some(GateEvent::Unrecorded(r)) if r.is_outage()),
+        "{events:?}"
+    );
+    assert_eq!(
+        rows::row_state(&direct, &id.address()).await.as_deref(),
+        Some("pending")
+    );
+    let again: Result<String, Rejected> = direct
+        .run_replayed(&id, &Mode::new(), async { Ok("again".to_owned()) })
+        .await;
+    assert!(matches!(again, Err(Rejected::InFlight)), "{again:?}");
+}
+
+/// An error of the body's own, with a disposition.
+#[derive(Debug)]
+enum BodyError {
+    Rejected(Rejected),
+    Declined,
+}
+
+impl From<Rejected> for BodyError {
+    fn from(rejected: Rejected) -> Self {
+        BodyError::Rejected(rejected)
+    }
+}
+
+impl idem::Disposed for BodyError {
+    fn disposition(&self) -> Disposition {
+        match self {
+            BodyError::Declined => Disposition::Keep,
+            BodyError::Rejected(_) => Disposition::Release,
+        }
+    }
+}
+
+/// Promise (Gate::run): "If somebody else recorded the claim's outcome
+/// meanwhile (a reconciler or an operator resolved it ...), the call
+/// returns NotRecorded: the slot keeps that outcome, and every duplicate is
+/// told it, not this body's value." Here the body's value is an `Err` it
+/// keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disposed_run_whose_claim_was_resolved_meanwhile_returns_not_recorded() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_disposed_resolved").part(1);
+    let (started, resolved) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let holder = {
+        let (gate, id, started, resolved) = (
+            gate.clone(),
+            id.clone(),
+            Arc::clone(&started),
+            Arc::clone(&resolved),
+        );
+        tokio::spawn(async move {
+            gate.run_disposed(&id, &Mode::new(), async {
+                started.notify_one();
+                resolved.notified().await;
+                Err::<(), _>(BodyError::Declined)
+            })
+            .await
+        })
+    };
+    started.notified().await;
+    resolve(
+        &gate,
+        &id.address(),
+        Resolution::Succeeded { output_json: None },
+    )
+    .await;
+    resolved.notify_one();
+    let told = holder.await.expect("holder");
+    assert!(
+        matches!(&told, Err(BodyError::Rejected(r)) if r.reason() == "not_recorded"),
+        "the caller must hear its kept failure was not recorded: {told:?}"
+    );
+    let again = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
+    assert!(matches!(again, Err(Rejected::AlreadyDone)), "{again:?}");
+}
