@@ -1762,3 +1762,62 @@ async fn a_disposed_run_whose_claim_was_resolved_meanwhile_returns_not_recorded(
     let again = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
     assert!(matches!(again, Err(Rejected::AlreadyDone)), "{again:?}");
 }
+
+// ---------------------------------------------------------------------------
+// Odd cache options.
+// Promise (OutcomeCacheBuilder::max_entries): "Holds at most `entries`
+// outcomes (0: none at all)"; (ttl) "Forgets each entry `ttl` after it was
+// learned".
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_of_zero_entries_or_zero_ttl_holds_nothing() {
+    for (name, cache) in [
+        (
+            "max_entries(0)",
+            OutcomeCache::builder().max_entries(0).build(),
+        ),
+        (
+            "ttl(0)",
+            OutcomeCache::builder().ttl(Duration::ZERO).build(),
+        ),
+    ] {
+        let gate = testing::gate().await.with_cache(cache.clone());
+        let id = Identity::new("rt_h_zero_cache").part(name);
+        let ran = AtomicUsize::new(0);
+        run_counted(&gate, &id, &ran).await.expect("runs");
+        let again = run_counted(&gate, &id, &ran).await;
+        assert!(matches!(again, Err(Rejected::AlreadyDone)), "{again:?}");
+        // Pruned: a gate whose cache holds nothing runs it again at once.
+        rows::delete_row(&gate, &id.address()).await;
+        run_counted(&gate, &id, &ran)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: answered from a cache that holds nothing: {e:?}"));
+        assert_eq!(ran.load(Ordering::SeqCst), 2, "{name}");
+    }
+}
+
+/// Promise (cache.rs): "an entry heavier than its shard (a value to replay
+/// of more than about a MiB) is not kept, and its duplicates ask the
+/// store".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_heavier_than_a_shard_is_replayed_from_the_store_and_never_cached() {
+    let gate = testing::gate()
+        .await
+        .with_cache(OutcomeCache::builder().max_bytes(1 << 20).build());
+    let id = Identity::new("rt_h_heavy").part(1);
+    let heavy = "x".repeat(2 << 20);
+    let first: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok(heavy.clone()) })
+        .await;
+    assert_eq!(first.expect("runs").len(), heavy.len());
+    let again: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("y".to_owned()) })
+        .await;
+    assert_eq!(again.expect("replayed from the store").len(), heavy.len());
+    rows::delete_row(&gate, &id.address()).await;
+    let after: Result<String, Rejected> = gate
+        .run_replayed(&id, &Mode::new(), async { Ok("ran again".to_owned()) })
+        .await;
+    assert_eq!(after.map_err(|e| e.reason()), Ok("ran again".to_owned()));
+}
