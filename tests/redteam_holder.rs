@@ -1821,3 +1821,80 @@ async fn a_value_heavier_than_a_shard_is_replayed_from_the_store_and_never_cache
         .await;
     assert_eq!(after.map_err(|e| e.reason()), Ok("ran again".to_owned()));
 }
+
+// ---------------------------------------------------------------------------
+// Promise (Claim::fence): "higher for every later claim or takeover of any
+// slot"; hostile identities are claimed, or refused as the request's error.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fences_rise_with_every_later_claim_or_takeover_and_racers_never_share_one() {
+    let gate = testing::gate().await;
+    let lease = Mode::new().lease(Duration::from_millis(100));
+    let first = gate
+        .claim_with(&Identity::new("rt_h_fence").part("a"), &lease)
+        .await
+        .expect("won");
+    let second = gate
+        .claim(&Identity::new("rt_h_fence").part("b"))
+        .await
+        .expect("won");
+    assert!(second.fence() > first.fence(), "{first:?} {second:?}");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let taken = gate
+        .claim_with(&Identity::new("rt_h_fence").part("a"), &lease)
+        .await
+        .expect("taken over");
+    assert!(taken.fence() > second.fence(), "{second:?} {taken:?}");
+    let n = AtomicUsize::new(0);
+    let report = testing::race(16, || async {
+        let part = n.fetch_add(1, Ordering::SeqCst);
+        gate.claim(&Identity::new("rt_h_fence_race").part(part as u64))
+            .await
+            .map(|claim| claim.fence())
+    })
+    .await;
+    let mut raced: Vec<i64> = report
+        .invocations
+        .iter()
+        .map(|i| match &i.outcome {
+            Ok(Ok(Some(fence))) => *fence,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    raced.sort_unstable();
+    raced.dedup();
+    assert_eq!(raced.len(), 16, "16 racers, 16 fences: {raced:?}");
+    let mut fences = Vec::new();
+    for part in 0..16u64 {
+        let claim = gate
+            .claim(&Identity::new("rt_h_fence_seq").part(part))
+            .await
+            .expect("won");
+        fences.push(claim.fence().expect("gated"));
+    }
+    assert!(fences.windows(2).all(|w| w[1] > w[0]), "{fences:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_identities_are_claimed_settled_and_refused_as_duplicates() {
+    let gate = cached_gate().await;
+    let huge = "k".repeat(1 << 20);
+    let ids = [
+        Identity::new("\u{0}\n\r\u{202e}\u{feff}action").part("\u{0}"),
+        Identity::new("rt_h_huge").part(huge.as_str()),
+        Identity::new("").part(""),
+        Identity::new("rt_h_emoji")
+            .part("🦀")
+            .part(-0i64)
+            .part(i64::MIN),
+    ];
+    for id in &ids {
+        let claim = gate.claim(id).await.expect("claimed");
+        claim.settle().await.expect("settled");
+        for g in [gate.clone(), gate.without_cache()] {
+            let again = g.run(id, async { Ok::<_, Rejected>(()) }).await;
+            assert!(matches!(again, Err(Rejected::AlreadyDone)), "{again:?}");
+        }
+    }
+}
