@@ -1898,3 +1898,29 @@ async fn hostile_identities_are_claimed_settled_and_refused_as_duplicates() {
         }
     }
 }
+
+/// Promise (Gate::claim_in): "[`Claim::settle`] and its kin would wait on
+/// the row this open transaction holds, so they fail at once, naming the
+/// method to call"; (Rejected::WrongConnection) "nothing waited". Here the
+/// kin is `settle_in` on another transaction than the claim's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_settled_in_another_transaction_fails_at_once_instead_of_waiting_on_its_own() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_h_other_tx").part(1);
+    let mut mine = gate.pool().begin().await.expect("begin");
+    let claim = gate
+        .claim_in(&mut mine, &id, &Mode::new())
+        .await
+        .expect("won");
+    let mut other = gate.pool().begin().await.expect("begin another");
+    let settled = tokio::time::timeout(Duration::from_secs(3), claim.settle_in(&mut other)).await;
+    drop(other);
+    mine.rollback().await.expect("rollback");
+    let settled = settled.unwrap_or_else(|_| {
+        panic!(
+            "settle_in on another transaction than claim_in's waited on the claim's own \
+             open transaction (it would wait forever)"
+        )
+    });
+    assert!(settled.is_err(), "{settled:?}");
+}
