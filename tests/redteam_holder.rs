@@ -1924,3 +1924,55 @@ async fn a_claim_in_settled_in_another_transaction_fails_at_once_instead_of_wait
     });
     assert!(settled.is_err(), "{settled:?}");
 }
+
+/// Promise (Gate::run): "The body is not polled unless the claim is won. If
+/// it panics, or its future is dropped, the claim stays pending: ...
+/// retries are refused (fail closed)"; (cache) never a claim pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_panicking_or_dropped_body_leaves_the_claim_pending_for_every_cached_duplicate() {
+    let gate = cached_gate().await;
+    let panicked = Identity::new("rt_h_panic").part(1);
+    let task = {
+        let (gate, id) = (gate.clone(), panicked.clone());
+        tokio::spawn(async move {
+            gate.run(&id, async {
+                if id.part_count() > 0 {
+                    panic!("the body panics");
+                }
+                Ok::<_, Rejected>(())
+            })
+            .await
+        })
+    };
+    assert!(task.await.is_err(), "the body panicked");
+    let dropped = Identity::new("rt_h_dropped_future").part(1);
+    let started = Arc::new(Notify::new());
+    let run = {
+        let (gate, id, started) = (gate.clone(), dropped.clone(), Arc::clone(&started));
+        tokio::spawn(async move {
+            gate.run(&id, async {
+                started.notify_one();
+                std::future::pending::<()>().await;
+                Ok::<_, Rejected>(())
+            })
+            .await
+        })
+    };
+    started.notified().await;
+    run.abort();
+    let _ = run.await;
+    for id in [&panicked, &dropped] {
+        let report = testing::race(16, || async {
+            gate.run(id, async { Ok::<_, Rejected>(()) }).await
+        })
+        .await;
+        assert_eq!(report.wins(), 0, "{report:?}");
+        for rejected in report.refusals() {
+            assert!(matches!(rejected, Rejected::InFlight), "{rejected:?}");
+        }
+        assert_eq!(
+            rows::row_state(&gate, &id.address()).await.as_deref(),
+            Some("pending")
+        );
+    }
+}
