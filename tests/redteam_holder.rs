@@ -1976,3 +1976,31 @@ async fn a_panicking_or_dropped_body_leaves_the_claim_pending_for_every_cached_d
         );
     }
 }
+
+/// Promise (Rejected::LeaseLost): "The claim's lease ran out while the body
+/// ran, and another invocation took the claim over"; (ClaimLost) "released
+/// or removed by someone else". The new holder kept a definite failure;
+/// the stale holder's late success is told it lost its lease, and the kept
+/// failure (final: the cache may hold it) is never changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_lost_a_stale_success_after_the_new_holder_kept_a_failure() {
+    let gate = cached_gate().await;
+    let id = Identity::new("rt_h_stale_over_kept").part(1);
+    let mode = Mode::new().lease(Duration::from_millis(150));
+    let stale = gate.claim_with(&id, &mode).await.expect("first");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let current = gate.claim_with(&id, &mode).await.expect("taken over");
+    current.dispose(Disposition::Keep).await.expect("kept");
+    let late = stale.settle().await;
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("failed")
+    );
+    let again = gate.run(&id, async { Ok::<_, Rejected>(()) }).await;
+    assert!(matches!(again, Err(Rejected::AlreadyFailed)), "{again:?}");
+    assert_eq!(
+        refusal(&late).reason(),
+        "lease_lost",
+        "its claim was taken over, not released: {late:?}"
+    );
+}
