@@ -724,7 +724,16 @@ impl Held {
                 Some(row) if row.state == "failed" && row.fence == self.fence => {
                     return Err(self.not_recorded(&row));
                 }
-                Some(row) if row.state == "failed" => return Err(self.claim_lost()),
+                // Kept as a definite failure by a later holder: final, and
+                // never written over. Taken over (our lineage) or claimed
+                // anew after a release, as below.
+                Some(row) if row.state == "failed" => {
+                    return Err(if row.lineage == self.lineage {
+                        self.lease_lost()
+                    } else {
+                        self.claim_lost()
+                    });
+                }
                 // Turned in doubt under our fence (its lease ran out under
                 // `on_expiry = "in_doubt"`, and nobody took it over): our
                 // success is the outcome nobody knew, and once written it is
