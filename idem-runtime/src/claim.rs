@@ -233,7 +233,11 @@ impl Claim {
     ///
     /// As with a release, a store failure leaves the row `pending` (fail
     /// closed), and a claim taken over meanwhile is left to its new holder
-    /// ([`Rejected::LeaseLost`]).
+    /// ([`Rejected::LeaseLost`]). A [`Keep`] or an [`InDoubt`] of a claim
+    /// that somebody released or removed meanwhile (an operator's `idem
+    /// claims release`) holds nothing: the slot is free and a retry runs,
+    /// so the error is [`Rejected::ClaimLost`] (or `LeaseLost`, once the
+    /// lease ran out).
     ///
     /// A claim under the claim's fence that somebody else recorded
     /// meanwhile (a reconciler or an operator resolved it, its lease ran
@@ -560,7 +564,17 @@ impl Held {
                 self.remember(written, via);
                 Ok(())
             }
-            Ok(false) => self.no_longer_ours(outcome, via).await,
+            Ok(false) => {
+                let found = self.no_longer_ours(outcome, via).await;
+                // `Ok` here is this holder's own outcome after all (an
+                // earlier attempt whose reply was lost, a late success over
+                // a claim turned in doubt): a final fact the cache may hold,
+                // as after a first attempt that matched.
+                if found.is_ok() {
+                    self.remember(written, via);
+                }
+                found
+            }
             Err(error) => Err(Rejected::from_store(error)),
         }
     }
@@ -592,8 +606,16 @@ impl Held {
         outcome: Recording<'_>,
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let (scope, address, fence, commit) =
-            (self.slots.scope(), &*self.address, self.fence, self.commit);
+        let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
+        // A claim made on the pool may record its outcome inside the
+        // caller's transaction (`settle_in`): there `synchronous_commit =
+        // off` would hold for the caller's whole commit, so it commits
+        // durably, as OutcomeCommit::Async promises.
+        let commit = if via.in_transaction() {
+            Commit::Durable
+        } else {
+            self.commit
+        };
         repeat_recording!(via, |conn| match outcome {
             Recording::Success { output } => {
                 store::settle(&mut *conn, scope, address, fence, output, commit).await
@@ -638,15 +660,29 @@ impl Held {
     /// attempt whose reply was lost) or what somebody else wrote over it
     /// (a resolution, an expiry into doubt, an earlier holder's late
     /// success): then this failure was not recorded, and the holder is told
-    /// what is. Gone, or claimed anew, the release happened (by an earlier
-    /// attempt, or by someone else). Taken over: the new holder decides.
+    /// what is. Gone, or claimed anew, a release happened (by an earlier
+    /// attempt, or by someone else); a failure kept or held in doubt did
+    /// not (an earlier attempt of it would have left its row): somebody
+    /// removed the claim, the slot is free to a retry, and the holder must
+    /// not hear that its failure holds the slot. Taken over: the new holder
+    /// decides.
     fn failure_matched_nothing(
         &self,
         disposition: Disposition,
         row: Option<&store::Existing>,
     ) -> Result<(), Rejected> {
+        let releasing = !matches!(disposition, Disposition::Keep | Disposition::InDoubt);
+        let removed = || {
+            if releasing {
+                Ok(())
+            } else if self.lease_ran_out() {
+                Err(self.lease_lost())
+            } else {
+                Err(self.claim_lost())
+            }
+        };
         let Some(row) = row.filter(|row| row.identity == self.identity.canonical()) else {
-            return Ok(());
+            return removed();
         };
         if row.fence == self.fence {
             let own = row.written_by_its_holder()
@@ -664,7 +700,7 @@ impl Held {
         if row.lineage == self.lineage {
             return Err(self.lease_lost());
         }
-        Ok(())
+        removed()
     }
 
     /// The holder's outcome was not recorded, because `row`, still under
@@ -710,7 +746,16 @@ impl Held {
                 Some(row) if row.state == "failed" && row.fence == self.fence => {
                     return Err(self.not_recorded(&row));
                 }
-                Some(row) if row.state == "failed" => return Err(self.claim_lost()),
+                // Kept as a definite failure by a later holder: final, and
+                // never written over. Taken over (our lineage) or claimed
+                // anew after a release, as below.
+                Some(row) if row.state == "failed" => {
+                    return Err(if row.lineage == self.lineage {
+                        self.lease_lost()
+                    } else {
+                        self.claim_lost()
+                    });
+                }
                 // Turned in doubt under our fence (its lease ran out under
                 // `on_expiry = "in_doubt"`, and nobody took it over): our
                 // success is the outcome nobody knew, and once written it is
