@@ -564,6 +564,36 @@ impl Held {
                 self.remember(written, via);
                 Ok(())
             }
+            // A claim made inside the caller's transaction is that
+            // transaction's uncommitted row: nobody else can see it, take it
+            // over or release it, so no row under our fence means this is
+            // another connection. Looking further would write a late
+            // success into what looks like a vacant slot, and wait forever
+            // on the row the claim's own open transaction holds.
+            Ok(false) if self.in_transaction => {
+                let misused = Rejected::WrongConnection {
+                    called: match outcome {
+                        Recording::Success { .. } => {
+                            "settle_in (on another connection than the claim's transaction)"
+                        }
+                        Recording::Failure(Disposition::Release) => {
+                            "release_in (on another connection than the claim's transaction)"
+                        }
+                        Recording::Failure(_) => {
+                            "dispose_in (on another connection than the claim's transaction)"
+                        }
+                    },
+                    instead: "the same method with the transaction given to Gate::claim_in",
+                };
+                self.event(
+                    tracing::Level::ERROR,
+                    "the outcome of a claim made inside a transaction was recorded on another \
+                     connection; nothing was recorded",
+                    Some(&misused),
+                );
+                observe::record(GateEvent::Unrecorded(misused.clone()));
+                Err(misused)
+            }
             Ok(false) => {
                 let found = self.no_longer_ours(outcome, via).await;
                 // `Ok` here is this holder's own outcome after all (an
