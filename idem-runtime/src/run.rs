@@ -163,9 +163,21 @@ impl<R> OutcomeOf<R> {
             Wanted::Failure(disposition) => {
                 // The body's error is what its caller needs; a failure that
                 // could not be recorded is reported by tracing and leaves the
-                // slot pending.
-                let _recorded = claim.dispose_via(disposition, via).await;
-                return output;
+                // slot pending. But a failure meant to hold the slot (kept,
+                // or in doubt) over an outcome somebody else recorded would
+                // tell this caller one story and every duplicate another:
+                // the caller hears what the slot records. A release there
+                // claimed nothing happened, which the recorded outcome does
+                // not contradict: the body's error stands.
+                let recorded = claim.dispose_via(disposition, via).await;
+                return match recorded {
+                    Err(not_recorded @ Rejected::NotRecorded { .. })
+                        if matches!(disposition, Disposition::Keep | Disposition::InDoubt) =>
+                    {
+                        (self.rejected)(not_recorded)
+                    }
+                    _ => output,
+                };
             }
             Wanted::Success(json) => json,
         };
