@@ -131,17 +131,22 @@ pub enum Rejected {
     )]
     KeyReused,
 
-    /// The claim's lease ran out while the body ran, and another invocation
-    /// took the claim over (with a higher fencing token), so it may run, or
-    /// have run, the action too. A success of this holder is still recorded
-    /// (a success that happened is never forgotten: the slot is settled
-    /// unless it already was); a failure changes nothing, the new holder
-    /// decides. Check the side effect before acting on this outcome.
+    /// The claim's lease ran out while the body ran, and the claim is no
+    /// longer this holder's: another invocation took it over (with a higher
+    /// fencing token), so it may run, or have run, the action too; or,
+    /// once the lease had run out, it was released or removed (by the
+    /// holder that took it over, or by an operator: once the row is gone,
+    /// the two cannot be told apart). A success of this holder is still
+    /// recorded (a success that happened is never forgotten: the slot is
+    /// settled unless it already records an outcome, a success or a failure
+    /// kept for good); a failure changes nothing, the new holder decides.
+    /// Check the side effect before acting on this outcome.
     #[error(
-        "the lease on {address} ran out while the body ran and another invocation took the \
-         claim over, so the action may have run twice: check the side effect before acting on \
-         this outcome (a success is still recorded; a failure is left to the new holder); \
-         renew long leases with Claim::extend"
+        "the lease on {address} ran out while the body ran and the claim is no longer this \
+         invocation's (taken over by another, or released once the lease had run out), so \
+         the action may have run twice: check the side effect before acting on this outcome \
+         (a success is still recorded unless the slot records an outcome already; a failure \
+         is left to the new holder); renew long leases with Claim::extend"
     )]
     LeaseLost {
         /// The address of the lost claim.
@@ -152,7 +157,9 @@ pub enum Rejected {
     /// (an operator's `idem claims release`, say), and the slot may have
     /// been claimed anew, so the action may have run twice. A success of
     /// this holder is still recorded (the slot is settled unless it already
-    /// was); a failure changes nothing.
+    /// records an outcome, a success or a failure kept for good); a failure
+    /// changes nothing. A claim whose lease had run out when it was removed
+    /// is told [`LeaseLost`](Rejected::LeaseLost) instead.
     #[error(
         "the claim on {address} was released or removed by someone else while the body ran, \
          so another invocation may have run the action too: check the side effect before \
