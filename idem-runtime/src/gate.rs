@@ -273,8 +273,8 @@ impl Gate {
     /// or an operator resolved it, an earlier holder's late success settled
     /// it), the call returns [`Rejected::NotRecorded`]: the slot keeps that
     /// outcome, and every duplicate is told it, not this body's value. So
-    /// does an `Err` that was to hold the slot ([`Disposition::Keep`] or
-    /// [`Disposition::InDoubt`], with [`run_disposed`](Gate::run_disposed));
+    /// does an `Err` that was to hold the slot ([`Disposition::Keep`](crate::Disposition::Keep) or
+    /// [`Disposition::InDoubt`](crate::Disposition::InDoubt), with [`run_disposed`](Gate::run_disposed));
     /// an `Err` that releases it said nothing happened, and is returned as
     /// it is.
     pub async fn run<T, E, F>(&self, identity: &Identity, body: F) -> Result<T, E>
