@@ -433,6 +433,58 @@ async fn gate_run_detached_dropped_mid_body_runs_to_completion() {
 }
 
 #[tokio::test]
+async fn gate_run_detached_renews_its_lease_while_its_dropped_callers_body_runs() {
+    // A lease shorter than the body: nothing but the detached run itself
+    // keeps the claim alive once its caller left, and a retry after the
+    // lease's first term (within the bound) must not take it over.
+    use idem::{Identity, Mode, Rejected};
+
+    let (gate, account) = gate().await;
+    let detached = idem::Detached::new();
+    let mode = Mode::new().lease(Duration::from_millis(200));
+    let effects = Effects::default();
+    let id = Identity::new("charge").part("ord_lease");
+    let body = |effects: Effects| async move {
+        let n = effects.start();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        effects.finish();
+        Ok::<_, Rejected>(n)
+    };
+
+    let caller = {
+        let (gate, id, detached, effects, mode) = (
+            gate.clone(),
+            id.clone(),
+            detached.clone(),
+            effects.clone(),
+            mode.clone(),
+        );
+        tokio::spawn(async move {
+            gate.run_detached(&id, &mode, &detached, body(effects))
+                .await
+        })
+    };
+    effects.began().await;
+    caller.abort();
+    assert!(caller.await.is_err_and(|error| error.is_cancelled()));
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retry = gate
+        .run_detached(&id, &mode, &detached, body(effects.clone()))
+        .await;
+    assert!(
+        matches!(retry, Err(Rejected::InFlight)),
+        "the retry took the live body's claim over: {retry:?}"
+    );
+    assert_eq!(effects.started(), 1, "the retry ran the body again");
+
+    let pool = idem::testing::pool().await;
+    let row = settled_row(&pool, &account).await;
+    assert_eq!(row.0, "success", "the body settled its own claim ({row:?})");
+    assert_eq!((effects.started(), effects.finished()), (1, 1));
+}
+
+#[tokio::test]
 async fn gate_run_dropped_mid_body_strands_its_claim_as_documented() {
     // The contrast `run_detached` is for: the plain run's body is
     // cancelled with its caller's future and the claim stays pending.

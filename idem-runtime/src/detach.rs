@@ -18,6 +18,8 @@
 //! up to a grace period, then stops the rest and holds their claims in
 //! doubt ([`AT_SHUTDOWN`]). A body that panics holds its claim in doubt
 //! ([`PANICKED`]) and the panic is resumed in its caller, if still there.
+//! A leased claim is renewed while its body runs: the bound, not the
+//! lease, limits how long a detached body runs.
 
 use std::any::Any;
 use std::future::Future;
@@ -51,6 +53,16 @@ pub const PANICKED: &str = "body_panicked";
 /// The bodies run detached from their callers, and how long one may run on
 /// after its caller left: a handle to share (cloning it is cheap), and to
 /// await at shutdown.
+///
+/// A body whose claim has a [lease](crate::Mode::lease) renews it while it
+/// runs (every third of the lease, as [`Claim::extend`] does), so its
+/// bound, not its lease, limits how long it runs: a retry within the bound
+/// is refused [`Rejected::InFlight`], never handed the key of a body still
+/// running. A renewal the store fails (an outage) is tried again at the
+/// next tick; a lease shorter than the outage can still run out, and a
+/// retry then takes the claim over. A renewal that finds the claim taken
+/// over or released stops renewing; the body runs on to its end and its
+/// outcome is recorded as for any claim lost.
 ///
 /// ```no_run
 /// # async fn demo(gate: idem_runtime::Gate) {
@@ -308,6 +320,10 @@ impl<R> Run<R> {
             return Finished::Output(self.outcome.refused(Rejected::InFlight));
         }
         let body = AssertUnwindSafe(body).catch_unwind();
+        // Nobody else keeps a leased claim alive once its caller left: the
+        // run renews it while the body runs, so that a retry within the
+        // bound never takes over a body that is still running.
+        let body = renewing(&claim, self.mode.lease_duration(), body);
         tokio::select! {
             // A body that finishes as it is stopped is recorded as finished.
             biased;
@@ -378,6 +394,50 @@ impl<R> Run<R> {
         let _recorded = claim.hold_in_doubt(reason, via).await;
     }
 }
+
+/// Runs `body`, renewing `claim`'s `lease` (if it has one) meanwhile.
+/// When a renewal finds the claim lost, the body still runs to its end
+/// (it may be mid-effect) and its recording says what became of the claim.
+async fn renewing<T>(claim: &Claim, lease: Option<Duration>, body: impl Future<Output = T>) -> T {
+    let Some(lease) = lease.filter(|_| claim.is_gated()) else {
+        return body.await;
+    };
+    let mut body = std::pin::pin!(body);
+    tokio::select! {
+        biased;
+        output = &mut body => output,
+        () = renew(claim, lease) => body.await,
+    }
+}
+
+/// Renews `claim`'s lease to `lease` every third of it, well before it
+/// runs out; returns only once the claim is lost (taken over or
+/// released). A renewal the store failed (an outage) is tried again at the
+/// next tick: a lease shorter than the outage can still run out.
+async fn renew(claim: &Claim, lease: Duration) {
+    // A period of zero would spin (and `interval` refuses it).
+    let period = (lease / RENEWALS_PER_LEASE).max(Duration::from_millis(1));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match claim.extend(lease).await {
+            Ok(()) => {}
+            Err(Rejected::LeaseLost { .. }) => return,
+            Err(error) => tracing::warn!(
+                target: "idem",
+                address = claim.address(),
+                %error,
+                "a detached body's lease could not be renewed; trying again at the next tick"
+            ),
+        }
+    }
+}
+
+/// How many times a running detached body's lease is renewed within one
+/// lease: a renewal late by up to two periods (a slow store, a busy
+/// runtime) still lands before the lease runs out.
+const RENEWALS_PER_LEASE: u32 = 3;
 
 #[cfg(test)]
 mod tests {

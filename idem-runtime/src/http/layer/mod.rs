@@ -415,6 +415,14 @@ impl<Scope> IdempotencyLayer<Scope> {
     /// duplicate in flight waits for the answer instead of a 409),
     /// [failing open](Mode::on_unavailable). The fingerprint is always the
     /// layer's own.
+    ///
+    /// A guarded call renews its own lease while it runs, even after its
+    /// client left: the [detached bound](IdempotencyLayer::detached), not
+    /// the lease, limits how long it runs, and a retry within the bound is
+    /// answered as a duplicate in flight (a 409, or with a
+    /// [wait](Mode::wait) the first call's answer), never run a second time. The lease takes a claim over only when
+    /// its process died (or the store stayed down longer than the lease,
+    /// so that no renewal landed).
     #[must_use = "`mode` returns the changed layer"]
     pub fn mode(self, mode: Mode) -> IdempotencyLayer<Scope> {
         self.with(|config| config.mode = mode)
