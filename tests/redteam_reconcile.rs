@@ -390,6 +390,57 @@ async fn a_vanished_holders_expired_lease_under_on_expiry_in_doubt_is_found_by_t
     );
 }
 
+/// Under `on_expiry = "take_over"` a claim whose lease ran out is probed
+/// too (the row cannot say which `on_expiry` it was made with), and a retry
+/// that takes it over while the probe runs wins: the takeover raised the
+/// fence, so the reconciler's resolution, made against the fence it saw,
+/// changes nothing, and the new holder settles its own claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_take_over_claim_is_probed_and_a_takeover_meanwhile_wins() {
+    let gate = testing::gate().await;
+    let id = Identity::new("rt_taken").part("ord_1");
+    let mode = Mode::new()
+        .lease(Duration::from_millis(100))
+        .on_expiry(idem::OnExpiry::TakeOver);
+    std::mem::forget(gate.claim_with(&id, &mode).await.expect("won"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::new(tokio::sync::Notify::new());
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("rt_taken", {
+            let (asked, go) = (asked.clone(), go.clone());
+            move |doubt: Doubt| {
+                let (asked, go) = (asked.clone(), go.clone());
+                async move {
+                    assert_eq!(doubt.state, operations::ClaimState::Pending);
+                    assert_eq!(doubt.reason.as_deref(), Some("lease_expired"));
+                    asked.notify_one();
+                    go.notified().await;
+                    Verdict::NotHappened
+                }
+            }
+        });
+    let (_, seen_fence) = state_of(&gate, &id).await.expect("held");
+    let pass = tokio::spawn(async move { reconciler.reconcile_once().await });
+    asked.notified().await;
+    let retry = gate
+        .claim_with(&id, &mode)
+        .await
+        .expect("the retry takes the expired claim over");
+    go.notify_one();
+    let pass = pass.await.expect("no panic").expect("a pass");
+    assert_eq!((pass.probed, pass.resolved), (1, 0), "{pass:?}");
+    let (stored, fence) = state_of(&gate, &id).await.expect("held");
+    assert_eq!(stored, "pending");
+    assert!(fence > seen_fence, "the takeover raised the fence: {fence}");
+    retry
+        .settle()
+        .await
+        .expect("the new holder settles its claim");
+    assert_eq!(state(&gate, &id).await.as_deref(), Some("success"));
+}
+
 // ---------------------------------------------------------------------------
 // "The shutdown is watched ... never polled again once it completed" and
 // "a probe under way is cancelled, its claim left held" (Reconciler::run).
@@ -912,7 +963,9 @@ async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
             }
             _ => {
                 assert_eq!(doubt.state, operations::ClaimState::Pending, "{doubt:?}");
-                assert_eq!(doubt.reason, None);
+                // Its lease ran out: it says so, as a claim in doubt by
+                // its lease does (the pending row keeps no reason).
+                assert_eq!(doubt.reason.as_deref(), Some("lease_expired"));
             }
         }
     }

@@ -220,7 +220,11 @@ pub struct ListArgs {
     pub table: TableArgs,
     #[command(flatten)]
     pub scope: ScopeArgs,
-    /// Only claims in this state.
+    /// Only claims in this state. A holder that vanished under
+    /// `on_expiry = "in_doubt"` leaves its claim `pending`, its lease run
+    /// out, until a retry turns it `in_doubt`: find those with `--state
+    /// pending --older-than` the lease (`claims show` prints
+    /// `lease_expires_at`).
     #[arg(long, value_enum)]
     pub state: Option<StateArg>,
     /// Only claims older than this, e.g. 10m, 2h, 3days: claims in doubt

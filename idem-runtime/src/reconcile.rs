@@ -1,12 +1,17 @@
 //! Establishing outcomes nobody knows: the application's probes, run over
-//! claims in doubt (and, if asked, over pending claims old enough that their
-//! holder is presumed gone).
+//! claims in doubt, pending claims whose lease ran out (their holder is
+//! presumed gone), and, if asked, pending claims without a lease old
+//! enough that their holder is presumed gone too.
 //!
 //! A body that cannot tell whether its effect happened (a payment call that
 //! timed out) returns an error of [`Disposition::InDoubt`]; a lease that
 //! runs out under [`OnExpiry::InDoubt`] does the same for a holder that
 //! vanished. Either way the slot is held and duplicates are refused, never
-//! run. A [`Reconciler`] finds those claims, asks the probe registered for
+//! run. (The row of a holder that vanished stays `pending`, its lease run
+//! out, until a retry looks and turns it `in_doubt`: the row does not
+//! record `on_expiry`. The reconciler lists such pending claims as they
+//! are, so it need not wait for a retry.) A [`Reconciler`] finds those
+//! claims, asks the probe registered for
 //! their action what really happened (the payment provider, by a reference
 //! derived from the key), and resolves each as the probe says: settled (with
 //! the value to replay), kept failed, or released for a retry.
@@ -43,7 +48,7 @@ use crate::measure;
 use crate::metrics::MetricsOptions;
 use crate::store::operations::{
     self, ClaimRow, ClaimState, NamespaceFilter, ReconcileCursor, ReconcileFilter, Resolution,
-    Resolved, Resolver, ScopeFilter,
+    Resolved, Resolver, ScopeFilter, ToReconcile,
 };
 
 /// A claim whose outcome is not known, as a probe sees it.
@@ -62,12 +67,15 @@ pub struct Doubt {
     /// The fencing token it was claimed (or taken over) with: what a
     /// downstream system that checks fences saw.
     pub fence: i64,
-    /// [`ClaimState::InDoubt`], or [`ClaimState::Pending`] for a claim older
-    /// than [`Reconciler::pending_older_than`].
+    /// [`ClaimState::InDoubt`], or [`ClaimState::Pending`] for a claim whose
+    /// lease ran out or (without a lease) one older than
+    /// [`Reconciler::pending_older_than`].
     pub state: ClaimState,
     /// How it got there: `body_in_doubt` (its body said so),
-    /// `lease_expired` (its holder vanished under `on_expiry = "in_doubt"`);
-    /// `None` for a pending claim.
+    /// `lease_expired` (its lease ran out: its holder vanished; in doubt
+    /// under `on_expiry = "in_doubt"`, or still pending, whatever its
+    /// `on_expiry`, until a retry looks); `None` for a pending claim
+    /// without a lease.
     pub reason: Option<String>,
     /// When it was claimed, by the database's clock.
     pub claimed_at: SystemTime,
@@ -152,6 +160,20 @@ type Probe = Arc<dyn Fn(Doubt) -> Pin<Box<dyn Future<Output = Verdict> + Send>> 
 /// runs in a task of its own, under [`probe_timeout`](Reconciler::probe_timeout):
 /// a panic or a probe that never answers counts as unknown, and holds up
 /// neither the other claims nor the shutdown.
+///
+/// A pending claim whose lease ran out is listed as soon as it ran out,
+/// whatever [`pending_older_than`](Reconciler::pending_older_than) says:
+/// its holder is presumed gone by the lease's own definition, and the row
+/// does not say whether it was claimed with `on_expiry = "in_doubt"` (held
+/// until resolved) or `"take_over"` (the next invocation runs it again).
+/// For a `take_over` claim the probe's answer stands in for the settle the
+/// vanished holder never made: `NotHappened` releases it, as the takeover
+/// would have run it again anyway; `Succeeded` keeps the effect a
+/// takeover would have repeated; `Failed` keeps the failure, as the
+/// holder's own settle would have; `Unknown` leaves it to the takeover.
+/// A retry that takes it over first raises its fence, and the
+/// resolution, made against the fence the reconciler saw, then changes
+/// nothing; a holder that renews its lease in time is never resolved.
 ///
 /// ```no_run
 /// # async fn demo(pool: idem_runtime::sqlx::PgPool) -> Result<(), idem_runtime::Error> {
@@ -411,12 +433,14 @@ impl Reconciler {
         self
     }
 
-    /// Also probes `pending` claims created longer than `age` ago, whose
-    /// holder is presumed gone (crashed). A pending claim whose lease is
-    /// live is never probed nor resolved, whatever its age: its holder is
-    /// at work and renewing it (the resolution itself refuses it, should
-    /// the lease be renewed after the claim was listed). A claim without a
-    /// lease cannot show that, so choose `age` well beyond the longest a
+    /// Also probes `pending` claims without a lease created longer than
+    /// `age` ago, whose holder is presumed gone (crashed). (Pending claims
+    /// whose lease ran out are probed whatever `age` is, as the type's docs
+    /// say.) A pending claim whose lease is live is never probed nor
+    /// resolved, whatever its age: its holder is at work and renewing it
+    /// (the resolution itself refuses it, should the lease be renewed
+    /// after the claim was listed). A claim without a lease cannot show
+    /// that, so choose `age` well beyond the longest a
     /// body runs: a probe that answers for a holder still at work races it
     /// (the resolution and the holder's settle are each applied at most
     /// once, but a release lets a retry run while the slow holder may still
@@ -515,7 +539,12 @@ impl Reconciler {
         let rows = self.next_window().await?;
         let full = rows.len() >= self.batch as usize;
         let mut last = None;
-        for (row, cursor) in rows {
+        for ToReconcile {
+            claim: row,
+            lease_ran_out,
+            cursor,
+        } in rows
+        {
             if stop.is_requested() {
                 self.advance(last, false);
                 return Ok(Window {
@@ -524,7 +553,7 @@ impl Reconciler {
                     stopped: true,
                 });
             }
-            if let Err(error) = self.reconcile(&row, &mut pass, stop).await {
+            if let Err(error) = self.reconcile(&row, lease_ran_out, &mut pass, stop).await {
                 self.advance(last, false);
                 return Err(error);
             }
@@ -551,7 +580,7 @@ impl Reconciler {
     }
 
     /// The next window: claims of actions with a probe, after the cursor.
-    async fn next_window(&self) -> Result<Vec<(ClaimRow, ReconcileCursor)>, Error> {
+    async fn next_window(&self) -> Result<Vec<ToReconcile>, Error> {
         let mut actions: Vec<Vec<u8>> = self
             .probes
             .keys()
@@ -581,6 +610,7 @@ impl Reconciler {
     async fn reconcile<S: Future<Output = ()>>(
         &self,
         row: &ClaimRow,
+        lease_ran_out: bool,
         pass: &mut Pass,
         stop: &mut Stop<'_, S>,
     ) -> Result<(), Error> {
@@ -604,7 +634,7 @@ impl Reconciler {
             memory: &self.memory,
             key: &key,
         };
-        let Some(doubt) = doubt_of(row) else {
+        let Some(doubt) = doubt_of(row, lease_ran_out) else {
             // Said once, then left alone for a while: an operator's.
             self.lock_memory().seen(&key).wait = Some((
                 Instant::now() + Reconciler::LONGEST_WAIT,
@@ -827,8 +857,10 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// A claim row as its probe sees it; `None` (with a warning) for an
-/// identity this build cannot read back.
-fn doubt_of(row: &ClaimRow) -> Option<Doubt> {
+/// identity this build cannot read back. A pending claim whose lease ran
+/// out (`lease_ran_out`) got there as one turned in doubt by it did, so it
+/// says `lease_expired` too: the row keeps no reason while pending.
+fn doubt_of(row: &ClaimRow, lease_ran_out: bool) -> Option<Doubt> {
     let identity = match Identity::from_canonical(&row.identity) {
         Ok(identity) => identity,
         Err(error) => {
@@ -850,7 +882,11 @@ fn doubt_of(row: &ClaimRow) -> Option<Doubt> {
         address: row.address.clone(),
         fence: row.fence,
         state: ClaimState::parse(&row.state).unwrap_or(ClaimState::InDoubt),
-        reason: row.state_reason.clone(),
+        reason: if lease_ran_out {
+            Some("lease_expired".to_owned())
+        } else {
+            row.state_reason.clone()
+        },
         claimed_at: SystemTime::UNIX_EPOCH + since_epoch,
     })
 }

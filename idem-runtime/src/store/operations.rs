@@ -294,8 +294,9 @@ pub(crate) struct ReconcileCursor {
 }
 
 /// The claims a reconciler probes: of the actions it has probes for, in
-/// doubt, or pending and older than `pending_older_than` with no live
-/// lease, after `after` in the order (oldest first), at most `limit`.
+/// doubt, pending with a lease that ran out (whatever their age), or
+/// pending without a lease and older than `pending_older_than`, after
+/// `after` in the order (oldest first), at most `limit`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReconcileFilter<'a> {
     pub(crate) scope: ScopeFilter<'a>,
@@ -335,7 +336,17 @@ pub(crate) fn action_pattern(action_alone: &[u8]) -> Vec<u8> {
 /// passes: claims whose probe keeps saying unknown cannot fill it every
 /// time, and the claims of actions without a probe are never read at all.
 /// A pending claim whose lease is live has a living holder and is not
-/// listed (and the resolution refuses it anyway: `NO_LIVE_LEASE`).
+/// listed (and the resolution refuses it anyway: `NO_LIVE_LEASE`). One
+/// whose lease ran out is listed whatever `$4` says: by the lease's own
+/// definition its holder is presumed gone, and the row does not record
+/// `on_expiry`, so under `on_expiry = "in_doubt"` it is in doubt until a
+/// retry turns it, which may never come; waiting for `$4` would leave it
+/// unprobed. (Under `take_over` a probe's answer stands in for the settle
+/// the vanished holder never made, as `Reconciler`'s docs explain.) A
+/// renewal between the listing and the resolution is safe: the
+/// resolution's compare-and-swap refuses a live lease. A pending claim
+/// without a lease can never show its holder gone, so only `$4` lists it.
+/// `lease_ran_out` says which kind of pending claim a row is.
 ///
 /// Index: no index serves the order (there is none on `created_at`, and
 /// adding one to every installation for the reconciler's sake is a schema
@@ -345,13 +356,17 @@ pub(crate) fn action_pattern(action_alone: &[u8]) -> Vec<u8> {
 /// is not among the `index_use` cases, like [`list_statement`].
 fn reconcile_statement(scope: &ScopeFilter<'_>) -> String {
     format!(
-        "SELECT {columns}, r.created_at::text AS cursor_created_at FROM idem_records r \
+        "SELECT {columns}, r.created_at::text AS cursor_created_at, \
+                coalesce(r.state = 'pending' AND r.lease_expires_at <= now(), false) \
+                  AS lease_ran_out \
+         FROM idem_records r \
          WHERE r.kind = 'claim' AND {scope} \
            AND r.identity LIKE ANY ($3::bytea[]) \
            AND (r.state = 'in_doubt' \
+                OR (r.state = 'pending' AND r.lease_expires_at <= now()) \
                 OR ($4::float8 IS NOT NULL AND r.state = 'pending' \
-                    AND r.created_at < now() - make_interval(secs => $4::float8) \
-                    AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()))) \
+                    AND r.lease_expires_at IS NULL \
+                    AND r.created_at < now() - make_interval(secs => $4::float8))) \
            AND ($5::timestamptz IS NULL \
                 OR (r.created_at, r.account, r.address, coalesce(r.namespace, '')) \
                    > ($5::timestamptz, $6::text, $7::text, $8::text)) \
@@ -492,12 +507,23 @@ pub async fn count(pool: &PgPool, filter: &ListFilter<'_>) -> Result<u64, Error>
     Ok(u64::try_from(count).unwrap_or(0))
 }
 
+/// A claim [`list_to_reconcile`] listed.
+#[derive(Debug, Clone)]
+pub(crate) struct ToReconcile {
+    pub(crate) claim: ClaimRow,
+    /// Pending with a lease that ran out: its holder is presumed gone
+    /// (the row cannot say whether under `on_expiry = "in_doubt"`).
+    pub(crate) lease_ran_out: bool,
+    /// Lists the claims after this one.
+    pub(crate) cursor: ReconcileCursor,
+}
+
 /// The claims a reconciler asks its probes about ([`ReconcileFilter`]),
-/// oldest first, each with the cursor that lists the claims after it.
+/// oldest first.
 pub(crate) async fn list_to_reconcile(
     pool: &PgPool,
     filter: &ReconcileFilter<'_>,
-) -> Result<Vec<(ClaimRow, ReconcileCursor)>, Error> {
+) -> Result<Vec<ToReconcile>, Error> {
     let (account, namespace) = filter.scope.params();
     let after = filter.after;
     let rows = sqlx::query(AssertSqlSafe(reconcile_statement(&filter.scope)))
@@ -521,7 +547,11 @@ pub(crate) async fn list_to_reconcile(
                 address: claim.address.clone(),
                 namespace: claim.namespace.clone().unwrap_or_default(),
             };
-            Ok((claim, cursor))
+            Ok(ToReconcile {
+                lease_ran_out: sqlx::Row::try_get(row, "lease_ran_out")?,
+                claim,
+                cursor,
+            })
         })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(Error::from)
