@@ -329,24 +329,19 @@ async fn one_cache_shared_by_gates_on_two_databases_answers_each_from_its_own() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_cache_shared_by_gates_on_two_schemas_answers_each_from_its_own() {
     let admin = testing::pool_with(1).await;
-    let schemas = [
-        testing::unique_name("idem_store_a"),
-        testing::unique_name("idem_store_b"),
-    ];
     let cache = OutcomeCache::builder().ttl(Duration::from_secs(60)).build();
     let account = testing::unique_name("shared");
-    let mut gates = Vec::new();
-    for schema in &schemas {
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
-            .await
-            .expect("create the schema");
-        let options = options_for("postgres").options([("search_path", schema.as_str())]);
-        let gate = Gate::connect(pool_on(options).await)
+    let (mut schemas, mut gates) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        // In the database DATABASE_URL names (the partitioned run's and
+        // Citus's included), each schema with idem's table of its own.
+        let (schema, pool) = idem_test_support::schemas::fresh_schema(2).await;
+        let gate = Gate::connect(pool)
             .await
             .expect("a gate in the schema")
             .account(&account)
             .with_cache(cache.clone());
+        schemas.push(schema);
         gates.push(gate);
     }
     let id = Identity::new("h19_charge").part("ord_2");
