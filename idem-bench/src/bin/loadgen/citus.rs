@@ -58,6 +58,7 @@ impl Planned for TargetRun {
 }
 
 /// One measured run on one server.
+#[derive(Debug, Clone)]
 pub struct Cell {
     pub target: Target,
     pub row: Row,
@@ -73,10 +74,12 @@ impl Measured for Cell {
     }
 }
 
-/// The matrix's plan ([`scenarios::plan`]), each run on both servers back
-/// to back, the first server alternating.
+/// The matrix's plan ([`scenarios::plan`], without its targets' pairs:
+/// the Citus ratios are not the matrix's targets), each run on both servers
+/// back to back, the first server alternating, so every Citus ÷ PostgreSQL
+/// ratio divides two runs measured one after the other.
 pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<TargetRun> {
-    scenarios::plan(scenarios, flags)
+    scenarios::plan(scenarios, flags, &[])
         .into_iter()
         .enumerate()
         .flat_map(|(place, run)| {
@@ -150,7 +153,7 @@ async fn measure_all(
         splice::CITUS,
         &plan(scenarios, flags),
         on_target,
-        |cells| citus_report::render(Setting::new(&environment, began), cells, scenarios, flags),
+        |rounds| citus_report::render(Setting::new(&environment, began), rounds, scenarios, flags),
     )
     .await
 }

@@ -1,15 +1,15 @@
 //! The Citus comparison's report: the ratios it exists for (the gate over
 //! the floor on each server, Citus over one PostgreSQL for each scenario,
-//! async over durable settles), the latency the coordinator adds, every
-//! run, and what each scenario runs.
+//! async over durable settles), each divided within a round
+//! ([`crate::paired`]), the latency the coordinator adds, every run, and
+//! what each scenario runs.
 
 use std::fmt::Write as _;
 
 use crate::citus::{Cell, Target};
 use crate::flags::Flags;
-use crate::report::{
-    self, Row, Setting, per_concurrency_head, per_concurrency_line, section, shown,
-};
+use crate::paired::{self, Paired, Rounds};
+use crate::report::{self, Row, Setting, per_concurrency_head, per_concurrency_line, section};
 use crate::scenarios::{BASELINE, Group, Scenario};
 
 /// A scenario on one server: what a ratio is made of.
@@ -28,22 +28,32 @@ struct Ratio {
 }
 
 /// The whole report, in markdown.
-pub fn render(setting: Setting, cells: &[Cell], scenarios: &[Scenario], flags: &Flags) -> String {
+pub fn render(
+    setting: Setting,
+    rounds: &Rounds<Cell>,
+    scenarios: &[Scenario],
+    flags: &Flags,
+) -> String {
     let mut out = setting.opening("Cluster, servers and run", "", "pre-loads");
-    section(&mut out, "Ratios", &ratios(cells, flags));
+    let mut ratios = ratios(rounds, flags);
+    ratios.push('\n');
+    ratios.push_str(&paired::method(rounds.each().len()));
+    section(&mut out, "Ratios", &ratios);
+    let cells = rounds.medians();
     section(
         &mut out,
         "Latency the coordinator adds",
-        &added_latency(cells, flags),
+        &added_latency(&cells, flags),
     );
-    section(&mut out, "Results", &table(cells, flags));
+    section(&mut out, "Results", &table(rounds, &cells, flags));
     section(&mut out, "Scenarios", &report::legend(scenarios, flags));
     out.push_str(ON_CITUS);
     out
 }
 
-/// Throughput ratios, one column per concurrency.
-fn ratios(cells: &[Cell], flags: &Flags) -> String {
+/// Throughput ratios, one column per concurrency: the median of the
+/// rounds' and their range.
+fn ratios(rounds: &Rounds<Cell>, flags: &Flags) -> String {
     let new = Group::History(flags.citus_rows);
     let dup = Group::Duplicates;
     let on = |target, group, name| On {
@@ -137,12 +147,7 @@ fn ratios(cells: &[Cell], flags: &Flags) -> String {
     let mut out = per_concurrency_head("throughput ratio", flags);
     for line in &lines {
         per_concurrency_line(&mut out, line.what, flags, |concurrency| {
-            let of = find(cells, line.of, concurrency);
-            let over = find(cells, line.over, concurrency);
-            shown(
-                of.zip(over)
-                    .and_then(|(of, over)| report::divided(of.ops_per_second, over.ops_per_second)),
-            )
+            ratio(rounds, line.of, line.over, concurrency).shown()
         });
     }
     out
@@ -186,10 +191,10 @@ fn added_latency(cells: &[Cell], flags: &Flags) -> String {
     out
 }
 
-/// Every run, in the order of the scenario list, PostgreSQL before Citus,
-/// with its ratio to its server's floor and to the same scenario on one
-/// PostgreSQL.
-fn table(cells: &[Cell], flags: &Flags) -> String {
+/// Every run (its median one, `cells`), in the order of the scenario list,
+/// PostgreSQL before Citus, with its ratio to its server's floor and to the
+/// same scenario on one PostgreSQL, each divided within the rounds.
+fn table(rounds: &Rounds<Cell>, cells: &[Cell], flags: &Flags) -> String {
     let mut order: Vec<&Cell> = cells.iter().collect();
     order.sort_by_key(|cell| (cell.row.run.place, cell.target));
     let mut out = String::from(
@@ -200,12 +205,12 @@ fn table(cells: &[Cell], flags: &Flags) -> String {
         let run = cell.row.run;
         let (group, name, concurrency) =
             (run.scenario.group, run.scenario.spec.name, run.concurrency);
-        let versus = |on| {
-            shown(
-                find(cells, on, concurrency)
-                    .and_then(|base| report::divided(cell.row.ops_per_second, base.ops_per_second)),
-            )
+        let this = On {
+            target: cell.target,
+            group,
+            name,
         };
+        let versus = |on| ratio(rounds, this, on, concurrency).shown();
         let floor = versus(On {
             target: cell.target,
             group,
@@ -232,6 +237,17 @@ fn table(cells: &[Cell], flags: &Flags) -> String {
         );
     }
     out
+}
+
+/// Operations per second of `of` over those of `over` at `concurrency`, in
+/// each round where both ran.
+fn ratio(rounds: &Rounds<Cell>, of: On, over: On, concurrency: u32) -> Paired {
+    paired::paired(
+        rounds.each(),
+        |cell| matches(cell, of, concurrency),
+        |cell| matches(cell, over, concurrency),
+        |cell| cell.row.ops_per_second,
+    )
 }
 
 fn find(cells: &[Cell], on: On, concurrency: u32) -> Option<&Row> {

@@ -108,8 +108,9 @@ pub struct Flags {
 
     /// Measures every run this many times, the whole plan over again each
     /// round (so the rounds of one run are spread over the whole run, and
-    /// a drift in the machine meets every scenario), and reports the run
-    /// whose throughput is the median.
+    /// a drift in the machine meets every scenario). Each ratio is divided
+    /// within a round and reported as the median of the rounds' ratios,
+    /// with their range; a target whose rounds disagree is not judged.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
     pub rounds: u32,
 

@@ -42,10 +42,12 @@ mod fused;
 mod gated;
 mod http;
 mod keys;
+mod paired;
 mod report;
 mod river;
 mod runner;
 mod scenarios;
+mod targets;
 mod workload;
 
 use std::process::ExitCode;
@@ -127,14 +129,14 @@ async fn measure_all(
 ) -> Result<(), BoxError> {
     let environment = environment::describe(db.admin(), flags).await?;
     eprint!("{environment}");
-    let runs = scenarios::plan(scenarios, flags);
+    let runs = scenarios::plan(scenarios, flags, &targets::adjacent(flags));
     let began = Instant::now();
     runner::measure_each(
         flags,
         splice::MATRIX,
         &runs,
         async |&run: &Run| measure(flags, db, run, run.scenario.group.contents(flags)).await,
-        |rows| report::render(Setting::new(&environment, began), rows, scenarios, flags),
+        |rounds| report::render(Setting::new(&environment, began), rounds, scenarios, flags),
     )
     .await
 }

@@ -1,8 +1,9 @@
 //! The report: one markdown table of every run, each run's ratio to its
 //! group's floor at the same concurrency, the issue's targets judged from
-//! those ratios, and what each scenario runs. Also the pieces the Citus and
-//! River reports share with it ([`Setting::opening`], [`section`],
-//! [`shown`], the tables with a column per concurrency), so the three read
+//! those ratios (each divided within a round, [`crate::paired`]), and what
+//! each scenario runs. Also the pieces the Citus and River reports share
+//! with it ([`Setting::opening`], [`section`], the tables with a column per
+//! concurrency; a ratio is shown by [`Paired::shown`]), so the three read
 //! alike and a change of wording reaches all three.
 
 use std::fmt::Write as _;
@@ -11,10 +12,13 @@ use std::time::{Duration, Instant};
 use crate::cpu::CpuUse;
 use crate::drive::Measurement;
 use crate::flags::Flags;
+use crate::paired::{self, Paired, Rounds};
 use crate::runner::Measured;
-use crate::scenarios::{BASELINE, Group, Run, Scenario, Selectable, Spec};
+use crate::scenarios::{BASELINE, Run, Scenario, Selectable, Spec};
+use crate::targets::{self, Side};
 
 /// One measured run, as the table shows it.
+#[derive(Debug, Clone)]
 pub struct Row {
     pub run: Run,
     pub ops_per_second: f64,
@@ -68,13 +72,18 @@ impl Measured for Row {
 }
 
 /// The whole report, in markdown.
-pub fn render(setting: Setting, rows: &[Row], scenarios: &[Scenario], flags: &Flags) -> String {
+pub fn render(
+    setting: Setting,
+    rounds: &Rounds<Row>,
+    scenarios: &[Scenario],
+    flags: &Flags,
+) -> String {
     let cpu = "- CPU per message: the client's (this process) and the server's (its postmaster \
                and every process it started), read from `/proc` at the edges of each measured \
                window; – when the server is not on this machine\n";
     let mut out = setting.opening("Machine, server and run", cpu, "pre-fills");
-    section(&mut out, "Results", &table(rows, flags));
-    section(&mut out, "Targets", &targets(rows, flags));
+    section(&mut out, "Results", &table(rounds, flags));
+    section(&mut out, "Targets", &targets(rounds, flags));
     section(&mut out, "Scenarios", &legend(scenarios, flags));
     out
 }
@@ -117,12 +126,6 @@ pub fn section(out: &mut String, title: &str, body: &str) {
     let _ = write!(out, "\n### {title}\n\n{body}");
 }
 
-/// A ratio as the tables show it: two decimals, or a dash when one of its
-/// runs is missing.
-pub fn shown(ratio: Option<f64>) -> String {
-    ratio.map_or("–".to_owned(), |r| format!("{r:.2}"))
-}
-
 /// Throughput `of` over throughput `over`, none when `over` measured
 /// nothing (a run that failed at once would divide by zero).
 pub fn divided(of: f64, over: f64) -> Option<f64> {
@@ -158,10 +161,12 @@ pub fn per_concurrency_line(
     out.push('\n');
 }
 
-/// Every run, with its ratio to its group's floor at the same concurrency
-/// (per message), in the order of the scenario list.
-fn table(rows: &[Row], flags: &Flags) -> String {
-    let mut rows: Vec<&Row> = rows.iter().collect();
+/// Every scenario at every concurrency: the figures of its median run
+/// (by throughput, over every round), and its ratio to its group's floor at
+/// the same concurrency (per message), divided within each round and shown
+/// as the median with the rounds' range, in the order of the scenario list.
+fn table(rounds: &Rounds<Row>, flags: &Flags) -> String {
+    let mut rows = rounds.medians();
     rows.sort_by_key(|row| row.run.place);
     let mut out = String::from(
         "| group | scenario | conc | pool | ops/s | msgs/s | p50 ms | p99 ms | client CPU µs/msg | server CPU µs/msg | × floor |\n\
@@ -170,7 +175,7 @@ fn table(rows: &[Row], flags: &Flags) -> String {
     for row in &rows {
         let scenario = row.run.scenario;
         let ratio = ratio(
-            &rows,
+            rounds,
             (scenario.group, scenario.spec.name),
             (scenario.group, BASELINE),
             row.run.concurrency,
@@ -188,136 +193,61 @@ fn table(rows: &[Row], flags: &Flags) -> String {
             row.messages_per_second,
             row.p50_ms,
             row.p99_ms,
-            shown(ratio),
+            ratio.shown(),
         );
     }
     out
 }
 
 /// Throughput of `scenario` over throughput of `baseline`, at `concurrency`,
-/// when both were run: messages per second, so a batch is compared with a
-/// call per message.
-fn ratio(
-    rows: &[&Row],
-    scenario: (Group, &str),
-    baseline: (Group, &str),
-    concurrency: u32,
-) -> Option<f64> {
-    let find = |(group, name): (Group, &str)| {
-        rows.iter().find(|row| {
+/// in each round where both were run: messages per second, so a batch is
+/// compared with a call per message.
+fn ratio(rounds: &Rounds<Row>, scenario: Side, baseline: Side, concurrency: u32) -> Paired {
+    let is = |(group, name): Side| {
+        move |row: &Row| {
             row.run.scenario.group == group
                 && row.run.scenario.spec.name == name
                 && row.run.concurrency == concurrency
-        })
+        }
     };
-    let (scenario, baseline) = (find(scenario)?, find(baseline)?);
-    divided(scenario.messages_per_second, baseline.messages_per_second)
+    paired::paired(rounds.each(), is(scenario), is(baseline), |row| {
+        row.messages_per_second
+    })
 }
 
-/// One of the issue's targets: `scenario` must reach `at_least` × `baseline`.
-struct Target {
-    what: String,
-    scenario: (Group, &'static str),
-    baseline: (Group, &'static str),
-    at_least: f64,
-    /// Concurrencies where the target says nothing (shown, not judged).
-    judged: fn(u32, &Flags) -> bool,
-}
-
-impl Target {
-    /// `scenario` must reach `at_least` × `baseline`, both of `group`, at
-    /// every concurrency: what all but two targets are.
-    fn within(
-        group: Group,
-        scenario: &'static str,
-        baseline: &'static str,
-        at_least: f64,
-    ) -> Target {
-        Target {
-            what: String::new(),
-            scenario: (group, scenario),
-            baseline: (group, baseline),
-            at_least,
-            judged: every_concurrency,
-        }
-    }
-
-    /// The target, as the report's table names it.
-    fn named(self, what: impl Into<String>) -> Target {
-        Target {
-            what: what.into(),
-            ..self
-        }
-    }
-}
-
-fn every_concurrency(_: u32, _: &Flags) -> bool {
-    true
-}
-
-/// A held connection costs only when workers outnumber connections; below
-/// that, both designs wait on the body alike.
-fn pool_smaller_than_workers(concurrency: u32, flags: &Flags) -> bool {
-    concurrency > flags.slow_pool
-}
-
-/// Each target at each concurrency: the measured ratio and whether it holds.
-fn targets(rows: &[Row], flags: &Flags) -> String {
-    let rows: Vec<&Row> = rows.iter().collect();
-    let (noop, batch, dup) = (Group::NoOp, Group::Batch, Group::Duplicates);
-    let mut targets = vec![
-        Target::within(noop, "gate", BASELINE, 0.90).named("gate ≥ 0.90× floor"),
-        Target::within(noop, "gate", "on-conflict", 0.90)
-            .named("gate ≥ 0.90× on-conflict (the gate's own client work)"),
-        Target::within(dup, "gate", BASELINE, 0.90).named("duplicate refusal ≥ 0.90× its floor"),
-        Target::within(dup, "gate-cached", BASELINE, 50.0)
-            .named("cached duplicate refusal ≥ 50× its floor"),
-        Target::within(noop, "gate", "brandur", 1.2).named("gate ≥ 1.2× brandur"),
-        Target::within(batch, "gate-batch", "gate", 10.0).named(format!(
-            "gate-batch ≥ 10× gate, per message (batches of {})",
-            flags.batch_size
-        )),
-        Target {
-            judged: pool_smaller_than_workers,
-            ..Target::within(Group::SlowBody, "gate", "advisory", 2.0).named(format!(
-                "gate ≥ 2× advisory, {} ms body",
-                flags.slow_body_ms
-            ))
-        },
-    ];
-    if let Some(&largest) = flags.history_sizes().last() {
-        let rows = crate::scenarios::count(largest);
-        targets.push(Target {
-            scenario: (Group::History(largest), "gate"),
-            ..Target::within(noop, "gate", "gate", 0.85).named(format!(
-                "gate on {rows} rows ≥ 0.85× gate on an empty table"
-            ))
-        });
-    }
-    let mut out = String::from("| target | conc | ratio | verdict |\n|---|--:|--:|---|\n");
-    for target in &targets {
+/// Each target at each concurrency: the median of its per-round ratios,
+/// their range and each round's, and whether the target holds.
+fn targets(rounds: &Rounds<Row>, flags: &Flags) -> String {
+    let mut out = String::from(
+        "| target | conc | ratio (median) | range | each round | verdict |\n|---|--:|--:|--:|---|---|\n",
+    );
+    for target in &targets::all(flags) {
         for &concurrency in &flags.concurrency {
-            let Some(ratio) = ratio(&rows, target.scenario, target.baseline, concurrency) else {
+            let ratio = ratio(rounds, target.scenario, target.baseline, concurrency);
+            let (Some(median), Some((min, max)), Some(verdict)) =
+                (ratio.median(), ratio.range(), ratio.judge(target.at_least))
+            else {
                 continue;
             };
-            let verdict = if !(target.judged)(concurrency, flags) {
-                "not judged: the pool has a connection per worker"
-            } else if ratio >= target.at_least {
-                "met"
+            let verdict = if !target.judged_at(concurrency, flags) {
+                "not judged: the pool has a connection per worker".to_owned()
             } else {
-                "**missed**"
+                verdict.text(target.at_least)
             };
             // Writing to a String cannot fail.
             let _ = writeln!(
                 out,
-                "| {} | {concurrency} | {ratio:.2} | {verdict} |",
-                target.what
+                "| {} | {concurrency} | {median:.2} | {min:.2}–{max:.2} | {} | {verdict} |",
+                target.what,
+                ratio.each_round(),
             );
         }
     }
     out.push_str(
-        "| identity + address < 2 µs for 4 short parts | – | – | see `cargo bench -p idem-bench` |\n",
+        "| identity + address < 2 µs for 4 short parts | – | – | – | – | see `cargo bench -p idem-bench` |\n",
     );
+    out.push('\n');
+    out.push_str(&paired::method(rounds.each().len()));
     out
 }
 
@@ -368,30 +298,43 @@ mod tests {
     use super::{Row, table, targets};
     use crate::drive::Measurement;
     use crate::flags::Flags;
+    use crate::paired::Rounds;
+    use crate::runner::Planned;
     use crate::scenarios::{self, Run};
 
-    /// The batch group at concurrency 1, its floor, gate and gate-batch
-    /// having completed these operations per second.
-    fn rows(flags: &Flags, ops: [u64; 3]) -> Vec<Row> {
+    /// The batch group at concurrency 1, run once per entry of `ops`, each
+    /// round's floor, gate and gate-batch having completed these operations
+    /// per second.
+    fn rounds(flags: &Flags, ops: &[[u64; 3]]) -> Rounds<Row> {
         let scenarios = scenarios::selected(flags).expect("the batch group");
-        scenarios::plan(&scenarios, flags)
-            .into_iter()
-            .zip(ops)
-            .map(|(run, ops): (Run, u64)| {
-                Row::new(
+        let plan = scenarios::plan(&scenarios, flags, &crate::targets::adjacent(flags));
+        let mut rounds = Rounds::new(plan.iter().map(Planned::name).collect());
+        for round in ops {
+            for run in &plan {
+                let run: Run = *run;
+                let by_name = ["floor", "gate", "gate-batch"]
+                    .iter()
+                    .position(|&name| name == run.scenario.spec.name)
+                    .expect("a batch scenario");
+                rounds.push(Row::new(
                     run,
                     run.scenario.spec.messages(flags),
-                    &Measurement::of_ops(ops),
-                )
-            })
-            .collect()
+                    &Measurement::of_ops(round[by_name]),
+                ));
+            }
+        }
+        rounds
+    }
+
+    fn batch_flags() -> Flags {
+        Flags::parse_from(["loadgen", "--scenarios", "batch", "--concurrency", "1"])
     }
 
     #[test]
     fn a_batch_counts_messages_and_is_compared_per_message() {
-        let flags = Flags::parse_from(["loadgen", "--scenarios", "batch", "--concurrency", "1"]);
-        let rows = rows(&flags, [400, 300, 40]);
-        let table = table(&rows, &flags);
+        let flags = batch_flags();
+        let rounds = rounds(&flags, &[[400, 300, 40]]);
+        let table = table(&rounds, &flags);
         assert!(
             table.contains("| batch of 100, no-op body | gate-batch | 1 | 1 | 40 | 4000 | 1.00 | 1.00 | – | – | 10.00 |"),
             "{table}"
@@ -402,24 +345,56 @@ mod tests {
             ),
             "{table}"
         );
-        let targets = targets(&rows, &flags);
+        let targets = targets(&rounds, &flags);
         assert!(
             targets.contains(
-                "| gate-batch ≥ 10× gate, per message (batches of 100) | 1 | 13.33 | met |"
+                "| gate-batch ≥ 10× gate, per message (batches of 100) | 1 | 13.33 | 13.33–13.33 | 13.33 | met |"
+            ),
+            "{targets}"
+        );
+        assert!(targets.contains("One round: no range"), "{targets}");
+    }
+
+    #[test]
+    fn a_batch_below_ten_times_the_gate_per_message_misses() {
+        let flags = batch_flags();
+        let targets = targets(&rounds(&flags, &[[400, 300, 29]]), &flags);
+        assert!(
+            targets.contains(
+                "| gate-batch ≥ 10× gate, per message (batches of 100) | 1 | 9.67 | 9.67–9.67 | 9.67 | **missed** |"
             ),
             "{targets}"
         );
     }
 
     #[test]
-    fn a_batch_below_ten_times_the_gate_per_message_misses() {
-        let flags = Flags::parse_from(["loadgen", "--scenarios", "batch", "--concurrency", "1"]);
-        let targets = targets(&rows(&flags, [400, 300, 29]), &flags);
+    fn each_round_is_divided_on_its_own_and_a_wide_range_is_not_judged() {
+        let flags = batch_flags();
+        // Round 2's machine was six times slower on both sides: its ratio
+        // agrees with the others, where dividing each side's median run
+        // would pair round 1's gate with round 3's batch.
+        let agreeing = rounds(&flags, &[[400, 300, 40], [70, 50, 7], [400, 290, 41]]);
+        let targets = targets(&agreeing, &flags);
         assert!(
             targets.contains(
-                "| gate-batch ≥ 10× gate, per message (batches of 100) | 1 | 9.67 | **missed** |"
+                "| gate-batch ≥ 10× gate, per message (batches of 100) | 1 | 14.00 | 13.33–14.14 | 13.33, 14.00, 14.14 | met |"
             ),
             "{targets}"
+        );
+        assert!(targets.contains("median of the 3 rounds"), "{targets}");
+        let table = table(&agreeing, &flags);
+        assert!(
+            table.contains(
+                "| gate-batch | 1 | 1 | 40 | 4000 | 1.00 | 1.00 | – | – | 10.00 (10.00–10.25) |"
+            ),
+            "{table}"
+        );
+        // One round's gate ran slow on its own: the rounds disagree 2×.
+        let disagreeing = rounds(&flags, &[[400, 300, 40], [400, 150, 40], [400, 290, 41]]);
+        let judged = super::targets(&disagreeing, &flags);
+        assert!(
+            judged.contains("| 1 | 14.14 | 13.33–26.67 | 13.33, 26.67, 14.14 | cannot judge: the rounds differ 2.0× (more than 1.5×) |"),
+            "{judged}"
         );
     }
 }

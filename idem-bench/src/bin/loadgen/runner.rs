@@ -10,6 +10,7 @@ use crate::BoxError;
 use crate::accounts::Accounts;
 use crate::bench_db::{BenchDb, TableLayout};
 use crate::flags::Flags;
+use crate::paired::Rounds;
 use crate::splice::{self, Markers};
 
 /// The benchmark's schema (`--schema`) made afresh on the server at `url`,
@@ -56,25 +57,25 @@ pub trait Planned {
 pub trait Measured {
     /// One line: the run and its figures.
     fn progress(&self) -> String;
-    /// What the median of several rounds is taken over: messages (or keys,
-    /// or jobs) per second.
+    /// What a results table's median run of several is chosen by:
+    /// messages (or keys, or jobs) per second.
     fn throughput(&self) -> f64;
 }
 
 /// Measures `runs` in order with `measure`, `--rounds` times over (the
 /// whole plan once per round), each one's progress to stderr, and stops at
-/// the first failure; then renders, for each run, the round whose
-/// throughput is the median, and publishes it between `markers`. The
-/// failure, with its run's name, is the error.
-pub async fn measure_each<R: Planned, T: Measured>(
+/// the first failure; then renders every round's runs (a report divides
+/// each ratio within a round, [`paired`](crate::paired)), and publishes it
+/// between `markers`. The failure, with its run's name, is the error.
+pub async fn measure_each<R: Planned, T: Measured + Clone>(
     flags: &Flags,
     markers: Markers,
     runs: &[R],
     mut measure: impl AsyncFnMut(&R) -> Result<T, BoxError>,
-    render: impl FnOnce(&[T]) -> String,
+    render: impl FnOnce(&Rounds<T>) -> String,
 ) -> Result<(), BoxError> {
     let rounds = usize::try_from(flags.rounds).unwrap_or(1).max(1);
-    let mut measured: Vec<Vec<T>> = runs.iter().map(|_| Vec::with_capacity(rounds)).collect();
+    let mut measured = Rounds::new(runs.iter().map(Planned::name).collect());
     let mut failure = None;
     let total = runs.len() * rounds;
     'rounds: for round in 0..rounds {
@@ -83,7 +84,7 @@ pub async fn measure_each<R: Planned, T: Measured>(
                 Ok(result) => {
                     let done = round * runs.len() + index + 1;
                     eprintln!("[{done}/{total}] {}", result.progress());
-                    measured[index].push(result);
+                    measured.push(result);
                 }
                 Err(error) => {
                     failure = Some(format!("{}: {error}", run.name()));
@@ -92,23 +93,11 @@ pub async fn measure_each<R: Planned, T: Measured>(
             }
         }
     }
-    let medians: Vec<T> = measured.into_iter().filter_map(median).collect();
-    publish(flags, &render(&medians), markers)?;
+    publish(flags, &render(&measured), markers)?;
     match failure {
         Some(failure) => Err(failure.into()),
         None => Ok(()),
     }
-}
-
-/// The round whose throughput is the median (the lower middle one of an
-/// even number), if any was measured.
-fn median<T: Measured>(mut rounds: Vec<T>) -> Option<T> {
-    if rounds.is_empty() {
-        return None;
-    }
-    rounds.sort_by(|a, b| a.throughput().total_cmp(&b.throughput()));
-    let middle = (rounds.len() - 1) / 2;
-    Some(rounds.swap_remove(middle))
 }
 
 /// Prints the report, and writes it to `--out` and between `markers` of
@@ -122,30 +111,4 @@ fn publish(flags: &Flags, report: &str, markers: Markers) -> Result<(), BoxError
         splice::write(path, markers, report)?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Measured, median};
-
-    struct Round(f64);
-
-    impl Measured for Round {
-        fn progress(&self) -> String {
-            String::new()
-        }
-
-        fn throughput(&self) -> f64 {
-            self.0
-        }
-    }
-
-    #[test]
-    fn the_median_round_is_kept() {
-        let kept = |rounds: &[f64]| median(rounds.iter().map(|&r| Round(r)).collect()).map(|r| r.0);
-        assert_eq!(kept(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(kept(&[4.0, 1.0, 3.0, 2.0]), Some(2.0));
-        assert_eq!(kept(&[7.0]), Some(7.0));
-        assert_eq!(kept(&[]), None);
-    }
 }

@@ -9,6 +9,7 @@ use crate::floor::{Claim, Floor, Settle};
 use crate::fused::Fused;
 use crate::http::Way;
 use crate::runner::Planned;
+use crate::targets::Side;
 use crate::workload::{GateMode, Work};
 
 /// The scenario every group's ratios are against.
@@ -473,15 +474,28 @@ pub fn select<S: Selectable>(
 /// The runs, in the order they run: group by group (so each group's table
 /// contents are prepared once), and within a group every scenario at one
 /// concurrency before the next, so the runs a ratio compares are close in
-/// time. The scenarios run in their listed order at one concurrency and in
-/// reverse at the next, so a drift in the machine (a warming cache, a
-/// neighbour's load) does not always fall on the same side of a ratio.
-pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<Run> {
+/// time. At each concurrency the two sides of every pair of `adjacent`
+/// (a target's scenario and baseline, [`crate::targets::adjacent`]) run
+/// back to back ([`back_to_back`]), then the group's other scenarios in
+/// their listed order; at the next concurrency the same order reversed, so
+/// a drift in the machine (a warming cache, a neighbour's load) does not
+/// always fall on the same side of a ratio.
+pub fn plan(scenarios: &[Scenario], flags: &Flags, adjacent: &[(Side, Side)]) -> Vec<Run> {
     let mut runs = Vec::new();
     let groups = by_group(scenarios, |scenario| scenario.group);
     for (group_place, (group, members)) in groups.into_iter().enumerate() {
+        let place_of = |(of_group, name): Side| {
+            (of_group == group)
+                .then(|| members.iter().position(|m| m.spec.name == name))
+                .flatten()
+        };
+        let pairs: Vec<(usize, usize)> = adjacent
+            .iter()
+            .filter_map(|&(of, over)| Some((place_of(of)?, place_of(over)?)))
+            .collect();
+        let listed = back_to_back(members.len(), &pairs);
         for (level, &concurrency) in flags.concurrency.iter().enumerate() {
-            let mut order: Vec<usize> = (0..members.len()).collect();
+            let mut order = listed.clone();
             if level % 2 == 1 {
                 order.reverse();
             }
@@ -496,6 +510,52 @@ pub fn plan(scenarios: &[Scenario], flags: &Flags) -> Vec<Run> {
         }
     }
     runs
+}
+
+/// The order `members` scenarios (by place in their list) run in so that
+/// the two of each pair of `pairs` (scenario, baseline) run one right after
+/// the other: each pair in turn joins the chain at an end that holds one
+/// of its sides (a side not yet in the chain preferred), else at the back,
+/// baseline first. A scenario in more pairs than it can have neighbours
+/// runs twice (the gate, against the floor, on-conflict and brandur); the
+/// report pairs the nearest runs of a round ([`crate::paired::paired`]).
+/// The members in no pair follow, in listed order.
+pub fn back_to_back(members: usize, pairs: &[(usize, usize)]) -> Vec<usize> {
+    let mut chain: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    for &(of, over) in pairs {
+        let next_to_each_other = chain
+            .iter()
+            .zip(chain.iter().skip(1))
+            .any(|(&a, &b)| (a, b) == (of, over) || (a, b) == (over, of));
+        if of == over || next_to_each_other {
+            continue;
+        }
+        // (at the back?, side at that end, side to add), best first.
+        let mut joins = Vec::new();
+        for (back, end) in [(true, chain.back()), (false, chain.front())] {
+            for (held, added) in [(of, over), (over, of)] {
+                if end == Some(&held) {
+                    joins.push((back, added));
+                }
+            }
+        }
+        joins.sort_by_key(|&(_, added)| chain.contains(&added));
+        match joins.first() {
+            Some(&(true, added)) => chain.push_back(added),
+            Some(&(false, added)) => chain.push_front(added),
+            None => {
+                chain.push_back(over);
+                chain.push_back(of);
+            }
+        }
+    }
+    let mut order: Vec<usize> = chain.into_iter().collect();
+    for member in 0..members {
+        if !order.contains(&member) {
+            order.push(member);
+        }
+    }
+    order
 }
 
 /// `scenarios` by group, the groups in the order they first appear and
@@ -534,7 +594,7 @@ pub fn count(n: u64) -> String {
 mod tests {
     use clap::Parser;
 
-    use super::{BASELINE, Group, Scenario, plan, selected};
+    use super::{BASELINE, Group, Scenario, back_to_back, plan, selected};
     use crate::flags::Flags;
     use crate::workload::Work;
 
@@ -606,7 +666,7 @@ mod tests {
     fn each_group_runs_every_scenario_at_one_concurrency_before_the_next_reversed() {
         let flags = flags(&["--scenarios", "noop/floor,batch", "--concurrency", "1,64"]);
         let scenarios = selected(&flags).expect("two groups");
-        let runs = plan(&scenarios, &flags);
+        let runs = plan(&scenarios, &flags, &[]);
         let planned: Vec<(&str, &str, u32, u32)> = runs
             .iter()
             .map(|r| {
@@ -629,5 +689,58 @@ mod tests {
         );
         // The report lists them by group, concurrency and place in the list.
         assert_eq!(runs[5].place, (1, 1, 2));
+    }
+
+    #[test]
+    fn the_two_sides_of_every_pair_run_back_to_back_one_repeated_where_it_must() {
+        // The gate (6) against the floor (0), on-conflict (1) and brandur
+        // (7): three neighbours, so it runs twice.
+        let order = back_to_back(9, &[(6, 0), (6, 1), (6, 7)]);
+        assert_eq!(order, [0, 6, 1, 7, 6, 2, 3, 4, 5, 8]);
+        // The gate and the cached gate against one floor: it takes the
+        // middle, nothing repeated.
+        assert_eq!(back_to_back(5, &[(1, 0), (4, 0)]), [4, 0, 1, 2, 3]);
+        // No pairs: the listed order.
+        assert_eq!(back_to_back(3, &[]), [0, 1, 2]);
+    }
+
+    #[test]
+    fn every_target_whose_sides_share_a_group_is_run_back_to_back_at_every_concurrency() {
+        let flags = flags(&["--concurrency", "1,16", "--prefill", "1000"]);
+        let scenarios = selected(&flags).expect("every scenario");
+        let runs = plan(&scenarios, &flags, &crate::targets::adjacent(&flags));
+        let is = |run: &super::Run, (group, name): crate::targets::Side, concurrency| {
+            run.scenario.group == group
+                && run.scenario.spec.name == name
+                && run.concurrency == concurrency
+        };
+        let mut checked = 0;
+        for (of, over) in crate::targets::adjacent(&flags) {
+            if of.0 != over.0 {
+                continue;
+            }
+            for &concurrency in &flags.concurrency {
+                let adjacent = runs.windows(2).any(|w| {
+                    (is(&w[0], of, concurrency) && is(&w[1], over, concurrency))
+                        || (is(&w[1], of, concurrency) && is(&w[0], over, concurrency))
+                });
+                assert!(
+                    adjacent,
+                    "{}/{} and {} at {concurrency}",
+                    of.0.name(),
+                    of.1,
+                    over.1
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 2 * 7);
+        // Every scenario runs, the no-op gate twice per concurrency.
+        let gates = runs
+            .iter()
+            .filter(|r| is(r, (Group::NoOp, "gate"), 1))
+            .count();
+        assert_eq!(gates, 2);
+        assert_eq!(runs.len(), 2 * (scenarios.len() + 1));
     }
 }

@@ -99,7 +99,7 @@ async fn measure_all(
         splice::RIVER,
         &runs,
         async |&run: &Run| measure(flags, db, &mut river, run).await,
-        |rows| report::render(Setting::new(&environment, began), rows, scenarios, flags),
+        |rounds| report::render(Setting::new(&environment, began), rounds, scenarios, flags),
     )
     .await
 }

@@ -1,5 +1,6 @@
 //! River side by side's report: idem ÷ River for each pair at each
-//! concurrency with its verdict, every run, and what each scenario sends.
+//! concurrency with its verdict (each ratio divided within a round,
+//! [`crate::paired`]), every run, and what each scenario sends.
 
 use std::fmt::Write as _;
 
@@ -8,11 +9,13 @@ use super::side_label;
 use crate::cpu::CpuUse;
 use crate::drive::Measurement;
 use crate::flags::Flags;
-use crate::report::{self, Setting, per_concurrency_head, per_concurrency_line, section, shown};
+use crate::paired::{self, Paired, Rounds, Verdict};
+use crate::report::{Setting, per_concurrency_head, per_concurrency_line, section};
 use crate::runner::Measured;
 use crate::scenarios::Selectable;
 
 /// One measured run.
+#[derive(Debug, Clone)]
 pub struct Row {
     pub run: Run,
     /// The pool it ran with (River's worked jobs get a few more).
@@ -165,16 +168,25 @@ const PAIRS: &[Pair] = &[
 ];
 
 /// The whole report, in markdown.
-pub fn render(setting: Setting, rows: &[Row], scenarios: &[Scenario], flags: &Flags) -> String {
+pub fn render(
+    setting: Setting,
+    rounds: &Rounds<Row>,
+    scenarios: &[Scenario],
+    flags: &Flags,
+) -> String {
     let batch = format!(
         "- River's batch: {} jobs per `insert_many`; its duplicates: {} existing jobs, idem's: \
          as many settled identities\n",
         flags.river_batch, flags.river_duplicates,
     );
     let mut out = setting.opening("Machine, server and run", &batch, "lay-down");
-    section(&mut out, "idem ÷ River", &ratios(rows, flags));
-    section(&mut out, "Verdicts", &verdicts(rows, flags));
-    section(&mut out, "Results", &table(rows, flags));
+    let mut ratios = ratios(rounds, flags);
+    ratios.push('\n');
+    ratios.push_str(&paired::method(rounds.each().len()));
+    section(&mut out, "idem ÷ River", &ratios);
+    let rows = rounds.medians();
+    section(&mut out, "Verdicts", &verdicts(rounds, &rows, flags));
+    section(&mut out, "Results", &table(rounds, &rows, flags));
     section(&mut out, "Scenarios", &legend(scenarios, flags));
     out
 }
@@ -187,50 +199,69 @@ fn find<'r>(rows: &'r [Row], group: Group, name: &str, concurrency: u32) -> Opti
     })
 }
 
-/// Jobs per second of `idem` over those of `river`, in `group`.
-fn ratio(rows: &[Row], group: Group, idem: &str, river: &str, concurrency: u32) -> Option<f64> {
-    let of = find(rows, group, idem, concurrency)?;
-    let over = find(rows, group, river, concurrency)?;
-    report::divided(of.jobs_per_second, over.jobs_per_second)
+/// Jobs per second of `idem` over those of `river`, in `group`, in each
+/// round where both ran.
+fn ratio(rounds: &Rounds<Row>, group: Group, idem: &str, river: &str, concurrency: u32) -> Paired {
+    let is = |name: &str| {
+        let name = name.to_owned();
+        move |row: &Row| {
+            row.run.scenario.group == group
+                && row.run.scenario.name == name
+                && row.run.concurrency == concurrency
+        }
+    };
+    paired::paired(rounds.each(), is(idem), is(river), |row| {
+        row.jobs_per_second
+    })
 }
 
-fn ratios(rows: &[Row], flags: &Flags) -> String {
+fn ratios(rounds: &Rounds<Row>, flags: &Flags) -> String {
     let mut out = per_concurrency_head("pair (throughput per key, idem ÷ River)", flags);
     for pair in PAIRS {
         per_concurrency_line(&mut out, pair.what, flags, |concurrency| {
-            shown(ratio(rows, pair.group, pair.idem, pair.river, concurrency))
+            ratio(rounds, pair.group, pair.idem, pair.river, concurrency).shown()
         });
     }
     out
 }
 
-/// One line per pair and concurrency: who is ahead, and when River is, why.
-fn verdicts(rows: &[Row], flags: &Flags) -> String {
+/// One line per pair and concurrency: who is ahead on the median of the
+/// rounds' ratios, and when River is, why; neither when the rounds
+/// disagree (the rule of [`crate::paired`], against 1).
+fn verdicts(rounds: &Rounds<Row>, rows: &[Row], flags: &Flags) -> String {
     let mut out = String::new();
     for pair in PAIRS {
         for &concurrency in &flags.concurrency {
-            let Some(r) = ratio(rows, pair.group, pair.idem, pair.river, concurrency) else {
+            let ratio = ratio(rounds, pair.group, pair.idem, pair.river, concurrency);
+            let Some(verdict) = ratio.judge(1.0) else {
                 continue;
             };
-            let verdict = if r >= 1.0 {
-                "idem ahead".to_owned()
-            } else {
-                format!(
+            let verdict = match verdict {
+                Verdict::Met => "idem ahead".to_owned(),
+                Verdict::Missed => format!(
                     "River ahead, because {}",
-                    because(rows, pair, concurrency, flags)
-                )
+                    because(rounds, rows, pair, concurrency, flags)
+                ),
+                neither => neither.text(1.0),
             };
             let _ = writeln!(
                 out,
-                "- {}, conc {concurrency}: {r:.2}× — {verdict}",
-                pair.what
+                "- {}, conc {concurrency}: {}× — {verdict}",
+                pair.what,
+                ratio.shown()
             );
         }
     }
     out
 }
 
-fn because(rows: &[Row], pair: &Pair, concurrency: u32, flags: &Flags) -> String {
+fn because(
+    rounds: &Rounds<Row>,
+    rows: &[Row],
+    pair: &Pair,
+    concurrency: u32,
+    flags: &Flags,
+) -> String {
     let figures = || {
         let idem = find(rows, pair.group, pair.idem, concurrency);
         let river = find(rows, pair.group, pair.river, concurrency);
@@ -255,7 +286,7 @@ fn because(rows: &[Row], pair: &Pair, concurrency: u32, flags: &Flags) -> String
     };
     // The same group's other idem scenario that shows what River's edge is
     // made of, against the same River scenario.
-    let instead = |idem| shown(ratio(rows, pair.group, idem, pair.river, concurrency));
+    let instead = |idem| ratio(rounds, pair.group, idem, pair.river, concurrency).shown();
     // CPU per key of `name` in the pair's group, as a verdict cites it.
     let cpu_of = |name| {
         find(rows, pair.group, name, concurrency)
@@ -303,9 +334,10 @@ fn because(rows: &[Row], pair: &Pair, concurrency: u32, flags: &Flags) -> String
     }
 }
 
-/// Every run, in the order of the scenario list, with its ratio to its
-/// group's River scenario at the same concurrency (per key).
-fn table(rows: &[Row], flags: &Flags) -> String {
+/// Every run (its median one, `rows`), in the order of the scenario list,
+/// with its ratio to its group's River scenario at the same concurrency
+/// (per key), divided within the rounds.
+fn table(rounds: &Rounds<Row>, rows: &[Row], flags: &Flags) -> String {
     // Group by group in the list's order, then concurrency, then the
     // scenario's place in the list, whatever order they ran in.
     let place_in_list = |row: &Row| {
@@ -331,13 +363,14 @@ fn table(rows: &[Row], flags: &Flags) -> String {
             .find(|s| s.group == scenario.group && s.side == Side::River)
             .map(|s| s.name);
         let times = match (scenario.side, river) {
-            (Side::Idem, Some(river)) => shown(ratio(
-                rows,
+            (Side::Idem, Some(river)) => ratio(
+                rounds,
                 scenario.group,
                 scenario.name,
                 river,
                 row.run.concurrency,
-            )),
+            )
+            .shown(),
             _ => "–".to_owned(),
         };
         let (client_cpu, server_cpu) = CpuUse::cells(row.cpu);
@@ -400,7 +433,9 @@ mod tests {
     use super::{PAIRS, Row, verdicts};
     use crate::drive::Measurement;
     use crate::flags::Flags;
+    use crate::paired::Rounds;
     use crate::river::scenarios::{ALL, Side, plan, selected};
+    use crate::runner::Planned;
 
     #[test]
     fn every_pair_divides_an_idem_scenario_by_a_river_one_of_its_group() {
@@ -440,15 +475,13 @@ mod tests {
         // Operations per second of river-insert-many, run-batch, gate,
         // idem-claim and batch-claim-sql: run_batch behind River here.
         let ops = [50, 40, 800, 1600, 500];
-        let rows: Vec<Row> = plan(&scenarios, &flags)
-            .into_iter()
-            .zip(ops)
-            .map(|(run, ops)| {
-                let keys = run.scenario.per_op(&flags);
-                Row::new(run, run.pool, keys, &Measurement::of_ops(ops))
-            })
-            .collect();
-        let verdicts = verdicts(&rows, &flags);
+        let plan = plan(&scenarios, &flags);
+        let mut rounds = Rounds::new(plan.iter().map(Planned::name).collect());
+        for (run, ops) in plan.into_iter().zip(ops) {
+            let keys = run.scenario.per_op(&flags);
+            rounds.push(Row::new(run, run.pool, keys, &Measurement::of_ops(ops)));
+        }
+        let verdicts = verdicts(&rounds, &rounds.medians(), &flags);
         assert!(
             verdicts.contains(
                 "`gate.run_batch` (claim + settle per batch) ÷ River's `insert_many`, conc 1: \

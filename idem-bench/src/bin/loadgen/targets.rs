@@ -1,0 +1,116 @@
+//! The targets for the matrix: each a ratio of two scenarios the
+//! report judges ([`crate::report`]), and whose two sides the plan runs
+//! back to back ([`crate::scenarios::plan`]), so that each round divides
+//! two runs measured one after the other.
+//!
+//! Comparing two ways of doing one thing in the same run is a target here
+//! and a scenario in [`crate::scenarios`]: the target's line below is all
+//! the plan and the report need to run its two sides back to back and
+//! judge their ratio.
+
+use crate::flags::Flags;
+use crate::scenarios::{BASELINE, Group};
+
+/// A scenario of the matrix, as a target names it: its group and name.
+pub type Side = (Group, &'static str);
+
+/// One of the targets: `scenario` must reach `at_least` × `baseline`.
+pub struct Target {
+    pub what: String,
+    pub scenario: Side,
+    pub baseline: Side,
+    pub at_least: f64,
+    /// Concurrencies where the target says nothing (shown, not judged).
+    pub judged: fn(u32, &Flags) -> bool,
+}
+
+impl Target {
+    /// `scenario` must reach `at_least` × `baseline`, both of `group`, at
+    /// every concurrency: what all but two targets are.
+    fn within(
+        group: Group,
+        scenario: &'static str,
+        baseline: &'static str,
+        at_least: f64,
+    ) -> Target {
+        Target {
+            what: String::new(),
+            scenario: (group, scenario),
+            baseline: (group, baseline),
+            at_least,
+            judged: every_concurrency,
+        }
+    }
+
+    /// The target, as the report's table names it.
+    fn named(self, what: impl Into<String>) -> Target {
+        Target {
+            what: what.into(),
+            ..self
+        }
+    }
+
+    /// Whether the note that the target is not judged at `concurrency`
+    /// replaces its verdict.
+    pub fn judged_at(&self, concurrency: u32, flags: &Flags) -> bool {
+        (self.judged)(concurrency, flags)
+    }
+}
+
+fn every_concurrency(_: u32, _: &Flags) -> bool {
+    true
+}
+
+/// A held connection costs only when workers outnumber connections; below
+/// that, both designs wait on the body alike.
+fn pool_smaller_than_workers(concurrency: u32, flags: &Flags) -> bool {
+    concurrency > flags.slow_pool
+}
+
+/// Every target, in the order the report lists them (and the plan places
+/// their sides: the first ones are surest to be back to back).
+pub fn all(flags: &Flags) -> Vec<Target> {
+    let (noop, batch, dup) = (Group::NoOp, Group::Batch, Group::Duplicates);
+    let mut targets = vec![
+        Target::within(noop, "gate", BASELINE, 0.90).named("gate ≥ 0.90× floor"),
+        Target::within(noop, "gate", "on-conflict", 0.90)
+            .named("gate ≥ 0.90× on-conflict (the gate's own client work)"),
+        Target::within(dup, "gate", BASELINE, 0.90).named("duplicate refusal ≥ 0.90× its floor"),
+        Target::within(dup, "gate-cached", BASELINE, 50.0)
+            .named("cached duplicate refusal ≥ 50× its floor"),
+        Target::within(noop, "gate", "brandur", 1.2).named("gate ≥ 1.2× brandur"),
+        Target::within(batch, "gate-batch", "gate", 10.0).named(format!(
+            "gate-batch ≥ 10× gate, per message (batches of {})",
+            flags.batch_size
+        )),
+        Target {
+            judged: pool_smaller_than_workers,
+            ..Target::within(Group::SlowBody, "gate", "advisory", 2.0).named(format!(
+                "gate ≥ 2× advisory, {} ms body",
+                flags.slow_body_ms
+            ))
+        },
+    ];
+    // Its two sides need different tables, so they run in different parts
+    // of the round: paired within the round, not back to back.
+    if let Some(&largest) = flags.history_sizes().last() {
+        let rows = crate::scenarios::count(largest);
+        targets.push(Target {
+            scenario: (Group::History(largest), "gate"),
+            ..Target::within(noop, "gate", "gate", 0.85).named(format!(
+                "gate on {rows} rows ≥ 0.85× gate on an empty table"
+            ))
+        });
+    }
+    targets
+}
+
+/// The pairs of scenarios the plan runs back to back: each target's
+/// scenario and baseline (those of two groups cannot be, and are left to
+/// the plan to skip).
+pub fn adjacent(flags: &Flags) -> Vec<(Side, Side)> {
+    all(flags)
+        .into_iter()
+        .map(|target| (target.scenario, target.baseline))
+        .collect()
+}
