@@ -25,7 +25,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{PgExecutor, Postgres, Row};
 
-use super::{Commit, Engine, Scope, SplitOnNamespace, per_row};
+use super::{Commit, Engine, PerCommit, Scope, SplitOnNamespace, per_commit, per_row};
 
 /// What a new claim row carries besides its scope and address.
 #[derive(Debug, Clone, Copy)]
@@ -222,54 +222,35 @@ pub(super) const LOOKUP: SplitOnNamespace = per_row!(concat!(
 /// is kept as the text serde_json wrote, not as `jsonb`, which refuses some
 /// of what JSON can say (`\u0000`): a settle must never fail because of the
 /// value it carries. Index: the partial unique index of its form.
-pub(super) const SETTLE: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5",
-    "state = 'pending' AND fence = $4"
+pub(super) const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
+    opening "FROM",
+    per_row!(
+        "UPDATE idem_records \
+         SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5",
+        "state = 'pending' AND fence = $4"
+    )
 );
 
 /// Deletes the holder's pending claim, freeing the slot. `$4`: the holder's
 /// fence. Index: the partial unique index of its form.
-pub(super) const RELEASE: SplitOnNamespace = per_row!(
-    "DELETE FROM idem_records",
-    "state = 'pending' AND fence = $4"
-);
-
-/// [`SETTLE`] committing without waiting for its WAL to reach the disk:
-/// `synchronous_commit` is set for its own transaction only, inside the
-/// statement (no extra round trip, nothing left on the pooled connection).
-/// Index: the partial unique index of its form.
-pub(super) const SETTLE_ASYNC: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5 \
-     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
-    "state = 'pending' AND fence = $4"
-);
-
-/// [`RELEASE`], committing as [`SETTLE_ASYNC`] does. Index: the partial
-/// unique index of its form.
-pub(super) const RELEASE_ASYNC: SplitOnNamespace = per_row!(
-    "DELETE FROM idem_records \
-     USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
-    "state = 'pending' AND fence = $4"
+pub(super) const RELEASE: PerCommit<SplitOnNamespace> = per_commit!(
+    opening "USING",
+    per_row!(
+        "DELETE FROM idem_records",
+        "state = 'pending' AND fence = $4"
+    )
 );
 
 /// Keeps the holder's pending claim as a definite failure: duplicates are
 /// refused, never run. `$4`: the holder's fence; `$5`: how it got there
 /// (`state_reason`). Index: the partial unique index of its form.
-pub(super) const KEEP: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5",
-    "state = 'pending' AND fence = $4"
-);
-
-/// [`KEEP`], committing as [`SETTLE_ASYNC`] does. Index: the partial unique
-/// index of its form.
-pub(super) const KEEP_ASYNC: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5 \
-     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
-    "state = 'pending' AND fence = $4"
+pub(super) const KEEP: PerCommit<SplitOnNamespace> = per_commit!(
+    opening "FROM",
+    per_row!(
+        "UPDATE idem_records \
+         SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5",
+        "state = 'pending' AND fence = $4"
+    )
 );
 
 /// Holds the holder's pending claim in doubt: its outcome is unknown, so
@@ -463,7 +444,7 @@ pub(crate) async fn settle<'e>(
     output: Option<&str>,
     commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let statement = commit.pick(&SETTLE, &SETTLE_ASYNC);
+    let statement = SETTLE.committing(commit);
     changed_one(
         statement.for_row(scope, address).bind(fence).bind(output),
         executor,
@@ -480,7 +461,7 @@ pub(crate) async fn release<'e>(
     fence: i64,
     commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let statement = commit.pick(&RELEASE, &RELEASE_ASYNC);
+    let statement = RELEASE.committing(commit);
     changed_one(statement.for_row(scope, address).bind(fence), executor).await
 }
 
@@ -494,7 +475,7 @@ pub(crate) async fn keep<'e>(
     commit: Commit,
     reason: &str,
 ) -> Result<bool, sqlx::Error> {
-    let statement = commit.pick(&KEEP, &KEEP_ASYNC);
+    let statement = KEEP.committing(commit);
     changed_one(
         statement.for_row(scope, address).bind(fence).bind(reason),
         executor,
