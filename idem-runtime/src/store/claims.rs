@@ -25,6 +25,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{PgExecutor, Postgres, Row};
 
+use super::operations::ClaimState;
 use super::{Commit, Engine, PerCommit, Scope, SplitOnNamespace, per_commit, per_row};
 
 /// What a new claim row carries besides its scope and address.
@@ -41,9 +42,9 @@ pub(crate) struct NewClaim<'a> {
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct Existing {
     pub settled: bool,
-    /// The row's state as stored: `pending`, `success`, `in_doubt`,
-    /// `failed` (or another, written by a later version).
-    pub state: String,
+    /// The row's state, parsed as it is read: a state this build does not
+    /// know (written by a later version) fails the read instead.
+    pub state: ClaimState,
     pub identity: Vec<u8>,
     pub fingerprint: Option<Vec<u8>>,
     pub fence: i64,
@@ -86,12 +87,11 @@ impl Existing {
     pub(crate) fn written_by_its_holder(&self) -> bool {
         let reason = self.reason.as_deref();
         !self.resolved
-            && match self.state.as_str() {
-                "pending" => true,
-                "success" => reason.is_none(),
-                "failed" => reason == Some(KEPT_FAILURE),
-                "in_doubt" => reason == Some(BODY_IN_DOUBT),
-                _ => false,
+            && match self.state {
+                ClaimState::Pending => true,
+                ClaimState::Success => reason.is_none(),
+                ClaimState::Failed => reason == Some(KEPT_FAILURE),
+                ClaimState::InDoubt => reason == Some(BODY_IN_DOUBT),
             }
     }
 }
@@ -195,13 +195,13 @@ const CLAIM_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
      ON CONFLICT DO NOTHING \
      RETURNING fence";
 
-/// What the claim statement found.
+/// What the claim statement answered: the slot won, or who holds it.
 #[derive(Debug)]
-pub(crate) enum Claimed {
+pub(crate) enum ClaimAnswer {
     /// This statement inserted the claim, with this fence.
     Won(i64),
-    /// The slot is held by a row the statement could see.
-    Held(Existing),
+    /// The row of the slot's holder, which the statement could see.
+    Holder(Existing),
     /// The insert met a row the statement's snapshot cannot see (or, on
     /// Citus, any row: the routed claim does not look): look again.
     Hidden,
@@ -377,7 +377,7 @@ async fn changed_one<'e>(
 
 /// Claims the slot, or finds who holds it: in one statement ([`CLAIM`]) on
 /// PostgreSQL; on Citus the insert alone ([`CLAIM_ROUTED`]), a row it
-/// could not insert then being [`Claimed::Hidden`] for the caller to look
+/// could not insert then being [`ClaimAnswer::Hidden`] for the caller to look
 /// up.
 pub(crate) async fn claim<'e>(
     executor: impl PgExecutor<'e>,
@@ -386,7 +386,7 @@ pub(crate) async fn claim<'e>(
     address: &str,
     claim: NewClaim<'_>,
     with_output: bool,
-) -> Result<Claimed, sqlx::Error> {
+) -> Result<ClaimAnswer, sqlx::Error> {
     if engine == Engine::Citus {
         let fence = CLAIM_ROUTED
             .for_row(scope, address)
@@ -396,8 +396,8 @@ pub(crate) async fn claim<'e>(
             .fetch_optional(executor)
             .await?;
         return match fence {
-            Some(row) => Ok(Claimed::Won(row.try_get("fence")?)),
-            None => Ok(Claimed::Hidden),
+            Some(row) => Ok(ClaimAnswer::Won(row.try_get("fence")?)),
+            None => Ok(ClaimAnswer::Hidden),
         };
     }
     let row = CLAIM
@@ -409,12 +409,12 @@ pub(crate) async fn claim<'e>(
         .fetch_optional(executor)
         .await?;
     let Some(row) = row else {
-        return Ok(Claimed::Hidden);
+        return Ok(ClaimAnswer::Hidden);
     };
     if row.try_get::<bool, _>("won")? {
-        return Ok(Claimed::Won(row.try_get("fence")?));
+        return Ok(ClaimAnswer::Won(row.try_get("fence")?));
     }
-    Existing::from_row(&row).map(Claimed::Held)
+    Existing::from_row(&row).map(ClaimAnswer::Holder)
 }
 
 /// The row holding a slot, if any is still there.

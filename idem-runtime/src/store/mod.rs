@@ -77,10 +77,11 @@ pub(crate) use batch::{BatchOutcome, NewBatchItem, claim_batch, lookup_batch, re
 #[cfg(feature = "testing")]
 pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
-    BODY_IN_DOUBT, Claimed, Existing, KEPT_FAILURE, LATE_SUCCESS, LateSuccess, NewClaim, claim,
+    BODY_IN_DOUBT, ClaimAnswer, Existing, KEPT_FAILURE, LATE_SUCCESS, LateSuccess, NewClaim, claim,
     expire_in_doubt, extend, hold_in_doubt, keep, lookup, release, settle, settle_over,
     settle_own_hold, settle_vacant, take_over,
 };
+pub(crate) use operations::ClaimState;
 
 /// Where a claim (or a usage event) lives, besides its address.
 #[derive(Debug, Clone, Copy)]
