@@ -42,7 +42,7 @@ async fn state_of(gate: &Gate, identity: &Identity) -> Option<(String, i64)> {
         .expect("find the claim")
         .into_iter()
         .next()
-        .map(|row| (row.state, row.fence))
+        .map(|row| (row.state.to_string(), row.fence))
 }
 
 /// A probe that counts its calls and answers `verdict`.

@@ -32,7 +32,7 @@ async fn state_of(gate: &Gate, identity: &Identity) -> Option<(String, i64)> {
         .expect("find the claim")
         .into_iter()
         .next()
-        .map(|row| (row.state, row.fence))
+        .map(|row| (row.state.to_string(), row.fence))
 }
 
 async fn state(gate: &Gate, identity: &Identity) -> Option<String> {
@@ -933,7 +933,7 @@ async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
                     .into_iter()
                     .next()
                     .expect("held");
-                (row.state, row.fence)
+                (row.state.to_string(), row.fence)
             }
             Some(ns) => {
                 assert_eq!(ns, "live\u{1b}");
@@ -947,7 +947,7 @@ async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
                     .into_iter()
                     .next()
                     .expect("held");
-                (row.state, row.fence)
+                (row.state.to_string(), row.fence)
             }
         };
         assert_eq!(doubt.fence, fence, "{doubt:?}");

@@ -99,7 +99,7 @@ async fn racing_resolvers_resolve_a_claim_exactly_once() {
         while let Some(resolved) = resolvers.join_next().await {
             match resolved.expect("no panic") {
                 Resolved::Changed { before, after } => {
-                    assert_eq!(before.state, "in_doubt");
+                    assert_eq!(before.state, ClaimState::InDoubt);
                     assert_eq!(before.fence, fence);
                     changed.push(after);
                 }
@@ -135,7 +135,7 @@ async fn a_success_is_never_resolved_over() {
             .await
             .expect("resolve")
         {
-            Resolved::NotResolvable(row) => assert_eq!(row.state, "success"),
+            Resolved::NotResolvable(row) => assert_eq!(row.state, ClaimState::Success),
             other => panic!("{resolution:?} over a success: {other:?}"),
         }
     }
@@ -182,7 +182,7 @@ async fn a_holder_settling_while_resolvers_race_leaves_one_outcome() {
         let mut changed = Vec::new();
         while let Some(resolved) = resolvers.join_next().await {
             if let Resolved::Changed { before, after } = resolved.expect("no panic") {
-                assert_eq!(before.state, "pending");
+                assert_eq!(before.state, ClaimState::Pending);
                 changed.push(after);
             }
         }
@@ -225,7 +225,7 @@ async fn a_resolver_whose_fence_moved_on_changes_nothing() {
     {
         Resolved::FenceMoved { current, expected } => {
             assert_eq!((current.fence, expected), (fence, fence - 1));
-            assert_eq!(current.state, "pending");
+            assert_eq!(current.state, ClaimState::Pending);
         }
         other => panic!("{other:?}"),
     }
@@ -239,7 +239,7 @@ async fn a_resolver_whose_fence_moved_on_changes_nothing() {
         .expect("resolve")
     {
         Resolved::Changed { before, after } => {
-            assert_eq!((before.state.as_str(), after), ("pending", None));
+            assert_eq!((before.state, after), (ClaimState::Pending, None));
         }
         other => panic!("{other:?}"),
     }

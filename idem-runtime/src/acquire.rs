@@ -165,9 +165,9 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
             Concluded::Freed if freed + 1 < CLAIM_ATTEMPTS => {
                 freed += 1;
             }
-            // Held (or freed on every attempt) while a wait is not over:
+            // Held by another (or freed on every attempt) while a wait is not over:
             // pause, then look again.
-            Concluded::Held | Concluded::Freed if waiting(deadline) => {
+            Concluded::HeldByAnother | Concluded::Freed if waiting(deadline) => {
                 freed = 0;
                 let remaining = deadline
                     .flatten()
@@ -182,7 +182,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                 poll = (poll * 2).min(WAIT_LONGEST_POLL);
             }
             // Still held, or the slot changed hands on every attempt.
-            Concluded::Held | Concluded::Freed => {
+            Concluded::HeldByAnother | Concluded::Freed => {
                 contender.refused(&Rejected::InFlight);
                 return Err(Rejected::InFlight);
             }
@@ -209,7 +209,7 @@ pub(crate) enum Concluded {
     /// Decided: the slot is this caller's, or the caller is answered.
     Acquired(Result<Acquired, Rejected>),
     /// Pending under someone else, lease (if any) not run out.
-    Held,
+    HeldByAnother,
     /// Gone between the insert and the lookup, or taken over by another:
     /// worth another try.
     Freed,
@@ -241,7 +241,7 @@ pub(crate) enum Attempt {
     Won(Fenced),
     Settled(Option<String>),
     /// Pending under someone else, lease (if any) not run out.
-    Held,
+    HeldByAnother,
     /// Gone between the insert and the lookup, or taken over by another.
     Freed,
     Refused(Rejected),
@@ -327,7 +327,7 @@ impl<'a> Contender<'a> {
                 self.refused_as(&rejected, cached);
                 Err(rejected)
             }
-            Attempt::Held => return Concluded::Held,
+            Attempt::HeldByAnother => return Concluded::HeldByAnother,
             Attempt::Freed => return Concluded::Freed,
         };
         Concluded::Acquired(acquired)
@@ -407,11 +407,11 @@ impl<'a> Contender<'a> {
         )
         .await?
         {
-            store::Claimed::Won(fence) => return Ok(Attempt::Won(Fenced::new(fence))),
-            store::Claimed::Held(existing) => existing,
+            store::ClaimAnswer::Won(fence) => return Ok(Attempt::Won(Fenced::new(fence))),
+            store::ClaimAnswer::Holder(existing) => existing,
             // Stopped by a row the statement could not see: look again,
             // with a new snapshot, to tell the caller why.
-            store::Claimed::Hidden => {
+            store::ClaimAnswer::Hidden => {
                 match store::lookup(&mut *conn, scope, address, want_output).await? {
                     Some(existing) => existing,
                     // The holder failed and released in between: the slot
@@ -462,11 +462,11 @@ impl<'a> Contender<'a> {
             return Ok(settled(existing.output, replayable));
         }
         // Neither runs again: one may have taken effect, the other failed
-        // for good. (A state this build does not know is held, as pending.)
-        match existing.state.as_str() {
-            "in_doubt" => return Ok(Attempt::Refused(Rejected::InDoubt)),
-            "failed" => return Ok(kept_failure()),
-            _ => {}
+        // for good.
+        match existing.state {
+            store::ClaimState::InDoubt => return Ok(Attempt::Refused(Rejected::InDoubt)),
+            store::ClaimState::Failed => return Ok(kept_failure()),
+            store::ClaimState::Pending | store::ClaimState::Success => {}
         }
         if existing.lease_expired && on_expiry == OnExpiry::InDoubt {
             // The holder is gone and may have done the action: nobody runs
@@ -507,7 +507,7 @@ impl<'a> Contender<'a> {
                 None => Attempt::Freed,
             });
         }
-        Ok(Attempt::Held)
+        Ok(Attempt::HeldByAnother)
     }
 
     /// Whether the row found in the slot (its `identity` and `fingerprint`)

@@ -561,7 +561,7 @@ async fn claim<R>(
                         Ok(Concluded::Acquired(acquired)) => {
                             fates[index] = Some(answer(acquired, &items[index].identity, outcome));
                         }
-                        Ok(Concluded::Held) => {
+                        Ok(Concluded::HeldByAnother) => {
                             contenders[index].refused(&Rejected::InFlight);
                             fates[index] =
                                 Some(Fate::Answered(outcome.refused(Rejected::InFlight)));

@@ -717,8 +717,8 @@ impl Held {
         if row.fence == self.fence {
             let own = row.written_by_its_holder()
                 && match disposition {
-                    Disposition::Keep => row.state == "failed",
-                    Disposition::InDoubt => row.state == "in_doubt",
+                    Disposition::Keep => row.state == store::ClaimState::Failed,
+                    Disposition::InDoubt => row.state == store::ClaimState::InDoubt,
                     _ => false,
                 };
             return if own {
@@ -773,13 +773,13 @@ impl Held {
                 // Resolved as a definite failure by a reconciler or an
                 // operator meanwhile: a resolution stands, and is theirs to
                 // correct (`idem claims show` says who resolved it).
-                Some(row) if row.state == "failed" && row.fence == self.fence => {
+                Some(row) if row.state == store::ClaimState::Failed && row.fence == self.fence => {
                     return Err(self.not_recorded(&row));
                 }
                 // Kept as a definite failure by a later holder: final, and
                 // never written over. Taken over (our lineage) or claimed
                 // anew after a release, as below.
-                Some(row) if row.state == "failed" => {
+                Some(row) if row.state == store::ClaimState::Failed => {
                     return Err(if row.lineage == self.lineage {
                         self.lease_lost()
                     } else {
@@ -790,7 +790,7 @@ impl Held {
                 // `on_expiry = "in_doubt"`, and nobody took it over): our
                 // success is the outcome nobody knew, and once written it is
                 // ours, the one every duplicate is told.
-                Some(row) if row.fence == self.fence && row.state == "in_doubt" => {
+                Some(row) if row.fence == self.fence && row.state == store::ClaimState::InDoubt => {
                     if self.settle_own_hold(via, output).await? {
                         return Ok(());
                     }
@@ -938,20 +938,21 @@ impl Held {
 /// What `row` records, written by somebody other than the holder of its
 /// fence, as [`Rejected::NotRecorded`] says it.
 fn recorded_by_another(row: &store::Existing) -> &'static str {
-    match (row.state.as_str(), row.resolved, row.reason.as_deref()) {
-        ("success", true, _) => "was resolved as succeeded by a reconciler or an operator",
-        ("failed", true, _) => "was resolved as failed by a reconciler or an operator",
-        ("success", false, Some(store::LATE_SUCCESS)) => {
+    use store::ClaimState::{Failed, InDoubt, Pending, Success};
+    match (row.state, row.resolved, row.reason.as_deref()) {
+        (Success, true, _) => "was resolved as succeeded by a reconciler or an operator",
+        (Failed, true, _) => "was resolved as failed by a reconciler or an operator",
+        (Success, false, Some(store::LATE_SUCCESS)) => {
             "was settled by the late success of an earlier holder of the slot, whose claim was \
              taken over or released while its body ran"
         }
-        ("in_doubt", _, _) => {
+        (InDoubt, _, _) => {
             "is held in doubt: its lease ran out (on_expiry = \"in_doubt\") before this outcome \
              came, and a reconciler or an operator resolves it"
         }
-        ("success", _, _) => "is settled as succeeded",
-        ("failed", _, _) => "is kept as a definite failure",
-        _ => "records another outcome",
+        (Success, _, _) => "is settled as succeeded",
+        (Failed, _, _) => "is kept as a definite failure",
+        (Pending, _, _) => "records another outcome",
     }
 }
 

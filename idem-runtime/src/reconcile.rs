@@ -881,7 +881,7 @@ fn doubt_of(row: &ClaimRow, lease_ran_out: bool) -> Option<Doubt> {
         namespace: row.namespace.clone(),
         address: row.address.clone(),
         fence: row.fence,
-        state: ClaimState::parse(&row.state).unwrap_or(ClaimState::InDoubt),
+        state: row.state,
         reason: if lease_ran_out {
             Some("lease_expired".to_owned())
         } else {

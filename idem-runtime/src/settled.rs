@@ -6,7 +6,7 @@
 //! outcome cache (feature `cache`) holds. Nothing else can be made into a
 //! [`Final`]: a pending claim, or one in doubt, has no constructor here.
 
-use crate::store::Existing;
+use crate::store::{ClaimState, Existing};
 
 /// What the slot of one address holds for good: the identity and
 /// fingerprint it was claimed with (so a recalled fact is judged by the
@@ -48,7 +48,7 @@ impl Final {
             } else {
                 Replay::Unknown
             })
-        } else if row.state == "failed" {
+        } else if row.state == ClaimState::Failed {
             Fact::Failed
         } else {
             return None;

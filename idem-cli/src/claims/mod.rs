@@ -149,9 +149,9 @@ pub async fn release(
 ) -> Result<ClaimRow, CliError> {
     let claim = find(pool, address, scope).await?;
     let what = render::describe_claim(&claim);
-    match ClaimState::parse(&claim.state) {
-        Some(ClaimState::Pending) => {}
-        Some(ClaimState::InDoubt) => {
+    match claim.state {
+        ClaimState::Pending => {}
+        ClaimState::InDoubt => {
             return Err(CliError::Refused(format!(
                 "{what}: it is in doubt{}: its action may have taken effect, and a release would \
                  let a retry run it a second time. Find out what happened, then `idem claims \
@@ -285,24 +285,22 @@ pub async fn resolve(
 /// Why `claim` cannot be resolved, if it cannot: only claims in doubt or
 /// pending can.
 fn unresolvable(claim: &ClaimRow) -> Option<String> {
-    match ClaimState::parse(&claim.state) {
-        Some(state) if state.is_resolvable() => None,
-        Some(ClaimState::Success) => Some(format!(
+    match claim.state {
+        state if state.is_resolvable() => None,
+        ClaimState::Success => Some(format!(
             "it succeeded{}, and a success is kept forever: there is nothing to resolve",
             claim
                 .settled_micros
                 .map(|m| format!(" (settled {})", timestamps::instant_to_second(m)))
                 .unwrap_or_default(),
         )),
-        Some(ClaimState::Failed) => Some(
+        ClaimState::Failed => Some(
             "it is a kept failure, already resolved: retries of it are refused. There is \
              nothing to resolve"
                 .to_owned(),
         ),
-        _ => Some(format!(
-            "its state {:?} is not one this idem knows; only claims in doubt or pending are \
-             resolved",
-            claim.state
+        state => Some(format!(
+            "it is {state}; only claims in doubt or pending are resolved"
         )),
     }
 }

@@ -102,7 +102,7 @@ fn to_json<'a>(claim: &'a ClaimRow, decoded: &'a Decoded) -> ClaimJson<'a> {
         account: &claim.account,
         namespace: claim.namespace.as_deref(),
         address: &claim.address,
-        state: &claim.state,
+        state: claim.state.as_str(),
         state_reason: claim.state_reason.as_deref(),
         fence: claim.fence,
         created_at: timestamps::instant(claim.created_micros),
@@ -145,7 +145,7 @@ pub fn render_list(claims: &[ClaimRow], format: Format) -> Result<String, CliErr
                         c.account.clone(),
                         c.namespace.clone().unwrap_or_else(|| "-".to_owned()),
                         c.address.clone(),
-                        c.state.clone(),
+                        c.state.to_string(),
                         timestamps::age(c.age_seconds),
                         c.settled_micros
                             .map_or_else(|| "-".to_owned(), timestamps::instant_to_second),
@@ -191,7 +191,7 @@ pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError
             claim.namespace.clone().unwrap_or_else(|| "(none)".into()),
         ),
         ("kind".into(), claim.kind.clone()),
-        ("state".into(), claim.state.clone()),
+        ("state".into(), claim.state.to_string()),
         (
             "state_reason".into(),
             claim.state_reason.clone().unwrap_or_else(|| "-".into()),
@@ -281,7 +281,7 @@ pub fn render_resolved(resolved: &ResolvedClaim, format: Format) -> Result<Strin
     match format {
         Format::Json => output::json(&ResolvedJson {
             resolution,
-            state_before: &claim.state,
+            state_before: claim.state.as_str(),
             state_after: resolved.after.map(ClaimState::as_str),
             claim: to_json(claim, &Decoded::of(claim)),
         }),
@@ -314,7 +314,7 @@ mod tests {
             namespace: None,
             kind: "claim".into(),
             address: identity.address(),
-            state: "pending".into(),
+            state: ClaimState::Pending,
             identity: identity.canonical().to_vec(),
             created_micros: 1_714_564_800_000_000,
             settled_micros: None,

@@ -46,7 +46,7 @@ use sqlx::query::Query;
 use sqlx::{FromRow, PgExecutor, Postgres, Row};
 
 use super::claims::{Existing, existing_columns};
-use super::{Commit, Engine, SplitOnNamespace};
+use super::{Commit, Engine, PerCommit, SplitOnNamespace, per_commit};
 
 /// A batch statement in its four forms: per engine (see the module's
 /// docs), and per namespace ([`SplitOnNamespace`]).
@@ -225,16 +225,6 @@ macro_rules! on_held {
     };
 }
 
-/// The first item of a `FROM` (or `USING`) list that makes the statement
-/// commit without waiting for its WAL to reach the disk: `synchronous_commit`
-/// set for its own transaction only, as the one-claim path's asynchronous
-/// forms do.
-macro_rules! async_commit {
-    () => {
-        " (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit,"
-    };
-}
-
 /// What a settle sets: `success`, and the output to keep (from the item).
 macro_rules! settle_set {
     () => {
@@ -265,29 +255,19 @@ macro_rules! keep_set {
 /// fences, `$5` outputs to keep (NULL elements: none). Returns the settled
 /// addresses. Index: one probe per address into the partial unique index
 /// of its form.
-pub(super) const SETTLE_BATCH: PerEngine = on_held!(settle_set!(), settle_items!());
-
-/// [`SETTLE_BATCH`] committing without waiting for its WAL to reach the
-/// disk, as the single settle's asynchronous form does.
-pub(super) const SETTLE_BATCH_ASYNC: PerEngine =
-    on_held!(concat!(settle_set!(), async_commit!()), settle_items!());
+pub(super) const SETTLE_BATCH: PerCommit<PerEngine> =
+    per_commit!(leading, on_held!(settle_set!(), settle_items!()));
 
 /// Deletes the holder's pending claims, each matched on its fence, freeing
 /// their slots. `$4` fences. Returns the released addresses. Index: one
 /// probe per address into the partial unique index of its form.
-pub(super) const RELEASE_BATCH: PerEngine = on_held!("DELETE FROM idem_records r USING");
-
-/// [`RELEASE_BATCH`], committing as [`SETTLE_BATCH_ASYNC`] does.
-pub(super) const RELEASE_BATCH_ASYNC: PerEngine =
-    on_held!(concat!("DELETE FROM idem_records r USING", async_commit!()));
+pub(super) const RELEASE_BATCH: PerCommit<PerEngine> =
+    per_commit!(leading, on_held!("DELETE FROM idem_records r USING"));
 
 /// Keeps the holder's pending claims as definite failures, each matched on
 /// its fence. `$4` fences, `$5` how they got there (`state_reason`).
 /// Returns the kept addresses. Index: as [`SETTLE_BATCH`].
-pub(super) const KEEP_BATCH: PerEngine = on_held!(keep_set!());
-
-/// [`KEEP_BATCH`], committing as [`SETTLE_BATCH_ASYNC`] does.
-pub(super) const KEEP_BATCH_ASYNC: PerEngine = on_held!(concat!(keep_set!(), async_commit!()));
+pub(super) const KEEP_BATCH: PerCommit<PerEngine> = per_commit!(leading, on_held!(keep_set!()));
 
 /// Holds the holder's pending claims in doubt, each matched on its fence;
 /// the lease is cleared, so none can be taken over. `$4` fences, `$5` how
@@ -378,20 +358,18 @@ pub(crate) async fn record_batch<'e>(
     outcome: BatchOutcome<'_>,
     commit: Commit,
 ) -> Result<Vec<String>, sqlx::Error> {
-    let pick = |durable, asynchronous| match commit {
-        Commit::Durable => durable,
-        Commit::Async => asynchronous,
-    };
     let query = match outcome {
-        BatchOutcome::Settle(outputs) => pick(&SETTLE_BATCH, &SETTLE_BATCH_ASYNC)
+        BatchOutcome::Settle(outputs) => SETTLE_BATCH
+            .committing(commit)
             .for_batch(engine, scope, addresses)
             .bind(fences)
             .bind(outputs),
-        BatchOutcome::Release => {
-            { pick(&RELEASE_BATCH, &RELEASE_BATCH_ASYNC).for_batch(engine, scope, addresses) }
-                .bind(fences)
-        }
-        BatchOutcome::Keep(reason) => pick(&KEEP_BATCH, &KEEP_BATCH_ASYNC)
+        BatchOutcome::Release => RELEASE_BATCH
+            .committing(commit)
+            .for_batch(engine, scope, addresses)
+            .bind(fences),
+        BatchOutcome::Keep(reason) => KEEP_BATCH
+            .committing(commit)
             .for_batch(engine, scope, addresses)
             .bind(fences)
             .bind(reason),

@@ -101,16 +101,24 @@ async fn batch_of(conn: &mut PgConnection, namespace: Option<&str>) -> (Vec<Stri
 fn statements() -> Vec<(&'static str, &'static PerEngine, Extra)> {
     vec![
         ("lookup", &batch::LOOKUP_BATCH, Extra::Output),
-        ("settle", &batch::SETTLE_BATCH, Extra::FencesOutputs),
+        ("settle", &batch::SETTLE_BATCH.durable, Extra::FencesOutputs),
         (
             "settle async",
-            &batch::SETTLE_BATCH_ASYNC,
+            &batch::SETTLE_BATCH.asynchronous,
             Extra::FencesOutputs,
         ),
-        ("release", &batch::RELEASE_BATCH, Extra::Fences),
-        ("release async", &batch::RELEASE_BATCH_ASYNC, Extra::Fences),
-        ("keep", &batch::KEEP_BATCH, Extra::FencesReason),
-        ("keep async", &batch::KEEP_BATCH_ASYNC, Extra::FencesReason),
+        ("release", &batch::RELEASE_BATCH.durable, Extra::Fences),
+        (
+            "release async",
+            &batch::RELEASE_BATCH.asynchronous,
+            Extra::Fences,
+        ),
+        ("keep", &batch::KEEP_BATCH.durable, Extra::FencesReason),
+        (
+            "keep async",
+            &batch::KEEP_BATCH.asynchronous,
+            Extra::FencesReason,
+        ),
         (
             "hold in doubt",
             &batch::HOLD_IN_DOUBT_BATCH,

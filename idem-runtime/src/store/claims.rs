@@ -25,7 +25,8 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{PgExecutor, Postgres, Row};
 
-use super::{Commit, Engine, Scope, SplitOnNamespace, per_row};
+use super::operations::ClaimState;
+use super::{Commit, Engine, PerCommit, Scope, SplitOnNamespace, per_commit, per_row};
 
 /// What a new claim row carries besides its scope and address.
 #[derive(Debug, Clone, Copy)]
@@ -41,9 +42,9 @@ pub(crate) struct NewClaim<'a> {
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct Existing {
     pub settled: bool,
-    /// The row's state as stored: `pending`, `success`, `in_doubt`,
-    /// `failed` (or another, written by a later version).
-    pub state: String,
+    /// The row's state, parsed as it is read: a state this build does not
+    /// know (written by a later version) fails the read instead.
+    pub state: ClaimState,
     pub identity: Vec<u8>,
     pub fingerprint: Option<Vec<u8>>,
     pub fence: i64,
@@ -86,12 +87,11 @@ impl Existing {
     pub(crate) fn written_by_its_holder(&self) -> bool {
         let reason = self.reason.as_deref();
         !self.resolved
-            && match self.state.as_str() {
-                "pending" => true,
-                "success" => reason.is_none(),
-                "failed" => reason == Some(KEPT_FAILURE),
-                "in_doubt" => reason == Some(BODY_IN_DOUBT),
-                _ => false,
+            && match self.state {
+                ClaimState::Pending => true,
+                ClaimState::Success => reason.is_none(),
+                ClaimState::Failed => reason == Some(KEPT_FAILURE),
+                ClaimState::InDoubt => reason == Some(BODY_IN_DOUBT),
             }
     }
 }
@@ -195,13 +195,13 @@ const CLAIM_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
      ON CONFLICT DO NOTHING \
      RETURNING fence";
 
-/// What the claim statement found.
+/// What the claim statement answered: the slot won, or who holds it.
 #[derive(Debug)]
-pub(crate) enum Claimed {
+pub(crate) enum ClaimAnswer {
     /// This statement inserted the claim, with this fence.
     Won(i64),
-    /// The slot is held by a row the statement could see.
-    Held(Existing),
+    /// The row of the slot's holder, which the statement could see.
+    Holder(Existing),
     /// The insert met a row the statement's snapshot cannot see (or, on
     /// Citus, any row: the routed claim does not look): look again.
     Hidden,
@@ -222,54 +222,35 @@ pub(super) const LOOKUP: SplitOnNamespace = per_row!(concat!(
 /// is kept as the text serde_json wrote, not as `jsonb`, which refuses some
 /// of what JSON can say (`\u0000`): a settle must never fail because of the
 /// value it carries. Index: the partial unique index of its form.
-pub(super) const SETTLE: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5",
-    "state = 'pending' AND fence = $4"
+pub(super) const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
+    opening "FROM",
+    per_row!(
+        "UPDATE idem_records \
+         SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5",
+        "state = 'pending' AND fence = $4"
+    )
 );
 
 /// Deletes the holder's pending claim, freeing the slot. `$4`: the holder's
 /// fence. Index: the partial unique index of its form.
-pub(super) const RELEASE: SplitOnNamespace = per_row!(
-    "DELETE FROM idem_records",
-    "state = 'pending' AND fence = $4"
-);
-
-/// [`SETTLE`] committing without waiting for its WAL to reach the disk:
-/// `synchronous_commit` is set for its own transaction only, inside the
-/// statement (no extra round trip, nothing left on the pooled connection).
-/// Index: the partial unique index of its form.
-pub(super) const SETTLE_ASYNC: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5 \
-     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
-    "state = 'pending' AND fence = $4"
-);
-
-/// [`RELEASE`], committing as [`SETTLE_ASYNC`] does. Index: the partial
-/// unique index of its form.
-pub(super) const RELEASE_ASYNC: SplitOnNamespace = per_row!(
-    "DELETE FROM idem_records \
-     USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
-    "state = 'pending' AND fence = $4"
+pub(super) const RELEASE: PerCommit<SplitOnNamespace> = per_commit!(
+    opening "USING",
+    per_row!(
+        "DELETE FROM idem_records",
+        "state = 'pending' AND fence = $4"
+    )
 );
 
 /// Keeps the holder's pending claim as a definite failure: duplicates are
 /// refused, never run. `$4`: the holder's fence; `$5`: how it got there
 /// (`state_reason`). Index: the partial unique index of its form.
-pub(super) const KEEP: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5",
-    "state = 'pending' AND fence = $4"
-);
-
-/// [`KEEP`], committing as [`SETTLE_ASYNC`] does. Index: the partial unique
-/// index of its form.
-pub(super) const KEEP_ASYNC: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5 \
-     FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit",
-    "state = 'pending' AND fence = $4"
+pub(super) const KEEP: PerCommit<SplitOnNamespace> = per_commit!(
+    opening "FROM",
+    per_row!(
+        "UPDATE idem_records \
+         SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5",
+        "state = 'pending' AND fence = $4"
+    )
 );
 
 /// Holds the holder's pending claim in doubt: its outcome is unknown, so
@@ -396,7 +377,7 @@ async fn changed_one<'e>(
 
 /// Claims the slot, or finds who holds it: in one statement ([`CLAIM`]) on
 /// PostgreSQL; on Citus the insert alone ([`CLAIM_ROUTED`]), a row it
-/// could not insert then being [`Claimed::Hidden`] for the caller to look
+/// could not insert then being [`ClaimAnswer::Hidden`] for the caller to look
 /// up.
 pub(crate) async fn claim<'e>(
     executor: impl PgExecutor<'e>,
@@ -405,7 +386,7 @@ pub(crate) async fn claim<'e>(
     address: &str,
     claim: NewClaim<'_>,
     with_output: bool,
-) -> Result<Claimed, sqlx::Error> {
+) -> Result<ClaimAnswer, sqlx::Error> {
     if engine == Engine::Citus {
         let fence = CLAIM_ROUTED
             .for_row(scope, address)
@@ -415,8 +396,8 @@ pub(crate) async fn claim<'e>(
             .fetch_optional(executor)
             .await?;
         return match fence {
-            Some(row) => Ok(Claimed::Won(row.try_get("fence")?)),
-            None => Ok(Claimed::Hidden),
+            Some(row) => Ok(ClaimAnswer::Won(row.try_get("fence")?)),
+            None => Ok(ClaimAnswer::Hidden),
         };
     }
     let row = CLAIM
@@ -428,12 +409,12 @@ pub(crate) async fn claim<'e>(
         .fetch_optional(executor)
         .await?;
     let Some(row) = row else {
-        return Ok(Claimed::Hidden);
+        return Ok(ClaimAnswer::Hidden);
     };
     if row.try_get::<bool, _>("won")? {
-        return Ok(Claimed::Won(row.try_get("fence")?));
+        return Ok(ClaimAnswer::Won(row.try_get("fence")?));
     }
-    Existing::from_row(&row).map(Claimed::Held)
+    Existing::from_row(&row).map(ClaimAnswer::Holder)
 }
 
 /// The row holding a slot, if any is still there.
@@ -463,7 +444,7 @@ pub(crate) async fn settle<'e>(
     output: Option<&str>,
     commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let statement = commit.pick(&SETTLE, &SETTLE_ASYNC);
+    let statement = SETTLE.committing(commit);
     changed_one(
         statement.for_row(scope, address).bind(fence).bind(output),
         executor,
@@ -480,7 +461,7 @@ pub(crate) async fn release<'e>(
     fence: i64,
     commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let statement = commit.pick(&RELEASE, &RELEASE_ASYNC);
+    let statement = RELEASE.committing(commit);
     changed_one(statement.for_row(scope, address).bind(fence), executor).await
 }
 
@@ -494,7 +475,7 @@ pub(crate) async fn keep<'e>(
     commit: Commit,
     reason: &str,
 ) -> Result<bool, sqlx::Error> {
-    let statement = commit.pick(&KEEP, &KEEP_ASYNC);
+    let statement = KEEP.committing(commit);
     changed_one(
         statement.for_row(scope, address).bind(fence).bind(reason),
         executor,

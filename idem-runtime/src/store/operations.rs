@@ -34,8 +34,9 @@
 
 use std::time::Duration;
 
-use sqlx::FromRow;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgTypeInfo, PgValueRef};
+use sqlx::{AssertSqlSafe, FromRow, PgPool, Postgres};
 
 use super::{Scope, SplitOnNamespace, per_row};
 
@@ -111,6 +112,40 @@ impl ClaimState {
     }
 }
 
+/// As stored ([`ClaimState::as_str`]).
+impl std::fmt::Display for ClaimState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Read from `idem_records.state` as text.
+impl sqlx::Type<Postgres> for ClaimState {
+    fn type_info() -> PgTypeInfo {
+        <&str as sqlx::Type<Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &PgTypeInfo) -> bool {
+        <&str as sqlx::Type<Postgres>>::compatible(ty)
+    }
+}
+
+/// Where a row's state is parsed, once, as it is read: a state this build
+/// does not know (written by a later version) is an error of the row that
+/// holds it, never taken for another state.
+impl<'r> sqlx::Decode<'r, Postgres> for ClaimState {
+    fn decode(value: PgValueRef<'r>) -> Result<ClaimState, BoxDynError> {
+        let text = <&str as sqlx::Decode<'r, Postgres>>::decode(value)?;
+        ClaimState::parse(text).ok_or_else(|| {
+            format!(
+                "the claim state {text:?} is not one this build of idem knows (pending, \
+                 success, in_doubt, failed): a later version wrote it; upgrade idem"
+            )
+            .into()
+        })
+    }
+}
+
 /// Which claims [`list`] returns.
 #[derive(Debug, Clone, Copy)]
 pub struct ListFilter<'a> {
@@ -150,9 +185,9 @@ pub struct ClaimRow {
     pub kind: String,
     /// `claim_` + 24 hex digits.
     pub address: String,
-    /// As stored: [`ClaimState::as_str`] names the states this build
-    /// writes; a row written by a later version may hold another.
-    pub state: String,
+    /// Its state. A row in a state this build does not know (written by a
+    /// later version) is not read: the call that meets it fails, saying so.
+    pub state: ClaimState,
     /// The canonical identity encoding
     /// ([`Identity::from_canonical`](crate::Identity::from_canonical) reads
     /// it back).
@@ -739,7 +774,7 @@ pub async fn resolve_as(
     let Some(before) = found.as_ref().map(ClaimRow::from_row).transpose()? else {
         return Ok(Resolved::Missing);
     };
-    if !ClaimState::parse(&before.state).is_some_and(ClaimState::is_resolvable) {
+    if !before.state.is_resolvable() {
         return Ok(Resolved::NotResolvable(before));
     }
     if let Some(expected) = resolver.expected_fence
