@@ -19,8 +19,9 @@
 //! 409 and are never charged twice) until the reconciler running beside the
 //! service asks the network's lookup, within seconds.
 //!
-//! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
-//! one (see `idem-test-support/src/database.rs`). Ctrl-C stops it.
+//! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else the tests'
+//! throwaway server when it runs, else a throwaway one (see
+//! `idem-test-support/src/database.rs`). Ctrl-C stops it.
 
 mod service;
 #[cfg(test)]

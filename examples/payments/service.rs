@@ -22,7 +22,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::axum::{IdempotencyKey, Problem, StoredResponse};
+use idem::http::{IdempotencyKey, Problem, StoredResponse};
 use idem::metrics::MetricsOptions;
 use idem::reconcile::{Doubt, Reconciler, Verdict};
 use idem::sqlx::{self, PgPool};

@@ -1,4 +1,4 @@
-//! The `Idempotency-Key` layer (`idem::axum`, feature `axum`): the payments
+//! The `Idempotency-Key` layer (`idem::http`, feature `axum`): the payments
 //! service started on 127.0.0.1 and hit by a real HTTP client,
 //! against a real PostgreSQL; then the extractor and the refusal responses
 //! on their own.
@@ -13,10 +13,10 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
-use idem::axum::{IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection, StoredResponse};
+use idem::http::{IDEMPOTENT_REPLAYED, IdempotencyKey, KeyRejection, StoredResponse};
 use idem::metrics::{Gauges, names};
 use idem::sqlx;
-use idem::{Gate, Identity, Mode, Rejected};
+use idem::{Gate, Identity, Rejected};
 use idem_test_support::answer::Answer;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
@@ -631,12 +631,11 @@ async fn any_body_is_replayed_byte_for_byte_through_postgresql() {
                     .with_body(body.clone()),
             )
         };
-        let first = gate
-            .run_replayed(&id, &Mode::new(), respond())
-            .await
-            .expect("runs");
+        let first = gate.guard(&id).replay().run(respond()).await.expect("runs");
         let again = gate
-            .run_replayed(&id, &Mode::new(), respond())
+            .guard(&id)
+            .replay()
+            .run(respond())
             .await
             .expect("replayed");
         assert!(!first.is_replay() && again.is_replay());

@@ -4,11 +4,11 @@
 //! cargo run --example quickstart
 //! ```
 //!
-//! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else a throwaway
-//! one started from the local PostgreSQL binaries (see
-//! `idem-test-support/src/database.rs`). The guarded `charge` is in
-//! `billing.rs` beside this file; `races.rs` races it with
-//! `idem::race_test!`, as you would race yours (`cargo test --example
+//! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else the tests'
+//! throwaway server when it runs, else a throwaway one started from the
+//! local PostgreSQL binaries (see `idem-test-support/src/database.rs`). The
+//! guarded `charge` is in `billing.rs` beside this file; `races.rs` races it
+//! with `idem::race_test!`, as you would race yours (`cargo test --example
 //! quickstart`). `RUST_LOG=idem=debug` shows every claim, settle and release.
 
 mod billing;

@@ -136,7 +136,8 @@ pub struct MigrateArgs {
 pub enum ClaimsCommand {
     /// List claims, newest first.
     List(ListArgs),
-    /// Show every field of one claim.
+    /// Show every field of one claim, and its steps (idem::step): each
+    /// one's address, state, fence, times and the size of its value.
     Show(ShowArgs),
     /// Delete a pending claim, so the next retry of its action runs.
     ///
@@ -337,5 +338,19 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    /// `--state` takes a state as the store spells it (and as `claims list`
+    /// prints it), so the two spellings must not drift apart.
+    #[test]
+    fn each_state_argument_is_spelled_as_the_state_is_stored() {
+        for argument in StateArg::value_variants() {
+            let name = argument
+                .to_possible_value()
+                .map(|value| value.get_name().to_owned());
+            let state = ClaimState::from(*argument);
+            assert_eq!(name.as_deref(), Some(state.as_str()));
+            assert_eq!(ClaimState::parse(state.as_str()), Some(state));
+        }
     }
 }

@@ -70,12 +70,11 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
             })
         }
         Command::Claims(ClaimsCommand::List(args)) => {
-            let filter = ListFilter {
-                scope: scope(&args.scope),
-                state: args.state.map(ClaimState::from),
-                older_than: args.older_than,
-                limit: args.limit,
-            };
+            let filter = ListFilter::new()
+                .scope(scope(&args.scope))
+                .state(args.state.map(ClaimState::from))
+                .older_than(args.older_than)
+                .limit(args.limit);
             if args.count {
                 let count =
                     on_table(&args.table, async |pool| claims::count(pool, &filter).await).await?;
@@ -97,12 +96,15 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
         Command::Claims(ClaimsCommand::Show(args)) => {
             let claim = &args.claim;
             claims::check_address(&claim.address)?;
-            let found = on_table(&claim.table, async |pool| {
-                claims::find(pool, &claim.address, &scope(&claim.scope)).await
+            let (found, steps) = on_table(&claim.table, async |pool| {
+                let found = claims::find(pool, &claim.address, &scope(&claim.scope)).await?;
+                let steps = claims::steps(pool, &found).await?;
+                Ok((found, steps))
             })
             .await?;
             Ok(Done::clean(claims::render_claim(
                 &found,
+                &steps,
                 args.format.format,
             )?))
         }
@@ -166,12 +168,11 @@ async fn on_table<T>(
 }
 
 fn scope(args: &ScopeArgs) -> ScopeFilter<'_> {
-    ScopeFilter {
-        account: args.account.as_deref(),
-        namespace: match (&args.namespace, args.no_namespace) {
+    ScopeFilter::new()
+        .account(args.account.as_deref())
+        .namespace(match (&args.namespace, args.no_namespace) {
             (Some(name), _) => NamespaceFilter::Named(name),
             (None, true) => NamespaceFilter::Without,
             (None, false) => NamespaceFilter::Any,
-        },
-    }
+        })
 }

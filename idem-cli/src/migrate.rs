@@ -80,46 +80,29 @@ pub async fn migrate(
             .await
             .map_err(refused_or_database("set up idem's distributed schema"))?,
     }
-    let layout = schema::layout(pool)
+    // The table comes qualified even when its schema is on the search_path,
+    // so the report says where it is.
+    let status = schema::status(pool)
         .await
-        .map_err(CliError::database("read idem_records' layout"))?
-        .map(|layout| layout.to_string());
-    let problems = schema::verify(pool)
-        .await
-        .map_err(CliError::database("verify idem's schema"))?;
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(CliError::database("open a connection"))?;
-    let version = schema::current_version(&mut conn)
-        .await
-        .map_err(CliError::database("read idem's schema version"))?;
-    drop(conn);
-    // Qualified even when the schema is on the search_path, so the report
-    // says where the table is.
-    let table = schema::locate(pool)
-        .await
-        .map_err(CliError::database("find idem_records"))?
-        .table;
-    let mut problems: Vec<String> = problems
+        .map_err(refused_or_database("read idem's schema"))?;
+    let mut problems: Vec<String> = status
+        .problems
         .map(|p| p.problems.iter().map(ToString::to_string).collect())
         .unwrap_or_default();
-    if table.is_some() && version < schema::SCHEMA_VERSION {
+    let version = status.version;
+    if status.table.is_some() && version < status.expected_version {
         problems.push(format!(
             "the schema is at version {version}, this idem expects {}: run `idem migrate` \
              without --check (with a role that may run DDL)",
-            schema::SCHEMA_VERSION
+            status.expected_version
         ));
     }
     Ok(SchemaReport {
-        table,
+        table: status.table,
         version,
-        expected_version: schema::SCHEMA_VERSION,
-        layout,
-        unique_indexes: [
-            schema::INDEX_WITHOUT_NAMESPACE,
-            schema::INDEX_WITHIN_NAMESPACE,
-        ],
+        expected_version: status.expected_version,
+        layout: status.layout.map(|layout| layout.to_string()),
+        unique_indexes: status.unique_indexes,
         problems,
     })
 }

@@ -111,10 +111,7 @@ impl<'a> Target<'a> {
         })?;
         let account = args.account.as_deref();
         Ok(Target {
-            filter: PruneFilter {
-                settled_before,
-                account,
-            },
+            filter: PruneFilter::new(settled_before).account(account),
             before,
             within: match account {
                 Some(account) => format!("in account {account}"),

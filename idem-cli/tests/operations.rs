@@ -5,8 +5,9 @@ mod common;
 
 use common::{assert_contains, idem, idem_in, on_citus};
 use idem::testing::unique_name;
+use idem_runtime::__internal::{INDEX_WITHIN_NAMESPACE, INDEX_WITHOUT_NAMESPACE};
 use idem_runtime::Identity;
-use idem_runtime::schema::{INDEX_WITHIN_NAMESPACE, INDEX_WITHOUT_NAMESPACE, SCHEMA_VERSION};
+use idem_runtime::schema::SCHEMA_VERSION;
 use idem_test_support::connections::connect;
 use idem_test_support::schemas::{create_schemas, drop_schemas, ident, run_sql};
 use serde_json::Value;
@@ -332,6 +333,74 @@ async fn claims_are_listed_shown_released_and_pruned() {
     .json();
     assert_eq!(shown["namespace"], "live");
 
+    // show lists the claim's steps, in its scope only: two on the claim
+    // without a namespace (one recorded, one cut off), none on its twin
+    // in live. The first is named "ship" (its identity, as a step's row
+    // keeps it: an identity and the name's field); the second's identity
+    // is no step's, so it has no name to show.
+    run_sql(
+        &mut conn,
+        &format!(
+            "INSERT INTO {schema}.idem_records \
+                 (account, kind, address, namespace, state, identity, fence, created_at, \
+                  settled_at, claim_address, output_json) \
+             VALUES ('acme', 'step', 'step_000000000000000000000001', NULL, 'success', \
+                     '\\x6964656d0161000000000000000663686172676570000000000000000473686970', \
+                     3, timestamptz '2024-05-01T12:00:00Z', timestamptz '2024-05-01T12:00:01Z', \
+                     '{pending}', '{{\"receipt\":\"r_1\"}}'), \
+                    ('acme', 'step', 'step_000000000000000000000002', NULL, 'pending', '\\x00', \
+                     3, timestamptz '2024-05-01T12:00:02Z', NULL, '{pending}', NULL)",
+            schema = ident(&schema),
+        ),
+    )
+    .await;
+    let run = idem_in(
+        &schema,
+        &format!("claims show {pending} --account acme --no-namespace"),
+    )
+    .expect_code(0);
+    assert_contains(
+        &run.stdout,
+        "steps:            2\n\
+         \x20 \"ship\"  step_000000000000000000000001  success  fence 3  \
+         begun 2024-05-01T12:00:00Z  recorded 2024-05-01T12:00:01Z  value 17 bytes\n\
+         \x20 (unreadable)  step_000000000000000000000002  pending  fence 3  \
+         begun 2024-05-01T12:00:02Z  recorded -  no value\n",
+    );
+    assert!(
+        !run.stdout.contains("r_1"),
+        "no value is shown:\n{}",
+        run.stdout
+    );
+    let shown = idem_in(
+        &schema,
+        &format!("claims show {pending} --account acme --no-namespace --format json"),
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(shown["address"], pending.as_str());
+    let steps = shown["steps"].as_array().cloned().unwrap_or_default();
+    assert_eq!(steps.len(), 2, "{shown}");
+    assert_eq!(steps[0]["name"], "ship");
+    assert_eq!(steps[1]["name"], Value::Null);
+    assert_eq!(steps[0]["address"], "step_000000000000000000000001");
+    assert_eq!(steps[0]["state"], "success");
+    assert_eq!(steps[0]["fence"], 3);
+    assert_eq!(steps[0]["settled_at"], "2024-05-01T12:00:01Z");
+    assert_eq!(steps[0]["output_bytes"], 17);
+    assert_eq!(steps[1]["state"], "pending");
+    assert_eq!(steps[1]["settled_at"], Value::Null);
+    assert_eq!(steps[1]["output_bytes"], Value::Null);
+    let twin = idem_in(
+        &schema,
+        &format!("claims show {pending} --namespace live --format json"),
+    )
+    .expect_code(0)
+    .json();
+    assert_eq!(twin["steps"], serde_json::json!([]));
+    let run = idem_in(&schema, &format!("claims show {pending} --namespace live")).expect_code(0);
+    assert_contains(&run.stdout, "steps:            none\n");
+
     let run = idem_in(&schema, "claims show claim_000000000000000000000000").expect_code(1);
     assert_contains(
         &run.stderr,
@@ -410,8 +479,9 @@ async fn claims_are_listed_shown_released_and_pruned() {
             "deleted": 0,
             "settled_before": "2024-12-30T22:00:00Z",
             "account": "acme",
-            // One per lane (no namespace, a namespace) for the one account.
-            "batches": 2,
+            // One per lane (no namespace, a namespace, steps whose claim
+            // is gone) for the one account.
+            "batches": 3,
             "batch_size": 10_000,
         })
     );
@@ -763,7 +833,7 @@ async fn claims_list_says_when_it_stopped_at_its_limit_and_counts_them_all() {
 
 #[tokio::test]
 async fn claims_list_older_than_measures_a_claim_in_doubt_from_when_it_went_in_doubt() {
-    use idem::{Gate, Mode};
+    use idem::Gate;
     use idem_test_support::ChargeError;
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -785,7 +855,9 @@ async fn claims_list_older_than_measures_a_claim_in_doubt_from_when_it_went_in_d
     // Claimed, then in doubt three seconds later, when its body timed out.
     let id = Identity::new("charge").part("ord_slow");
     let outcome: Result<(), ChargeError> = gate
-        .run_disposed(&id, &Mode::new(), async {
+        .guard(&id)
+        .disposition(ChargeError::disposition)
+        .run(async {
             tokio::time::sleep(std::time::Duration::from_secs(3)).await;
             Err(ChargeError::Timeout)
         })

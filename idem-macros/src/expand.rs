@@ -338,31 +338,20 @@ impl Checked {
             )
         });
 
-        // Naming the return type at the call points a wrong return type's
-        // error at the type itself. In the body, an unreachable early return
-        // of that type fixes the async block's output before the body is
-        // checked (as tracing's #[instrument] does), so `?`, `return` and
-        // coercions such as &String to &str behave as in the original fn.
-        // `outcome_of::<ReturnType>()` carries the return type's span: a
-        // return type that is not `Result<T, E: From<Rejected>>` (or, with
-        // `replay`, whose `T` is not serde) fails there, once. In the body,
-        // an unreachable early return of that type fixes the async block's
-        // output before the body is checked (as tracing's #[instrument]
-        // does), so `?`, `return` and coercions such as &String to &str
-        // behave as in the original function.
-        let outcome_of = if modes.replay {
-            quote!(replayed_outcome_of)
-        } else {
-            quote!(outcome_of)
-        };
-        let (outcome, output_hint) = match &sig.output {
+        // The guard, as a caller would write it by hand: the options, then
+        // `replay` and the classifier.
+        let mut guard = modes.options(&private);
+        if modes.replay {
+            guard.extend(quote!(.replay()));
+        }
+        // In the body, an unreachable early return of the return type fixes
+        // the async block's output before the body is checked (as tracing's
+        // #[instrument] does), so `?`, `return` and coercions such as
+        // &String to &str behave as in the original fn.
+        let (output_hint, return_type) = match &sig.output {
             ReturnType::Type(_, ty) if !signature::mentions_impl_trait(ty) => {
                 let fake = Ident::new("__idem_fake_return", Span::mixed_site());
                 (
-                    {
-                        let glue = glue_at(ty.span());
-                        quote_spanned!(ty.span()=> #glue::#outcome_of::<#ty>())
-                    },
                     quote! {
                         #[allow(
                             unreachable_code,
@@ -376,57 +365,74 @@ impl Checked {
                             return #fake;
                         }
                     },
+                    Some(ty.clone()),
                 )
             }
-            _ => (quote!(#private::#outcome_of()), TokenStream::new()),
+            _ => (TokenStream::new(), None),
         };
-        // `disposition = path`: a closure that captures nothing (so it is a
-        // plain fn pointer) hands each output to the user's function, whose
-        // type is checked where it is written.
-        let outcome = match &modes.disposition {
-            Some(disposition) => {
-                let glue = glue_at(disposition.span());
-                let output = Ident::new("__idem_output", Span::mixed_site());
-                let classify = quote_spanned!(disposition.span()=>
-                    |#output| #glue::disposition_of(#output, #disposition)
-                );
-                quote!(#outcome.disposed_by(#classify))
+        // `disposition = path`: the path as a `fn(&E) -> Disposition`, `E`
+        // the return type's error, so a function of another shape fails
+        // where the path is written.
+        if let Some(disposition) = &modes.disposition {
+            let glue = glue_at(disposition.span());
+            let classifier = match &return_type {
+                Some(ty) => quote_spanned!(disposition.span()=>
+                    #glue::classifier_of::<#ty>(#disposition)
+                ),
+                None => quote_spanned!(disposition.span()=> #glue::classifier(#disposition)),
+            };
+            guard.extend(quote!(.disposition(#classifier)));
+        }
+        // Every bound on the return type is met in `checked`, spanned at the
+        // type: a return type that is not `Result<T, E: From<Rejected>>`
+        // (or, with `replay`, whose `T` is not serde) fails there, once; the
+        // terminal after it (`__run`, or `__enter` in `tx` mode) cannot fail.
+        let checked = if modes.replay {
+            quote!(checked_replayed)
+        } else {
+            quote!(checked)
+        };
+        let guarded = |guard: TokenStream| match &return_type {
+            Some(ty) => {
+                let glue = glue_at(ty.span());
+                quote_spanned!(ty.span()=> #glue::#checked::<#ty, _, _>(#guard))
             }
-            None => outcome,
+            None => quote!(#private::#checked(#guard)),
         };
-        let mode = modes.mode(&private);
         let call = match &modes.tx {
-            None => quote! {
-                #private::run_with(&#gate_var, &#identity_var, &#mode, #outcome, async move {
+            None => {
+                let checked = guarded(quote!(#gate_var.guard(&#identity_var) #guard));
+                quote! {
+                #checked.__run(async move {
                     #output_hint
                     #block
                 })
                 .await
-            },
+                }
+            }
             // The body borrows the transaction, so it runs inline, between a
-            // claim and a settle on the same connection.
+            // claim and a record on the same connection.
             Some(tx) => {
-                let outcome_var = Ident::new("__idem_outcome", Span::mixed_site());
-                let claim_var = Ident::new("__idem_claim", Span::mixed_site());
+                let entered_var = Ident::new("__idem_entered", Span::mixed_site());
                 let output_var = Ident::new("__idem_output", Span::mixed_site());
                 let connection = {
                     let glue = glue_at(tx.span());
                     quote_spanned!(tx.span()=> #glue::connection_of(&mut *#tx))
                 };
+                let checked =
+                    guarded(quote!(#gate_var.guard(&#identity_var).tx(#connection) #guard));
                 quote! {
-                    let #outcome_var = #outcome;
-                    let #claim_var = match #private::begin_in(
-                        &#gate_var, &#identity_var, &#mode, &#outcome_var, #connection,
-                    ).await {
-                        ::core::ops::ControlFlow::Continue(claim) => claim,
+                    let #entered_var = match #checked.__enter().await
+                    {
+                        ::core::ops::ControlFlow::Continue(entered) => entered,
                         ::core::ops::ControlFlow::Break(refused) => return refused,
                     };
-                    let #output_var = async {
+                    let #output_var = #entered_var.__around(async {
                         #output_hint
                         #block
-                    }
+                    })
                     .await;
-                    #private::finish_in(#claim_var, &#outcome_var, #output_var, #connection).await
+                    #entered_var.__finish(#output_var, #connection).await
                 }
             }
         };
@@ -453,37 +459,39 @@ impl Checked {
 }
 
 impl Modes {
-    /// The runtime `Mode` these options describe.
-    fn mode(&self, private: &TokenStream) -> TokenStream {
-        let mut mode = quote!(#private::Mode::new());
+    /// The guard's option calls these options describe, in the order the
+    /// guard's type allows: the lease (and what its expiry means) before
+    /// anything that keeps the claim on the pool.
+    fn options(&self, private: &TokenStream) -> TokenStream {
+        let mut options = TokenStream::new();
         let nanos = |duration: std::time::Duration| {
             let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
             quote!(#private::Duration::from_nanos(#nanos))
         };
         if let Some(lease) = self.lease {
             let lease = nanos(lease);
-            mode.extend(quote!(.lease(#lease)));
+            options.extend(quote!(.lease(#lease)));
+        }
+        if self.expiry_in_doubt {
+            options.extend(quote!(.on_expiry(#private::OnExpiry::InDoubt)));
         }
         if let Some(wait) = self.wait {
             let wait = nanos(wait);
-            mode.extend(quote!(.wait(#wait)));
-        }
-        if self.expiry_in_doubt {
-            mode.extend(quote!(.on_expiry(#private::OnExpiry::InDoubt)));
+            options.extend(quote!(.wait(#wait)));
         }
         if self.fail_open {
-            mode.extend(quote!(.on_unavailable(#private::OnUnavailable::Run)));
+            options.extend(quote!(.on_unavailable(#private::OnUnavailable::Run)));
         }
         if self.async_outcome {
-            mode.extend(quote!(.outcome_commit(#private::OutcomeCommit::Async)));
+            options.extend(quote!(.outcome_commit(#private::OutcomeCommit::Async)));
         }
         if let Some((parts, span)) = &self.fingerprint {
             let parts = parts
                 .iter()
                 .map(|part| quote_spanned!(*span=> .part(&(#part))));
-            mode.extend(quote!(.fingerprint(#private::Fingerprint::new() #(#parts)*)));
+            options.extend(quote!(.fingerprint(#private::Fingerprint::new() #(#parts)*)));
         }
-        mode
+        options
     }
 }
 

@@ -276,8 +276,7 @@ fn crate_points_every_path_of_the_expansion_at_the_renamed_dependency() {
         let import = format!("use {path} :: __private as __idem_glue ;");
         assert!(imports == 1 && output.contains(&import), "{args}: {output}");
         assert!(
-            output.contains("__idem_glue :: run_with")
-                || output.contains("__idem_glue :: begin_in"),
+            output.contains("__idem_glue :: gate_of"),
             "{args}: {output}"
         );
     }

@@ -19,7 +19,7 @@
 --
 -- The run-time role then connects with Gate::connect (which only verifies
 -- a current schema) or Gate::connect_without_setup. Rerunning this file is
--- harmless. tests/privileges.rs checks that these four grants suffice and
+-- harmless. tests/testsuite/schema/privileges.rs checks that these four grants suffice and
 -- that each one is needed.
 
 -- To find the tables at all.

@@ -7,16 +7,17 @@
 
 use std::time::{Duration, Instant};
 
-use crate::claim::{Claim, Held, Lease};
+use crate::claim::{Claim, Lease, WonSlot};
+use crate::decision::Decision;
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
 use crate::identity::Identity;
-use crate::measure::{self, Outcome, Stopwatch};
+use crate::measure::Stopwatch;
 use crate::mode::{Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::retry::{self, SERIALIZATION_BACKOFF};
-use crate::settled::{Fact, Final, Replay};
-use crate::slots::Slots;
+use crate::scoped_pool::ScopedPool;
+use crate::settled::{Fact, Final, StoredOutput};
 use crate::store::{self, Commit, Engine, NewClaim};
 use crate::via::Via;
 
@@ -58,7 +59,7 @@ pub(crate) enum Acquired {
 /// statements through `via`. `want_output`: a duplicate of a settled action
 /// is handed its stored value (replay).
 pub(crate) async fn acquire(
-    slots: &Slots,
+    slots: &ScopedPool,
     identity: &Identity,
     mode: &Mode,
     want_output: bool,
@@ -81,7 +82,7 @@ pub(crate) async fn acquire(
 /// only looked at between polls, where no statement is in flight (one
 /// dropped mid-insert could leave a claim nobody records).
 pub(crate) async fn acquire_unless<S: std::future::Future>(
-    slots: &Slots,
+    slots: &ScopedPool,
     identity: &Identity,
     mode: &Mode,
     want_output: bool,
@@ -165,7 +166,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
             Concluded::Freed if freed + 1 < CLAIM_ATTEMPTS => {
                 freed += 1;
             }
-            // Held by another (or freed on every attempt) while a wait is not over:
+            // WonSlot by another (or freed on every attempt) while a wait is not over:
             // pause, then look again.
             Concluded::HeldByAnother | Concluded::Freed if waiting(deadline) => {
                 freed = 0;
@@ -192,7 +193,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
 
 /// One caller trying for the slot of one identity.
 pub(crate) struct Contender<'a> {
-    slots: &'a Slots,
+    slots: &'a ScopedPool,
     identity: &'a Identity,
     address: String,
     /// Since this caller began to try: how long its claim took.
@@ -248,7 +249,7 @@ pub(crate) enum Attempt {
 }
 
 impl<'a> Contender<'a> {
-    pub(crate) fn new(slots: &'a Slots, identity: &'a Identity) -> Contender<'a> {
+    pub(crate) fn new(slots: &'a ScopedPool, identity: &'a Identity) -> Contender<'a> {
         Contender {
             slots,
             identity,
@@ -268,20 +269,18 @@ impl<'a> Contender<'a> {
             absent_part = self.identity.first_absent_part(),
             "ungated: a key part is None, so there is no slot to claim and the body runs unguarded"
         );
-        observe::record(GateEvent::Ungated);
-        self.decided(Outcome::Ungated);
+        self.decided(Decision::Ungated);
     }
 
     /// Says that the store is down and the mode fails open, so the body
     /// runs unguarded.
     fn failed_open(&self) {
-        observe::record(GateEvent::Ungated);
-        self.decided(Outcome::FailedOpen);
+        self.decided(Decision::FailedOpen);
     }
 
-    /// Counts the claim's `outcome`, and how long it took.
-    fn decided(&self, outcome: Outcome) {
-        measure::claimed(self.slots, self.identity, outcome, &self.claiming);
+    /// Reports the claim's `decision`, and how long it took.
+    fn decided(&self, decision: Decision<'_>) {
+        decision.claimed(self.slots, self.identity, &self.claiming);
     }
 
     /// The slot's address.
@@ -315,8 +314,7 @@ impl<'a> Contender<'a> {
                     cached,
                     "duplicate of a settled action: replaying its stored value"
                 );
-                observe::record(GateEvent::Replayed);
-                self.decided(Outcome::Replayed);
+                self.decided(Decision::Replayed);
                 Ok(Acquired::Settled(Some(output)))
             }
             Attempt::Settled(None) => {
@@ -347,16 +345,8 @@ impl<'a> Contender<'a> {
             took_over,
         } = fenced;
         slot_event!(debug, self, fence, took_over, "claim won");
-        if took_over {
-            observe::record(GateEvent::TookOver);
-        }
-        observe::record(GateEvent::Won);
-        self.decided(if took_over {
-            Outcome::TakenOver
-        } else {
-            Outcome::Won
-        });
-        Claim::won(Held {
+        self.decided(Decision::Won { took_over });
+        Claim::won(WonSlot {
             slots: self.slots.clone(),
             identity: self.identity.clone(),
             fingerprint,
@@ -480,8 +470,7 @@ impl<'a> Contender<'a> {
                     "lease ran out: the claim is in doubt, held until a reconciler or an \
                      operator resolves it"
                 );
-                observe::record(GateEvent::InDoubt);
-                measure::happened(self.slots, self.identity, Outcome::HeldInDoubt);
+                Decision::ExpiredIntoDoubt.happened(self.slots, self.identity);
                 return Ok(Attempt::Refused(Rejected::InDoubt));
             }
             // Resolved, released or turned by another meanwhile: look again.
@@ -549,10 +538,10 @@ impl<'a> Contender<'a> {
             Fact::Failed => kept_failure(),
             // The value matters only to a replaying caller it may go to.
             Fact::Success(_) if !(want_output && replayable) => settled(None, replayable),
-            Fact::Success(Replay::Known(output)) => {
+            Fact::Success(StoredOutput::Known(output)) => {
                 settled(output.as_deref().map(str::to_owned), replayable)
             }
-            Fact::Success(Replay::Unknown) => return None,
+            Fact::Success(StoredOutput::Unknown) => return None,
         })
     }
 
@@ -572,8 +561,7 @@ impl<'a> Contender<'a> {
             cached,
             "claim refused: {rejected}"
         );
-        observe::record(GateEvent::Refused(rejected.clone()));
-        self.decided(Outcome::refused(rejected));
+        self.decided(Decision::Refused(rejected));
     }
 
     /// A claim statement failed: an outage, or an error of the request.
@@ -588,8 +576,7 @@ impl<'a> Contender<'a> {
                 "store refused the claim (not an outage); the body does not run"
             );
         }
-        observe::record(GateEvent::Refused(rejected.clone()));
-        self.decided(Outcome::refused(&rejected));
+        self.decided(Decision::Refused(&rejected));
         rejected
     }
 }

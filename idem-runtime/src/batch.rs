@@ -56,7 +56,9 @@
 //! recorded; then the panic resumes, and reaches the caller as it would
 //! from [`Gate::run`]. (Later copies of the batch's identities, which run
 //! in passes after it, do not run.) A redelivery finds the finished items
-//! done and the panicked one in flight.
+//! done and the panicked one in flight. So does a
+//! [`disposition`](crate::guard::BatchGuard::disposition) classifier that
+//! panics on an item's error: that item alone is held.
 //!
 //! ```no_run
 //! # async fn demo(gate: idem_runtime::Gate) {
@@ -106,24 +108,26 @@ use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::stream;
 use futures_util::{FutureExt, StreamExt};
 
 use crate::acquire::{Acquired, Attempt, Concluded, Contender, Fenced, acquire};
-use crate::claim::{Claim, Recording};
+use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::gate::Gate;
 use crate::identity::Identity;
 use crate::measure::Stopwatch;
-use crate::mode::{Disposed, Disposition, Fingerprint, Mode, OnExpiry, OutcomeCommit};
+use crate::mode::{Disposed, Fingerprint, Mode, OnExpiry, OutcomeCommit};
 use crate::observe::{self, GateEvent};
+use crate::recording::Recording;
 use crate::retry::{self, SERIALIZATION_BACKOFF};
-use crate::run::{OutcomeOf, Wanted, disposition_by_trait, outcome_of, replayed_outcome_of};
-use crate::slots::Slots;
-use crate::store::{self, BatchOutcome, NewBatchItem, NewClaim};
+use crate::run::{OutcomeOf, disposition_by_trait, outcome_of, replayed_outcome_of};
+use crate::scoped_pool::ScopedPool;
+use crate::step::Ambient;
+use crate::store::{self, NewBatchItem, NewClaim};
 use crate::via::Via;
 
 /// The items of a batch, each a message and the identity it is processed
@@ -287,6 +291,7 @@ impl Gate {
     /// When a body panics, once the other bodies have run and every
     /// finished outcome is recorded, with that body's panic; its own claim
     /// is left pending, as [`Gate::run`] leaves it.
+    #[deprecated(note = "use `gate.guard_batch(batch).run(body)`")]
     pub async fn run_batch<M, T, E, F, Fut>(&self, batch: Batch<M>, body: F) -> Vec<Result<T, E>>
     where
         F: FnMut(M) -> Fut,
@@ -298,6 +303,7 @@ impl Gate {
 
     /// [`run_batch`](Gate::run_batch), recording each failure as its error
     /// says ([`Disposed`]), as [`Gate::run_disposed`] does.
+    #[deprecated(note = "use `gate.guard_batch(batch).disposition(E::disposition).run(body)`")]
     pub async fn run_batch_disposed<M, T, E, F, Fut>(
         &self,
         batch: Batch<M>,
@@ -315,6 +321,7 @@ impl Gate {
     /// [`run_batch`](Gate::run_batch), keeping each `Ok` value so that a
     /// later duplicate is handed it instead of running, as
     /// [`Gate::run_replayed`] does.
+    #[deprecated(note = "use `gate.guard_batch(batch).replay().run(body)`")]
     pub async fn run_batch_replayed<M, T, E, F, Fut>(
         &self,
         batch: Batch<M>,
@@ -346,10 +353,10 @@ enum Fate<R> {
 /// The batch's run: claim, run the won bodies, record, one pass for the
 /// first copy of each slot, then one for the second copies, and so on. See
 /// the module docs.
-async fn run<M, R, F, Fut>(
-    slots: &Slots,
+pub(crate) async fn run<M, R, F, Fut>(
+    slots: &ScopedPool,
     batch: Batch<M>,
-    outcome: OutcomeOf<R>,
+    outcome: OutcomeOf<'_, R>,
     mut body: F,
 ) -> Vec<R>
 where
@@ -424,10 +431,10 @@ fn passes<M>(items: Vec<Item<M>>) -> Vec<Vec<Queued<M>>> {
 /// recorded, then the panic resumes, reaching the caller as from
 /// [`Gate::run`].
 async fn run_pass<M, R, F, Fut>(
-    slots: &Slots,
+    slots: &ScopedPool,
     pass: Vec<Queued<M>>,
     mode: &Mode,
-    outcome: &OutcomeOf<R>,
+    outcome: &OutcomeOf<'_, R>,
     body: &mut F,
     concurrency: usize,
 ) -> Vec<(usize, R)>
@@ -459,8 +466,9 @@ where
         panicked,
     } = run_bodies(slots, won, body, mode, outcome, concurrency).await;
     answered.extend(refused);
-    answered.extend(record(slots, ran, outcome, concurrency).await);
-    if let Some(panic) = panicked {
+    let (recorded, classifier_panicked) = record(slots, ran, outcome, concurrency).await;
+    answered.extend(recorded);
+    if let Some(panic) = panicked.or(classifier_panicked) {
         std::panic::resume_unwind(panic);
     }
     answered
@@ -468,7 +476,7 @@ where
 
 /// Every item is answered or run and recorded; should one not be, it is
 /// refused rather than reported as done.
-fn unreachable_result<R>(outcome: &OutcomeOf<R>) -> R {
+fn unreachable_result<R>(outcome: &OutcomeOf<'_, R>) -> R {
     outcome.refused(Rejected::InFlight)
 }
 
@@ -492,7 +500,7 @@ impl Claimed {
 
 /// The modes a batch cannot honour are not offered by [`Batch`]; what is
 /// left to check is the lease and the scope, as one claim checks them.
-fn check(slots: &Slots, mode: &Mode) -> Result<Option<i64>, Rejected> {
+fn check(slots: &ScopedPool, mode: &Mode) -> Result<Option<i64>, Rejected> {
     slots.check()?;
     mode.lease_micros()
 }
@@ -502,10 +510,10 @@ fn check(slots: &Slots, mode: &Mode) -> Result<Option<i64>, Rejected> {
 /// claims the rest in one statement, and judges the holders of the lost
 /// ones.
 async fn claim<R>(
-    slots: &Slots,
+    slots: &ScopedPool,
     items: &[Claimed],
     mode: &Mode,
-    outcome: &OutcomeOf<R>,
+    outcome: &OutcomeOf<'_, R>,
 ) -> Vec<Fate<R>> {
     let contenders: Vec<Contender<'_>> = items
         .iter()
@@ -598,7 +606,7 @@ async fn claim<R>(
 fn answer<R>(
     acquired: Result<Acquired, Rejected>,
     identity: &Identity,
-    outcome: &OutcomeOf<R>,
+    outcome: &OutcomeOf<'_, R>,
 ) -> Fate<R> {
     match acquired {
         Ok(Acquired::Won(claim)) => Fate::Run(claim),
@@ -613,7 +621,7 @@ fn answer<R>(
 /// attempt, or the refusal a statement of its own (or the lookup) met.
 /// `Err`: the insert failed, and no item is decided.
 async fn claim_in_store<'i>(
-    slots: &Slots,
+    slots: &ScopedPool,
     contenders: &[Contender<'_>],
     to_claim: &[usize],
     new: &impl Fn(usize) -> NewClaim<'i>,
@@ -703,7 +711,7 @@ async fn claim_in_store<'i>(
 
 /// The batch's claim or lookup failed: no item of it is decided, and each
 /// is refused with what this says (an outage, or an error of the request).
-fn batch_failed(slots: &Slots, items: usize, error: sqlx::Error) -> Rejected {
+fn batch_failed(slots: &ScopedPool, items: usize, error: sqlx::Error) -> Rejected {
     let rejected = Rejected::from_store(error);
     let message = if rejected.is_outage() {
         "store unavailable; failing closed, no body of the batch runs"
@@ -724,7 +732,7 @@ fn batch_failed(slots: &Slots, items: usize, error: sqlx::Error) -> Rejected {
 /// The lookup of the holders of a batch's lost items failed, after its
 /// claim committed: those items are refused with what this says (an outage,
 /// or an error of the request); the won ones run.
-fn lookup_failed(slots: &Slots, lost: usize, error: sqlx::Error) -> Rejected {
+fn lookup_failed(slots: &ScopedPool, lost: usize, error: sqlx::Error) -> Rejected {
     let rejected = Rejected::from_store(error);
     tracing::error!(
         target: "idem",
@@ -749,14 +757,19 @@ struct Won<'a, M> {
 
 /// What became of a pass's won items.
 struct Bodies<R> {
-    /// Per body that returned: its item's index, its claim and its output.
-    ran: Vec<(usize, Claim, R)>,
+    /// Per body that returned: its item's index, its claim, its output and
+    /// what its steps saw.
+    ran: Vec<Ran<R>>,
     /// Items answered without their body running: their claim was lost
     /// before their turn came (see [`turn_opens`]).
     answered: Vec<(usize, R)>,
     /// The first panic of a body, resumed once the rest is recorded.
     panicked: Option<Box<dyn Any + Send>>,
 }
+
+/// A body that returned: its item's index, its claim, its output, and what
+/// its steps saw.
+type Ran<R> = (usize, Claim, R, Arc<Ambient>);
 
 /// What one won item's turn came to.
 #[allow(
@@ -765,7 +778,7 @@ struct Bodies<R> {
               allocation per item to shrink only the rare others"
 )]
 enum Turn<R> {
-    Ran(usize, Claim, R),
+    Ran(Ran<R>),
     Answered(usize, R),
     Panicked(Box<dyn Any + Send>),
 }
@@ -776,11 +789,11 @@ enum Turn<R> {
 /// pending as after a panic under [`Gate::run`] (until its lease, if any,
 /// runs out), and the other bodies run on.
 async fn run_bodies<M, R, F, Fut>(
-    slots: &Slots,
+    slots: &ScopedPool,
     won: Vec<Won<'_, M>>,
     body: &mut F,
     mode: &Mode,
-    outcome: &OutcomeOf<R>,
+    outcome: &OutcomeOf<'_, R>,
     concurrency: usize,
 ) -> Bodies<R>
 where
@@ -807,7 +820,7 @@ where
     };
     for turn in turns {
         match turn {
-            Turn::Ran(index, claim, output) => bodies.ran.push((index, claim, output)),
+            Turn::Ran(ran) => bodies.ran.push(ran),
             Turn::Answered(index, answer) => bodies.answered.push((index, answer)),
             Turn::Panicked(panic) => {
                 bodies.panicked.get_or_insert(panic);
@@ -821,11 +834,11 @@ where
 /// called through `body`'s lock (held only for the call, never across an
 /// await), any panic of the call or of the body caught.
 async fn take_turn<M, R, F, Fut>(
-    slots: &Slots,
+    slots: &ScopedPool,
     won: Won<'_, M>,
     body: &Mutex<&mut F>,
     mode: &Mode,
-    outcome: &OutcomeOf<R>,
+    outcome: &OutcomeOf<'_, R>,
 ) -> Turn<R>
 where
     F: FnMut(M) -> Fut,
@@ -842,17 +855,18 @@ where
         Err(answer) => return Turn::Answered(index, answer),
     };
     claim.body_starts();
+    let steps = Ambient::of_claim(claim.held(), &item.identity, slots);
     let called = panic::catch_unwind(AssertUnwindSafe(|| {
         let mut body = body.lock().unwrap_or_else(PoisonError::into_inner);
         let body: &mut F = &mut body;
         body(message)
     }));
     let output = match called {
-        Ok(running) => AssertUnwindSafe(running).catch_unwind().await,
+        Ok(running) => AssertUnwindSafe(steps.around(running)).catch_unwind().await,
         Err(panic) => Err(panic),
     };
     match output {
-        Ok(output) => Turn::Ran(index, claim, output),
+        Ok(output) => Turn::Ran((index, claim, output, steps)),
         // Its outcome is unknown: the claim is held, as dropped.
         Err(panic) => Turn::Panicked(panic),
     }
@@ -873,11 +887,11 @@ where
 /// (matched on its fence, so only if still ours; its body never started, so
 /// freeing it is safe) and the item refused with the store's error.
 async fn turn_opens<R>(
-    slots: &Slots,
+    slots: &ScopedPool,
     claim: Claim,
     item: &Claimed,
     mode: &Mode,
-    outcome: &OutcomeOf<R>,
+    outcome: &OutcomeOf<'_, R>,
 ) -> Result<Claim, R> {
     let Some(lease) = mode.lease_duration() else {
         return Ok(claim);
@@ -913,58 +927,27 @@ async fn turn_opens<R>(
 
 /// One kind of outcome, and the claims to record it for.
 struct Group<R> {
-    kind: GroupKind,
+    kind: Recording<()>,
     /// Per claim: its item's index, the claim, the body's output and the
     /// value to keep (for a settle with replay).
     members: Vec<(usize, Claim, R, Option<String>)>,
-}
-
-/// The kinds of outcome, one statement each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GroupKind {
-    Settle,
-    Release,
-    Keep,
-    InDoubt,
-}
-
-impl GroupKind {
-    fn of(disposition: Disposition) -> GroupKind {
-        match disposition {
-            Disposition::Keep => GroupKind::Keep,
-            Disposition::InDoubt => GroupKind::InDoubt,
-            _ => GroupKind::Release,
-        }
-    }
-
-    /// What the claim records, for its report.
-    fn recording(self, output: Option<&str>) -> Recording<'_> {
-        match self {
-            GroupKind::Settle => Recording::Success { output },
-            GroupKind::Release => Recording::Failure(Disposition::Release),
-            GroupKind::Keep => Recording::Failure(Disposition::Keep),
-            GroupKind::InDoubt => Recording::Failure(Disposition::InDoubt),
-        }
-    }
 }
 
 /// Records the outcome of every body that ran: one statement per kind, and
 /// alone (as [`Gate::run`] records) each item that statement did not match,
 /// every ungated item (which records nothing), and every item of a
 /// statement that failed. Per item, its index and what the caller gets.
+///
+/// A classifier that panics on an item's output holds that item alone, as
+/// a panicking body does: its claim is left pending, every other item is
+/// recorded, and the first such panic is handed back to be resumed.
 async fn record<R>(
-    slots: &Slots,
-    ran: Vec<(usize, Claim, R)>,
-    outcome: &OutcomeOf<R>,
+    slots: &ScopedPool,
+    ran: Vec<Ran<R>>,
+    outcome: &OutcomeOf<'_, R>,
     concurrency: usize,
-) -> Vec<(usize, R)> {
-    let kinds = [
-        GroupKind::Settle,
-        GroupKind::Release,
-        GroupKind::Keep,
-        GroupKind::InDoubt,
-    ];
-    let mut groups: Vec<Group<R>> = kinds
+) -> (Vec<(usize, R)>, Option<Box<dyn Any + Send>>) {
+    let mut groups: Vec<Group<R>> = Recording::KINDS
         .iter()
         .map(|&kind| Group {
             kind,
@@ -972,17 +955,36 @@ async fn record<R>(
         })
         .collect();
     let mut alone = Vec::new();
-    for (index, claim, output) in ran {
+    let mut panicked = None;
+    for (index, claim, output, steps) in ran {
+        let wanted = panic::catch_unwind(AssertUnwindSafe(|| {
+            outcome.wanted(claim.address(), &output)
+        }));
+        // A step whose outcome nobody knows holds a failure in doubt.
+        let wanted = wanted.map(|wanted| match wanted {
+            Recording::Failed(disposition) => Recording::Failed(steps.overrides(disposition)),
+            settled => settled,
+        });
+        let wanted = match wanted {
+            Ok(wanted) => wanted,
+            Err(panic) => {
+                // Left pending, as after a panic under `Gate::run`.
+                drop(claim);
+                panicked.get_or_insert(panic);
+                continue;
+            }
+        };
         if !claim.is_gated() {
-            alone.push((index, claim, output));
+            alone.push((index, claim, output, Some(steps)));
             continue;
         }
-        let (kind, json) = match outcome.wanted(claim.address(), &output) {
-            Wanted::Success(json) => (GroupKind::Settle, json),
-            Wanted::Failure(disposition) => (GroupKind::of(disposition), None),
-        };
-        if let Some(group) = groups.iter_mut().find(|group| group.kind == kind) {
-            group.members.push((index, claim, output, json));
+        let kind = wanted.kind();
+        match groups.iter_mut().find(|group| group.kind == kind) {
+            Some(group) => group
+                .members
+                .push((index, claim, output, wanted.into_value())),
+            // A kind no batch statement records: the claim records it.
+            None => alone.push((index, claim, output, Some(steps))),
         }
     }
     let mut results = Vec::new();
@@ -995,30 +997,31 @@ async fn record<R>(
                 .as_ref()
                 .is_some_and(|changed| claim.address().is_some_and(|a| changed.contains(a)));
             if matched {
-                claim.recorded_in_batch(group.kind.recording(json.as_deref()), &via, &recording);
+                claim.recorded_in_batch(group.kind.with_value(json.as_deref()), &via, &recording);
                 results.push((index, output));
             } else {
-                alone.push((index, claim, output));
+                alone.push((index, claim, output, None));
             }
         }
     }
     let recorded_alone: Vec<(usize, R)> = stream::iter(alone)
-        .map(|(index, claim, output)| async move {
+        .map(|(index, claim, output, steps)| async move {
             let via = &mut Via::Pool(slots.pool());
-            (index, outcome.record(claim, output, via).await)
+            let steps = steps.as_deref();
+            (index, outcome.record(claim, output, steps, via).await)
         })
         .buffer_unordered(concurrency)
         .collect()
         .await;
     results.extend(recorded_alone);
-    results
+    (results, panicked)
 }
 
 /// The one statement of `group`, repeated after a transient failure (it is
 /// matched on each claim's fence, so a repeat changes nothing): the
 /// addresses it changed, or `None` when it failed (every member is then
 /// recorded alone).
-async fn record_group<R>(slots: &Slots, group: &Group<R>) -> Option<HashSet<String>> {
+async fn record_group<R>(slots: &ScopedPool, group: &Group<R>) -> Option<HashSet<String>> {
     let mut addresses = Vec::with_capacity(group.members.len());
     let mut fences = Vec::with_capacity(group.members.len());
     let mut outputs = Vec::with_capacity(group.members.len());
@@ -1030,20 +1033,17 @@ async fn record_group<R>(slots: &Slots, group: &Group<R>) -> Option<HashSet<Stri
         outputs.push(json.as_deref());
         commit = held.commit;
     }
-    let kind = match group.kind {
-        GroupKind::Settle => BatchOutcome::Settle(&outputs),
-        GroupKind::Release => BatchOutcome::Release,
-        GroupKind::Keep => BatchOutcome::Keep("kept_failure"),
-        GroupKind::InDoubt => BatchOutcome::HoldInDoubt("body_in_doubt"),
-    };
     let (engine, scope) = (slots.engine(), slots.scope());
     let recorded = retry::repeat!(
-        &crate::claim::RECORD_BACKOFF,
+        &crate::retry::RECORD_BACKOFF,
         retry::is_transient,
         |_, _| {},
         async {
             let mut conn = slots.pool().acquire().await?;
-            store::record_batch(&mut *conn, engine, scope, &addresses, &fences, kind, commit).await
+            store::record_batch(
+                &mut *conn, engine, scope, &addresses, &fences, group.kind, &outputs, commit,
+            )
+            .await
         }
         .await,
     );

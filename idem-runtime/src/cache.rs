@@ -47,7 +47,7 @@
 //! store tells a claim the slot is settled or failed, and when this
 //! process's own settle (or kept failure) commits on the gate's pool;
 //! never from a settle inside the caller's transaction
-//! ([`Claim::settle_in`](crate::Claim::settle_in), `in_transaction`), which
+//! (a guard's [`tx`](crate::Guard::tx), `in_transaction`), which
 //! may still roll back, nor from a row read inside one.
 //!
 //! A hit is judged by exactly the rules a row read from the store is: a
@@ -58,7 +58,7 @@
 //! A replaying caller that meets an entry made without the value (read by
 //! a caller that did not replay) asks the store, and the entry is replaced
 //! by one that knows it. A hit reports the same
-//! [`GateEvent`](crate::GateEvent) a refusal from the store does, and its
+//! `testing::GateEvent` a refusal from the store does, and its
 //! tracing event carries `cached = true`.
 //!
 //! # Bounds, and what the time to live means
@@ -100,7 +100,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::settled::{Fact, Final, Replay};
+use crate::settled::{Fact, Final, StoredOutput};
 
 /// What every entry costs besides its heap bytes: the key's and the value's
 /// fixed parts and the cache's own bookkeeping, roughly.
@@ -260,9 +260,9 @@ impl OutcomeCache {
     /// already known there for the same identity and fingerprint (a caller
     /// that does not replay reads the row without it).
     pub(crate) fn remember(&self, key: Key, fact: Final) {
-        if matches!(fact.fact, Fact::Success(Replay::Unknown))
+        if matches!(fact.fact, Fact::Success(StoredOutput::Unknown))
             && self.recall(&key.borrowed()).is_some_and(|known| {
-                matches!(known.fact, Fact::Success(Replay::Known(_)))
+                matches!(known.fact, Fact::Success(StoredOutput::Known(_)))
                     && known.identity == fact.identity
                     && known.fingerprint == fact.fingerprint
             })

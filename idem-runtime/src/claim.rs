@@ -12,15 +12,16 @@ use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
 
+use crate::decision::Decision;
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
 use crate::identity::Identity;
-use crate::measure::{self, Outcome, Stopwatch};
+use crate::measure::Stopwatch;
 use crate::mode::{self, Disposition};
-use crate::observe::{self, GateEvent};
+use crate::recording::Recording;
 use crate::retry;
+use crate::scoped_pool::ScopedPool;
 use crate::settled::Final;
-use crate::slots::Slots;
 use crate::store::{self, Commit, LateSuccess};
 use crate::via::Via;
 
@@ -31,30 +32,6 @@ use crate::via::Via;
 /// the error says the success could not be kept.
 const LATE_SUCCESS_ATTEMPTS: usize = 8;
 
-/// Pauses between attempts to record an outcome (settle or release), which
-/// are idempotent and worth a retry when a pooled connection died under them.
-pub(crate) const RECORD_BACKOFF: [Duration; 2] =
-    [Duration::from_millis(25), Duration::from_millis(100)];
-
-/// Runs one statement of a holder on a connection of `$via`, repeated after
-/// a transient failure while [`RECORD_BACKOFF`] lasts (none inside the
-/// caller's transaction). For statements matched on the claim's fence, or
-/// plain reads, which a repeat cannot apply twice.
-macro_rules! repeat_recording {
-    ($via:expr, |$conn:ident| $statement:expr) => {
-        retry::repeat!(
-            $via.backoff(&RECORD_BACKOFF),
-            retry::is_transient,
-            |_, _| {},
-            async {
-                let mut $conn = $via.connection().await?;
-                $statement
-            }
-            .await,
-        )
-    };
-}
-
 /// A won slot (or, for an absent identity or a fail-open run, no slot at
 /// all). Record the outcome with [`settle`](Claim::settle) or
 /// [`release`](Claim::release); dropping it unresolved leaves the row
@@ -62,13 +39,13 @@ macro_rules! repeat_recording {
 /// operator resolves it.
 #[must_use = "a claim must be settled or released; dropped, it keeps its slot pending"]
 pub struct Claim {
-    held: Option<Held>,
+    held: Option<WonSlot>,
 }
 
-/// A slot just won: what [`acquire`](crate::acquire) hands over, and what
+/// A slot this caller won: what [`acquire`](crate::acquire) hands over, and what
 /// the claim needs to record its outcome.
-pub(crate) struct Held {
-    pub(crate) slots: Slots,
+pub(crate) struct WonSlot {
+    pub(crate) slots: ScopedPool,
     pub(crate) identity: Identity,
     /// The payload's fingerprint, kept with a late success.
     pub(crate) fingerprint: Option<[u8; 20]>,
@@ -128,19 +105,9 @@ impl Lease {
     }
 }
 
-/// What a holder is recording.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Recording<'a> {
-    Success {
-        output: Option<&'a str>,
-    },
-    /// A failure, and what it means for the slot.
-    Failure(Disposition),
-}
-
 impl Claim {
     /// The claim of a slot just won.
-    pub(crate) fn won(held: Held) -> Claim {
+    pub(crate) fn won(held: WonSlot) -> Claim {
         Claim { held: Some(held) }
     }
 
@@ -187,17 +154,24 @@ impl Claim {
     /// repeated after its reply was lost finds the row as it wrote it, and
     /// is `Ok` too.
     ///
-    /// A claim made inside the caller's transaction
-    /// ([`Gate::claim_in`](crate::Gate::claim_in)) is settled with
-    /// [`settle_in`](Claim::settle_in) on that transaction: here it fails at
-    /// once with [`Rejected::WrongConnection`], sending no statement
-    /// (through the pool it would wait forever on the row the caller's own
-    /// open transaction holds).
+    /// A claim made inside the caller's transaction is a
+    /// [`TxClaim`](crate::TxClaim) ([`Guard::tx`](crate::Guard::tx)), which
+    /// records on that transaction. One made with the deprecated
+    /// `Gate::claim_in` is a `Claim` whose `settle` fails at once with
+    /// [`Rejected::WrongConnection`], sending no statement (through the pool
+    /// it would wait forever on the row the caller's own open transaction
+    /// holds).
     pub async fn settle(self) -> Result<(), Rejected> {
-        let Some(pool) = self.pool_for("settle", "settle_in(&mut tx)")? else {
+        let Some(pool) = self.pool_for(
+            "Claim::settle",
+            "through the pool it would wait forever on the row your own open transaction holds: \
+             call Claim::settle_in(&mut tx) on that transaction (with the guard, \
+             gate.guard(&id).tx(&mut tx).claim() returns a TxClaim that records there)",
+        )?
+        else {
             return Ok(());
         };
-        self.finish(Recording::Success { output: None }, &mut Via::Pool(&pool))
+        self.finish(Recording::Settled(None), &mut Via::Pool(&pool))
             .await
     }
 
@@ -211,15 +185,21 @@ impl Claim {
     /// else recorded meanwhile is left as it is, with
     /// [`Rejected::NotRecorded`] (see [`dispose`](Claim::dispose)).
     ///
-    /// A claim made inside the caller's transaction is released with
-    /// [`release_in`](Claim::release_in); here it fails at once with
+    /// On a claim made inside the caller's transaction (with the deprecated
+    /// `Gate::claim_in`) it fails at once with
     /// [`Rejected::WrongConnection`], as [`settle`](Claim::settle) does.
     pub async fn release(self) -> Result<(), Rejected> {
-        let Some(pool) = self.pool_for("release", "release_in(&mut tx)")? else {
+        let Some(pool) = self.pool_for(
+            "Claim::release",
+            "through the pool it would wait forever on the row your own open transaction holds: \
+             call Claim::release_in(&mut tx) on that transaction (with the guard, \
+             gate.guard(&id).tx(&mut tx).claim() returns a TxClaim that records there)",
+        )?
+        else {
             return Ok(());
         };
         self.finish(
-            Recording::Failure(Disposition::Release),
+            Recording::Failed(Disposition::Release),
             &mut Via::Pool(&pool),
         )
         .await
@@ -245,44 +225,60 @@ impl Claim {
     /// settled it) is left as it is: the error is
     /// [`Rejected::NotRecorded`], saying what the slot records.
     ///
-    /// A claim made inside the caller's transaction is disposed of with
-    /// [`dispose_in`](Claim::dispose_in); here it fails at once with
+    /// On a claim made inside the caller's transaction (with the deprecated
+    /// `Gate::claim_in`) it fails at once with
     /// [`Rejected::WrongConnection`], as [`settle`](Claim::settle) does.
     ///
     /// [`Release`]: Disposition::Release
     /// [`Keep`]: Disposition::Keep
     /// [`InDoubt`]: Disposition::InDoubt
     pub async fn dispose(self, disposition: Disposition) -> Result<(), Rejected> {
-        let Some(pool) = self.pool_for("dispose", "dispose_in(&mut tx, disposition)")? else {
+        let Some(pool) = self.pool_for(
+            "Claim::dispose",
+            "through the pool it would wait forever on the row your own open transaction holds: \
+             call Claim::dispose_in(&mut tx, disposition) on that transaction (with the guard, \
+             gate.guard(&id).tx(&mut tx).claim() returns a TxClaim that records there)",
+        )?
+        else {
             return Ok(());
         };
-        self.finish(Recording::Failure(disposition), &mut Via::Pool(&pool))
+        self.finish(Recording::Failed(disposition), &mut Via::Pool(&pool))
             .await
     }
 
     /// [`settle`](Claim::settle) inside the caller's transaction (for a claim
     /// made with [`Gate::claim_in`](crate::Gate::claim_in)): it takes effect when that commits.
+    #[deprecated(
+        note = "claim inside the transaction with `gate.guard(&id).tx(&mut *tx).claim()`; its `TxClaim::settle(&mut *tx)` records on the transaction"
+    )]
     pub async fn settle_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
+        self.finish(Recording::Settled(None), &mut Via::Transaction(connection))
+            .await
+    }
+
+    /// [`release`](Claim::release) inside the caller's transaction.
+    #[deprecated(
+        note = "claim inside the transaction with `gate.guard(&id).tx(&mut *tx).claim()`; its `TxClaim::release(&mut *tx)` records on the transaction"
+    )]
+    pub async fn release_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
         self.finish(
-            Recording::Success { output: None },
+            Recording::Failed(Disposition::Release),
             &mut Via::Transaction(connection),
         )
         .await
     }
 
-    /// [`release`](Claim::release) inside the caller's transaction.
-    pub async fn release_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
-        self.dispose_in(connection, Disposition::Release).await
-    }
-
     /// [`dispose`](Claim::dispose) inside the caller's transaction.
+    #[deprecated(
+        note = "claim inside the transaction with `gate.guard(&id).tx(&mut *tx).claim()`; its `TxClaim::dispose(&mut *tx, disposition)` records on the transaction"
+    )]
     pub async fn dispose_in(
         self,
         connection: &mut PgConnection,
         disposition: Disposition,
     ) -> Result<(), Rejected> {
         self.finish(
-            Recording::Failure(disposition),
+            Recording::Failed(disposition),
             &mut Via::Transaction(connection),
         )
         .await
@@ -292,8 +288,8 @@ impl Claim {
     ///
     /// A claim made without a lease holds until it is resolved: there is
     /// nothing to renew, and it stays unexpirable; so does a claim made
-    /// inside the caller's transaction, which never has a lease
-    /// ([`Gate::claim_in`](crate::Gate::claim_in) refuses one). `lease` is checked as
+    /// inside the caller's transaction, which never has a lease (a guard
+    /// with [`tx`](crate::Guard::tx) has no `lease`). `lease` is checked as
     /// [`Mode::lease`](crate::Mode::lease) checks it ([`Rejected::InvalidOption`]).
     /// [`Rejected::LeaseLost`] if the claim was taken over meanwhile.
     pub async fn extend(&self, lease: Duration) -> Result<(), Rejected> {
@@ -306,7 +302,7 @@ impl Claim {
         }
         let (scope, address, fence) = (held.slots.scope(), &*held.address, held.fence);
         let via = &mut Via::Pool(held.slots.pool());
-        let extended = repeat_recording!(via, |conn| {
+        let extended = retry::repeat_recording!(via, |conn| {
             store::extend(&mut *conn, scope, address, fence, micros).await
         });
         match extended {
@@ -350,10 +346,42 @@ impl Claim {
                  through the pool; nothing was recorded",
                 Some(&misused),
             );
-            observe::record(GateEvent::Unrecorded(misused.clone()));
+            Decision::Unrecorded(&misused).observed_only();
             return Err(misused);
         }
         Ok(Some(held.slots.pool().clone()))
+    }
+
+    /// Records success keeping `value` (as JSON) for replay: a later
+    /// duplicate guarded with [`replay`](crate::Guard::replay) is handed it
+    /// ([`ClaimOrReplay::Replayed`](crate::ClaimOrReplay::Replayed)) instead
+    /// of [`Rejected::AlreadyDone`]. A value that fails to serialize never
+    /// loses the success: the claim is settled without one, and a tracing
+    /// error says so. Otherwise as [`settle`](Claim::settle).
+    pub async fn settle_value<T: serde::Serialize + ?Sized>(
+        self,
+        value: &T,
+    ) -> Result<(), Rejected> {
+        let Some(pool) = self.pool_for(
+            "Claim::settle_value",
+            "through the pool it would wait forever on the row your own open transaction holds: \
+             claim with gate.guard(&id).tx(&mut tx).claim(), whose TxClaim::settle_value(&mut tx, \
+             value) records on that transaction",
+        )?
+        else {
+            return Ok(());
+        };
+        let json = replay_json(self.address(), value);
+        self.settle_on(json.as_deref(), &mut Via::Pool(&pool)).await
+    }
+
+    /// Settles the claim, keeping `output` (the `Ok` value for replay).
+    pub(crate) async fn settle_on(
+        self,
+        output: Option<&str>,
+        via: &mut Via<'_>,
+    ) -> Result<(), Rejected> {
+        self.finish(Recording::Settled(output), via).await
     }
 
     /// Settles the claim, keeping `output` (the `Ok` value for replay).
@@ -362,7 +390,7 @@ impl Claim {
         output: Option<&str>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
-        self.finish(Recording::Success { output }, via).await
+        self.finish(Recording::Settled(output), via).await
     }
 
     /// Records a failure as `disposition` says.
@@ -371,11 +399,11 @@ impl Claim {
         disposition: Disposition,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
-        self.finish(Recording::Failure(disposition), via).await
+        self.finish(Recording::Failed(disposition), via).await
     }
 
     /// The slot this claim holds, if any.
-    pub(crate) fn held(&self) -> Option<&Held> {
+    pub(crate) fn held(&self) -> Option<&WonSlot> {
         self.held.as_ref()
     }
 
@@ -405,7 +433,7 @@ impl Claim {
     /// [`finish`](Claim::finish) does after its own statement.
     pub(crate) fn recorded_in_batch(
         mut self,
-        outcome: Recording<'_>,
+        outcome: Recording<&str>,
         via: &Via<'_>,
         recording: &Stopwatch,
     ) {
@@ -418,7 +446,7 @@ impl Claim {
     /// Records `outcome` through `via`, and reports it.
     pub(crate) async fn finish(
         mut self,
-        outcome: Recording<'_>,
+        outcome: Recording<&str>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
         let Some(held) = self.held.take() else {
@@ -442,10 +470,10 @@ impl Claim {
         let Some(held) = self.held.take() else {
             return Ok(());
         };
-        let outcome = Recording::Failure(Disposition::InDoubt);
+        let outcome = Recording::Failed(Disposition::InDoubt);
         let recording = Stopwatch::start();
         let (scope, address, fence) = (held.slots.scope(), &*held.address, held.fence);
-        let recorded = match repeat_recording!(via, |conn| {
+        let recorded = match retry::repeat_recording!(via, |conn| {
             store::hold_in_doubt(&mut *conn, scope, address, fence, reason).await
         }) {
             Ok(true) => Ok(()),
@@ -457,79 +485,76 @@ impl Claim {
     }
 }
 
-impl Held {
+impl WonSlot {
     /// Says what became of `outcome`, whose recording began at
     /// `recording`: to tracing, to a race harness and to the metrics.
     fn report(
         &self,
-        outcome: Recording<'_>,
+        outcome: Recording<&str>,
         recorded: &Result<(), Rejected>,
         recording: &Stopwatch,
     ) {
-        let counted = match recorded {
-            Ok(()) => match outcome {
-                Recording::Success { .. } => Outcome::Settled,
-                Recording::Failure(Disposition::Keep) => Outcome::KeptFailure,
-                Recording::Failure(Disposition::InDoubt) => Outcome::HeldInDoubt,
-                Recording::Failure(_) => Outcome::Released,
-            },
-            Err(rejected) => Outcome::unrecorded(rejected),
+        let decision = match recorded {
+            Ok(()) => Decision::Recorded(outcome.kind()),
+            Err(rejected) => Decision::Unrecorded(rejected),
         };
-        measure::recorded(&self.slots, &self.identity, counted, &self.won, recording);
-        match (recorded, outcome) {
-            (Ok(()), Recording::Success { .. }) => {
+        decision.recorded(&self.slots, &self.identity, &self.won, recording);
+        match decision {
+            Decision::Recorded(Recording::Settled(_)) => {
                 self.event(tracing::Level::DEBUG, "settled", None);
-                observe::record(GateEvent::Settled);
             }
-            (Ok(()), Recording::Failure(Disposition::Keep)) => {
+            Decision::Recorded(Recording::Failed(Disposition::Keep)) => {
                 self.event(
                     tracing::Level::INFO,
                     "failure kept: the slot is failed",
                     None,
                 );
-                observe::record(GateEvent::Kept);
             }
-            (Ok(()), Recording::Failure(Disposition::InDoubt)) => {
+            Decision::Recorded(Recording::Failed(Disposition::InDoubt)) => {
                 self.event(
                     tracing::Level::WARN,
                     "outcome in doubt: the slot is held until a reconciler or an operator \
                      resolves it",
                     None,
                 );
-                observe::record(GateEvent::InDoubt);
             }
-            (Ok(()), Recording::Failure(_)) => {
+            Decision::Recorded(Recording::Failed(Disposition::Release)) => {
                 self.event(tracing::Level::DEBUG, "released", None);
-                observe::record(GateEvent::Released);
             }
-            (Err(rejected), _) => {
+            // Only the two above come out of a recording.
+            Decision::Won { .. }
+            | Decision::Replayed
+            | Decision::Ungated
+            | Decision::FailedOpen
+            | Decision::Refused(_)
+            | Decision::ExpiredIntoDoubt => {}
+            Decision::Unrecorded(rejected) => {
                 let message = match rejected {
                     Rejected::NotRecorded { .. } => {
                         "this holder's outcome was not recorded: the slot already records one \
                          somebody else wrote, which every duplicate is told"
                     }
                     Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => match outcome {
-                        Recording::Success { .. } => {
+                        Recording::Settled(_) => {
                             "the claim was no longer this holder's when its success was recorded; \
                              the success is kept in the slot unless it was settled already"
                         }
-                        Recording::Failure(_) => {
+                        Recording::Failed(_) => {
                             "the claim was taken over before its failure was recorded: the new \
                              holder decides"
                         }
                     },
                     _ => match outcome {
-                        Recording::Success { .. } => {
+                        Recording::Settled(_) => {
                             "settle failed; the slot stays pending (fail closed) until resolved"
                         }
-                        Recording::Failure(_) => {
+                        Recording::Failed(_) => {
                             "recording the failure failed; the slot stays pending (fail closed) \
                              until resolved"
                         }
                     },
                 };
                 self.event(tracing::Level::ERROR, message, Some(rejected));
-                observe::record(GateEvent::Unrecorded(rejected.clone()));
             }
         }
     }
@@ -537,12 +562,12 @@ impl Held {
     /// Records `outcome`: the statement, retried after a transient failure;
     /// a success whose value the store refuses, again without the value;
     /// and, when it matched no row of ours, what became of the claim.
-    async fn record(&self, outcome: Recording<'_>, via: &mut Via<'_>) -> Result<(), Rejected> {
+    async fn record(&self, outcome: Recording<&str>, via: &mut Via<'_>) -> Result<(), Rejected> {
         let mut written = outcome;
         let mut attempt = self.record_once(outcome, via).await;
         // Inside the caller's transaction the failure has aborted it: the
         // claim rolls back with the body's writes, and nothing is lost.
-        let carries_a_value = matches!(outcome, Recording::Success { output: Some(_) });
+        let carries_a_value = matches!(outcome, Recording::Settled(Some(_)));
         if carries_a_value && !via.in_transaction() {
             attempt = match attempt {
                 Err(error) if fault::classify(&error) != Fault::Outage => {
@@ -553,7 +578,7 @@ impl Held {
                          duplicates are refused as already done",
                         Some(&Rejected::from_store(error)),
                     );
-                    written = Recording::Success { output: None };
+                    written = Recording::Settled(None);
                     self.record_once(written, via).await
                 }
                 other => other,
@@ -573,17 +598,19 @@ impl Held {
             Ok(false) if self.in_transaction => {
                 let misused = Rejected::WrongConnection {
                     called: match outcome {
-                        Recording::Success { .. } => {
-                            "settle_in (on another connection than the claim's transaction)"
+                        Recording::Settled(_) => {
+                            "TxClaim::settle on another connection than its transaction's"
                         }
-                        Recording::Failure(Disposition::Release) => {
-                            "release_in (on another connection than the claim's transaction)"
+                        Recording::Failed(Disposition::Release) => {
+                            "TxClaim::release on another connection than its transaction's"
                         }
-                        Recording::Failure(_) => {
-                            "dispose_in (on another connection than the claim's transaction)"
+                        Recording::Failed(_) => {
+                            "TxClaim::dispose on another connection than its transaction's"
                         }
                     },
-                    instead: "the same method with the transaction given to Gate::claim_in",
+                    instead: "a claim made inside a transaction is recorded on that \
+                              transaction's connection, where its row is: call it with the \
+                              transaction the claim was made in",
                 };
                 self.event(
                     tracing::Level::ERROR,
@@ -591,7 +618,7 @@ impl Held {
                      connection; nothing was recorded",
                     Some(&misused),
                 );
-                observe::record(GateEvent::Unrecorded(misused.clone()));
+                Decision::Unrecorded(&misused).observed_only();
                 Err(misused)
             }
             Ok(false) => {
@@ -613,7 +640,7 @@ impl Held {
     /// over this holder's own row: a success (with the value it kept) or a
     /// failure kept for good. Never from inside the caller's transaction,
     /// which may still roll back.
-    fn remember(&self, written: Recording<'_>, via: &Via<'_>) {
+    fn remember(&self, written: Recording<&str>, via: &Via<'_>) {
         if via.in_transaction() {
             return;
         }
@@ -622,9 +649,9 @@ impl Held {
             self.fingerprint.as_ref().map(|f| f.as_slice()),
         );
         self.slots.remember(&self.address, || match written {
-            Recording::Success { output } => Some(Final::settled(identity, fingerprint, output)),
-            Recording::Failure(Disposition::Keep) => Some(Final::failed(identity, fingerprint)),
-            Recording::Failure(_) => None,
+            Recording::Settled(output) => Some(Final::settled(identity, fingerprint, output)),
+            Recording::Failed(Disposition::Keep) => Some(Final::failed(identity, fingerprint)),
+            Recording::Failed(_) => None,
         });
     }
 
@@ -633,7 +660,7 @@ impl Held {
     /// no pending row under this fence.
     async fn record_once(
         &self,
-        outcome: Recording<'_>,
+        outcome: Recording<&str>,
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
         let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
@@ -646,11 +673,11 @@ impl Held {
         } else {
             self.commit
         };
-        repeat_recording!(via, |conn| match outcome {
-            Recording::Success { output } => {
+        retry::repeat_recording!(via, |conn| match outcome {
+            Recording::Settled(output) => {
                 store::settle(&mut *conn, scope, address, fence, output, commit).await
             }
-            Recording::Failure(Disposition::Keep) => {
+            Recording::Failed(Disposition::Keep) => {
                 store::keep(
                     &mut *conn,
                     scope,
@@ -661,11 +688,10 @@ impl Held {
                 )
                 .await
             }
-            Recording::Failure(Disposition::InDoubt) => {
+            Recording::Failed(Disposition::InDoubt) => {
                 store::hold_in_doubt(&mut *conn, scope, address, fence, store::BODY_IN_DOUBT).await
             }
-            Recording::Failure(_) =>
-                store::release(&mut *conn, scope, address, fence, commit).await,
+            Recording::Failed(_) => store::release(&mut *conn, scope, address, fence, commit).await,
         })
     }
 
@@ -673,15 +699,15 @@ impl Held {
     /// out what became of the claim, and make sure a success is kept.
     async fn no_longer_ours(
         &self,
-        outcome: Recording<'_>,
+        outcome: Recording<&str>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
         match outcome {
-            Recording::Failure(disposition) => {
+            Recording::Failed(disposition) => {
                 let row = self.look(via).await?;
                 self.failure_matched_nothing(disposition, row.as_ref())
             }
-            Recording::Success { output } => self.keep_success(output, via).await,
+            Recording::Settled(output) => self.keep_success(output, via).await,
         }
     }
 
@@ -838,7 +864,7 @@ impl Held {
             output,
         };
         // Matched on the fence: a repeat changes nothing.
-        let written: Result<bool, sqlx::Error> = repeat_recording!(via, |conn| {
+        let written: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
             store::settle_own_hold(&mut *conn, scope, address, fence, late).await
         });
         let written = written.map_err(Rejected::from_store)?;
@@ -849,7 +875,7 @@ impl Held {
                  nobody took it over: the success is recorded over the hold",
                 None,
             );
-            self.remember(Recording::Success { output }, via);
+            self.remember(Recording::Settled(output), via);
         }
         Ok(written)
     }
@@ -872,7 +898,7 @@ impl Held {
         let address = &*self.address;
         // Both are safe to repeat: the first is matched on the fence seen,
         // the second inserts only into a vacant slot.
-        let written: Result<bool, sqlx::Error> = repeat_recording!(via, |conn| match seen {
+        let written: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| match seen {
             Some(seen) => store::settle_over(&mut *conn, scope, address, seen, late).await,
             None => store::settle_vacant(&mut *conn, scope, address, late).await,
         });
@@ -891,7 +917,7 @@ impl Held {
     /// The row in the slot now, if any.
     async fn look(&self, via: &mut Via<'_>) -> Result<Option<store::Existing>, Rejected> {
         let (scope, address) = (self.slots.scope(), &*self.address);
-        let row: Result<_, sqlx::Error> = repeat_recording!(via, |conn| {
+        let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
             store::lookup(&mut *conn, scope, address, false).await
         });
         row.map_err(Rejected::from_store)
@@ -953,6 +979,27 @@ fn recorded_by_another(row: &store::Existing) -> &'static str {
         (Success, _, _) => "is settled as succeeded",
         (Failed, _, _) => "is kept as a definite failure",
         (Pending, _, _) => "records another outcome",
+    }
+}
+
+/// `value` as the JSON a replay hands back; `None`, with a tracing error,
+/// when it does not serialize (the success is then settled without it).
+pub(crate) fn replay_json<T: serde::Serialize + ?Sized>(
+    address: Option<&str>,
+    value: &T,
+) -> Option<String> {
+    match serde_json::to_string(value) {
+        Ok(json) => Some(json),
+        Err(error) => {
+            tracing::error!(
+                target: "idem",
+                address,
+                error = %error,
+                "the value could not be serialized for replay; settling without it, so \
+                 duplicates are refused as already done"
+            );
+            None
+        }
     }
 }
 

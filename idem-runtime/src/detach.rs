@@ -38,7 +38,8 @@ use crate::error::Rejected;
 use crate::identity::Identity;
 use crate::mode::{Disposition, Mode};
 use crate::run::OutcomeOf;
-use crate::slots::Slots;
+use crate::scoped_pool::ScopedPool;
+use crate::step::Ambient;
 use crate::via::Via;
 
 /// `state_reason` of a claim whose detached body was stopped because it
@@ -207,10 +208,10 @@ enum Stop {
 /// Must be called within a tokio runtime (it spawns).
 pub(crate) async fn run_detached<R, F>(
     detached: &Detached,
-    slots: Slots,
+    slots: ScopedPool,
     identity: Identity,
     mode: Mode,
-    outcome: OutcomeOf<R>,
+    outcome: OutcomeOf<'static, R>,
     body: F,
 ) -> R
 where
@@ -249,10 +250,10 @@ where
 /// One detached run: what its task owns.
 struct Run<R> {
     shared: Arc<Shared>,
-    slots: Slots,
+    slots: ScopedPool,
     identity: Identity,
     mode: Mode,
-    outcome: OutcomeOf<R>,
+    outcome: OutcomeOf<'static, R>,
     /// When the caller left, if it did.
     left: Left,
 }
@@ -319,7 +320,8 @@ impl<R> Run<R> {
             let _recorded = claim.dispose_via(Disposition::Release, &mut via).await;
             return Finished::Output(self.outcome.refused(Rejected::InFlight));
         }
-        let body = AssertUnwindSafe(body).catch_unwind();
+        let steps = Ambient::of_claim(claim.held(), &self.identity, &self.slots);
+        let body = AssertUnwindSafe(steps.around(body)).catch_unwind();
         // Nobody else keeps a leased claim alive once its caller left: the
         // run renews it while the body runs, so that a retry within the
         // bound never takes over a body that is still running.
@@ -328,7 +330,9 @@ impl<R> Run<R> {
             // A body that finishes as it is stopped is recorded as finished.
             biased;
             ran = body => match ran {
-                Ok(output) => Finished::Output(self.outcome.record(claim, output, &mut via).await),
+                Ok(output) => Finished::Output(
+                    self.outcome.record(claim, output, Some(&steps), &mut via).await,
+                ),
                 Err(payload) => {
                     self.hold(claim, PANICKED, &mut via).await;
                     Finished::Panicked(payload)

@@ -191,27 +191,60 @@ pub enum Rejected {
         recorded: &'static str,
     },
 
-    /// The outcome of a claim made inside the caller's transaction
-    /// ([`Gate::claim_in`](crate::Gate::claim_in)) was recorded with a
-    /// method that uses a pooled connection ([`Claim::settle`] and its
-    /// kin), which would wait forever on the row the caller's own open
+    /// The outcome of a claim made inside the caller's transaction was
+    /// recorded on another connection: a [`TxClaim`](crate::TxClaim) on
+    /// another transaction, or a claim of the deprecated `Gate::claim_in`
+    /// with a method that uses a pooled connection ([`Claim::settle`] and
+    /// its kin), which would wait forever on the row the caller's own open
     /// transaction holds. Nothing was recorded, and nothing waited: the
-    /// claim is still pending inside that transaction. Roll the transaction
-    /// back, and record the outcome with the method `instead` names.
+    /// claim is still pending inside that transaction: record its outcome
+    /// there, as `instead` says.
     ///
     /// [`Claim::settle`]: crate::Claim::settle
     #[error(
-        "Claim::{called} cannot record the outcome of a claim made inside your transaction \
-         (Gate::claim_in): it would wait forever on the row your own open transaction holds; \
-         nothing was recorded and the claim is still pending in that transaction, so roll it \
-         back (committed, it would keep the slot pending) and call Claim::{instead} on the \
-         transaction instead"
+        "{called} cannot record the outcome of a claim made inside a transaction: {instead}; \
+         nothing was recorded and nothing waited, and the claim is still pending in its \
+         transaction"
     )]
     WrongConnection {
-        /// The method called: `"settle"`, `"release"` or `"dispose"`.
+        /// What was called, and how: `"Claim::settle"` (through the pool),
+        /// `"TxClaim::release on another connection than its transaction's"`.
         called: &'static str,
-        /// The method to call, on the caller's transaction: `"settle_in(&mut tx)"`, ...
+        /// Why that cannot work, and what to call instead.
         instead: &'static str,
+    },
+
+    /// A step of the body ([`step`](crate::step())) whose outcome this run
+    /// does not know: an earlier run was cut off inside it and it is not
+    /// [`repeatable`](crate::Step::repeatable). It did not run again; a
+    /// failure of the body holds the claim in doubt, for a reconciler or an
+    /// operator to find out what the step did. Retry later.
+    ///
+    /// Also a step whose recorded value no longer reads back as its type
+    /// (`why` says so): it happened, so it does not run again either, but
+    /// nothing is in doubt and the claim follows the body's failure; code
+    /// that reads the record goes on.
+    #[error(
+        "step {step:?} is in doubt: {why}; it did not run again, and a failure of the body \
+         holds the claim in doubt until it is resolved; retry later"
+    )]
+    StepInDoubt {
+        /// The step's name.
+        step: String,
+        /// Why its outcome is not known.
+        why: &'static str,
+    },
+
+    /// [`step`](crate::step()) or [`downstream_key`](crate::downstream_key)
+    /// was called where it cannot work (outside a guarded body, in a task
+    /// the body spawned, a step name used twice in one run). A mistake of
+    /// the code: nothing ran.
+    #[error("{called} cannot be used here: {why}; nothing ran")]
+    NotGuarded {
+        /// `"idem::step"` or `"idem::downstream_key"`.
+        called: &'static str,
+        /// Why not, and what to do instead.
+        why: &'static str,
     },
 
     /// The account or namespace name can never be stored: it holds a NUL
@@ -267,7 +300,8 @@ impl Rejected {
     /// A short, stable name for logs and metrics: `"in_flight"`,
     /// `"already_done"`, `"in_doubt"`, `"already_failed"`, `"unavailable"`, `"store_refused"`,
     /// `"invalid_option"`, `"collision"`, `"key_reused"`, `"lease_lost"`,
-    /// `"claim_lost"`, `"invalid_scope"`, `"not_recorded"` or `"wrong_connection"`.
+    /// `"claim_lost"`, `"invalid_scope"`, `"not_recorded"`, `"wrong_connection"`,
+    /// `"step_in_doubt"` or `"not_guarded"`.
     pub fn reason(&self) -> &'static str {
         match self {
             Rejected::InFlight => "in_flight",
@@ -284,6 +318,8 @@ impl Rejected {
             Rejected::InvalidScope { .. } => "invalid_scope",
             Rejected::NotRecorded { .. } => "not_recorded",
             Rejected::WrongConnection { .. } => "wrong_connection",
+            Rejected::StepInDoubt { .. } => "step_in_doubt",
+            Rejected::NotGuarded { .. } => "not_guarded",
         }
     }
 
@@ -292,7 +328,10 @@ impl Rejected {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Rejected::InFlight | Rejected::InDoubt | Rejected::Unavailable { .. }
+            Rejected::InFlight
+                | Rejected::InDoubt
+                | Rejected::StepInDoubt { .. }
+                | Rejected::Unavailable { .. }
         )
     }
 }

@@ -8,76 +8,17 @@
 //! not a stable API.
 
 use std::fmt::Display;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use sqlx::PgConnection;
 
-use crate::claim::Claim;
 use crate::gate::Gate;
+pub use crate::guard::Entered;
+use crate::guard::{Checked, Classify, Guard, NoReplay, Replay};
 pub use crate::identity::Identity;
-pub use crate::mode::{
-    Disposed, Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit,
-};
-use crate::run;
-pub use crate::run::{
-    Outcome, OutcomeOf, ReplayOutcome, finish_in, outcome_of, replayed_outcome_of,
-};
+pub use crate::mode::{Disposition, Fingerprint, OnExpiry, OnUnavailable, OutcomeCommit};
+pub use crate::run::{Outcome, ReplayOutcome};
 pub use std::time::Duration;
-
-/// Runs a guarded function's body on `gate` (see [`Gate::run`]).
-pub async fn run_with<R, F>(
-    gate: &Gate,
-    identity: &Identity,
-    mode: &Mode,
-    outcome: OutcomeOf<R>,
-    body: F,
-) -> R
-where
-    F: Future<Output = R>,
-{
-    run::run(gate.slots(), identity, mode, outcome, body).await
-}
-
-/// [`run_with`], detached from its caller: the claim, the body and the
-/// record run as a task of `detached`'s, so dropping the returned future
-/// does not cancel the body (see [`Gate::run_detached`]). What the tower
-/// layer runs each guarded request with.
-pub async fn run_detached_with<R, F>(
-    gate: &Gate,
-    identity: &Identity,
-    mode: &Mode,
-    detached: &crate::detach::Detached,
-    outcome: OutcomeOf<R>,
-    body: F,
-) -> R
-where
-    R: Send + 'static,
-    F: Future<Output = R> + Send + 'static,
-{
-    crate::detach::run_detached(
-        detached,
-        gate.slots().clone(),
-        identity.clone(),
-        mode.clone(),
-        outcome,
-        body,
-    )
-    .await
-}
-
-/// In-transaction mode, before the body: claims inside the caller's
-/// transaction. `Break` carries what the function returns instead of running
-/// its body (a refusal, or a replayed value).
-pub async fn begin_in<R>(
-    gate: &Gate,
-    identity: &Identity,
-    mode: &Mode,
-    outcome: &OutcomeOf<R>,
-    connection: &mut PgConnection,
-) -> ControlFlow<R, Claim> {
-    run::begin_in(gate.slots(), identity, mode, outcome, connection).await
-}
 
 /// A connection a transaction-mode claim can run on: the `tx = ...`
 /// parameter of `#[idempotent]`.
@@ -172,9 +113,55 @@ pub fn in_namespace<N: Display + ?Sized>(gate: Gate, namespace: &N) -> Gate {
     gate.namespace(namespace.to_string())
 }
 
-/// What a guarded function's `output` means for its slot, by the
-/// `disposition = path` of `#[idempotent]`: `classify` of its error, or
-/// [`Disposition::Release`] for an `Ok` (which is settled, never disposed).
-pub fn disposition_of<T, E>(output: &Result<T, E>, classify: fn(&E) -> Disposition) -> Disposition {
-    output.as_ref().err().map_or(Disposition::Release, classify)
+/// A guarded function's return type, naming its error: what the classifier
+/// of `disposition = path` takes.
+#[diagnostic::on_unimplemented(
+    message = "`disposition` classifies the error of a `Result`, and `{Self}` is not a `Result`",
+    label = "the return type of a function with `disposition = ...`"
+)]
+pub trait ErrorOf {
+    /// The `E` of `Result<T, E>`.
+    type Error;
+}
+
+impl<T, E> ErrorOf for Result<T, E> {
+    type Error = E;
+}
+
+/// The classifier of `disposition = path`, as a `fn(&E) -> Disposition`
+/// with `E` the error of the function's return type `Ret`: a path of
+/// another shape fails where it is written, as a mismatched fn pointer.
+pub fn classifier_of<Ret: ErrorOf>(
+    classify: fn(&Ret::Error) -> Disposition,
+) -> fn(&Ret::Error) -> Disposition {
+    classify
+}
+
+/// [`classifier_of`] for a function whose return type is not written out
+/// (an `impl Trait`): its error is inferred from the body.
+pub fn classifier<E>(classify: fn(&E) -> Disposition) -> fn(&E) -> Disposition {
+    classify
+}
+
+/// The guard of a function without `replay`, its body's output checked:
+/// the one bound a return type `Ret` can miss is `Outcome`, whose message
+/// says how to fix it, and the expansion spans this call at the return
+/// type, so a wrong one fails there, once.
+pub fn checked<'a, 'd, Ret, D, P>(guard: Guard<'a, NoReplay, D, P>) -> Checked<'a, 'd, P, Ret>
+where
+    Ret: Outcome,
+    D: Classify<Ret> + Send + Sync + 'd,
+{
+    guard.__check()
+}
+
+/// [`checked`] for a function with `replay`: the bound is `ReplayOutcome`.
+pub fn checked_replayed<'a, 'd, Ret, D, P>(
+    guard: Guard<'a, Replay, D, P>,
+) -> Checked<'a, 'd, P, Ret>
+where
+    Ret: ReplayOutcome,
+    D: Classify<Ret> + Send + Sync + 'd,
+{
+    guard.__check()
 }

@@ -17,7 +17,7 @@ use crate::identity::Identity;
 use crate::mode::{Disposed, Mode, OnUnavailable};
 use crate::run::{self, outcome_of, replayed_outcome_of};
 use crate::schema;
-use crate::slots::{self, Slots};
+use crate::scoped_pool::{self, ScopedPool};
 use crate::via::Via;
 
 /// Runs actions at most once per identity, with PostgreSQL as the arbiter.
@@ -40,7 +40,7 @@ use crate::via::Via;
 /// ```
 #[derive(Clone)]
 pub struct Gate {
-    slots: Slots,
+    slots: ScopedPool,
 }
 
 impl Gate {
@@ -51,7 +51,7 @@ impl Gate {
     /// indexes, whose entries PostgreSQL caps at about 2.7 kB; a longer name
     /// could never be claimed, so it is refused as
     /// [`Rejected::InvalidScope`] rather than reported as an outage.
-    pub const MAX_SCOPE_NAME_BYTES: usize = slots::MAX_NAME_BYTES;
+    pub const MAX_SCOPE_NAME_BYTES: usize = scoped_pool::MAX_NAME_BYTES;
 
     /// Sets up idem's schema if needed, verifies it, and returns a gate in the
     /// default account with no namespace.
@@ -72,7 +72,7 @@ impl Gate {
         if let Some(problems) = problems {
             return Err(Error::Schema(problems));
         }
-        let slots = Slots::new(pool, engine, Gate::DEFAULT_ACCOUNT);
+        let slots = ScopedPool::new(pool, engine, Gate::DEFAULT_ACCOUNT);
         #[cfg(feature = "cache")]
         let slots = {
             let store = cached_store(&slots).await?;
@@ -178,7 +178,7 @@ impl Gate {
     }
 
     /// Where this gate claims, for the run loop and the glue.
-    pub(crate) fn slots(&self) -> &Slots {
+    pub(crate) fn slots(&self) -> &ScopedPool {
         &self.slots
     }
 
@@ -195,8 +195,12 @@ impl Gate {
     /// [`Rejected::InFlight`] or [`Rejected::AlreadyDone`]; a store error with
     /// [`Rejected::Unavailable`] (fail closed). An absent identity (a `None`
     /// key part) yields an ungated claim whose settle and release do nothing.
+    ///
+    /// It is [`guard`](Gate::guard) with no option, then `claim()`: for a
+    /// lease, a wait, a fingerprint, replay or a claim inside a
+    /// transaction, build the guard.
     pub async fn claim(&self, identity: &Identity) -> Result<Claim, Rejected> {
-        self.claim_with(identity, &Mode::new()).await
+        self.guard(identity).claim().await
     }
 
     /// [`claim`](Gate::claim) with the opt-in modes of `mode`: a lease, a
@@ -204,6 +208,9 @@ impl Gate {
     /// A duplicate of a settled action is refused with
     /// [`Rejected::AlreadyDone`]; to get its stored value instead, use
     /// [`run_replayed`](Gate::run_replayed).
+    #[deprecated(
+        note = "use `gate.guard(&identity)`, the mode's options as its methods (`.lease(..)`, `.wait(..)`, ...), then `.claim()`"
+    )]
     pub async fn claim_with(&self, identity: &Identity, mode: &Mode) -> Result<Claim, Rejected> {
         match acquire(
             &self.slots,
@@ -240,6 +247,9 @@ impl Gate {
     /// [`Claim::settle_in`], [`Claim::release_in`] or [`Claim::dispose_in`]:
     /// [`Claim::settle`] and its kin would wait on the row this open
     /// transaction holds, so they fail at once, naming the method to call.
+    #[deprecated(
+        note = "use `gate.guard(&identity).tx(&mut *tx).claim()`: its `TxClaim` records on the transaction, and `tx` with a lease, a wait or fail-open does not compile"
+    )]
     pub async fn claim_in(
         &self,
         connection: &mut sqlx::PgConnection,
@@ -274,18 +284,25 @@ impl Gate {
     /// it), the call returns [`Rejected::NotRecorded`]: the slot keeps that
     /// outcome, and every duplicate is told it, not this body's value. So
     /// does an `Err` that was to hold the slot ([`Disposition::Keep`](crate::Disposition::Keep) or
-    /// [`Disposition::InDoubt`](crate::Disposition::InDoubt), with [`run_disposed`](Gate::run_disposed));
+    /// [`Disposition::InDoubt`](crate::Disposition::InDoubt), with a guard's
+    /// [`disposition`](crate::Guard::disposition));
     /// an `Err` that releases it said nothing happened, and is returned as
     /// it is.
+    ///
+    /// It is [`guard`](Gate::guard) with no option, then `run(body)`: for
+    /// every option the attribute has, build the guard.
     pub async fn run<T, E, F>(&self, identity: &Identity, body: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
         E: From<Rejected>,
     {
-        run::run(&self.slots, identity, &Mode::new(), outcome_of(), body).await
+        self.guard(identity).run(body).await
     }
 
     /// [`run`](Gate::run) with the opt-in modes of `mode`.
+    #[deprecated(
+        note = "use `gate.guard(&identity)`, the mode's options as its methods (`.lease(..)`, `.wait(..)`, ...), then `.run(body)`"
+    )]
     pub async fn run_with<T, E, F>(&self, identity: &Identity, mode: &Mode, body: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
@@ -327,6 +344,7 @@ impl Gate {
     ///     .await;
     /// # let _ = receipt?; Ok(()) }
     /// ```
+    #[deprecated(note = "use `gate.guard(&identity).run_detached(&detached, body)`")]
     pub async fn run_detached<T, E, F>(
         &self,
         identity: &Identity,
@@ -357,6 +375,7 @@ impl Gate {
     /// reconciler or an operator resolves it). A panic or a dropped future
     /// leaves the claim pending, which is in doubt too: retries are refused
     /// until its lease (if any) runs out.
+    #[deprecated(note = "use `gate.guard(&identity).disposition(E::disposition).run(body)`")]
     pub async fn run_disposed<T, E, F>(
         &self,
         identity: &Identity,
@@ -385,6 +404,7 @@ impl Gate {
     /// and one whose fingerprint differs in presence from the stored one (a
     /// value goes only to a caller that gave the same fingerprint, or that
     /// gave none when none was stored).
+    #[deprecated(note = "use `gate.guard(&identity).replay().run(body)`")]
     pub async fn run_replayed<T, E, F>(
         &self,
         identity: &Identity,
@@ -406,7 +426,7 @@ impl Gate {
 /// entries then answer only this gate and its scoped copies, never a gate
 /// connected elsewhere.
 #[cfg(feature = "cache")]
-async fn cached_store(slots: &Slots) -> Result<String, Error> {
+async fn cached_store(slots: &ScopedPool) -> Result<String, Error> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static UNNAMED: AtomicU64 = AtomicU64::new(0);
     match crate::store::store_id::store_id(slots.pool()).await {

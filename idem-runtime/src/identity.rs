@@ -3,7 +3,7 @@
 //! An identity is an action name plus ordered key parts. Its canonical
 //! encoding is what gets hashed into an address and stored beside the claim,
 //! so it is **stable forever**: a changed encoding would silently re-run every
-//! action ever settled. The golden vectors in `tests/identity_golden.rs` pin it.
+//! action ever settled. The golden vectors in `tests/testsuite/identity/golden.rs` pin it.
 //!
 //! # Encoding, version 1
 //!
@@ -28,6 +28,20 @@
 //! types: `7u8` and `7i64` are the same part (widening a column keeps its
 //! slots), `'x'` and `"x"` are the same part, while `7` and `"7"` differ.
 
+//!
+//! # Steps and downstream keys
+//!
+//! ```text
+//! step           = identity field(b'p', step name)        -- no key part is tagged `p`
+//! step address   = "step_" hex(sha1(step))[..24]
+//! downstream key = "idem_" hex(sha1(b"idem-downstream\x01" field(b'A', account)
+//!                                   [field(b'N', namespace)] field(b'S', step)))
+//! ```
+//!
+//! A downstream key keeps the whole digest: a provider cannot re-check a key
+//! against the identity behind it as the store does. The golden vectors of
+//! this module's tests pin both.
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -41,11 +55,24 @@ const TAG_BYTES: u8 = b'b';
 const TAG_INTEGER: u8 = b'i';
 const TAG_BOOLEAN: u8 = b't';
 const TAG_UUID: u8 = b'u';
+/// A step's name, after the identity's fields ([`Identity::step_canonical`]).
+const TAG_STEP: u8 = b'p';
+/// The first bytes of what a downstream key hashes: its format and version.
+const DOWNSTREAM_MAGIC: &[u8] = b"idem-downstream\x01";
+/// In what a downstream key hashes: the account, the namespace (only when
+/// there is one) and the step's canonical encoding.
+const TAG_ACCOUNT: u8 = b'A';
+const TAG_NAMESPACE: u8 = b'N';
+const TAG_STEP_IDENTITY: u8 = b'S';
 /// Bytes before a field's payload: its tag and its length.
 const FIELD_HEADER: usize = 1 + 8;
 
 /// The prefix of every claim address.
 pub const ADDRESS_PREFIX: &str = "claim_";
+/// The prefix of every step's address.
+pub const STEP_ADDRESS_PREFIX: &str = "step_";
+/// The prefix of every downstream key.
+pub const DOWNSTREAM_KEY_PREFIX: &str = "idem_";
 /// How many hex digits of the sha1 digest an address keeps.
 pub const ADDRESS_DIGEST_HEX: usize = 24;
 
@@ -233,16 +260,86 @@ impl Identity {
     /// `prefix` followed by the same 24 hex digits as [`address`](Self::address):
     /// the address of another kind of record derived from this identity.
     pub(crate) fn address_with_prefix(&self, prefix: &str) -> String {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let digest = Sha1::digest(self.canonical.as_slice());
-        let mut address = String::with_capacity(prefix.len() + ADDRESS_DIGEST_HEX);
-        address.push_str(prefix);
-        for byte in &digest[..ADDRESS_DIGEST_HEX / 2] {
-            address.push(char::from(HEX[usize::from(byte >> 4)]));
-            address.push(char::from(HEX[usize::from(byte & 0x0f)]));
-        }
-        address
+        digest_address(prefix, &self.canonical, ADDRESS_DIGEST_HEX)
     }
+
+    /// The canonical encoding of step `name` of this identity (see
+    /// [`step`](crate::step)): the identity's own, then the name as one more
+    /// field, tagged `p`, which no key part uses, so a step's encoding is
+    /// never an identity's and two steps (or two identities) never share one.
+    /// Stable forever, like the identity's: the golden vectors pin it.
+    pub(crate) fn step_canonical(&self, name: &str) -> Vec<u8> {
+        let mut canonical = Vec::with_capacity(self.canonical.len() + FIELD_HEADER + name.len());
+        canonical.extend_from_slice(&self.canonical);
+        write_field(&mut canonical, TAG_STEP, name.as_bytes());
+        canonical
+    }
+}
+
+/// The name of the step whose canonical encoding (as a step's row keeps it
+/// in `identity`) is `step_canonical`, and the canonical encoding of its
+/// claim's identity: what an operator, a reconciler or `idem claims show`
+/// reads back. `None` for bytes that are no step's encoding.
+pub(crate) fn split_step_canonical(step_canonical: &[u8]) -> Option<(&[u8], &str)> {
+    let fields = step_canonical.strip_prefix(MAGIC)?;
+    let mut offset = MAGIC.len();
+    let mut last = None;
+    for field in Fields(fields) {
+        let length = FIELD_HEADER + field.payload.len();
+        last = Some((offset, field));
+        offset += length;
+    }
+    let (start, field) = last?;
+    if offset != step_canonical.len() || field.tag != TAG_STEP {
+        return None;
+    }
+    let name = std::str::from_utf8(field.payload).ok()?;
+    Some((&step_canonical[..start], name))
+}
+
+/// The address of a step whose canonical encoding is `step_canonical`:
+/// [`STEP_ADDRESS_PREFIX`] and the first 24 hex digits of its sha1.
+pub(crate) fn step_address(step_canonical: &[u8]) -> String {
+    digest_address(STEP_ADDRESS_PREFIX, step_canonical, ADDRESS_DIGEST_HEX)
+}
+
+/// The key a step hands to the outside world ([`downstream_key`](crate::downstream_key)):
+/// [`DOWNSTREAM_KEY_PREFIX`] and the whole sha1 (40 hex digits) of the
+/// account, the namespace (when there is one) and the step's canonical
+/// encoding, each a length-delimited field. The whole digest, not 24 digits:
+/// a provider cannot re-check a key against the identity it stands for, as
+/// the store does, so two keys must never meet. The account and namespace
+/// are in it because a slot is scoped by them: two tenants' identical
+/// orders are two actions, and must not be deduplicated as one by a
+/// provider both reach with the same credentials.
+pub(crate) fn downstream_key(
+    account: &str,
+    namespace: Option<&str>,
+    step_canonical: &[u8],
+) -> String {
+    let mut input = Vec::with_capacity(
+        DOWNSTREAM_MAGIC.len() + 2 * FIELD_HEADER + account.len() + step_canonical.len() + 64,
+    );
+    input.extend_from_slice(DOWNSTREAM_MAGIC);
+    write_field(&mut input, TAG_ACCOUNT, account.as_bytes());
+    if let Some(namespace) = namespace {
+        write_field(&mut input, TAG_NAMESPACE, namespace.as_bytes());
+    }
+    write_field(&mut input, TAG_STEP_IDENTITY, step_canonical);
+    digest_address(DOWNSTREAM_KEY_PREFIX, &input, 40)
+}
+
+/// `prefix` and the first `hex` lowercase hex digits of the sha1 of `bytes`.
+fn digest_address(prefix: &str, bytes: &[u8], hex: usize) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha1::digest(bytes);
+    let mut address = String::with_capacity(prefix.len() + hex);
+    address.push_str(prefix);
+    for byte in &digest[..hex / 2] {
+        address.push(char::from(HEX[usize::from(byte >> 4)]));
+        address.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    address
 }
 
 /// `0`, or an optional `-` and digits without a leading zero (no `-0`).
@@ -664,6 +761,55 @@ impl KeyPart for uuid::Uuid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Golden vectors of steps and downstream keys: stable forever, like an
+    // address (a changed step address re-runs every recorded step; a
+    // changed downstream key makes a provider charge again). Computed by
+    // an implementation of their own (Python's hashlib over the bytes the
+    // module docs define), not by this code.
+    #[test]
+    fn step_addresses_and_downstream_keys_match_their_golden_vectors() {
+        let step = Identity::new("checkout")
+            .part("ord_1001")
+            .step_canonical("charge");
+        assert_eq!(step_address(&step), "step_0d95c53feaf638e2be1a20e2");
+        let keys = [
+            (None, "idem_1b07c195d5ff5856574146a749e0b2018ef1da7c"),
+            (
+                Some("live"),
+                "idem_a40c4858a7e4a251de2af2369609cbd6395112a0",
+            ),
+            // An empty namespace is a namespace: not the same as none.
+            (Some(""), "idem_10f6ab502cf6d482ed223a2c6c48656ea9c6a669"),
+        ];
+        for (namespace, key) in keys {
+            assert_eq!(
+                downstream_key("acme", namespace, &step),
+                key,
+                "{namespace:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_step_s_encoding_reads_back_as_its_claim_s_and_its_name() {
+        let id = Identity::new("checkout").part("ord_1001").part(7);
+        let step = id.step_canonical("ship: parcel 1");
+        assert_eq!(
+            split_step_canonical(&step),
+            Some((id.canonical(), "ship: parcel 1"))
+        );
+        // An identity is no step; neither is a step with bytes after it.
+        assert_eq!(split_step_canonical(id.canonical()), None);
+        let mut longer = step.clone();
+        longer.push(0);
+        assert_eq!(split_step_canonical(&longer), None);
+        // Two steps of two identities never share an encoding, even where
+        // the name could be read as a key part.
+        let a = Identity::new("a").part("b").step_canonical("c");
+        let b = Identity::new("a").step_canonical("b");
+        assert_ne!(a, b);
+    }
 
     fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()

@@ -12,18 +12,23 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 // The reading path, top down: gate → run → acquire → claim → store.
+#[doc(hidden)]
+#[path = "internal.rs"]
+pub mod __internal;
 mod acquire;
 pub mod batch;
 #[cfg(feature = "cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub mod cache;
 mod claim;
+mod decision;
 pub mod detach;
 mod error;
 #[doc(hidden)]
 pub mod expansion;
 mod fault;
 mod gate;
+pub mod guard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
@@ -36,12 +41,19 @@ pub mod metrics;
 mod mode;
 mod observe;
 pub mod reconcile;
+mod recording;
 mod retry;
 mod run;
 pub mod schema;
+mod scoped_pool;
 mod settled;
-mod slots;
+mod step;
 mod store;
+// The tests' PostgreSQL: for `testing`, and for the store's unit tests,
+// which build without it. Much of it serves only `testing`'s users.
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+mod test_server;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
@@ -51,12 +63,18 @@ pub use claim::Claim;
 pub use detach::{Detached, Shutdown};
 pub use error::{Error, Rejected, SchemaProblem, SchemaProblems};
 pub use gate::Gate;
+pub use guard::{ClaimOrReplay, Guard, TxClaim};
 pub use identity::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartValue, PartWriter,
     PartWritten,
 };
 pub use mode::{Disposed, Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
-pub use observe::GateEvent;
+pub use step::{Step, downstream_key, step};
+
+/// Moved to `testing::GateEvent` (feature `testing`): only a test observes
+/// the gate's decisions one by one; tracing and metrics report them too.
+#[deprecated(note = "moved to idem::testing::GateEvent (feature testing)")]
+pub type GateEvent = observe::GateEvent;
 pub use store::operations;
 
 /// The sqlx this crate was built with, so users need not match versions.

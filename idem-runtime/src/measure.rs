@@ -1,8 +1,9 @@
 //! What the gate tells the `metrics` facade: one outcome per decision, and
 //! how long claims, bodies and recordings took.
 //!
-//! The gate calls these at the same places it reports to tracing and to a
-//! race harness ([`observe`](crate::observe)). With the feature `metrics`
+//! [`Decision`](crate::decision::Decision) calls these, with the label it
+//! derives from the same decision it tells a race harness
+//! ([`observe`](crate::observe)). With the feature `metrics`
 //! they count through the facade, labelled as the gate's
 //! [`MetricsOptions`](crate::metrics::MetricsOptions) say (what the metrics
 //! are: [`crate::metrics`]); without it every function here is empty and a
@@ -13,12 +14,12 @@ use std::time::Instant;
 
 use crate::error::Rejected;
 use crate::identity::Identity;
-use crate::slots::Slots;
+use crate::scoped_pool::ScopedPool;
 
 /// What became of one invocation, or of one claim: the value of the
 /// `outcome` label of `idem_outcomes_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum OutcomeLabel {
     // What the claim decided: one per invocation.
     /// The claim was won: the body runs.
     Won,
@@ -56,18 +57,18 @@ pub(crate) enum Outcome {
     Reconciled,
 }
 
-impl Outcome {
+impl OutcomeLabel {
     /// The claim was refused as `rejected` says.
-    pub(crate) fn refused(rejected: &Rejected) -> Outcome {
-        Outcome::Refused(rejected.reason())
+    pub(crate) fn refused(rejected: &Rejected) -> OutcomeLabel {
+        OutcomeLabel::Refused(rejected.reason())
     }
 
     /// Recording a won claim's outcome failed as `rejected` says.
-    pub(crate) fn unrecorded(rejected: &Rejected) -> Outcome {
+    pub(crate) fn unrecorded(rejected: &Rejected) -> OutcomeLabel {
         match rejected {
-            Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => Outcome::StaleSettle,
-            Rejected::NotRecorded { .. } => Outcome::NotRecorded,
-            _ => Outcome::Unrecorded,
+            Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => OutcomeLabel::StaleSettle,
+            Rejected::NotRecorded { .. } => OutcomeLabel::NotRecorded,
+            _ => OutcomeLabel::Unrecorded,
         }
     }
 
@@ -75,22 +76,64 @@ impl Outcome {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Outcome::Won => "won",
-            Outcome::TakenOver => "taken_over",
-            Outcome::Replayed => "replayed",
-            Outcome::Ungated => "ungated",
-            Outcome::FailedOpen => "failed_open",
-            Outcome::Refused(reason) => reason,
-            Outcome::Settled => "settled",
-            Outcome::Released => "released",
-            Outcome::KeptFailure => "kept_failure",
-            Outcome::HeldInDoubt => "held_in_doubt",
-            Outcome::StaleSettle => "stale_settle",
-            Outcome::Unrecorded => "unrecorded",
-            Outcome::NotRecorded => "not_recorded",
-            Outcome::Reconciled => "reconciled",
+            OutcomeLabel::Won => "won",
+            OutcomeLabel::TakenOver => "taken_over",
+            OutcomeLabel::Replayed => "replayed",
+            OutcomeLabel::Ungated => "ungated",
+            OutcomeLabel::FailedOpen => "failed_open",
+            OutcomeLabel::Refused(reason) => reason,
+            OutcomeLabel::Settled => "settled",
+            OutcomeLabel::Released => "released",
+            OutcomeLabel::KeptFailure => "kept_failure",
+            OutcomeLabel::HeldInDoubt => "held_in_doubt",
+            OutcomeLabel::StaleSettle => "stale_settle",
+            OutcomeLabel::Unrecorded => "unrecorded",
+            OutcomeLabel::NotRecorded => "not_recorded",
+            OutcomeLabel::Reconciled => "reconciled",
         }
     }
+}
+
+/// What became of one step of a guarded body ([`step`](crate::step())), as
+/// `idem_steps_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepLabel {
+    /// It ran and its value was recorded.
+    Recorded,
+    /// A recorded value was handed back: it did not run.
+    Replayed,
+    /// It ran again after its holder was cut off inside it (repeatable).
+    Repeated,
+    /// It returned `Err`: nothing recorded, a later run runs it again.
+    Failed,
+    /// Its holder had been cut off inside it: refused, not run.
+    InDoubt,
+    /// It ran, and its value could not be recorded.
+    Unrecorded,
+}
+
+impl StepLabel {
+    /// The label's value.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            StepLabel::Recorded => "recorded",
+            StepLabel::Replayed => "replayed",
+            StepLabel::Repeated => "repeated",
+            StepLabel::Failed => "failed",
+            StepLabel::InDoubt => "in_doubt",
+            StepLabel::Unrecorded => "unrecorded",
+        }
+    }
+}
+
+/// A step of a body of `identity` in `slots` came to `outcome`.
+#[inline]
+pub(crate) fn stepped(slots: &ScopedPool, identity: &Identity, outcome: StepLabel) {
+    #[cfg(feature = "metrics")]
+    facade::stepped(slots, identity, outcome);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (slots, identity, outcome);
 }
 
 /// When something started, for a duration histogram; nothing without the
@@ -115,7 +158,12 @@ impl Stopwatch {
 /// A claim of `identity` in `slots` came to `outcome`, `claiming` after it
 /// began.
 #[inline]
-pub(crate) fn claimed(slots: &Slots, identity: &Identity, outcome: Outcome, claiming: &Stopwatch) {
+pub(crate) fn claimed(
+    slots: &ScopedPool,
+    identity: &Identity,
+    outcome: OutcomeLabel,
+    claiming: &Stopwatch,
+) {
     #[cfg(feature = "metrics")]
     facade::claimed(slots, identity, outcome, claiming.started.elapsed());
     #[cfg(not(feature = "metrics"))]
@@ -126,9 +174,9 @@ pub(crate) fn claimed(slots: &Slots, identity: &Identity, outcome: Outcome, clai
 /// `won` until `recording` began, and the recording took until now.
 #[inline]
 pub(crate) fn recorded(
-    slots: &Slots,
+    slots: &ScopedPool,
     identity: &Identity,
-    outcome: Outcome,
+    outcome: OutcomeLabel,
     won: &Stopwatch,
     recording: &Stopwatch,
 ) {
@@ -147,7 +195,7 @@ pub(crate) fn recorded(
 /// Something happened to the slot of `identity` in `slots` outside its
 /// holder's claim and recording (a duplicate put it in doubt).
 #[inline]
-pub(crate) fn happened(slots: &Slots, identity: &Identity, outcome: Outcome) {
+pub(crate) fn happened(slots: &ScopedPool, identity: &Identity, outcome: OutcomeLabel) {
     #[cfg(feature = "metrics")]
     facade::happened(slots, identity, outcome);
     #[cfg(not(feature = "metrics"))]
@@ -158,7 +206,7 @@ pub(crate) fn happened(slots: &Slots, identity: &Identity, outcome: Outcome) {
 /// when `label_account`).
 #[inline]
 pub(crate) fn reconciled(action: &str, account: &str, label_account: bool) {
-    let outcome = Outcome::Reconciled;
+    let outcome = OutcomeLabel::Reconciled;
     #[cfg(feature = "metrics")]
     facade::resolved(action, account, label_account, outcome);
     #[cfg(not(feature = "metrics"))]
@@ -173,17 +221,17 @@ mod facade {
 
     use ::metrics::{Label, SharedString, counter, histogram};
 
-    use super::Outcome;
+    use super::{OutcomeLabel, StepLabel};
     use crate::identity::Identity;
     use crate::metrics::names;
-    use crate::slots::Slots;
+    use crate::scoped_pool::ScopedPool;
 
     /// The labels every metric of a gate carries: the action, and the
     /// account when the gate was asked to label it; room for one more.
     /// Both are shared strings, so a label costs a reference count, not a
     /// copy; the `Vec` is what the facade's key is made of, one per metric
     /// updated.
-    fn labels(slots: &Slots, identity: &Identity) -> Vec<Label> {
+    fn labels(slots: &ScopedPool, identity: &Identity) -> Vec<Label> {
         let account = slots
             .metrics()
             .labels_account()
@@ -203,21 +251,26 @@ mod facade {
         labels
     }
 
-    fn with_outcome(mut labels: Vec<Label>, outcome: Outcome) -> Vec<Label> {
+    fn with_outcome(mut labels: Vec<Label>, outcome: OutcomeLabel) -> Vec<Label> {
         labels.push(Label::new(names::OUTCOME, outcome.label()));
         labels
     }
 
-    pub(super) fn claimed(slots: &Slots, identity: &Identity, outcome: Outcome, took: Duration) {
+    pub(super) fn claimed(
+        slots: &ScopedPool,
+        identity: &Identity,
+        outcome: OutcomeLabel,
+        took: Duration,
+    ) {
         let labels = labels(slots, identity);
         histogram!(names::CLAIM_DURATION_SECONDS, labels.clone()).record(took);
         counter!(names::OUTCOMES_TOTAL, with_outcome(labels, outcome)).increment(1);
     }
 
     pub(super) fn recorded(
-        slots: &Slots,
+        slots: &ScopedPool,
         identity: &Identity,
-        outcome: Outcome,
+        outcome: OutcomeLabel,
         body: Duration,
         recording: Duration,
     ) {
@@ -227,7 +280,7 @@ mod facade {
         counter!(names::OUTCOMES_TOTAL, with_outcome(labels, outcome)).increment(1);
     }
 
-    pub(super) fn happened(slots: &Slots, identity: &Identity, outcome: Outcome) {
+    pub(super) fn happened(slots: &ScopedPool, identity: &Identity, outcome: OutcomeLabel) {
         counter!(
             names::OUTCOMES_TOTAL,
             with_outcome(labels(slots, identity), outcome)
@@ -235,9 +288,20 @@ mod facade {
         .increment(1);
     }
 
+    pub(super) fn stepped(slots: &ScopedPool, identity: &Identity, outcome: StepLabel) {
+        let mut labels = labels(slots, identity);
+        labels.push(Label::new(names::OUTCOME, outcome.label()));
+        counter!(names::STEPS_TOTAL, labels).increment(1);
+    }
+
     /// A reconciler's resolution is rare (a probe and a round trip each):
     /// its labels are copied.
-    pub(super) fn resolved(action: &str, account: &str, label_account: bool, outcome: Outcome) {
+    pub(super) fn resolved(
+        action: &str,
+        account: &str,
+        label_account: bool,
+        outcome: OutcomeLabel,
+    ) {
         let action = SharedString::from(action.to_owned());
         let account = label_account.then(|| SharedString::from(account.to_owned()));
         counter!(

@@ -30,35 +30,13 @@ pub struct Mode {
     on_expiry: OnExpiry,
 }
 
-/// What an `Err` of a guarded body means for its slot. The function's
-/// author chooses it per error value: `#[idempotent(disposition = path)]`
-/// names a `fn(&E) -> Disposition`, and [`Gate::run_disposed`] takes one.
-/// Without one, every `Err` is [`Release`](Disposition::Release).
-///
-/// [`Gate::run_disposed`]: crate::Gate::run_disposed
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Disposition {
-    /// Nothing happened: the claim is deleted, and a retry runs the body.
-    /// The default, for errors that changed nothing (a validation error, a
-    /// connection refused before the request was sent).
-    #[default]
-    Release,
-    /// A definite failure (a card declined): the slot is kept as `failed`;
-    /// duplicates do not run and are refused with
-    /// [`Rejected::AlreadyFailed`](crate::Rejected::AlreadyFailed).
-    Keep,
-    /// The effect may have happened (a timeout after the request was sent):
-    /// the slot is held `in_doubt`; duplicates do not run and are refused
-    /// with [`Rejected::InDoubt`](crate::Rejected::InDoubt) until a
-    /// reconciler or an operator establishes the outcome.
-    InDoubt,
-}
+pub use crate::recording::Disposition;
 
 /// An error type that says, per value, what it means for its slot: the
-/// [`Disposition`] [`Gate::run_disposed`](crate::Gate::run_disposed)
-/// records. (`#[idempotent(disposition = path)]` takes any
-/// `fn(&E) -> Disposition` instead, such as `MyError::disposition`.)
+/// [`Disposition`] recorded when it is given as the classifier:
+/// `#[idempotent(disposition = MyError::disposition)]`, or
+/// `.disposition(MyError::disposition)` on a guard (either takes any
+/// `fn(&E) -> Disposition`).
 ///
 /// ```
 /// use idem_runtime::{Disposed, Disposition};
@@ -117,33 +95,39 @@ pub enum OnUnavailable {
     Run,
 }
 
-/// How the outcome (settle or release) of a claim commits.
+/// How the outcome of a claim (a settle, a release, a kept failure)
+/// commits.
 ///
-/// Only the claim must be durable: it is what stops a second run. A settle
-/// or release lost in a server crash leaves the row `pending`, which is the
-/// fail-closed state, so they may commit without waiting for their WAL to
-/// reach the disk. See [`OutcomeCommit::Async`] for the trade-off.
+/// Only the claim must be durable: it is what stops a second run. An
+/// outcome lost in a server crash leaves the row `pending`, which is the
+/// fail-closed state (duplicates are refused, never run), so it may commit
+/// without waiting for its WAL to reach the disk. See
+/// [`OutcomeCommit::Async`] for the trade-off.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OutcomeCommit {
-    /// Settle and release wait for the WAL flush, like every commit by
-    /// default. The default.
+    /// Every outcome waits for the WAL flush, like every commit by default.
+    /// The default.
     #[default]
     Durable,
-    /// Settle and release commit with `synchronous_commit = off`, set for
-    /// their own transaction inside the statement: they return without
-    /// waiting for the disk. The gain is as large as a flush is dear, and
+    /// Settle, release and keep (a failure kept as definite,
+    /// [`Disposition::Keep`]) commit with `synchronous_commit = off`, set
+    /// for their own transaction inside the statement: they return without
+    /// waiting for the disk. Holding a claim in doubt
+    /// ([`Disposition::InDoubt`], a panic, a dropped future) still commits
+    /// durably. The gain is as large as a flush is dear, and
     /// largest at low concurrency, where no commit shares another's flush:
     /// BENCHMARKS.md measures it against the plain gate.
     ///
     /// The trade-off: if the server crashes (not merely the client) within
     /// its WAL writer's delay (by default up to three times
     /// `wal_writer_delay`, 600 ms) after an outcome was recorded, that
-    /// outcome is lost and the claim reads as `pending` again: retries of
-    /// an action that succeeded are refused as in flight (never run twice),
-    /// and retries of an action that failed are refused until an operator
-    /// releases the claim (`idem claims release`). Nothing is ever run
-    /// twice. A client crash, or a server restart that is not a crash, loses
+    /// outcome is lost and the claim reads as `pending` again. That is safe
+    /// because `pending` fails closed: retries of an action that succeeded
+    /// are refused as in flight (never run twice), and retries of an action
+    /// whose failure was released or kept are refused as in flight too
+    /// (not run, not told `AlreadyFailed`) until an operator releases the
+    /// claim (`idem claims release`). Nothing is ever run twice. A client crash, or a server restart that is not a crash, loses
     /// nothing.
     ///
     /// Ignored (the outcome commits durably) with a lease, where a lost

@@ -46,6 +46,7 @@ use crate::identity::Identity;
 use crate::measure;
 #[cfg(feature = "metrics")]
 use crate::metrics::MetricsOptions;
+use crate::store;
 use crate::store::operations::{
     self, ClaimRow, ClaimState, NamespaceFilter, ReconcileCursor, ReconcileFilter, Resolution,
     Resolved, Resolver, ScopeFilter, ToReconcile,
@@ -79,6 +80,12 @@ pub struct Doubt {
     pub reason: Option<String>,
     /// When it was claimed, by the database's clock.
     pub claimed_at: SystemTime,
+    /// The [steps](crate::step()) of its body that were begun and never
+    /// recorded, by name: its holder was cut off inside them, so nobody
+    /// knows what they did. Usually none (the body itself was in doubt) or
+    /// one; answer for it with [`Verdict::step_succeeded_with`], or
+    /// [`Verdict::NotHappened`] when it did not happen.
+    pub steps_in_doubt: Vec<String>,
 }
 
 /// What a probe found out about a [`Doubt`].
@@ -96,8 +103,20 @@ pub enum Verdict {
     /// refused [`AlreadyFailed`](crate::Rejected::AlreadyFailed).
     Failed,
     /// It definitely did not happen: the claim is released, and the next
-    /// invocation runs the action.
+    /// invocation runs the action. Of a body with steps: the steps in doubt
+    /// did not happen either (their markers are removed, so the next
+    /// invocation runs them); its recorded steps are replayed, as on any
+    /// retry.
     NotHappened,
+    /// The step in doubt (one of [`Doubt::steps_in_doubt`]) happened, and
+    /// returned `replay`: it is recorded, and the claim released, so the
+    /// next invocation resumes after it ([`Verdict::step_succeeded_with`]).
+    StepSucceeded {
+        /// The step's name.
+        step: String,
+        /// Its value, as the JSON text `serde_json` writes.
+        replay: String,
+    },
     /// Still unknown: the claim stays held, and is probed again later, each
     /// time after a longer pause.
     Unknown,
@@ -117,6 +136,20 @@ impl Verdict {
     ) -> Result<Verdict, serde_json::Error> {
         Ok(Verdict::Succeeded {
             replay: Some(serde_json::to_string(value)?),
+        })
+    }
+
+    /// The step `step` of the body (one of [`Doubt::steps_in_doubt`])
+    /// happened, and `value` is what it returned: it must read back as the
+    /// step's `Ok` type. The step is recorded and the claim released; the
+    /// next invocation replays it and runs on from there.
+    pub fn step_succeeded_with<T: serde::Serialize + ?Sized>(
+        step: &str,
+        value: &T,
+    ) -> Result<Verdict, serde_json::Error> {
+        Ok(Verdict::StepSucceeded {
+            step: step.to_owned(),
+            replay: serde_json::to_string(value)?,
         })
     }
 }
@@ -634,7 +667,7 @@ impl Reconciler {
             memory: &self.memory,
             key: &key,
         };
-        let Some(doubt) = doubt_of(row, lease_ran_out) else {
+        let Some(mut doubt) = doubt_of(row, lease_ran_out) else {
             // Said once, then left alone for a while: an operator's.
             self.lock_memory().seen(&key).wait = Some((
                 Instant::now() + Reconciler::LONGEST_WAIT,
@@ -647,6 +680,8 @@ impl Reconciler {
             pass.without_probe += 1;
             return Ok(());
         };
+        let pending = operations::pending_steps(&self.pool, row.slot()).await?;
+        doubt.steps_in_doubt = pending.iter().map(|step| step.name.clone()).collect();
         let verdict = match remembered.verdict {
             Some(verdict) => verdict,
             None => {
@@ -693,7 +728,8 @@ impl Reconciler {
                 }
             }
         };
-        self.record(action, row, &key, verdict, pass).await
+        self.record(action, row, &key, verdict, &pending, pass)
+            .await
     }
 
     /// Records `verdict` for the claim in `row`, trying again (a bounded
@@ -705,8 +741,35 @@ impl Reconciler {
         row: &ClaimRow,
         key: &ClaimKey,
         verdict: Verdict,
+        pending: &[operations::PendingStep],
         pass: &mut Pass,
     ) -> Result<(), Error> {
+        // A verdict on a step first: the claim is released after it, so a
+        // retry never meets the step still in doubt.
+        match &verdict {
+            Verdict::StepSucceeded { step, replay } => {
+                let Some(pending) = pending.iter().find(|pending| pending.name == *step) else {
+                    tracing::warn!(
+                        target: "idem",
+                        action,
+                        account = %row.account,
+                        address = %row.address,
+                        step = %step,
+                        "reconciler: the probe answered for a step that is not in doubt; the \
+                         claim stays held"
+                    );
+                    self.unknown(row, pass, key, "the probe answered for a step not in doubt");
+                    return Ok(());
+                };
+                operations::resolve_step(&self.pool, row.slot(), pending, replay).await?;
+            }
+            Verdict::NotHappened => {
+                for pending in pending {
+                    operations::forget_step(&self.pool, row.slot(), pending).await?;
+                }
+            }
+            _ => {}
+        }
         let resolution = match &verdict {
             Verdict::Succeeded { replay } => Resolution::Succeeded {
                 output_json: replay.as_deref(),
@@ -883,11 +946,12 @@ fn doubt_of(row: &ClaimRow, lease_ran_out: bool) -> Option<Doubt> {
         fence: row.fence,
         state: row.state,
         reason: if lease_ran_out {
-            Some("lease_expired".to_owned())
+            Some(store::LEASE_EXPIRED.to_owned())
         } else {
             row.state_reason.clone()
         },
         claimed_at: SystemTime::UNIX_EPOCH + since_epoch,
+        steps_in_doubt: Vec::new(),
     })
 }
 

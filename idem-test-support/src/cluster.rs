@@ -7,13 +7,13 @@
 //! `scripts/ensure-postgres` and `scripts/pg-matrix`, which leaves its
 //! cluster running ([`Cluster::keep_running`]).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use std::{fs, io};
 
 use idem::sqlx::postgres::PgConnectOptions;
+use idem::testing::server;
 
 use crate::binaries::{Binaries, BinariesError};
 use crate::process::{self, ProcessError};
@@ -227,16 +227,14 @@ impl Cluster {
             self.setup
                 .binaries
                 .command("initdb", &self.setup.dir)
-                .arg("-D")
-                .arg(&data)
-                .args(["-U", "postgres", "--auth=trust", "--no-sync"]),
+                .args(server::initdb_arguments(&data)),
         )?;
         Ok(())
     }
 
     /// `pg_ctl` with `arguments`, waiting until it is done.
     fn pg_ctl(&self, arguments: &[&str]) -> Result<String, ProcessError> {
-        // pg_ctl hands `-o` to a shell: quote the socket directory. The log
+        // pg_ctl hands `-o` to a shell: server_options quotes. The log
         // file keeps the server off our stdout, so a caller capturing it
         // does not wait on the server.
         let Setup {
@@ -248,15 +246,14 @@ impl Cluster {
             ..
         } = &self.setup;
         let fsync = if *fsync { "on" } else { "off" };
-        let mut options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync={fsync} \
-             -c max_connections={max_connections}",
-            shell_quoted(&dir.display().to_string())
-        );
-        for (name, value) in settings {
-            options.push_str(" -c ");
-            options.push_str(&shell_quoted(&format!("{name}={value}")));
-        }
+        let settings: Vec<(String, String)> = [
+            ("fsync".to_owned(), fsync.to_owned()),
+            ("max_connections".to_owned(), max_connections.to_string()),
+        ]
+        .into_iter()
+        .chain(settings.iter().cloned())
+        .collect();
+        let options = server::server_options(*port, Some(dir.as_path()), &settings);
         process::output_of(
             self.setup
                 .binaries
@@ -295,33 +292,10 @@ pub fn stop(binaries: &Binaries, dir: &Path) {
         .status();
 }
 
-/// `word` quoted for the shell `pg_ctl` hands `-o` to: in single quotes,
-/// each single quote in it closed, escaped and reopened.
-fn shell_quoted(word: &str) -> String {
-    format!("'{}'", word.replace('\'', r"'\''"))
-}
-
 /// A port nobody listens on now (the OS picks it).
 pub fn free_port() -> Result<u16, ClusterError> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .map_err(|source| ClusterError::Io {
-            what: "find a free port".to_owned(),
-            source,
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shell_quoted;
-
-    #[test]
-    fn settings_reach_the_server_as_one_shell_word_each() {
-        assert_eq!(shell_quoted("citus.shard_count=4"), "'citus.shard_count=4'");
-        assert_eq!(
-            shell_quoted("search_path='$user', public"),
-            r"'search_path='\''$user'\'', public'"
-        );
-    }
+    server::free_port().map_err(|source| ClusterError::Io {
+        what: "find a free port".to_owned(),
+        source,
+    })
 }

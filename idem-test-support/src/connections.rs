@@ -10,7 +10,7 @@ use idem::sqlx::{self, Connection, PgConnection, PgPool};
 /// One connection to the test database ([`idem::testing::database_url`]).
 ///
 /// # Panics
-/// When no PostgreSQL answers, saying how to start one.
+/// When no PostgreSQL answers, or it refuses the connection, saying why.
 pub async fn connect() -> PgConnection {
     let url = idem::testing::database_url();
     let attempt = tokio::time::timeout(Duration::from_secs(10), PgConnection::connect(&url)).await;
@@ -19,11 +19,11 @@ pub async fn connect() -> PgConnection {
         Ok(Err(error)) => error.to_string(),
         Err(_) => "no answer within 10 s".to_owned(),
     };
+    // database_url saw something listen there: say what it answered.
     panic!(
-        "these tests need a PostgreSQL, and none answered at {url}: {error}\n\
-         Start one: `scripts/ensure-postgres` (starts the machine's cluster, or a throwaway one, \
-         on 127.0.0.1:5432), or on Debian `pg_ctlcluster <version> main start`; or point \
-         DATABASE_URL at a server you have."
+        "these tests could not connect to the PostgreSQL at {}: {error}; set DATABASE_URL to a \
+         server you can use",
+        idem::testing::server::redacted(&url)
     )
 }
 

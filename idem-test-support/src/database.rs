@@ -3,12 +3,15 @@
 //!
 //! 1. `DATABASE_URL`, when set (and then nothing else is tried);
 //! 2. a server answering at [`LOCAL_URL`], the default local port;
-//! 3. a throwaway [`Cluster`] started from the local PostgreSQL binaries in a
+//! 3. the tests' shared throwaway server, when it is running
+//!    ([`idem::testing::database_url`] starts it and leaves it running): the
+//!    same server the tests use, rather than a second one beside it;
+//! 4. a throwaway [`Cluster`] started from the local PostgreSQL binaries in a
 //!    temporary directory, stopped and removed when [`Database`] is dropped;
-//! 4. otherwise an error that says what to install or set.
+//! 5. otherwise an error that says what to install or set.
 //!
-//! `IDEM_QUICKSTART_NO_LOCAL=1` skips step 2: it exercises step 3 on a
-//! machine whose own server is running.
+//! `IDEM_QUICKSTART_NO_LOCAL=1` skips steps 2 and 3: it exercises step 4 on
+//! a machine whose own server is running.
 
 use std::env;
 use std::error::Error;
@@ -17,6 +20,8 @@ use std::time::Duration;
 
 use idem::sqlx::postgres::PgPoolOptions;
 use idem::sqlx::{self, Connection, PgConnection, PgPool};
+
+use idem::testing::server::redacted;
 
 use crate::cluster::{Cluster, Setup};
 
@@ -65,7 +70,8 @@ pub async fn find() -> Result<Database, Box<dyn Error>> {
         println!("database: DATABASE_URL ({})", redacted(&url));
         return Ok(Database { url, _server: None });
     }
-    let local = if env::var_os("IDEM_QUICKSTART_NO_LOCAL").is_some() {
+    let skip_local = env::var_os("IDEM_QUICKSTART_NO_LOCAL").is_some();
+    let local = if skip_local {
         Err("skipped: IDEM_QUICKSTART_NO_LOCAL is set".to_owned())
     } else {
         answers(LOCAL_URL).await
@@ -76,6 +82,15 @@ pub async fn find() -> Result<Database, Box<dyn Error>> {
             url: LOCAL_URL.to_owned(),
             _server: None,
         });
+    }
+    let shared = if skip_local {
+        None
+    } else {
+        tokio::task::spawn_blocking(idem::testing::server::shared_if_running).await?
+    };
+    if let Some(url) = shared {
+        println!("database: the tests' throwaway PostgreSQL at {url} (left running by them)");
+        return Ok(Database { url, _server: None });
     }
     let server = tokio::task::spawn_blocking(|| Setup::throwaway()?.start())
         .await?
@@ -112,19 +127,5 @@ async fn answers(url: &str) -> Result<(), String> {
         }
         Ok(Err(error)) => Err(error.to_string()),
         Err(_) => Err("no answer within 3 s".to_owned()),
-    }
-}
-
-/// `url` with its password, if any, replaced by `***`.
-fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((user_info, host)) if user_info.contains(':') => {
-            let user = user_info.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}")
-        }
-        _ => url.to_owned(),
     }
 }

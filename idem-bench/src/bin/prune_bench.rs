@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
 use hdrhistogram::Histogram;
-use idem::operations::{self, PruneFilter, Pruning};
+use idem::operations::{PruneFilter, Pruning};
 use idem::sqlx::{self, PgPool};
 use idem::{Gate, Identity, Rejected};
 use idem_test_support::database;
@@ -105,10 +105,7 @@ async fn run(url: &str, schema: &str, flags: &Flags) -> Result<(), BoxError> {
     );
 
     let cut_off = SystemTime::now() - Duration::from_secs(3_600);
-    let filter = PruneFilter {
-        settled_before: cut_off,
-        account: None,
-    };
+    let filter = PruneFilter::new(cut_off);
 
     let load_started = Instant::now();
     load(&pool, flags.rows).await?;
@@ -118,7 +115,7 @@ async fn run(url: &str, schema: &str, flags: &Flags) -> Result<(), BoxError> {
         1,
         measure(&pool, async {
             let started = Instant::now();
-            let deleted = operations::prune_in_one_statement(&pool, &filter).await?;
+            let deleted = idem::__internal::prune_in_one_statement(&pool, &filter).await?;
             Ok((deleted, started.elapsed(), 1))
         }),
     )

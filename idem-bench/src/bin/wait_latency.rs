@@ -15,7 +15,7 @@ use std::error::Error;
 use std::time::{Duration, Instant};
 
 use idem::sqlx::postgres::PgListener;
-use idem::{Gate, Identity, Mode, Rejected};
+use idem::{Gate, Identity, Rejected};
 use idem_test_support::database;
 
 const TRIALS: usize = 40;
@@ -88,9 +88,7 @@ async fn wake_by_polling(
     };
     let waiter = async {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let answer = gate
-            .claim_with(&id, &Mode::new().wait(Duration::from_secs(5)))
-            .await;
+        let answer = gate.guard(&id).wait(Duration::from_secs(5)).claim().await;
         (answer.map(|_| ()), Instant::now())
     };
     let (settled, (answer, answered)) = tokio::join!(holder, waiter);

@@ -11,8 +11,7 @@
 
 mod render;
 
-use idem_runtime::operations::{self, ClaimState, Resolution, Resolved, Resolver};
-use idem_runtime::schema;
+use idem_runtime::operations::{self, ClaimState, ClaimStep, Resolution, Resolved, Resolver};
 use sqlx::PgPool;
 
 use crate::cli::ResolveArgs;
@@ -25,7 +24,7 @@ pub use render::{render_claim, render_count, render_list, render_released, rende
 
 /// Fails, saying what to do, when `idem_records` is not on the search path.
 pub async fn ensure_table(pool: &PgPool) -> Result<(), CliError> {
-    let location = schema::locate(pool)
+    let location = idem_runtime::__internal::locate(pool)
         .await
         .map_err(CliError::database("look for idem_records"))?;
     match location.table {
@@ -140,7 +139,15 @@ pub async fn find(
     }
 }
 
-/// Releases the pending claim at `address` in `scope`, after `yes`.
+/// The steps of `claim` (`idem::step`), in the order they were begun.
+pub async fn steps(pool: &PgPool, claim: &ClaimRow) -> Result<Vec<ClaimStep>, CliError> {
+    operations::steps(pool, claim.slot())
+        .await
+        .map_err(CliError::store("list the claim's steps"))
+}
+
+/// Releases the pending claim at `address` in `scope`, after `yes`. Its
+/// steps are kept: a retry replays the finished ones.
 pub async fn release(
     pool: &PgPool,
     address: &str,
@@ -250,10 +257,7 @@ pub async fn resolve(
             consequence(&resolution),
         )));
     }
-    let resolver = Resolver {
-        reason: "operator",
-        expected_fence: Some(claim.fence),
-    };
+    let resolver = Resolver::new("operator").expected_fence(claim.fence);
     let resolved = operations::resolve_as(pool, claim.slot(), resolution, resolver)
         .await
         .map_err(CliError::store("resolve the claim"))?;

@@ -1,6 +1,8 @@
 //! How claims look: the decoded identity, text tables and blocks, JSON.
 //!
-//! JSON objects for a claim have the same fields everywhere (`list`, `show`,
+//! JSON objects for a claim have the same fields everywhere (`list`, `show`
+//! (which adds `steps`: each step's `address`, `state`, `fence`,
+//! `created_at`, `settled_at` and `output_bytes`, the size of its value),
 //! `release`, and `claim` in `resolve`): `account`, `namespace`, `address`,
 //! `state`, `state_reason`, `fence`, `created_at`, `age_seconds`,
 //! `settled_at` (RFC 3339, UTC), `action`, `identity` (its `Debug`, long
@@ -11,7 +13,7 @@
 use idem_runtime::Identity;
 use serde::Serialize;
 
-use idem_runtime::operations::ClaimState;
+use idem_runtime::operations::{ClaimState, ClaimStep};
 
 use super::{ClaimRow, ResolvedClaim, describe_scope};
 use crate::error::CliError;
@@ -177,11 +179,82 @@ pub fn render_count(count: u64, format: Format) -> Result<String, CliError> {
     }
 }
 
-/// `claims show` output: every field of the row.
-pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError> {
+/// A claim's step for JSON output: where it is and what it says, and the
+/// size of its value rather than the value.
+#[derive(Debug, Serialize)]
+struct StepJson<'a> {
+    /// The step's name; `null` when its row's identity does not read back.
+    name: Option<&'a str>,
+    address: &'a str,
+    state: &'static str,
+    fence: i64,
+    created_at: String,
+    settled_at: Option<String>,
+    output_bytes: Option<i64>,
+}
+
+/// `claims show` as JSON: the claim's fields, as everywhere, and its steps.
+#[derive(Debug, Serialize)]
+struct ShownJson<'a> {
+    #[serde(flatten)]
+    claim: ClaimJson<'a>,
+    steps: Vec<StepJson<'a>>,
+}
+
+/// The steps block of `claims show`: a line each, in the order they were
+/// begun, or a line saying there are none.
+fn render_steps(steps: &[ClaimStep]) -> String {
+    if steps.is_empty() {
+        return "steps:            none\n".to_owned();
+    }
+    let mut shown = format!("steps:            {}\n", steps.len());
+    for step in steps {
+        // The name is the body's text, perhaps made from a request's:
+        // quoted and escaped, so it can never pass for another field.
+        let name = step
+            .name
+            .as_deref()
+            .map_or_else(|| "(unreadable)".to_owned(), |name| format!("{name:?}"));
+        shown.push_str(&format!(
+            "  {name}  {}  {:<7}  fence {}  begun {}  recorded {}  {}\n",
+            step.address,
+            step.state.as_str(),
+            step.fence,
+            timestamps::instant(step.created_micros),
+            step.settled_micros
+                .map_or_else(|| "-".to_owned(), timestamps::instant),
+            step.output_bytes.map_or_else(
+                || "no value".to_owned(),
+                |bytes| format!("value {bytes} bytes")
+            ),
+        ));
+    }
+    shown
+}
+
+/// `claims show` output: every field of the row, then its steps.
+pub fn render_claim(
+    claim: &ClaimRow,
+    steps: &[ClaimStep],
+    format: Format,
+) -> Result<String, CliError> {
     let decoded = Decoded::of(claim);
     if format == Format::Json {
-        return output::json(&to_json(claim, &decoded));
+        return output::json(&ShownJson {
+            claim: to_json(claim, &decoded),
+            steps: steps
+                .iter()
+                .map(|step| StepJson {
+                    name: step.name.as_deref(),
+                    address: &step.address,
+                    state: step.state.as_str(),
+                    fence: step.fence,
+                    created_at: timestamps::instant(step.created_micros),
+                    settled_at: step.settled_micros.map(timestamps::instant),
+                    output_bytes: step.output_bytes,
+                })
+                .collect(),
+        });
     }
     let mut fields: Vec<(String, String)> = vec![
         ("address".into(), claim.address.clone()),
@@ -240,13 +313,15 @@ pub fn render_claim(claim: &ClaimRow, format: Format) -> Result<String, CliError
         fields.push((name.clone(), shown));
     }
     let width = fields.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 1;
-    Ok(fields
+    let mut shown: String = fields
         .iter()
         .map(|(name, value)| {
             let value = output::escape(value);
             format!("{:<width$} {value}\n", format!("{name}:"))
         })
-        .collect())
+        .collect();
+    shown.push_str(&render_steps(steps));
+    Ok(shown)
 }
 
 /// `claims release` output.
@@ -369,7 +444,7 @@ mod tests {
             .insert("fence".into(), serde_json::Value::from(7));
         row.other_columns
             .insert("lease_expires_at".into(), serde_json::Value::Null);
-        let shown = render_claim(&row, Format::Text).unwrap_or_default();
+        let shown = render_claim(&row, &[], Format::Text).unwrap_or_default();
         assert!(shown.contains("\nstate:            pending\n"), "{shown}");
         assert!(shown.contains("\nfence:            7\n"), "{shown}");
         assert_eq!(shown.matches("\nfence:").count(), 1, "{shown}");

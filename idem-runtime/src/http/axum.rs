@@ -47,7 +47,7 @@ impl IntoResponse for KeyRejection {
 
 impl IntoResponse for Rejected {
     /// The [`Problem`] for this refusal (see the table in
-    /// [`idem::axum`](super)). The store's own error never reaches the
+    /// [`idem::http`](super)). The store's own error never reaches the
     /// client: the gate has already logged it.
     fn into_response(self) -> Response {
         Problem::from(&self).into_response()

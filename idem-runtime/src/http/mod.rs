@@ -1,7 +1,7 @@
 //! Most clients meet idempotency as Stripe's `Idempotency-Key` header on a
 //! `POST`: the client sends a value unique to the request, the same value on
 //! every retry of it, and the server runs the request once. This module
-//! (`idem::http` in the facade; `idem::axum` too) speaks that protocol,
+//! (`idem::http` in the facade) speaks that protocol,
 //! following the IETF draft *The Idempotency-Key HTTP Header Field*, two
 //! ways with the same refusals:
 //!

@@ -78,6 +78,17 @@ impl From<&Rejected> for Problem {
                  Retry the same request, with the same key, after the Retry-After delay.",
             )
             .with_retry_after(IN_DOUBT_RETRY_AFTER),
+            // A step of an earlier attempt was cut off: to the client, the
+            // same as an outcome in doubt.
+            Rejected::StepInDoubt { .. } => Problem::idem(
+                StatusCode::CONFLICT,
+                "outcome-in-doubt",
+                "Request outcome being established",
+                "An earlier request with this Idempotency-Key was cut off part way, and the \
+                 server is finding out what it did; this one did not run that part again. Retry \
+                 the same request, with the same key, after the Retry-After delay.",
+            )
+            .with_retry_after(IN_DOUBT_RETRY_AFTER),
             // A definite failure was kept: retrying fails the same way.
             Rejected::AlreadyFailed => Problem::idem(
                 StatusCode::CONFLICT,
@@ -128,6 +139,15 @@ impl From<&Rejected> for Problem {
                 "Outcome unknown",
                 "The request ran, but the server could not record its outcome. Check its effect \
                  before acting on this answer.",
+            ),
+            // The handler's code used a step where it cannot: its fault,
+            // and nothing of the step ran.
+            Rejected::NotGuarded { .. } => Problem::idem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "step-misused",
+                "Request handler misconfigured",
+                "The server's handler used an idempotent step where it cannot work, so that step \
+                 did not run. This is a fault in the server, not in the request.",
             ),
             Rejected::InvalidOption { .. } => Problem::idem(
                 StatusCode::INTERNAL_SERVER_ERROR,

@@ -80,6 +80,19 @@
 //! | `not_recorded` | the outcome was not recorded: the slot already records one somebody else wrote (a reconciler or an operator resolved it, its lease ran out into doubt, an earlier holder's late success settled it), which stands (`NotRecorded`) | ran |
 //! | `reconciled` | a [`Reconciler`](crate::reconcile::Reconciler)'s probe resolved a claim | |
 //!
+//! Steps inside a body ([`step`](crate::step())) are counted apart, in
+//! `idem_steps_total` (by `action` and `outcome`; a step's name is not a
+//! label, since names may be made per item):
+//!
+//! | `outcome` | when | the step |
+//! |---|---|---|
+//! | `recorded` | it ran, and its value was recorded | ran |
+//! | `replayed` | an earlier run recorded it: its value was handed back | does not run |
+//! | `repeated` | its holder was cut off inside it, and it is repeatable | runs again |
+//! | `failed` | it returned `Err`: nothing recorded, a later run runs it again | ran |
+//! | `in_doubt` | its holder was cut off inside it: refused (`StepInDoubt`) | does not run |
+//! | `unrecorded` | it ran, and the store failed to record its value: a later run finds it in doubt | ran |
+//!
 //! So `won + taken_over + ungated + failed_open` is how many bodies ran,
 //! and the refusals are how many duplicates were stopped. What to alert
 //! on is in the operations guide: `idem_claims_in_doubt > 0`, any
@@ -100,7 +113,7 @@
 //! goes to the store (a round trip, ~100 µs) it vanishes. The gauges cost
 //! one query per [`Gauges::interval`] (see [`Gauges`]).
 //!
-//! Inside the caller's transaction (`tx`, [`Gate::claim_in`](crate::Gate::claim_in)),
+//! Inside the caller's transaction (`tx`, [`Guard::tx`](crate::Guard::tx)),
 //! an outcome is counted when its statement succeeds, as the tracing event
 //! says it: should the transaction roll back afterwards, the count stays.
 
@@ -113,6 +126,10 @@ pub mod names {
     /// Counter: decisions, by `action` and `outcome` (and `account`, when
     /// asked).
     pub const OUTCOMES_TOTAL: &str = "idem_outcomes_total";
+    /// Counter: steps of guarded bodies ([`step`](crate::step())), by
+    /// `action` and `outcome` (and `account`, when asked): `recorded`,
+    /// `replayed`, `repeated`, `failed`, `in_doubt`, `unrecorded`.
+    pub const STEPS_TOTAL: &str = "idem_steps_total";
     /// Histogram, seconds: from the start of a claim to its decision.
     pub const CLAIM_DURATION_SECONDS: &str = "idem_claim_duration_seconds";
     /// Histogram, seconds: from a won claim until its outcome is recorded.

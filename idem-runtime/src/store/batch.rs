@@ -47,6 +47,7 @@ use sqlx::{FromRow, PgExecutor, Postgres, Row};
 
 use super::claims::{Existing, existing_columns};
 use super::{Commit, Engine, PerCommit, SplitOnNamespace, per_commit};
+use crate::recording::{Disposition, Recording};
 
 /// A batch statement in its four forms: per engine (see the module's
 /// docs), and per namespace ([`SplitOnNamespace`]).
@@ -334,49 +335,45 @@ pub(crate) async fn lookup_batch<'e>(
         .collect()
 }
 
-/// One kind of outcome for a batch of held claims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BatchOutcome<'a> {
-    /// Settled; per claim, the output to keep (in the order of the claims).
-    Settle(&'a [Option<&'a str>]),
-    Release,
-    /// Kept as a definite failure, saying why.
-    Keep(&'a str),
-    /// Held in doubt, saying why.
-    HoldInDoubt(&'a str),
-}
-
 /// Records `outcome` for the pending claims at `addresses` held under
 /// `fences` (pairwise), in one statement; the addresses it changed. An
 /// address missing from the answer is no longer pending under its fence.
+/// A settle keeps, per claim, its value of `outputs` (pairwise too; unread
+/// for a failure); a kept failure and a hold in doubt say why in
+/// `state_reason`, as the same outcome of one claim does.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one statement's binds, each named"
+)]
 pub(crate) async fn record_batch<'e>(
     executor: impl PgExecutor<'e>,
     engine: Engine,
     scope: super::Scope<'_>,
     addresses: &[&str],
     fences: &[i64],
-    outcome: BatchOutcome<'_>,
+    outcome: Recording<()>,
+    outputs: &[Option<&str>],
     commit: Commit,
 ) -> Result<Vec<String>, sqlx::Error> {
     let query = match outcome {
-        BatchOutcome::Settle(outputs) => SETTLE_BATCH
+        Recording::Settled(_) => SETTLE_BATCH
             .committing(commit)
             .for_batch(engine, scope, addresses)
             .bind(fences)
             .bind(outputs),
-        BatchOutcome::Release => RELEASE_BATCH
+        Recording::Failed(Disposition::Release) => RELEASE_BATCH
             .committing(commit)
             .for_batch(engine, scope, addresses)
             .bind(fences),
-        BatchOutcome::Keep(reason) => KEEP_BATCH
+        Recording::Failed(Disposition::Keep) => KEEP_BATCH
             .committing(commit)
             .for_batch(engine, scope, addresses)
             .bind(fences)
-            .bind(reason),
-        BatchOutcome::HoldInDoubt(reason) => HOLD_IN_DOUBT_BATCH
+            .bind(super::KEPT_FAILURE),
+        Recording::Failed(Disposition::InDoubt) => HOLD_IN_DOUBT_BATCH
             .for_batch(engine, scope, addresses)
             .bind(fences)
-            .bind(reason),
+            .bind(super::BODY_IN_DOUBT),
     };
     query
         .fetch_all(executor)

@@ -25,11 +25,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../../sql/v5.sql"),
     "\n",
-    include_str!("../../sql/v6.sql")
+    include_str!("../../sql/v6.sql"),
+    "\n",
+    include_str!("../../sql/v7.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +56,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(4, include_str!("../../sql/v4.sql")),
     Migration::new(5, include_str!("../../sql/v5.sql")),
     Migration::new(6, include_str!("../../sql/v6.sql")),
+    Migration::new(7, include_str!("../../sql/v7.sql")),
 ];
 
 /// Serialises concurrent set-ups across processes ("idemschm" in ASCII).

@@ -70,10 +70,30 @@ pub(crate) const KEPT_FAILURE: &str = "kept_failure";
 /// `state_reason` of a claim its holder's body held in doubt
 /// ([`HOLD_IN_DOUBT`]).
 pub(crate) const BODY_IN_DOUBT: &str = "body_in_doubt";
+
+/// The text of [`LATE_SUCCESS`], a macro so that the statement that writes
+/// it ([`SETTLE_OVER`]) joins the same text the readers compare with.
+macro_rules! late_success {
+    () => {
+        "late_success"
+    };
+}
 /// `state_reason` of a success written by a holder whose claim was no
 /// longer its own ([`SETTLE_OVER`]): over the row of the holder that
 /// replaced it, which must not take it for its own.
-pub(crate) const LATE_SUCCESS: &str = "late_success";
+pub(crate) const LATE_SUCCESS: &str = late_success!();
+
+/// The text of [`LEASE_EXPIRED`], a macro so that the statements that write
+/// it ([`EXPIRE_IN_DOUBT`]) and match on it ([`SETTLE_OWN_HOLD`]) join the
+/// same text the readers compare with.
+macro_rules! lease_expired {
+    () => {
+        "lease_expired"
+    };
+}
+/// `state_reason` of a pending claim a looker turned in doubt because its
+/// lease ran out ([`EXPIRE_IN_DOUBT`], `on_expiry = "in_doubt"`).
+pub(crate) const LEASE_EXPIRED: &str = lease_expired!();
 
 impl Existing {
     /// Whether the row's state was written by the holder of its fence
@@ -273,9 +293,12 @@ pub(super) const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
 /// (`in_doubt_since`), however much later someone looked. Index: the
 /// partial unique index of its form.
 pub(super) const EXPIRE_IN_DOUBT: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = 'lease_expired', \
-         in_doubt_since = lease_expires_at",
+    concat!(
+        "UPDATE idem_records \
+         SET state = 'in_doubt', lease_expires_at = NULL, state_reason = '",
+        lease_expired!(),
+        "', in_doubt_since = lease_expires_at"
+    ),
     "state = 'pending' AND fence = $4 AND lease_expires_at < now()"
 );
 
@@ -327,9 +350,13 @@ pub(super) const TAKE_OVER: SplitOnNamespace = per_row!(
 /// the payload the output belongs to. Index: the partial unique index of
 /// its form.
 pub(super) const SETTLE_OVER: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
-         fingerprint = $6, state_reason = 'late_success'",
+    concat!(
+        "UPDATE idem_records \
+         SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
+             fingerprint = $6, state_reason = '",
+        late_success!(),
+        "'"
+    ),
     "state IN ('pending', 'in_doubt') AND fence = $4"
 );
 
@@ -346,7 +373,11 @@ pub(super) const SETTLE_OWN_HOLD: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
          fingerprint = $6, state_reason = NULL",
-    "state = 'in_doubt' AND state_reason = 'lease_expired' AND fence = $4"
+    concat!(
+        "state = 'in_doubt' AND state_reason = '",
+        lease_expired!(),
+        "' AND fence = $4"
+    )
 );
 
 /// Records the success of a holder whose claim was released (by the holder

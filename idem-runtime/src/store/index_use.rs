@@ -15,7 +15,7 @@ use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
 
 use super::operations::{self, NamespaceFilter, ScopeFilter};
 use super::scratch::Scratch;
-use super::{SplitOnNamespace, catalog, claims, metering, prune};
+use super::{SplitOnNamespace, catalog, claims, metering, prune, steps};
 
 const ACCOUNT: &str = "acme";
 const ADDRESS: &str = "claim_0123456789abcdef01234567";
@@ -28,6 +28,8 @@ enum Param {
     Int(i64),
     Bool(bool),
     TextArray,
+    /// A `text[]` bound NULL.
+    NullTextArray,
     BytesArray,
     IntArray,
 }
@@ -44,7 +46,15 @@ enum Expect {
     /// It reads a range, not a row: through some index (which one is the
     /// planner's choice, on an empty table), never a scan of the table.
     SomeIndex,
+    /// It finds a claim's steps: through the index of a claim's steps
+    /// ([`STEPS_OF_CLAIM_INDEX`]), and any claim it looks up through a
+    /// partial unique index; no other index, never a scan of the table.
+    StepsOfClaim,
 }
+
+/// The index of a claim's steps (schema v7): `(account, claim_address)
+/// WHERE kind = 'step'`.
+const STEPS_OF_CLAIM_INDEX: &str = "idem_records_steps_of_claim";
 
 /// One statement in one form, with its parameters.
 struct Case {
@@ -223,28 +233,163 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             &[Int(1)],
             lookup,
         ),
+        // `$2` is the claim's address here.
+        per_row(
+            "operations steps of a claim",
+            &operations::STEPS_OF_CLAIM,
+            &[],
+            Expect::StepsOfClaim,
+        ),
+        // The same for the reconciler's steps in doubt.
+        per_row(
+            "pending steps of a claim",
+            &steps::PENDING_STEPS,
+            &[],
+            Expect::StepsOfClaim,
+        ),
     ]
     .into_iter()
     .chain(prune_cases(namespace))
     .collect()
 }
 
+/// The statements of steps inside one claim, in the form for `namespace`:
+/// each finds a step, and its claim, by address.
+///
+/// Checked on a table with steps in it and statistics taken
+/// ([`PLANT_STEPS`]), not on the empty one the other cases are: there, the
+/// planner finds the index of a claim's steps (`(account, claim_address)
+/// WHERE kind = 'step'`, whose predicate a step's lookup implies) as cheap
+/// as the partial unique index, and picks it, with only `account` as its
+/// condition: every step of the account read for each lookup, as long as
+/// the table has never been analyzed.
+fn step_cases(namespace: Option<&'static str>) -> Vec<Case> {
+    use Param::{Bytes, Int, Text};
+    let per_row = |name, statement: &SplitOnNamespace, extra: &[Param], expect| Case {
+        name,
+        namespace,
+        text: statement.for_namespace(namespace).to_owned(),
+        params: [row_params(namespace), extra.to_vec()].concat(),
+        expect,
+    };
+    let lookup = Expect::PartialUniqueIndex;
+    let claim = Text(Some(ADDRESS));
+    vec![
+        per_row(
+            "begin step",
+            &steps::BEGIN_STEP,
+            &[Bytes, Int(1), claim],
+            Expect::ArbitratedInsert,
+        ),
+        per_row("lookup step", &steps::LOOKUP_STEP, &[claim], lookup),
+        per_row(
+            "record step",
+            &steps::RECORD_STEP.durable,
+            &[Int(1), Text(Some("{}")), claim],
+            lookup,
+        ),
+        per_row(
+            "record step async",
+            &steps::RECORD_STEP.asynchronous,
+            &[Int(1), Text(Some("{}")), claim],
+            lookup,
+        ),
+        per_row(
+            "abandon step",
+            &steps::ABANDON_STEP.durable,
+            &[Int(1), claim],
+            lookup,
+        ),
+        per_row(
+            "abandon step async",
+            &steps::ABANDON_STEP.asynchronous,
+            &[Int(1), claim],
+            lookup,
+        ),
+        per_row(
+            "resolve step",
+            &steps::RESOLVE_STEP,
+            &[Int(1), Text(Some("{}")), claim],
+            lookup,
+        ),
+        per_row(
+            "retake step",
+            &steps::RETAKE_STEP,
+            &[Int(1), Int(2), claim],
+            lookup,
+        ),
+    ]
+}
+
+/// Steps and claims in the table, analyzed, for [`step_cases`]: a few
+/// thousand steps of one account, three to a claim.
+const PLANT_STEPS: &str = "\
+    INSERT INTO idem_records (account, kind, address, state, identity, claim_address) \
+    SELECT 'acme', 'step', 'step_' || lpad(to_hex(g), 24, '0'), 'success', '\\x00', \
+           'claim_' || lpad(to_hex(g / 3), 24, '0') \
+    FROM generate_series(1, 3000) AS g; \
+    INSERT INTO idem_records (account, kind, address, state, identity) \
+    SELECT 'acme', 'claim', 'claim_' || lpad(to_hex(g), 24, '0'), 'success', '\\x00' \
+    FROM generate_series(1, 1000) AS g; \
+    ANALYZE idem_records";
+
 /// The statements of a batched prune in the lane of claims of `namespace`'s
 /// form, walking by account and across accounts: each reads a range of that
-/// lane's partial unique index, so a batch never scans the table.
+/// lane's partial unique index, so a batch never scans the table. Then the
+/// lane of steps whose claim is gone, and the deletion of a batch's claims'
+/// steps: each through the index of a claim's steps.
 fn prune_cases(namespace: Option<&'static str>) -> Vec<Case> {
-    use Param::{Int, Text};
+    use Param::Text;
     let lane = match namespace {
         None => &prune::WITHOUT_NAMESPACE,
         Some(_) => &prune::WITHIN_NAMESPACE,
     };
+    let mut cases = lane_cases(lane, namespace, Expect::PartialUniqueIndex);
+    // The steps whose claim is gone have a lane of their own, through the
+    // index of a claim's steps, whose position has no namespace: checked
+    // once, with the claims' lane without one.
+    if namespace.is_none() {
+        cases.extend(lane_cases(&prune::ORPHAN_STEPS, None, Expect::StepsOfClaim));
+    }
+    let addresses = Param::TextArray;
+    let namespaces = match namespace {
+        None => Param::NullTextArray,
+        Some(_) => Param::TextArray,
+    };
+    let steps_of_pruned = &prune::STEPS_OF_PRUNED;
+    cases.extend([
+        Case {
+            name: "prune the steps of pruned claims, by account",
+            namespace,
+            text: steps_of_pruned
+                .by_account
+                .for_namespace(namespace)
+                .to_owned(),
+            params: vec![Text(Some(ACCOUNT)), addresses, namespaces],
+            expect: Expect::StepsOfClaim,
+        },
+        Case {
+            name: "prune the steps of pruned claims, across accounts",
+            namespace,
+            text: steps_of_pruned.across.for_namespace(namespace).to_owned(),
+            params: vec![Param::TextArray, addresses, namespaces],
+            expect: Expect::StepsOfClaim,
+        },
+    ]);
+    cases
+}
+
+/// The statements that walk `lane` by account and across accounts, for
+/// rows of `namespace`'s form, each expected to be served as `expect` says.
+fn lane_cases(lane: &prune::Lane, namespace: Option<&'static str>, expect: Expect) -> Vec<Case> {
+    use Param::{Int, Text};
     let position = vec![Text(Some(ACCOUNT)), Text(Some(ADDRESS)), Text(namespace)];
     let case = |name, text: &str, params: Vec<Param>| Case {
         name,
         namespace,
         text: text.to_owned(),
         params,
-        expect: Expect::PartialUniqueIndex,
+        expect,
     };
     let mut cases = vec![
         case("prune first account", lane.first_account, vec![]),
@@ -303,6 +448,7 @@ fn bind<'q>(
             Param::Int(n) => query.bind(n),
             Param::Bool(b) => query.bind(b),
             Param::TextArray => query.bind(vec![ADDRESS.to_owned()]),
+            Param::NullTextArray => query.bind(None::<Vec<String>>),
             Param::BytesArray => query.bind(vec![vec![0_u8]]),
             Param::IntArray => query.bind(vec![1_i64]),
         };
@@ -371,9 +517,17 @@ async fn shortfall(conn: &mut PgConnection, case: &Case) -> Option<String> {
             return Some(format!("{what} uses no index:\n{shown}"));
         }
         Expect::SomeIndex => return None,
+        Expect::StepsOfClaim if !plan.indexes.iter().any(|i| i == STEPS_OF_CLAIM_INDEX) => {
+            return Some(format!(
+                "{what} does not use {STEPS_OF_CLAIM_INDEX}:\n{shown}"
+            ));
+        }
         _ => {}
     }
     for index in &plan.indexes {
+        if case.expect == Expect::StepsOfClaim && index == STEPS_OF_CLAIM_INDEX {
+            continue;
+        }
         let definition: Result<String, _> =
             sqlx::query_scalar("SELECT pg_get_indexdef(to_regclass($1))")
                 .bind(index)
@@ -449,6 +603,16 @@ async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index
                 }
             }
             failures.extend(heap_walk_shortfall(&mut *conn).await);
+            match conn.execute(PLANT_STEPS).await {
+                Err(error) => failures.push(format!("plant steps: {error}")),
+                Ok(_) => {
+                    for namespace in [None, Some("live")] {
+                        for case in step_cases(namespace) {
+                            failures.extend(shortfall(&mut *conn, &case).await);
+                        }
+                    }
+                }
+            }
         }
     }
     scratch.drop().await;

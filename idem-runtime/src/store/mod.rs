@@ -11,7 +11,8 @@
 //! | `metering` | usage events: record a batch, total a meter |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
 //! | `gauges` | the claim gauges of feature `metrics`: pending past an age, in doubt, the oldest of each |
-//! | `prune` | pruning settled claims: counted, and deleted in batches (heap page ranges on PostgreSQL 14+, a keyset walk of the partial unique indexes before that and on Citus; re-exported by [`operations`]) |
+//! | `prune` | pruning settled claims, and their steps with them: counted, and deleted in batches (heap page ranges on PostgreSQL 14+, a keyset walk of the partial unique indexes before that and on Citus; re-exported by [`operations`]); steps whose claim is gone, by the same age rule |
+//! | `steps` | steps inside one claim (`idem::step`): begin, look up, record, abandon, retake |
 //! | `catalog` | schema set-up, its version, the verification and partition queries |
 //! | `citus` | the Citus catalog: coordinator, distribution, indexes on every shard placement, and distributing the table |
 //!
@@ -55,7 +56,8 @@ mod claims;
 pub(crate) mod gauges;
 pub(crate) mod metering;
 pub mod operations;
-mod prune;
+pub(crate) mod prune;
+mod steps;
 #[cfg(feature = "cache")]
 pub(crate) mod store_id;
 
@@ -63,6 +65,8 @@ pub(crate) mod store_id;
 mod batch_plans;
 #[cfg(test)]
 mod index_use;
+#[cfg(test)]
+mod prune_steps;
 #[cfg(test)]
 mod scratch;
 #[cfg(test)]
@@ -72,16 +76,19 @@ use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 
-pub(crate) use batch::{BatchOutcome, NewBatchItem, claim_batch, lookup_batch, record_batch};
-// The batch claim's text, for the load generator (`idem::testing`).
-#[cfg(feature = "testing")]
+pub(crate) use batch::{NewBatchItem, claim_batch, lookup_batch, record_batch};
+// The batch claim's text, for benchmarks (`idem::__internal`).
 pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
-    BODY_IN_DOUBT, ClaimAnswer, Existing, KEPT_FAILURE, LATE_SUCCESS, LateSuccess, NewClaim, claim,
-    expire_in_doubt, extend, hold_in_doubt, keep, lookup, release, settle, settle_over,
-    settle_own_hold, settle_vacant, take_over,
+    BODY_IN_DOUBT, ClaimAnswer, Existing, KEPT_FAILURE, LATE_SUCCESS, LEASE_EXPIRED, LateSuccess,
+    NewClaim, claim, expire_in_doubt, extend, hold_in_doubt, keep, lookup, release, settle,
+    settle_over, settle_own_hold, settle_vacant, take_over,
 };
-pub(crate) use operations::ClaimState;
+pub(crate) use operations::{ClaimState, StepState};
+pub(crate) use steps::{
+    NewStep, abandon_step, begin_step, lookup_step, pending_steps, record_step, resolve_step,
+    retake_step,
+};
 
 /// Where a claim (or a usage event) lives, besides its address.
 #[derive(Debug, Clone, Copy)]
@@ -206,22 +213,26 @@ impl SplitOnNamespace {
 
 /// A statement over one row found by its address, in both forms: `$1`
 /// account, `$2` address, `$3` namespace ([`SplitOnNamespace::for_row`]),
-/// then `AND $and` and a `$tail` (a `RETURNING` list) if given.
+/// then `AND $and` and a `$tail` (a `RETURNING` list) if given. A claim's
+/// row unless `kind "..."` leads (a step's: `kind "step"`).
 macro_rules! per_row {
-    ($statement:expr $(, $and:literal)? $(; $tail:expr)?) => {
+    (kind $kind:literal, $statement:expr $(, $and:expr)? $(; $tail:expr)?) => {
         $crate::store::SplitOnNamespace {
             without_namespace: concat!(
                 $statement,
-                " WHERE account = $1 AND kind = 'claim' AND address = $2 \
+                " WHERE account = $1 AND kind = '", $kind, "' AND address = $2 \
                   AND namespace IS NULL AND $3::text IS NULL"
                 $(, " AND ", $and)? $(, " ", $tail)?
             ),
             within_namespace: concat!(
                 $statement,
-                " WHERE account = $1 AND kind = 'claim' AND address = $2 AND namespace = $3"
+                " WHERE account = $1 AND kind = '", $kind, "' AND address = $2 AND namespace = $3"
                 $(, " AND ", $and)? $(, " ", $tail)?
             ),
         }
+    };
+    ($statement:expr $(, $and:expr)? $(; $tail:expr)?) => {
+        $crate::store::per_row!(kind "claim", $statement $(, $and)? $(; $tail)?)
     };
 }
 use per_row;
@@ -235,13 +246,38 @@ mod tests {
     const ASYNC_ITEM: &str =
         "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit";
 
-    /// Every statement pair's forms: name, durable text, asynchronous text.
+    /// The source of every module of the store, by file name: what the
+    /// tests below read to find every pair, so that a pair added without
+    /// being listed in [`pairs`] is seen.
+    const SOURCES: [(&str, &str); 16] = [
+        ("mod.rs", include_str!("mod.rs")),
+        ("batch.rs", include_str!("batch.rs")),
+        ("catalog.rs", include_str!("catalog.rs")),
+        ("citus.rs", include_str!("citus.rs")),
+        ("claims.rs", include_str!("claims.rs")),
+        ("gauges.rs", include_str!("gauges.rs")),
+        ("metering.rs", include_str!("metering.rs")),
+        ("operations.rs", include_str!("operations.rs")),
+        ("prune.rs", include_str!("prune.rs")),
+        ("prune_steps.rs", include_str!("prune_steps.rs")),
+        ("steps.rs", include_str!("steps.rs")),
+        ("store_id.rs", include_str!("store_id.rs")),
+        ("batch_plans.rs", include_str!("batch_plans.rs")),
+        ("index_use.rs", include_str!("index_use.rs")),
+        ("scratch.rs", include_str!("scratch.rs")),
+        ("transitions.rs", include_str!("transitions.rs")),
+    ];
+
+    /// Every statement pair's forms: the name of its const (and of what
+    /// form: engine, namespace), durable text, asynchronous text.
     fn pairs() -> Vec<(String, &'static str, &'static str)> {
         let mut pairs = Vec::new();
         for (name, statement) in [
-            ("settle", &claims::SETTLE),
-            ("release", &claims::RELEASE),
-            ("keep", &claims::KEEP),
+            ("SETTLE", &claims::SETTLE),
+            ("RELEASE", &claims::RELEASE),
+            ("KEEP", &claims::KEEP),
+            ("RECORD_STEP", &steps::RECORD_STEP),
+            ("ABANDON_STEP", &steps::ABANDON_STEP),
         ] {
             for namespace in [None, Some("n")] {
                 pairs.push((
@@ -252,9 +288,9 @@ mod tests {
             }
         }
         for (name, statement) in [
-            ("settle batch", &batch::SETTLE_BATCH),
-            ("release batch", &batch::RELEASE_BATCH),
-            ("keep batch", &batch::KEEP_BATCH),
+            ("SETTLE_BATCH", &batch::SETTLE_BATCH),
+            ("RELEASE_BATCH", &batch::RELEASE_BATCH),
+            ("KEEP_BATCH", &batch::KEEP_BATCH),
         ] {
             for engine in [Engine::PostgreSQL, Engine::Citus] {
                 for namespace in [None, Some("n")] {
@@ -292,6 +328,74 @@ mod tests {
                     .any(|item| asynchronous.replacen(item.as_str(), "", 1) == durable),
                 "{name}: {asynchronous}\n is not\n{durable}\n with the async item joined"
             );
+        }
+    }
+
+    /// [`SOURCES`] is every module of the store, so a module added later is
+    /// read too.
+    #[test]
+    fn the_sources_read_are_every_module_of_the_store() {
+        let directory = concat!(env!("CARGO_MANIFEST_DIR"), "/src/store");
+        let mut files: Vec<String> = std::fs::read_dir(directory)
+            .expect("read the store's directory")
+            .map(|entry| {
+                let entry = entry.expect("read a directory entry");
+                entry.file_name().to_string_lossy().into_owned()
+            })
+            .collect();
+        files.sort();
+        let mut read: Vec<String> = SOURCES.iter().map(|(file, _)| (*file).to_owned()).collect();
+        read.sort();
+        assert_eq!(files, read);
+    }
+
+    /// Every `PerCommit` const the store declares is one [`pairs`] checks:
+    /// a pair added without being listed there would go unchecked, so the
+    /// declarations are read from the source and compared with the list.
+    #[test]
+    fn every_statement_pair_the_store_declares_is_checked() {
+        // Split so that this test's own source does not declare one.
+        let declaration = [": Per", "Commit<"].concat();
+        let mut declared: Vec<String> = SOURCES
+            .iter()
+            .flat_map(|(_, source)| source.lines())
+            .filter(|line| line.contains(declaration.as_str()))
+            .filter_map(|line| {
+                let before = line.split(declaration.as_str()).next()?;
+                Some(before.rsplit(' ').next()?.to_owned())
+            })
+            .collect();
+        declared.sort();
+        let mut checked: Vec<String> = pairs()
+            .into_iter()
+            .filter_map(|(name, _, _)| Some(name.split(' ').next()?.to_owned()))
+            .collect();
+        checked.sort();
+        checked.dedup();
+        assert_eq!(declared, checked);
+    }
+
+    /// Nothing in the store turns `synchronous_commit` off but the one item
+    /// `per_commit!` joins (no `SET LOCAL`, no other `set_config`), so no
+    /// statement commits asynchronously outside a checked pair.
+    #[test]
+    fn only_the_async_item_turns_synchronous_commit_off() {
+        // Split so that this test's own source does not match.
+        let setting = ["set_config('synchronous", "_commit'"].concat();
+        let setting_name = ["synchronous", "_commit"].concat();
+        for (file, source) in SOURCES {
+            if file == "mod.rs" {
+                // `async_commit!` and `ASYNC_ITEM` above.
+                assert_eq!(source.matches(setting.as_str()).count(), 2, "{file}");
+                continue;
+            }
+            for line in source.lines() {
+                let code = !line.trim_start().starts_with("//");
+                assert!(
+                    !(code && line.contains(setting_name.as_str())),
+                    "{file}: {line}"
+                );
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
-//! What operators do to claims, outside any gate: list them, show one,
-//! release a pending one, resolve one in doubt, prune settled ones. The
+//! What operators do to claims, outside any gate: list them, show one (and
+//! its [`steps`]), release a pending one, resolve one in doubt, prune
+//! settled ones (with their steps). The
 //! `idem` command (`idem claims list | show | release | resolve`, `idem
 //! prune`) is built on these, and writes no SQL of its own.
 //!
@@ -18,13 +19,12 @@
 //! use idem_runtime::operations::{self, ClaimState, ListFilter, NamespaceFilter, ScopeFilter};
 //!
 //! // Pending claims of acme older than ten minutes: crashed holders, perhaps.
-//! let stuck = operations::list(&pool, &ListFilter {
-//!     scope: ScopeFilter { account: Some("acme"), namespace: NamespaceFilter::Any },
-//!     state: Some(ClaimState::Pending),
-//!     older_than: Some(Duration::from_secs(600)),
-//!     limit: 100,
-//! })
-//! .await?;
+//! let filter = ListFilter::new()
+//!     .scope(ScopeFilter::new().account("acme").namespace(NamespaceFilter::Any))
+//!     .state(ClaimState::Pending)
+//!     .older_than(Duration::from_secs(600))
+//!     .limit(100);
+//! let stuck = operations::list(&pool, &filter).await?;
 //! for claim in &stuck {
 //!     // Once sure that its holder is gone:
 //!     operations::release_pending(&pool, claim.slot()).await?;
@@ -42,12 +42,24 @@ use super::{Scope, SplitOnNamespace, per_row};
 
 pub use super::prune::{
     DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_prunable, count_prunable_by_account, prune,
-    prune_in_one_statement,
 };
 use crate::error::Error;
 
-/// Which claims, by account and namespace.
-#[derive(Debug, Clone, Copy)]
+// Public until the prune benchmark got the unstable `__internal`; it keeps
+// compiling, with a warning, for one release.
+#[doc(hidden)]
+#[deprecated(note = "not a stable API any more: use prune, or Pruning for batches you pace")]
+pub async fn prune_in_one_statement(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
+    super::prune::prune_in_one_statement(pool, filter).await
+}
+
+/// Which claims, by account and namespace: every account and namespace
+/// unless narrowed.
+///
+/// Built with [`ScopeFilter::new`] and its methods, so that a later filter
+/// (by kind, say) is not a breaking change.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
 pub struct ScopeFilter<'a> {
     /// Only this account; `None`: every account.
     pub account: Option<&'a str>,
@@ -55,10 +67,30 @@ pub struct ScopeFilter<'a> {
     pub namespace: NamespaceFilter<'a>,
 }
 
+impl<'a> ScopeFilter<'a> {
+    /// Every account, any namespace.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only this account (`Some`), or every account (`None`).
+    pub fn account(mut self, account: impl Into<Option<&'a str>>) -> Self {
+        self.account = account.into();
+        self
+    }
+
+    /// Only these namespaces.
+    pub fn namespace(mut self, namespace: NamespaceFilter<'a>) -> Self {
+        self.namespace = namespace;
+        self
+    }
+}
+
 /// A filter on the namespace, which most claims do not have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NamespaceFilter<'a> {
     /// Any namespace, or none.
+    #[default]
     Any,
     /// Only claims without a namespace.
     Without,
@@ -146,8 +178,13 @@ impl<'r> sqlx::Decode<'r, Postgres> for ClaimState {
     }
 }
 
-/// Which claims [`list`] returns.
+/// Which claims [`list`] returns: by default every claim in every account,
+/// at most [`ListFilter::DEFAULT_LIMIT`] of them.
+///
+/// Built with [`ListFilter::new`] and its methods, so that a later filter
+/// is not a breaking change.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ListFilter<'a> {
     /// Account and namespace.
     pub scope: ScopeFilter<'a>,
@@ -162,9 +199,57 @@ pub struct ListFilter<'a> {
     pub limit: u32,
 }
 
+impl Default for ListFilter<'_> {
+    fn default() -> Self {
+        ListFilter {
+            scope: ScopeFilter::new(),
+            state: None,
+            older_than: None,
+            limit: ListFilter::DEFAULT_LIMIT,
+        }
+    }
+}
+
+impl<'a> ListFilter<'a> {
+    /// How many claims [`ListFilter::new`] returns at most.
+    pub const DEFAULT_LIMIT: u32 = 100;
+
+    /// Every claim, at most [`ListFilter::DEFAULT_LIMIT`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only claims in this account and these namespaces.
+    pub fn scope(mut self, scope: ScopeFilter<'a>) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Only claims in this state (`Some`), or in any (`None`).
+    pub fn state(mut self, state: impl Into<Option<ClaimState>>) -> Self {
+        self.state = state.into();
+        self
+    }
+
+    /// Only claims older than this (`Some`; see the field for how age is
+    /// measured), or of any age (`None`).
+    pub fn older_than(mut self, age: impl Into<Option<Duration>>) -> Self {
+        self.older_than = age.into();
+        self
+    }
+
+    /// At most this many.
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
 /// Where one claim lives: the row [`release_pending`] deletes, or
-/// [`resolve`] changes.
+/// [`resolve`] changes. [`ClaimRow::slot`] gives a listed claim's;
+/// [`Slot::new`] builds one from its parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Slot<'a> {
     /// Its account.
     pub account: &'a str,
@@ -172,6 +257,18 @@ pub struct Slot<'a> {
     pub namespace: Option<&'a str>,
     /// `claim_` + 24 hex digits.
     pub address: &'a str,
+}
+
+impl<'a> Slot<'a> {
+    /// The claim at `address` in `account`, in `namespace` (`None` for a
+    /// claim without one).
+    pub fn new(account: &'a str, namespace: Option<&'a str>, address: &'a str) -> Self {
+        Slot {
+            account,
+            namespace,
+            address,
+        }
+    }
 }
 
 /// One claim row, as operators see it (decoded by column name).
@@ -427,6 +524,142 @@ pub(super) fn find_statement(scope: &ScopeFilter<'_>) -> String {
     )
 }
 
+/// A claim's steps (`idem::step`), as operators see them: where each one
+/// is and what it says, not what it returned ([`ClaimStep::output_bytes`]
+/// says how much that is). A step's name is not stored, only the digest of
+/// its identity and name in its address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimStep {
+    /// Its name, as the body gave it (read back from the identity the row
+    /// keeps); `None` for a row whose identity is no step's.
+    pub name: Option<String>,
+    /// `step_` + 24 hex digits.
+    pub address: String,
+    /// Its state.
+    pub state: StepState,
+    /// The fence of the claim holder that began it (or last retook it).
+    pub fence: i64,
+    /// `created_at` (when it was begun), in microseconds since the Unix
+    /// epoch.
+    pub created_micros: i64,
+    /// `settled_at` (when its result was recorded), in microseconds since
+    /// the Unix epoch; `None` while pending.
+    pub settled_micros: Option<i64>,
+    /// The size of its recorded value (JSON text), in bytes; `None` while
+    /// pending.
+    pub output_bytes: Option<i64>,
+}
+
+/// The state of a step, as stored in `idem_records.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepState {
+    /// Begun and not recorded: its holder runs it, or was cut off inside it
+    /// (a retry is then refused `StepInDoubt`, unless the step is
+    /// repeatable).
+    Pending,
+    /// Recorded: a retry of the claim replays its value.
+    Success,
+}
+
+impl StepState {
+    /// The state stored in the column `state` of `row`, parsed: a state
+    /// this build does not know (written by a later version) fails the
+    /// read, saying to upgrade.
+    pub(crate) fn of_row(row: &sqlx::postgres::PgRow) -> Result<StepState, sqlx::Error> {
+        use sqlx::Row;
+        let state: String = row.try_get("state")?;
+        match state.as_str() {
+            "pending" => Ok(StepState::Pending),
+            "success" => Ok(StepState::Success),
+            other => Err(sqlx::Error::ColumnDecode {
+                index: "state".into(),
+                source: format!(
+                    "the step state {other:?} is not one this build of idem knows \
+                     (pending, success): a later version wrote it; upgrade idem"
+                )
+                .into(),
+            }),
+        }
+    }
+
+    /// As stored: `"pending"`, `"success"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepState::Pending => "pending",
+            StepState::Success => "success",
+        }
+    }
+}
+
+/// As stored ([`StepState::as_str`]).
+impl std::fmt::Display for StepState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromRow<'_, sqlx::postgres::PgRow> for ClaimStep {
+    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        let identity: Vec<u8> = row.try_get("identity")?;
+        Ok(ClaimStep {
+            name: crate::identity::split_step_canonical(&identity).map(|(_, name)| name.to_owned()),
+            address: row.try_get("address")?,
+            state: StepState::of_row(row)?,
+            fence: row.try_get("fence")?,
+            created_micros: row.try_get("created_micros")?,
+            settled_micros: row.try_get("settled_micros")?,
+            output_bytes: row.try_get("output_bytes")?,
+        })
+    }
+}
+
+/// The text of [`STEPS_OF_CLAIM`] with its namespace test.
+macro_rules! steps_of_claim {
+    ($namespace_test:literal) => {
+        concat!(
+            "SELECT address, identity, state, fence, \
+                    floor(extract(epoch FROM created_at) * 1000000)::int8 AS created_micros, \
+                    floor(extract(epoch FROM settled_at) * 1000000)::int8 AS settled_micros, \
+                    octet_length(output_json)::int8 AS output_bytes \
+             FROM idem_records \
+             WHERE account = $1 AND kind = 'step' AND claim_address = $2 AND ",
+            $namespace_test,
+            " ORDER BY created_at, address"
+        )
+    };
+}
+
+/// The steps of the claim at `$2` in account `$1` and namespace `$3`, in
+/// the order they were begun. Index: the index of a claim's steps,
+/// `(account, claim_address) WHERE kind = 'step'`; the namespace is tested
+/// on the rows it finds, spelled out as everywhere.
+pub(super) const STEPS_OF_CLAIM: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: steps_of_claim!("namespace IS NULL AND $3::text IS NULL"),
+    within_namespace: steps_of_claim!("namespace = $3"),
+};
+
+/// The steps of the claim in `slot` (`idem::step`), in the order they were
+/// begun: none for a claim whose body ran no step. A released claim keeps
+/// its steps (its retry replays the finished ones), so the steps of a
+/// `slot` with no claim can be listed too.
+pub async fn steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<ClaimStep>, Error> {
+    let scope = Scope {
+        account: slot.account,
+        namespace: slot.namespace,
+    };
+    Ok(
+        sqlx::query_as(STEPS_OF_CLAIM.for_namespace(scope.namespace))
+            .bind(scope.account)
+            .bind(slot.address)
+            .bind(scope.namespace)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
 /// Deletes a claim only while it is pending (it may have settled since it
 /// was read), and returns it. `$1` account, `$2` address, `$3` namespace.
 /// Index: the partial unique index of its form.
@@ -613,7 +846,8 @@ pub async fn find(
 /// returns it as it was; `None` when there is no pending claim there (it
 /// settled, or was released, meanwhile). The next invocation with its
 /// identity runs the action again: release only a claim whose holder is
-/// gone.
+/// gone. Its [`steps`] are kept: the retry replays the finished ones, and
+/// runs only what is left.
 pub async fn release_pending(pool: &PgPool, slot: Slot<'_>) -> Result<Option<ClaimRow>, Error> {
     let scope = Scope {
         account: slot.account,
@@ -643,7 +877,8 @@ pub enum Resolution<'a> {
     /// are refused, never run.
     Failed,
     /// Nothing happened: the claim is deleted, and the next invocation
-    /// with its identity runs the action.
+    /// with its identity runs the action. Its [`steps`] are kept: the
+    /// retry replays the finished ones.
     Release,
 }
 
@@ -658,8 +893,10 @@ impl Resolution<'_> {
     }
 }
 
-/// Who resolves a claim, and what they saw of it.
+/// Who resolves a claim, and what they saw of it: [`Resolver::new`], or
+/// [`Resolver::OPERATOR`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Resolver<'a> {
     /// Written to `state_reason`: `operator`, `reconciled`, ...
     pub reason: &'a str,
@@ -675,6 +912,24 @@ impl Resolver<'static> {
         reason: "operator",
         expected_fence: None,
     };
+}
+
+impl<'a> Resolver<'a> {
+    /// A resolver that writes `reason` to `state_reason` (`operator`,
+    /// `reconciled`, ...), whatever the claim's fence.
+    pub fn new(reason: &'a str) -> Self {
+        Resolver {
+            reason,
+            expected_fence: None,
+        }
+    }
+
+    /// Resolve only while the claim's fence is still this one (`Some`: the
+    /// fence seen when deciding), or whatever it is (`None`).
+    pub fn expected_fence(mut self, fence: impl Into<Option<i64>>) -> Self {
+        self.expected_fence = fence.into();
+        self
+    }
 }
 
 /// What [`resolve`] did.
@@ -738,17 +993,15 @@ pub async fn resolve(
 /// use idem_runtime::operations::{self, ClaimState, ListFilter, NamespaceFilter};
 /// use idem_runtime::operations::{Resolution, Resolved, Resolver, ScopeFilter};
 ///
-/// let held = operations::list(&pool, &ListFilter {
-///     scope: ScopeFilter { account: Some("acme"), namespace: NamespaceFilter::Any },
-///     state: Some(ClaimState::InDoubt),
-///     older_than: None,
-///     limit: 100,
-/// })
-/// .await?;
+/// let filter = ListFilter::new()
+///     .scope(ScopeFilter::new().account("acme").namespace(NamespaceFilter::Any))
+///     .state(ClaimState::InDoubt)
+///     .limit(100);
+/// let held = operations::list(&pool, &filter).await?;
 /// for claim in &held {
 ///     // Asked the payment provider: the charge went through.
 ///     let resolution = Resolution::Succeeded { output_json: Some(r#"{"receipt":"r_1"}"#) };
-///     let by = Resolver { reason: "reconciled", expected_fence: Some(claim.fence) };
+///     let by = Resolver::new("reconciled").expected_fence(claim.fence);
 ///     match operations::resolve_as(&pool, claim.slot(), resolution, by).await? {
 ///         Resolved::Changed { .. } => {}  // resolved by this call, exactly once
 ///         _ => {}                         // another resolver, or its holder, got there first
@@ -846,4 +1099,79 @@ mod tests {
             }
         }
     }
+}
+
+/// A [step](crate::step()) of a claim's body begun and never recorded: its
+/// holder was cut off inside it, and nobody knows what it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PendingStep {
+    /// The step's name, as its body gave it.
+    pub name: String,
+    /// Its address, `step_` + 24 hex digits.
+    pub address: String,
+    /// The fence of the holder that began it.
+    pub fence: i64,
+}
+
+/// The steps of the claim at `slot` begun and never recorded, oldest first.
+/// A step whose stored identity no longer reads back as a step's is left
+/// out, with a warning.
+pub async fn pending_steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<PendingStep>, Error> {
+    let scope = Scope {
+        account: slot.account,
+        namespace: slot.namespace,
+    };
+    let rows = super::pending_steps(pool, scope, slot.address).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| {
+            let name = crate::identity::split_step_canonical(&row.identity).map(|(_, name)| name);
+            if name.is_none() {
+                tracing::warn!(
+                    target: "idem",
+                    account = slot.account,
+                    address = %row.address,
+                    "a step's identity does not read back; left for an operator"
+                );
+            }
+            Some(PendingStep {
+                name: name?.to_owned(),
+                address: row.address,
+                fence: row.fence,
+            })
+        })
+        .collect())
+}
+
+/// Records `step` of the claim at `slot` as finished with `output_json`
+/// (its value as JSON text), for someone who found out that it happened: a
+/// compare-and-swap on the fence it was begun with. `false`: it is no
+/// longer pending under that fence (recorded or removed meanwhile).
+pub async fn resolve_step(
+    pool: &PgPool,
+    slot: Slot<'_>,
+    step: &PendingStep,
+    output_json: &str,
+) -> Result<bool, Error> {
+    let scope = Scope {
+        account: slot.account,
+        namespace: slot.namespace,
+    };
+    let claim = slot.address;
+    Ok(super::resolve_step(pool, scope, &step.address, step.fence, claim, output_json).await?)
+}
+
+/// Removes the marker of `step` of the claim at `slot`, for someone who
+/// found out that it did not happen: the next run of the claim's identity
+/// runs it. `false`: it is no longer pending under the fence it was begun
+/// with.
+pub async fn forget_step(pool: &PgPool, slot: Slot<'_>, step: &PendingStep) -> Result<bool, Error> {
+    let scope = Scope {
+        account: slot.account,
+        namespace: slot.namespace,
+    };
+    let commit = super::Commit::Durable;
+    let claim = slot.address;
+    Ok(super::abandon_step(pool, scope, &step.address, step.fence, claim, commit).await?)
 }

@@ -45,18 +45,39 @@
 use std::num::NonZeroU32;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::{PgPool, Row};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{PgPool, Postgres, Row};
 
-use super::citus;
+use super::{SplitOnNamespace, citus};
 use crate::error::Error;
 
-/// Which settled claims [`prune`] and [`Pruning`] delete.
+/// Which settled claims [`prune`] and [`Pruning`] delete: built with
+/// [`PruneFilter::new`] and its methods, so that a later filter is not a
+/// breaking change.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct PruneFilter<'a> {
     /// Only claims settled before this instant.
     pub settled_before: SystemTime,
     /// Only this account; `None`: every account.
     pub account: Option<&'a str>,
+}
+
+impl<'a> PruneFilter<'a> {
+    /// The claims of every account settled before `settled_before`.
+    pub fn new(settled_before: SystemTime) -> Self {
+        PruneFilter {
+            settled_before,
+            account: None,
+        }
+    }
+
+    /// Only this account's (`Some`), or every account's (`None`).
+    pub fn account(mut self, account: impl Into<Option<&'a str>>) -> Self {
+        self.account = account.into();
+        self
+    }
 }
 
 /// The test shared by [`COUNT_PRUNABLE`] and [`PRUNE`]: claims settled
@@ -91,10 +112,48 @@ pub(super) const COUNT_PRUNABLE_BY_ACCOUNT: &str = concat!(
 pub(super) const PRUNE: &str = concat!("DELETE FROM idem_records WHERE ", prunable!());
 
 /// The test a batch's `DELETE` adds to its window: settled successes, before
-/// `$7` (microseconds since the Unix epoch).
+/// `$7` (microseconds since the Unix epoch), and the rows it returns, from
+/// which the batch deletes the pruned claims' steps ([`STEPS_OF_PRUNED`]).
 macro_rules! prunable_in_batch {
     () => {
-        "state = 'success' AND settled_at < timestamptz 'epoch' + $7 * interval '1 microsecond'"
+        "state = 'success' AND settled_at < timestamptz 'epoch' + $7 * interval '1 microsecond' \
+         RETURNING kind, account, address, namespace"
+    };
+}
+
+/// The test that the step `s` has no claim any more (released, or resolved
+/// by releasing it, and never claimed again): no claim row at its
+/// `claim_address` in its account and namespace. One `NOT EXISTS` per
+/// namespace form, each found through the partial unique index its
+/// predicate implies (the one for a namespace is empty for a step without
+/// one, and the other way round).
+macro_rules! claim_gone {
+    () => {
+        "NOT EXISTS (SELECT FROM idem_records c \
+                     WHERE c.account = s.account AND c.kind = 'claim' \
+                       AND c.address = s.claim_address \
+                       AND c.namespace IS NULL AND s.namespace IS NULL) \
+         AND NOT EXISTS (SELECT FROM idem_records c \
+                         WHERE c.account = s.account AND c.kind = 'claim' \
+                           AND c.address = s.claim_address AND c.namespace = s.namespace)"
+    };
+}
+
+/// The test a batch adds for steps whose claim is gone: the same age rule
+/// as a claim's (recorded successes, settled before `$cut`, microseconds
+/// since the Unix epoch), and [`claim_gone!`]. A released claim's finished
+/// steps are what its retry replays, so they go no earlier than a settled
+/// claim would; a pending step (begun, and cut off) is never pruned, as a
+/// pending claim is not: it is what refuses to run the step again.
+macro_rules! prunable_orphan_step {
+    ($cut:literal) => {
+        concat!(
+            "s.state = 'success' \
+             AND s.settled_at < timestamptz 'epoch' + ",
+            $cut,
+            " * interval '1 microsecond' AND ",
+            claim_gone!()
+        )
     };
 }
 
@@ -247,14 +306,125 @@ pub(super) const WITHIN_NAMESPACE: Lane = Lane {
     },
 };
 
-/// Deletes the prunable claims stored in heap pages `$1` (included) to `$2`
-/// (excluded), settled before `$3`: a batch of the walk in heap order.
-/// Index: none; a TID range scan of those pages only (PostgreSQL 14 and
-/// later), of each partition when partitioned.
-pub(super) const DELETE_HEAP_PAGES: &str = "DELETE FROM idem_records \
-     WHERE ctid >= ('(' || $1::int8 || ',0)')::tid AND ctid < ('(' || $2::int8 || ',0)')::tid \
-       AND kind = 'claim' AND state = 'success' \
-       AND settled_at < timestamptz 'epoch' + $3 * interval '1 microsecond'";
+/// The steps whose claim is gone, in the index of a claim's steps
+/// (`idem_records_steps_of_claim`, `(account, claim_address) WHERE kind =
+/// 'step'`): a lane of its own, walked after the claims' (whose steps go
+/// with them, [`STEPS_OF_PRUNED`]), so that a released claim's steps are
+/// pruned too, by the same age rule ([`prunable_orphan_step!`]). A position
+/// is `($1, $2)`, an account and a claim's address (`$3`, `$6`: NULL, and
+/// tested as NULL, numbered as in the claims' lanes); a window ends after
+/// every step of its last claim, since `(account, claim_address)` is not
+/// unique.
+pub(super) const ORPHAN_STEPS: Lane = Lane {
+    start_namespace: None,
+    first_account: "SELECT min(account) AS account FROM idem_records WHERE kind = 'step'",
+    next_account: "SELECT min(account) AS account FROM idem_records \
+                   WHERE account > $1 AND kind = 'step'",
+    by_account: Walker {
+        window_end: "SELECT account, claim_address AS address, NULL::text AS namespace \
+                     FROM idem_records \
+                     WHERE account = $1 AND kind = 'step' \
+                       AND claim_address > $2 AND $3::text IS NULL \
+                     ORDER BY claim_address OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records s \
+             WHERE s.account = $1 AND s.kind = 'step' \
+               AND s.claim_address > $2 AND $3::text IS NULL \
+               AND $4::text IS NULL AND s.claim_address <= $5 AND $6::text IS NULL AND ",
+            prunable_orphan_step!("$7"),
+            " RETURNING s.kind, s.account, s.address, s.namespace"
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records s \
+             WHERE s.account = $1 AND s.kind = 'step' \
+               AND s.claim_address > $2 AND $3::text IS NULL \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_orphan_step!("$7"),
+            " RETURNING s.kind, s.account, s.address, s.namespace"
+        ),
+    },
+    across: Walker {
+        window_end: "SELECT account, claim_address AS address, NULL::text AS namespace \
+                     FROM idem_records \
+                     WHERE kind = 'step' \
+                       AND (account, claim_address) > ($1, $2) AND $3::text IS NULL \
+                     ORDER BY account, claim_address OFFSET $4 LIMIT 1",
+        delete_window: concat!(
+            "DELETE FROM idem_records s \
+             WHERE s.kind = 'step' \
+               AND (s.account, s.claim_address) > ($1, $2) AND $3::text IS NULL \
+               AND (s.account, s.claim_address) <= ($4, $5) AND $6::text IS NULL AND ",
+            prunable_orphan_step!("$7"),
+            " RETURNING s.kind, s.account, s.address, s.namespace"
+        ),
+        delete_rest: concat!(
+            "DELETE FROM idem_records s \
+             WHERE s.kind = 'step' \
+               AND (s.account, s.claim_address) > ($1, $2) AND $3::text IS NULL \
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
+            prunable_orphan_step!("$7"),
+            " RETURNING s.kind, s.account, s.address, s.namespace"
+        ),
+    },
+};
+
+/// Deletes the prunable rows stored in heap pages `$1` (included) to `$2`
+/// (excluded): claims settled before `$3`, and steps whose claim is gone,
+/// by the same rule ([`prunable_orphan_step!`]); returns them, for their
+/// steps ([`STEPS_OF_PRUNED`]). A batch of the walk in heap order. Index:
+/// a TID range scan of those pages only (PostgreSQL 14 and later), of each
+/// partition when partitioned; a step's claim, through the partial unique
+/// index of its form.
+pub(super) const DELETE_HEAP_PAGES: &str = concat!(
+    "DELETE FROM idem_records s \
+     WHERE s.ctid >= ('(' || $1::int8 || ',0)')::tid AND s.ctid < ('(' || $2::int8 || ',0)')::tid \
+       AND ((s.kind = 'claim' AND s.state = 'success' \
+             AND s.settled_at < timestamptz 'epoch' + $3 * interval '1 microsecond') \
+            OR (s.kind = 'step' AND ",
+    prunable_orphan_step!("$3"),
+    ")) RETURNING s.kind, s.account, s.address, s.namespace"
+);
+
+/// The statements that delete the steps of the claims a batch just
+/// deleted, in the batch's transaction, in the two forms of the namespace
+/// test: every step whose `claim_address` is a pruned claim's, in its
+/// account and namespace. Whatever its state: its claim is gone for good
+/// (settled, and past the horizon), and a retry runs anew, every step
+/// with it. Index: the index of a claim's steps, `(account,
+/// claim_address) WHERE kind = 'step'`, probed once per pruned claim.
+pub(super) struct StepsOfPruned {
+    /// Claims of one account (a walk by account: every statement names
+    /// it, for Citus to route): `$1` the account, `$2` the claims'
+    /// addresses, `$3` their namespaces (NULL, and tested as NULL, in the
+    /// form without one).
+    pub(super) by_account: SplitOnNamespace,
+    /// Claims of any accounts: `$1` their accounts, `$2` their addresses,
+    /// `$3` their namespaces (as above).
+    pub(super) across: SplitOnNamespace,
+}
+
+/// [`StepsOfPruned`].
+pub(super) const STEPS_OF_PRUNED: StepsOfPruned = StepsOfPruned {
+    by_account: SplitOnNamespace {
+        without_namespace: "DELETE FROM idem_records \
+             WHERE account = $1 AND kind = 'step' AND claim_address = ANY ($2::text[]) \
+               AND namespace IS NULL AND $3::text[] IS NULL",
+        within_namespace: "DELETE FROM idem_records s \
+             USING unnest($2::text[], $3::text[]) AS p(address, namespace) \
+             WHERE s.account = $1 AND s.kind = 'step' AND s.claim_address = p.address \
+               AND s.namespace = p.namespace",
+    },
+    across: SplitOnNamespace {
+        without_namespace: "DELETE FROM idem_records s \
+             USING unnest($1::text[], $2::text[]) AS p(account, address) \
+             WHERE s.account = p.account AND s.kind = 'step' AND s.claim_address = p.address \
+               AND s.namespace IS NULL AND $3::text[] IS NULL",
+        within_namespace: "DELETE FROM idem_records s \
+             USING unnest($1::text[], $2::text[], $3::text[]) AS p(account, address, namespace) \
+             WHERE s.account = p.account AND s.kind = 'step' AND s.claim_address = p.address \
+               AND s.namespace = p.namespace",
+    },
+};
 
 /// How far the heap of `idem_records` goes, for a walk in heap order: the
 /// pages of its largest heap (of the table, or of its largest partition),
@@ -286,8 +456,9 @@ const TID_RANGE_SCANS_SINCE: i32 = 140_000;
 /// about what a page holds of claims without a replayed value.
 const ROWS_PER_PAGE_UNCOUNTED: f64 = 50.0;
 
-/// The lanes, in the order a walk takes them.
-const LANES: [&Lane; 2] = [&WITHOUT_NAMESPACE, &WITHIN_NAMESPACE];
+/// The lanes, in the order a walk takes them: the claims' (with their
+/// steps), then the steps whose claim is gone.
+const LANES: [&Lane; 3] = [&WITHOUT_NAMESPACE, &WITHIN_NAMESPACE, &ORPHAN_STEPS];
 
 /// A batch size of ten thousand: a batch then deletes in tens of
 /// milliseconds and writes a few megabytes of WAL (a row lock each, held
@@ -379,7 +550,7 @@ pub async fn prune_in_one_statement(pool: &PgPool, filter: &PruneFilter<'_>) -> 
 /// use idem_runtime::operations::{PruneFilter, Pruning};
 ///
 /// let ninety_days_ago = SystemTime::now() - Duration::from_secs(90 * 86_400);
-/// let filter = PruneFilter { settled_before: ninety_days_ago, account: None };
+/// let filter = PruneFilter::new(ninety_days_ago);
 /// let mut pruning = Pruning::new(&filter, NonZeroU32::new(5_000).unwrap());
 /// let mut deleted = 0;
 /// while let Some(batch) = pruning.next_batch(&pool).await? {
@@ -405,6 +576,9 @@ pub struct Pruning {
     lane: usize,
     /// Where the walk is in the current lane.
     at: Position,
+    /// Steps deleted so far: the pruned claims' and those whose claim is
+    /// gone.
+    steps_deleted: u64,
 }
 
 /// How a walk goes.
@@ -486,7 +660,23 @@ impl Pruning {
             walk: None,
             lane: 0,
             at: Position::Start,
+            steps_deleted: 0,
         }
+    }
+
+    /// The same walk through the indexes across accounts, whatever the
+    /// server: what PostgreSQL 12 and 13 take, for the tests on a later one.
+    #[cfg(test)]
+    pub(super) fn across_indexes(mut self) -> Pruning {
+        self.walk = Some(Walk::Across);
+        self
+    }
+
+    /// How many steps the batches so far deleted: the steps of the claims
+    /// they pruned, and steps whose claim is gone (released, and never
+    /// claimed again) that were recorded before the cut-off.
+    pub fn steps_deleted(&self) -> u64 {
+        self.steps_deleted
     }
 
     /// Whether the walk is over: [`Pruning::next_batch`] would return
@@ -574,17 +764,20 @@ impl Pruning {
                 ),
                 None => (walker.delete_rest, (None, None, None)),
             };
-            let deleted = sqlx::query(statement)
+            let delete = sqlx::query(statement)
                 .bind(&account)
                 .bind(&address)
                 .bind(&namespace)
                 .bind(end.0)
                 .bind(end.1)
                 .bind(end.2)
-                .bind(self.cut_off)
-                .execute(pool)
-                .await?
-                .rows_affected();
+                .bind(self.cut_off);
+            let steps_of = match order {
+                IndexOrder::ByAccount => StepsOf::Account(&account),
+                IndexOrder::Across => StepsOf::AnyAccount,
+            };
+            let deleted = delete_batch(pool, delete, steps_of).await?;
+            self.steps_deleted += deleted.steps;
             // Committed: only now does the walk move on.
             self.at = match (window_end, order) {
                 (Some((account, address, namespace)), _) => Position::After {
@@ -598,7 +791,7 @@ impl Pruning {
                     Position::Start
                 }
             };
-            return Ok(Some(deleted));
+            return Ok(Some(deleted.claims));
         }
         Ok(None)
     }
@@ -620,15 +813,14 @@ impl Pruning {
             return Ok(None);
         }
         let to = from.saturating_add(pages);
-        let deleted = sqlx::query(DELETE_HEAP_PAGES)
+        let delete = sqlx::query(DELETE_HEAP_PAGES)
             .bind(from)
             .bind(to)
-            .bind(self.cut_off)
-            .execute(pool)
-            .await?
-            .rows_affected();
+            .bind(self.cut_off);
+        let deleted = delete_batch(pool, delete, StepsOf::AnyAccount).await?;
+        self.steps_deleted += deleted.steps;
         self.at = Position::Page(to);
-        Ok(Some(deleted))
+        Ok(Some(deleted.claims))
     }
 
     /// How this walk goes ([`Walk::choose`]), asked of the server; a walk in
@@ -683,6 +875,89 @@ impl Pruning {
         };
         Ok(row.try_get("account")?)
     }
+}
+
+/// Whose steps a batch's claims are, for [`STEPS_OF_PRUNED`].
+#[derive(Debug, Clone, Copy)]
+enum StepsOf<'a> {
+    /// One account's (a walk by account: the statement names it).
+    Account(&'a str),
+    /// Any accounts'.
+    AnyAccount,
+}
+
+/// What one batch deleted.
+#[derive(Debug, Clone, Copy, Default)]
+struct Deleted {
+    claims: u64,
+    steps: u64,
+}
+
+/// Runs a batch's `DELETE`, which returns the rows it deleted (`kind`,
+/// `account`, `address`, `namespace`), and deletes the steps of the claims
+/// among them ([`STEPS_OF_PRUNED`]), in one transaction: a pruned claim
+/// never leaves its steps behind, and a batch that fails deletes neither.
+/// The claims' rows stay locked until the commit, so no retry can claim
+/// the slot anew (and begin steps under it) in between.
+async fn delete_batch(
+    pool: &PgPool,
+    delete: Query<'_, Postgres, PgArguments>,
+    steps_of: StepsOf<'_>,
+) -> Result<Deleted, Error> {
+    let mut tx = pool.begin().await?;
+    let rows = delete.fetch_all(&mut *tx).await?;
+    let mut deleted = Deleted::default();
+    // The pruned claims, by the namespace test of the statement that
+    // deletes their steps: accounts, addresses, namespaces.
+    let mut without: (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+    let mut within: (Vec<String>, Vec<String>, Vec<String>) = (Vec::new(), Vec::new(), Vec::new());
+    for row in &rows {
+        let kind: String = row.try_get("kind")?;
+        if kind != "claim" {
+            deleted.steps += 1;
+            continue;
+        }
+        deleted.claims += 1;
+        let account: String = row.try_get("account")?;
+        let address: String = row.try_get("address")?;
+        match row.try_get::<Option<String>, _>("namespace")? {
+            None => {
+                without.0.push(account);
+                without.1.push(address);
+            }
+            Some(namespace) => {
+                within.0.push(account);
+                within.1.push(address);
+                within.2.push(namespace);
+            }
+        }
+    }
+    let (statements, account) = match steps_of {
+        StepsOf::Account(account) => (&STEPS_OF_PRUNED.by_account, Some(account)),
+        StepsOf::AnyAccount => (&STEPS_OF_PRUNED.across, None),
+    };
+    let forms = [
+        (None, without.0, without.1, None),
+        (Some(""), within.0, within.1, Some(within.2)),
+    ];
+    for (namespace, accounts, addresses, namespaces) in forms {
+        if addresses.is_empty() {
+            continue;
+        }
+        let statement = sqlx::query(statements.for_namespace(namespace));
+        let statement = match account {
+            Some(account) => statement.bind(account),
+            None => statement.bind(accounts),
+        };
+        deleted.steps += statement
+            .bind(addresses)
+            .bind(namespaces)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    }
+    tx.commit().await?;
+    Ok(deleted)
 }
 
 /// Whether a server of `version` (`server_version_num`) scans a range of

@@ -1,14 +1,12 @@
-//! For the store's own tests: a connection to a real PostgreSQL
-//! (`DATABASE_URL`, or the local default) whose `search_path` is a fresh
-//! schema of the test's own, dropped after. Not through `crate::testing`,
-//! which sits above the store.
+//! For the store's own tests: a connection to the tests' PostgreSQL
+//! (found or started as `testing::database_url` does it, by
+//! `crate::test_server`) whose `search_path` is a fresh schema of the
+//! test's own, dropped after. Not through `crate::testing`, which sits
+//! above the store and needs its feature.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
-
-/// Where the tests look for PostgreSQL when `DATABASE_URL` is not set.
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /// A connection in a schema of its own.
 pub(super) struct Scratch {
@@ -20,11 +18,15 @@ impl Scratch {
     /// A fresh, empty schema named after `prefix`. Fails (never skips) when
     /// no PostgreSQL answers.
     pub(super) async fn new(prefix: &str) -> Scratch {
-        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
-        let mut conn = PgConnection::connect(&url).await.unwrap_or_else(|error| {
+        let url = match crate::test_server::resolved() {
+            Ok(url) => url,
+            Err(why) => panic!("{why}"),
+        };
+        let mut conn = PgConnection::connect(url).await.unwrap_or_else(|error| {
             panic!(
-                "this test needs PostgreSQL and none answered at {url} ({error}); start one, or \
-                 point DATABASE_URL at one"
+                "this test could not connect to the PostgreSQL at {} ({error}); set \
+                 DATABASE_URL to a server you can use",
+                crate::test_server::redacted(url)
             )
         });
         let nanos = SystemTime::now()

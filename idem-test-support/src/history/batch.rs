@@ -1,5 +1,5 @@
-//! The batch workload: consumers calling `Gate::run_batch` (and
-//! `run_batch_replayed`) at one barrier over overlapping windows of the
+//! The batch workload: consumers calling `gate.guard_batch(..).run(..)`
+//! (with or without `.replay()`) at one barrier over overlapping windows of the
 //! same message ids, some ids twice in one batch, under the same faults.
 //!
 //! Each item is recorded as an [`Invocation`] of [`Entry::Batch`]: its
@@ -57,8 +57,8 @@ pub struct Batches {
     pub cached: u64,
     /// Longest work of a body.
     pub work: Duration,
-    /// Each block's guard is drawn from these: `Plain` (`run_batch`),
-    /// `Replay` (`run_batch_replayed`), `Fingerprint` (replayed, with
+    /// Each block's guard is drawn from these: `Plain` (`guard_batch`),
+    /// `Replay` (`guard_batch(..).replay()`), `Fingerprint` (replayed, with
     /// payloads 1 and 2).
     pub guards: Vec<Guard>,
     /// Stop this long after the start, whatever `rounds` says.
@@ -217,9 +217,9 @@ async fn one_batch(context: &Context, gate: &Gate, items: Vec<Item>, concurrency
     let (results, events) = testing::observe(async {
         let run = |body: Body| body.run(None);
         if guard == Guard::Plain {
-            gate.run_batch(batch, run).await
+            gate.guard_batch(batch).run(run).await
         } else {
-            gate.run_batch_replayed(batch, run).await
+            gate.guard_batch(batch).replay().run(run).await
         }
     })
     .await;

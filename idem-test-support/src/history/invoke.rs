@@ -1,5 +1,5 @@
 //! One call of the guarded action, through an entry point (an
-//! `#[idempotent]` function, `Gate::run_with`, `Gate::claim_with`, or their
+//! `#[idempotent]` function, the guard builder's `run` or `claim`, or their
 //! transaction and replay forms), recorded as an [`Invocation`].
 
 use std::panic::AssertUnwindSafe;
@@ -8,12 +8,18 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use idem::sqlx::{Postgres, Transaction};
-use idem::{Gate, Rejected, idempotent, testing};
+use idem::sqlx::{PgConnection, Postgres, Transaction};
+use idem::{
+    Claim, Fingerprint, Gate, Identity, OnExpiry, OnUnavailable, OutcomeCommit, Rejected, TxClaim,
+    idempotent, testing,
+};
 
 use super::body::{Body, Plan};
 use super::record::{BodyLog, Recorder};
-use super::{Entry, Event, Extension, Got, Guard, Invocation, LONG_LEASE, SHORT_LEASE, identity};
+use super::{
+    Entry, Event, Extension, Got, Guard, Invocation, LONG_LEASE, RECONCILED_LEASE, SHORT_LEASE,
+    WAIT, identity,
+};
 use crate::error::JobError;
 
 /// The `#[idempotent]` functions, one per guard: the same action and key as
@@ -100,13 +106,102 @@ async fn dispatch(gate: &Gate, call: Call, body: Body) -> Result<u64, JobError> 
         (_, Guard::Tx) => by_claim_in(gate, call, body).await,
         (Entry::Claim, guard) if !guard.replays() => by_claim(gate, call, body).await,
         (_, guard) => {
-            let (id, mode) = (identity(call.identity), guard.mode(call.fingerprint));
-            if guard.replays() {
-                gate.run_replayed(&id, &mode, body.run(None)).await
-            } else {
-                gate.run_with(&id, &mode, body.run(None)).await
+            let id = identity(call.identity);
+            guard.run(gate, &id, call.fingerprint, body.run(None)).await
+        }
+    }
+}
+
+// The guard's options change its type, so a mode drawn at run time cannot
+// be one value handed to one call: each guard is matched to its own chain
+// of options here, once, for every by-hand path to share.
+impl Guard {
+    /// Runs `body` through `gate.guard(id)` with this guard's options (and
+    /// the payload's fingerprint, if any), replaying if it replays.
+    pub(super) async fn run<F>(
+        self,
+        gate: &Gate,
+        id: &Identity,
+        fingerprint: Option<u8>,
+        body: F,
+    ) -> Result<u64, JobError>
+    where
+        F: Future<Output = Result<u64, JobError>>,
+    {
+        let guard = fingerprinted(gate.guard(id), fingerprint);
+        match self {
+            Guard::Plain => guard.run(body).await,
+            Guard::Replay | Guard::Fingerprint => guard.replay().run(body).await,
+            Guard::Lease(lease) => guard.lease(lease).run(body).await,
+            Guard::Wait => guard.wait(WAIT).run(body).await,
+            Guard::AsyncOutcome => guard.outcome_commit(OutcomeCommit::Async).run(body).await,
+            Guard::FailOpen => guard.on_unavailable(OnUnavailable::Run).run(body).await,
+            Guard::Reconciled => {
+                guard
+                    .lease(RECONCILED_LEASE)
+                    .on_expiry(OnExpiry::InDoubt)
+                    .replay()
+                    .run(body)
+                    .await
+            }
+            // Its body writes through the transaction's connection.
+            Guard::Tx => panic!("a tx guard runs through `claim_in`, not on the pool"),
+        }
+    }
+
+    /// Claims `id` on the pool with this guard's options (and the payload's
+    /// fingerprint, if any). A replaying guard has no plain claim (it
+    /// would be `claim_or_replay`), nor has a tx one (`claim_in`).
+    pub(super) async fn claim(
+        self,
+        gate: &Gate,
+        id: &Identity,
+        fingerprint: Option<u8>,
+    ) -> Result<Claim, Rejected> {
+        let guard = fingerprinted(gate.guard(id), fingerprint);
+        match self {
+            Guard::Plain => guard.claim().await,
+            Guard::Lease(lease) => guard.lease(lease).claim().await,
+            Guard::Wait => guard.wait(WAIT).claim().await,
+            Guard::AsyncOutcome => guard.outcome_commit(OutcomeCommit::Async).claim().await,
+            Guard::FailOpen => guard.on_unavailable(OnUnavailable::Run).claim().await,
+            Guard::Reconciled => {
+                guard
+                    .lease(RECONCILED_LEASE)
+                    .on_expiry(OnExpiry::InDoubt)
+                    .claim()
+                    .await
+            }
+            Guard::Replay | Guard::Fingerprint | Guard::Tx => {
+                panic!("no plain claim on the pool for {self:?}")
             }
         }
+    }
+
+    /// Claims `id` inside the transaction on `connection` (a tx guard's
+    /// only option is the fingerprint).
+    async fn claim_in(
+        self,
+        gate: &Gate,
+        connection: &mut PgConnection,
+        id: &Identity,
+        fingerprint: Option<u8>,
+    ) -> Result<TxClaim, Rejected> {
+        assert_eq!(self, Guard::Tx, "only a tx guard claims in a transaction");
+        fingerprinted(gate.guard(id).tx(connection), fingerprint)
+            .claim()
+            .await
+    }
+}
+
+/// `guard` with the payload's fingerprint, if the call carries one.
+fn fingerprinted<'a, R, D, P>(
+    guard: idem::Guard<'a, R, D, P>,
+    fingerprint: Option<u8>,
+) -> idem::Guard<'a, R, D, P> {
+    match fingerprint {
+        Some(payload) => guard.fingerprint(Fingerprint::new().part(payload)),
+        None => guard,
     }
 }
 
@@ -147,15 +242,15 @@ async fn commit_unless_refused(
 }
 
 async fn by_claim_in(gate: &Gate, call: Call, body: Body) -> Result<u64, JobError> {
-    let mode = call.guard.mode(call.fingerprint);
     let mut tx = gate.pool().begin().await?;
-    let claim = gate
-        .claim_in(&mut tx, &identity(call.identity), &mode)
+    let claim = call
+        .guard
+        .claim_in(gate, &mut tx, &identity(call.identity), call.fingerprint)
         .await?;
     let output = body.run(Some(&mut tx)).await;
     let recorded = match &output {
-        Ok(_) => claim.settle_in(&mut tx).await,
-        Err(JobError::Failed) => claim.release_in(&mut tx).await,
+        Ok(_) => claim.settle(&mut tx).await,
+        Err(JobError::Failed) => claim.release(&mut tx).await,
         // The effect could not be written: the transaction is lost anyway.
         Err(_) => return output,
     };
@@ -164,8 +259,10 @@ async fn by_claim_in(gate: &Gate, call: Call, body: Body) -> Result<u64, JobErro
 }
 
 async fn by_claim(gate: &Gate, call: Call, body: Body) -> Result<u64, JobError> {
-    let mode = call.guard.mode(call.fingerprint);
-    let claim = gate.claim_with(&identity(call.identity), &mode).await?;
+    let claim = call
+        .guard
+        .claim(gate, &identity(call.identity), call.fingerprint)
+        .await?;
     let log = body.log.clone();
     let output = match call.guard.lease() {
         Some(lease) => extending(&claim, lease, &log, body.run(None)).await,

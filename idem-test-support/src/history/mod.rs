@@ -52,9 +52,9 @@
 //! `context` and `drive` (the run), `faults` (the injector), `meter` (the
 //! metering task) and `final_state`; then `check` (a module per rule) and
 //! `figures`. `handmade` builds histories for the checker's unit tests.
-//! The surfaces' workloads: `batch` (consumers of `Gate::run_batch`),
+//! The surfaces' workloads: `batch` (consumers of `gate.guard_batch`),
 //! `reconcile` (bodies in doubt, slow holders, two reconcilers over a fake
-//! provider); the tower layer's lives in `tests/history/layer.rs` (its
+//! provider); the tower layer's lives in `tests/testsuite/history/layer.rs` (its
 //! server needs features this crate does not enable) and drives a run
 //! through [`run_outside`]; a cached gate is the caller's to make
 //! ([`Target::beside`]).
@@ -92,7 +92,8 @@ pub use self::{
 
 use std::time::Duration;
 
-use idem::{Fingerprint, GateEvent, Identity, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
+use idem::Identity;
+use idem::testing::GateEvent;
 
 use crate::fault_proxy::Statement;
 
@@ -187,24 +188,6 @@ impl Guard {
     fn replays(self) -> bool {
         matches!(self, Guard::Replay | Guard::Fingerprint | Guard::Reconciled)
     }
-
-    /// The mode an invocation passes to `Gate::run_with` and friends.
-    fn mode(self, fingerprint: Option<u8>) -> Mode {
-        let mode = match self {
-            Guard::Lease(lease) => Mode::new().lease(lease),
-            Guard::Wait => Mode::new().wait(WAIT),
-            Guard::AsyncOutcome => Mode::new().outcome_commit(OutcomeCommit::Async),
-            Guard::FailOpen => Mode::new().on_unavailable(OnUnavailable::Run),
-            Guard::Reconciled => Mode::new()
-                .lease(RECONCILED_LEASE)
-                .on_expiry(OnExpiry::InDoubt),
-            Guard::Plain | Guard::Replay | Guard::Fingerprint | Guard::Tx => Mode::new(),
-        };
-        match fingerprint {
-            Some(payload) => mode.fingerprint(Fingerprint::new().part(payload)),
-            None => mode,
-        }
-    }
 }
 
 /// How an invocation reaches the gate.
@@ -212,12 +195,12 @@ impl Guard {
 pub enum Entry {
     /// An `#[idempotent]` function.
     Attribute,
-    /// `Gate::run_with` (or `run_replayed`).
+    /// `gate.guard(..)` with the identity's options, then `.run(body)`.
     Run,
-    /// `Gate::claim_with` (or `claim_in`), then `settle` or `release`, with
-    /// `Claim::extend` under a lease.
+    /// `gate.guard(..)` with its options (or `.tx(..)`), then `.claim()`,
+    /// then `settle` or `release`, with `Claim::extend` under a lease.
     Claim,
-    /// One item of `Gate::run_batch` (or `run_batch_replayed`): its start
+    /// One item of `gate.guard_batch(..).run(..)` (or with `.replay()`): its start
     /// and end are the batch's, and its events are what its answer shows
     /// (see `history::batch`).
     Batch,

@@ -43,7 +43,7 @@ pub struct Reconciling {
     /// Percent of holders that work past their lease.
     pub slow: u64,
     /// Percent of slow holders that renew their lease every half lease
-    /// meanwhile (through `Gate::claim_with` and `Claim::extend`).
+    /// meanwhile (through `gate.guard(..).claim()` and `Claim::extend`).
     pub renew: u64,
     /// Percent of probes that answer unknown.
     pub unknown: u64,
@@ -145,8 +145,9 @@ async fn charge_by_claim(
     recorder: &Recorder,
     log: &BodyLog,
 ) -> Result<u64, ChargeError> {
-    let mode = Guard::Reconciled.mode(None);
-    let claim = gate.claim_with(&identity(body.identity), &mode).await?;
+    let claim = Guard::Reconciled
+        .claim(gate, &identity(body.identity), None)
+        .await?;
     let output = if renew {
         extending(&claim, RECONCILED_LEASE, log, body.run(recorder, log)).await
     } else {

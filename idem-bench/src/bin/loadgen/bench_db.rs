@@ -16,7 +16,7 @@ use idem::sqlx::{self, AssertSqlSafe, PgPool};
 use crate::BoxError;
 use crate::accounts::Accounts;
 use crate::duplicates::Settled;
-use crate::{advisory, brandur};
+use crate::{advisory, brandur, recovery_points};
 
 /// What the tables hold when a run starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +73,8 @@ const PREFILL: &str = "INSERT INTO idem_records \
 
 /// Two statements: Citus truncates a distributed table, but not in one
 /// statement with tables of the coordinator's own.
-const EMPTY: &str = "TRUNCATE idem_records; TRUNCATE idempotency_keys, advisory_outcomes";
+const EMPTY: &str =
+    "TRUNCATE idem_records; TRUNCATE idempotency_keys, advisory_outcomes, recovery_points";
 
 impl BenchDb {
     /// Drops `schema` if it exists (a crashed run's leftovers), creates it
@@ -111,6 +112,9 @@ impl BenchDb {
         Gate::connect(admin.clone()).await?;
         sqlx::raw_sql(brandur::SCHEMA).execute(&admin).await?;
         sqlx::raw_sql(advisory::SCHEMA).execute(&admin).await?;
+        sqlx::raw_sql(recovery_points::SCHEMA)
+            .execute(&admin)
+            .await?;
         Ok(BenchDb {
             schema: schema.to_owned(),
             connect,

@@ -60,7 +60,7 @@ pub struct Flags {
     #[arg(long, default_value_t = 5)]
     pub slow_body_ms: u64,
 
-    /// Messages per `gate.run_batch` in the batch group: one operation of
+    /// Messages per `gate.guard_batch` in the batch group: one operation of
     /// its batch scenario is this many new identities.
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub batch_size: u64,
@@ -126,7 +126,7 @@ pub struct Flags {
     #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub river_duplicates: u64,
 
-    /// Jobs per `insert_many` (and keys per `gate.run_batch` and per
+    /// Jobs per `insert_many` (and keys per `gate.guard_batch` and per
     /// hand-written batch claim).
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub river_batch: u64,

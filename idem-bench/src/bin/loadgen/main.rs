@@ -43,10 +43,12 @@ mod gated;
 mod http;
 mod keys;
 mod paired;
+mod recovery_points;
 mod report;
 mod river;
 mod runner;
 mod scenarios;
+mod stepped;
 mod targets;
 mod workload;
 

@@ -9,6 +9,7 @@ use crate::floor::{Claim, Floor, Settle};
 use crate::fused::Fused;
 use crate::http::Way;
 use crate::runner::Planned;
+use crate::stepped::Commit;
 use crate::targets::Side;
 use crate::workload::{GateMode, Work};
 
@@ -21,7 +22,7 @@ pub enum Group {
     /// New identities, a body that does nothing: the bookkeeping alone.
     NoOp,
     /// New identities, a body that does nothing, per call and in batches
-    /// of `--batch-size` through `Gate::run_batch`: its ratios count
+    /// of `--batch-size` through `gate.guard_batch`: its ratios count
     /// messages, not operations.
     Batch,
     /// Identities that are already settled, refused.
@@ -29,6 +30,10 @@ pub enum Group {
     /// New identities, a body that sleeps (an external call), and fewer
     /// connections than workers.
     SlowBody,
+    /// New identities, a guarded body of three no-op steps (issue 27),
+    /// against the same phases as recovery points by hand and the guard
+    /// with no steps.
+    Steps,
     /// New identities on top of this many settled rows.
     History(u64),
 }
@@ -41,6 +46,7 @@ impl Group {
             Group::Batch => "batch",
             Group::Duplicates => "dup",
             Group::SlowBody => "slow",
+            Group::Steps => "steps",
             Group::History(_) => "history",
         }
     }
@@ -52,6 +58,7 @@ impl Group {
             Group::Batch => format!("batch of {}, no-op body", flags.batch_size),
             Group::Duplicates => "duplicates".to_owned(),
             Group::SlowBody => format!("{} ms body", flags.slow_body_ms),
+            Group::Steps => "three no-op steps".to_owned(),
             Group::History(rows) => format!("history {}", count(rows)),
         }
     }
@@ -78,7 +85,7 @@ impl Group {
         match self {
             Group::Duplicates => Contents::Settled(flags.duplicates),
             Group::History(rows) => Contents::History(rows),
-            Group::NoOp | Group::Batch | Group::SlowBody => Contents::Empty,
+            Group::NoOp | Group::Batch | Group::SlowBody | Group::Steps => Contents::Empty,
         }
     }
 }
@@ -183,6 +190,13 @@ const GATE: Spec = Spec {
     cost: cost(2, 2, 2),
 };
 
+const GUARD_BY_HAND: Spec = Spec {
+    name: "guard-by-hand",
+    work: Work::GuardByHand,
+    summary: "the gate by hand: gate.guard(&id).run(body), the builder the #[idempotent] fn expands to",
+    cost: cost(2, 2, 2),
+};
+
 const GATE_ASYNC: Spec = Spec {
     name: "gate-async",
     work: Work::GateMode(GateMode::AsyncOutcome),
@@ -238,7 +252,7 @@ const GATE_TX: Spec = Spec {
 const GATE_BATCH: Spec = Spec {
     name: "gate-batch",
     work: Work::GateBatch,
-    summary: "`gate.run_batch` of new identities, no-op bodies: one INSERT ... SELECT FROM unnest(...) ORDER BY address \
+    summary: "`gate.guard_batch` of new identities, no-op bodies: one INSERT ... SELECT FROM unnest(...) ORDER BY address \
               ON CONFLICT DO NOTHING RETURNING claims the whole batch, the bodies run, one UPDATE ... FROM unnest(...) \
               settles it, each autocommitted",
     cost: cost(2, 2, 2),
@@ -250,6 +264,44 @@ const BRANDUR: Spec = Spec {
     summary: "idempotency_keys table: BEGIN; INSERT ... ON CONFLICT DO NOTHING; SELECT ... FOR UPDATE; \
               UPDATE locked_at; COMMIT; body; UPDATE response + unlock",
     cost: cost(6, 2, 2),
+};
+
+/// Three no-op steps inside one guarded call: the claim (1 statement),
+/// per step its marker (`INSERT ... ON CONFLICT DO NOTHING`, durable) and
+/// its record (`UPDATE`, committing as the outcome does), the settle (1):
+/// 2 + 3 × 2 = 8 statements and 8 durable commits, where
+/// [`RECOVERY_POINTS`] sends 5.
+const THREE_STEPS: Spec = Spec {
+    name: "three",
+    work: Work::ThreeSteps(Commit::Durable),
+    summary: "gate.guard(&id).run of a body of three no-op idem::step calls (a, b, c): claim; per step \
+              its marker (INSERT ... ON CONFLICT DO NOTHING) then its record (UPDATE); settle, each \
+              autocommitted",
+    cost: cost(8, 8, 8),
+};
+
+/// The same with `outcome_commit(OutcomeCommit::Async)`: the settle and
+/// the three records commit without waiting for the flush, the claim and
+/// the three markers durably: 8 statements, 4 durable commits.
+const THREE_STEPS_ASYNC: Spec = Spec {
+    name: "three-async",
+    work: Work::ThreeSteps(Commit::Async),
+    summary: "the same with .outcome_commit(OutcomeCommit::Async): the records and the settle commit \
+              with synchronous_commit off, the claim and the markers durably",
+    cost: cost(8, 8, 4),
+};
+
+/// The same three phases by hand, as recovery points: `INSERT ... ON
+/// CONFLICT DO NOTHING RETURNING` of the key's row, one `UPDATE ... SET
+/// recovery_point` per phase, `UPDATE ... SET finished = true`: 1 + 3 + 1
+/// = 5 statements and 5 durable commits, to the steps' 8.
+const RECOVERY_POINTS: Spec = Spec {
+    name: "recovery-points",
+    work: Work::RecoveryPoints,
+    summary: "by hand, brandur's recovery points in a table of their own: INSERT the key's row ... ON \
+              CONFLICT DO NOTHING RETURNING; per phase (a, b, c) UPDATE recovery_point; UPDATE \
+              finished = true, each autocommitted",
+    cost: cost(5, 5, 5),
 };
 
 const ADVISORY: Spec = Spec {
@@ -309,6 +361,8 @@ const NO_OP: &[Spec] = &[
     FUSED_INSERT_FIRST,
     FUSED_LOOKUP_FIRST,
     GATE,
+    // The same guard written by hand with the builder, beside the attribute.
+    GUARD_BY_HAND,
     BRANDUR,
     ADVISORY,
     // The opt-in modes, each against the same floor.
@@ -346,6 +400,18 @@ const DUPLICATES: &[Spec] = &[
     REFUSE_BY_FUSED_INSERT_FIRST,
     REFUSE_BY_FUSED_LOOKUP_FIRST,
     REFUSE_THROUGH_CACHED_GATE,
+];
+
+/// Steps inside one claim, against the same phases by hand and against the
+/// guard with no steps (plain and with its outcome asynchronous), beside
+/// the floor every group has.
+const STEPS: &[Spec] = &[
+    FLOOR,
+    GATE,
+    GATE_ASYNC,
+    RECOVERY_POINTS,
+    THREE_STEPS,
+    THREE_STEPS_ASYNC,
 ];
 
 const HISTORY: &[Spec] = &[FLOOR, GATE];
@@ -418,6 +484,7 @@ pub fn all(flags: &Flags) -> Vec<Scenario> {
         (Group::Batch, BATCH),
         (Group::Duplicates, DUPLICATES),
         (Group::SlowBody, SLOW_BODY),
+        (Group::Steps, STEPS),
     ];
     for rows in flags.history_sizes() {
         groups.push((Group::History(rows), HISTORY));
@@ -615,7 +682,7 @@ mod tests {
     }
 
     #[test]
-    fn the_batch_group_is_the_floor_and_the_gate_per_call_against_run_batch() {
+    fn the_batch_group_is_the_floor_and_the_gate_per_call_against_the_batch_guard() {
         let flags = flags(&["--scenarios", "batch"]);
         let scenarios = selected(&flags).expect("the batch group");
         assert_eq!(names(&scenarios), ["floor", "gate", "gate-batch"]);
@@ -649,7 +716,7 @@ mod tests {
             .iter()
             .map(|s| s.group.name())
             .collect();
-        assert_eq!(groups, ["noop", "batch", "dup", "slow"]);
+        assert_eq!(groups, ["noop", "batch", "dup", "slow", "steps"]);
         let flags = self::flags(&["--scenarios", "batch/gate"]);
         let scenarios = selected(&flags).expect("one scenario");
         assert_eq!(scenarios.len(), 1);
@@ -734,7 +801,8 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 2 * 7);
+        // Eight targets within a group, and the four comparisons of steps.
+        assert_eq!(checked, 2 * (8 + 4));
         // Every scenario runs, the no-op gate twice per concurrency.
         let gates = runs
             .iter()

@@ -79,6 +79,9 @@ pub fn all(flags: &Flags) -> Vec<Target> {
         Target::within(dup, "gate-cached", BASELINE, 50.0)
             .named("cached duplicate refusal ≥ 50× its floor"),
         Target::within(noop, "gate", "brandur", 1.2).named("gate ≥ 1.2× brandur"),
+        // The attribute expands to the builder: by hand costs the same.
+        Target::within(noop, "guard-by-hand", "gate", 0.90)
+            .named("guard by hand ≥ 0.90× the #[idempotent] fn"),
         Target::within(batch, "gate-batch", "gate", 10.0).named(format!(
             "gate-batch ≥ 10× gate, per message (batches of {})",
             flags.batch_size
@@ -105,12 +108,54 @@ pub fn all(flags: &Flags) -> Vec<Target> {
     targets
 }
 
+/// A ratio the report shows without judging it: two ways of doing one
+/// thing, measured in the same run, where the issue asks what it costs and
+/// sets no figure to reach.
+pub struct Comparison {
+    pub what: &'static str,
+    pub scenario: Side,
+    pub baseline: Side,
+}
+
+/// Every such ratio, in the order the report lists them: what steps inside
+/// one claim cost (issue 27), against the same phases as recovery points by
+/// hand and against the guard with no steps.
+pub fn compared() -> Vec<Comparison> {
+    let steps = Group::Steps;
+    let compare = |what, scenario, baseline| Comparison {
+        what,
+        scenario: (steps, scenario),
+        baseline: (steps, baseline),
+    };
+    vec![
+        compare(
+            "three steps ÷ recovery points by hand",
+            "three",
+            "recovery-points",
+        ),
+        compare("three steps ÷ the guard with no steps", "three", "gate"),
+        compare(
+            "three steps, async outcome ÷ recovery points by hand",
+            "three-async",
+            "recovery-points",
+        ),
+        compare(
+            "three steps, async outcome ÷ the guard with no steps, async outcome",
+            "three-async",
+            "gate-async",
+        ),
+    ]
+}
+
 /// The pairs of scenarios the plan runs back to back: each target's
 /// scenario and baseline (those of two groups cannot be, and are left to
-/// the plan to skip).
+/// the plan to skip), then each comparison's.
 pub fn adjacent(flags: &Flags) -> Vec<(Side, Side)> {
-    all(flags)
+    let targets = all(flags)
         .into_iter()
-        .map(|target| (target.scenario, target.baseline))
-        .collect()
+        .map(|target| (target.scenario, target.baseline));
+    let compared = compared()
+        .into_iter()
+        .map(|comparison| (comparison.scenario, comparison.baseline));
+    targets.chain(compared).collect()
 }

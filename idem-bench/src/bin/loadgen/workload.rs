@@ -11,7 +11,8 @@ use crate::duplicates::Settled;
 use crate::floor::Floor;
 use crate::fused::Fused;
 use crate::http::{Routers, Way};
-use crate::{BoxError, advisory, brandur, gated, keys};
+use crate::stepped::{self, Commit};
+use crate::{BoxError, advisory, brandur, gated, keys, recovery_points};
 
 /// What one operation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,12 +21,20 @@ pub enum Work {
     Floor(Floor),
     /// The `#[idempotent]` function.
     Gate,
+    /// The same guard by hand: `gate.guard(&id).run(body)`.
+    GuardByHand,
     /// The `#[idempotent]` function in an opt-in mode.
     GateMode(GateMode),
-    /// `Gate::run_batch` of `--batch-size` new identities.
+    /// `gate.guard_batch` of `--batch-size` new identities.
     GateBatch,
     /// The Stripe-style `idempotency_keys` table.
     Brandur,
+    /// A guard whose body runs three no-op steps, its outcome (the settle
+    /// and each step's record) committing as said ([`stepped`]).
+    ThreeSteps(Commit),
+    /// The same three phases by hand, as recovery points
+    /// ([`recovery_points`]).
+    RecoveryPoints,
     /// A session advisory lock held across the body.
     Advisory,
     /// Refuses a settled identity with one `SELECT`.
@@ -80,6 +89,7 @@ impl Workload {
                     .await
             }
             Work::Gate => Ok(gated::guarded(self.gates.of(n), n, self.body).await?),
+            Work::GuardByHand => Ok(gated::guarded_by_hand(self.gates.of(n), n, self.body).await?),
             Work::GateMode(mode) => self.run_mode(mode, n).await,
             // `n` picks the account; the batch's identities are fresh ones
             // of their own.
@@ -88,6 +98,8 @@ impl Workload {
                 gated::batch(self.gates.of(n), identities, self.body).await
             }
             Work::Brandur => brandur::run(&self.pool, n, self.body).await,
+            Work::ThreeSteps(commit) => stepped::three_steps(self.gates.of(n), n, commit).await,
+            Work::RecoveryPoints => recovery_points::run(&self.pool, n).await,
             Work::Advisory => advisory::run(&self.pool, n, self.body).await,
             Work::RefuseByLookup => self.settled()?.refuse_by_lookup(&self.pool, n).await,
             // The gates of a cached run carry the cache (`cached::gate_for`).

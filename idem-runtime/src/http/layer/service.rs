@@ -20,12 +20,13 @@ use tower_service::Service;
 use super::body::{self, BoxError, BufferedBody, ReadError, Whole};
 use super::policy::ResponseOutcome;
 use super::{Config, grpc, refusal};
+use crate::detach::run_detached;
 use crate::error::Rejected;
-use crate::expansion::{replayed_outcome_of, run_detached_with};
 use crate::gate::Gate;
 use crate::http::{IdempotencyKey, KeyRejection, Problem, StoredResponse};
 use crate::identity::Identity;
 use crate::mode::{Disposition, Fingerprint};
+use crate::run::replayed_outcome_of;
 
 /// The request body the inner service gets: the client's, untouched, for
 /// a request that passes through; the bytes the layer read, for a guarded
@@ -198,7 +199,15 @@ where
         grpc,
         Arc::clone(&first_fields),
     );
-    let ran = run_detached_with(&gate, &identity, &mode, &config.detached, outcome, call).await;
+    let ran = run_detached(
+        &config.detached,
+        gate.slots().clone(),
+        identity.clone(),
+        mode.clone(),
+        outcome,
+        call,
+    )
+    .await;
     let first_fields = first_fields
         .lock()
         .unwrap_or_else(PoisonError::into_inner)

@@ -275,14 +275,18 @@ impl<'h> View<'h> {
 
     /// An earlier holder, whose claim was lost while its body ran, recorded
     /// its success late, over the row of `call`, which had replaced its
-    /// claim: the slot records that success, not `call`'s.
+    /// claim: the slot records that success, not `call`'s. "Earlier" is
+    /// when each won its claim (its body began), not when it was called: a
+    /// caller can start first, be refused in flight, and take the claim
+    /// over only after a later caller held it.
     fn late_success_over(&self, call: &Invocation) -> bool {
+        let won_at = |x: &Invocation| x.body.as_ref().map_or(x.start, |body| body.start);
         self.calls.iter().any(|y| {
             y.id != call.id
                 && y.lost_claim()
                 && y.gated_success().is_some()
-                && y.start < call.start
-                && y.end > call.start
+                && won_at(y) < won_at(call)
+                && y.end > won_at(call)
         })
     }
 

@@ -6,8 +6,8 @@
 //! duplicate unique insert against idem's refusal, "run this once per key"
 //! end to end (a unique job inserted and worked to completion against the
 //! gate with the same body), and River's `insert_many` against idem's
-//! batch API (`gate.run_batch`: one claim statement and one settle for the
-//! whole batch), against idem per call, and against run_batch's claim
+//! batch API (`gate.guard_batch`: one claim statement and one settle for the
+//! whole batch), against idem per call, and against the batch guard's claim
 //! statement alone, sent by hand. River's tables are created by River's own
 //! migrations in the benchmark's schema, next to idem's, and dropped with
 //! it. The report ([`report`]) has its own markers in BENCHMARKS.md.
@@ -199,9 +199,9 @@ struct Op {
     duplicates: Option<Arc<Duplicates>>,
 }
 
-/// The statement `gate.run_batch` sends to claim a batch, from the
+/// The statement `gate.guard_batch` sends to claim a batch, from the
 /// runtime itself.
-const CLAIM_BATCH: &str = idem::testing::BATCH_CLAIM_SQL;
+const CLAIM_BATCH: &str = idem::__internal::BATCH_CLAIM_SQL;
 
 impl Op {
     async fn run(&self, n: u64) -> Result<(), BoxError> {
@@ -259,7 +259,7 @@ impl Op {
     }
 
     /// `batch` fresh keys claimed with [`CLAIM_BATCH`], bound as
-    /// `gate.run_batch` binds it for them: the identities `run-batch`
+    /// `gate.guard_batch` binds it for them: the identities `run-batch`
     /// gives its keys, their addresses, no namespace, fingerprint or lease.
     async fn batch_claim(&self) -> Result<(), BoxError> {
         let identities: Vec<Identity> = keys::next_many(self.batch)

@@ -86,7 +86,7 @@ enum Because {
     BatchedCompletions,
     /// `insert_many` commits a batch once; idem per call commits each key.
     PerCallCommits,
-    /// `gate.run_batch` commits a batch twice (claim, settle);
+    /// `gate.guard_batch` commits a batch twice (claim, settle);
     /// `insert_many` once.
     BatchTwoCommits,
     /// The gate writes each key twice (its claim, then its settle) where
@@ -138,7 +138,7 @@ const PAIRS: &[Pair] = &[
         because: Because::Figures,
     },
     Pair {
-        what: "many keys, per key: `gate.run_batch` (claim + settle per batch) ÷ River's `insert_many`",
+        what: "many keys, per key: `gate.guard_batch` (claim + settle per batch) ÷ River's `insert_many`",
         group: Group::Batch,
         idem: "run-batch",
         river: "river-insert-many",
@@ -159,7 +159,7 @@ const PAIRS: &[Pair] = &[
         because: Because::PerCallCommits,
     },
     Pair {
-        what: "many keys, per key: run_batch's claim statement alone, by hand ÷ River's `insert_many`",
+        what: "many keys, per key: the batch guard's claim statement alone, by hand ÷ River's `insert_many`",
         group: Group::Batch,
         idem: "batch-claim-sql",
         river: "river-insert-many",
@@ -325,8 +325,8 @@ fn because(
             instead("run-batch")
         ),
         Because::BatchTwoCommits => format!(
-            "`gate.run_batch` claims and then settles each batch of {}, two statements and two \
-             WAL flushes, where `insert_many` commits once: run_batch's claim statement alone \
+            "`gate.guard_batch` claims and then settles each batch of {}, two statements and two \
+             WAL flushes, where `insert_many` commits once: the batch guard's claim statement alone \
              (`batch-claim-sql`, one flush) is {}× River",
             flags.river_batch,
             instead("batch-claim-sql")
@@ -473,7 +473,7 @@ mod tests {
         ]);
         let scenarios = selected(&flags).expect("the batch group");
         // Operations per second of river-insert-many, run-batch, gate,
-        // idem-claim and batch-claim-sql: run_batch behind River here.
+        // idem-claim and batch-claim-sql: the batch guard behind River here.
         let ops = [50, 40, 800, 1600, 500];
         let plan = plan(&scenarios, &flags);
         let mut rounds = Rounds::new(plan.iter().map(Planned::name).collect());
@@ -484,8 +484,8 @@ mod tests {
         let verdicts = verdicts(&rounds, &rounds.medians(), &flags);
         assert!(
             verdicts.contains(
-                "`gate.run_batch` (claim + settle per batch) ÷ River's `insert_many`, conc 1: \
-                 0.80× — River ahead, because `gate.run_batch` claims and then settles each \
+                "`gate.guard_batch` (claim + settle per batch) ÷ River's `insert_many`, conc 1: \
+                 0.80× — River ahead, because `gate.guard_batch` claims and then settles each \
                  batch of 100"
             ),
             "{verdicts}"

@@ -18,7 +18,7 @@ pub enum Group {
     /// completion against the gate running the same (no-op) body.
     EndToEnd,
     /// Many new keys at once: River's `insert_many` against idem per call
-    /// and through its batch API, `gate.run_batch`.
+    /// and through its batch API, `gate.guard_batch`.
     Batch,
 }
 
@@ -61,11 +61,11 @@ pub enum Work {
     GateAsync,
     /// The `#[idempotent]` fn on a settled identity: refused.
     GateRefusal,
-    /// `gate.run_batch` of `--river-batch` new keys, no-op bodies: claim
+    /// `gate.guard_batch` of `--river-batch` new keys, no-op bodies: claim
     /// and settle, one statement each for the whole batch.
     IdemRunBatch,
     /// A batch of new claims as one hand-written statement: the statement
-    /// `gate.run_batch` sends to claim (the runtime's `CLAIM_BATCH`), sent
+    /// `gate.guard_batch` sends to claim (the runtime's `CLAIM_BATCH`), sent
     /// alone and left pending, so run-batch's claim on its own.
     BatchClaimSql,
 }
@@ -208,7 +208,7 @@ pub const ALL: &[Scenario] = &[
         "run-batch",
         Side::Idem,
         Work::IdemRunBatch,
-        "`gate.run_batch` of a batch of new keys, no-op bodies: one INSERT ... SELECT FROM \
+        "`gate.guard_batch` of a batch of new keys, no-op bodies: one INSERT ... SELECT FROM \
          unnest(...) ORDER BY address ON CONFLICT DO NOTHING RETURNING claims the batch, the \
          bodies run, one UPDATE ... FROM unnest(...) settles it, each autocommitted: 2 round \
          trips, 2 durable commits per batch",
@@ -233,7 +233,7 @@ pub const ALL: &[Scenario] = &[
         "batch-claim-sql",
         Side::Idem,
         Work::BatchClaimSql,
-        "by hand, not through idem's API: the statement `gate.run_batch` sends to claim a batch \
+        "by hand, not through idem's API: the statement `gate.guard_batch` sends to claim a batch \
          (`CLAIM_BATCH`, idem-runtime/src/store/batch.rs), INSERT ... SELECT FROM unnest(...) \
          ORDER BY address ON CONFLICT DO NOTHING RETURNING, with the same addresses and \
          identities, autocommitted and left pending: run-batch's claim alone, 1 round trip, \

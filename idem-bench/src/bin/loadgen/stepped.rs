@@ -1,0 +1,58 @@
+//! Steps inside one claim (issue 27), as users write them: a guarded call
+//! whose body runs three no-op steps, `a`, `b` and `c`, each recorded with
+//! the claim. Measured against the same three phases written by hand as
+//! recovery points ([`crate::recovery_points`]) and against the plain guard
+//! with no steps ([`crate::gated`]).
+//!
+//! What a step costs, counted from the store's statements
+//! (`idem-runtime/src/store/steps.rs`): a step that runs sends two, its
+//! marker (`INSERT ... SELECT ... WHERE` the claim is still the holder's
+//! `ON CONFLICT DO NOTHING`, durable, since it is the step's lock) and then
+//! its record (`UPDATE ... SET state = 'success', output_json = ...`,
+//! committing as the claim's outcome does: durable, or with
+//! `outcome_commit(OutcomeCommit::Async)` asynchronously). So three steps
+//! inside one guarded call are 2 + 3 × 2 = 8 statements, each on a pooled
+//! connection of its own, autocommitted: 8 durable commits, or 4 (the
+//! claim and the three markers) with the outcome asynchronous.
+
+use idem::{Gate, Identity, OutcomeCommit, Rejected};
+
+use crate::BoxError;
+use crate::gated::ACTION;
+
+/// How the claim's outcome (the settle, and each step's record) commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Waiting for the WAL flush: the guard's default.
+    Durable,
+    /// `outcome_commit(OutcomeCommit::Async)`.
+    Async,
+}
+
+/// What each step returns, and what the run checks it got back.
+const STEP_VALUE: u64 = 1;
+
+/// Claims `n`, runs three no-op steps inside the claim, settles. An error
+/// unless each step handed back its value (a new identity runs each).
+pub async fn three_steps(gate: &Gate, n: u64, commit: Commit) -> Result<(), BoxError> {
+    let id = Identity::new(ACTION).part(n);
+    let body = async {
+        let a = idem::step("a", async { Ok::<u64, Rejected>(STEP_VALUE) }).await?;
+        let b = idem::step("b", async { Ok::<u64, Rejected>(STEP_VALUE) }).await?;
+        let c = idem::step("c", async { Ok::<u64, Rejected>(STEP_VALUE) }).await?;
+        Ok::<_, Rejected>([a, b, c])
+    };
+    let values = match commit {
+        Commit::Durable => gate.guard(&id).run(body).await?,
+        Commit::Async => {
+            gate.guard(&id)
+                .outcome_commit(OutcomeCommit::Async)
+                .run(body)
+                .await?
+        }
+    };
+    if values != [STEP_VALUE; 3] {
+        return Err(format!("the steps of {n} returned {values:?}").into());
+    }
+    Ok(())
+}

@@ -1,0 +1,902 @@
+//! The guard: one builder for every way to guard a call by hand, and what
+//! `#[idempotent]` expands to.
+//!
+//! [`Gate::guard`] starts a [`Guard`] for one identity. Its methods are the
+//! attribute's options, and it ends in [`run`](Guard::run) (run a body if
+//! the claim is won, then record what it returned) or in
+//! [`claim`](Guard::claim) (hand the won claim to the caller, who records
+//! the outcome). Its type changes where a bound does, so a combination the
+//! attribute refuses does not compile by hand either:
+//!
+//! | option | changes | then |
+//! |---|---|---|
+//! | [`replay`](Guard::replay) | `R` to [`Replay`] | the body's `Ok` type must be serde; a duplicate gets the stored value |
+//! | [`disposition`](Guard::disposition) | `D` to [`Classified`] | each `Err` is released, kept or held in doubt as the classifier says |
+//! | [`tx`](Guard::tx) | `P` to [`InTx`] | claim and record inside the caller's transaction: no lease, wait, fail-open or asynchronous commit |
+//! | [`lease`](Guard::lease) | `P` to [`Leased`] | no `tx`, no asynchronous commit; [`on_expiry`](Guard::on_expiry) becomes possible |
+//! | [`outcome_commit`](Guard::outcome_commit) | `P` to [`AsyncCommit`] | no `tx`, no lease |
+//! | [`wait`](Guard::wait), [`on_unavailable`](Guard::on_unavailable) | `P` to [`Pooled`] (unless already on the pool) | no `tx` |
+//! | [`fingerprint`](Guard::fingerprint) | nothing | |
+//!
+//! An option given twice takes the second value (the attribute refuses a
+//! repeated option; by hand it is a rebinding, as with sqlx's `bind`).
+//! The ends: on the pool, [`run`](Guard::run), [`run_detached`](Guard::run_detached)
+//! (the body outlives a caller that leaves), [`claim`](Guard::claim) (a
+//! [`Claim`]) and, with `replay`, [`claim_or_replay`](Guard::claim_or_replay);
+//! after [`tx`](Guard::tx), `run` with a body handed the
+//! transaction's connection, and `claim` (a [`TxClaim`],
+//! recorded on that connection). [`Gate::guard_batch`] is the same guard
+//! over a [`Batch`](crate::batch::Batch) of items.
+//!
+//! ```no_run
+//! # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {
+//! use std::time::Duration;
+//! use idem_runtime::{Disposition, Identity, Rejected};
+//!
+//! let id = Identity::new("charge").part("ord_1001").part(4_999);
+//! let receipt: Result<String, Rejected> = gate
+//!     .guard(&id)
+//!     .lease(Duration::from_secs(30))
+//!     .replay()
+//!     .disposition(|_: &Rejected| Disposition::Release)
+//!     .run(async { Ok("r_1".to_owned()) })
+//!     .await;
+//! # let _ = receipt?; Ok(()) }
+//! ```
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgConnection;
+
+use crate::acquire::{Acquired, acquire};
+use crate::claim::Claim;
+use crate::detach::{self, Detached};
+use crate::error::Rejected;
+use crate::gate::Gate;
+use crate::identity::Identity;
+use crate::mode::{Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
+use crate::run::{self, Outcome, OutcomeOf, ReplayOutcome, outcome_of, replayed_outcome_of};
+use crate::step::Ambient;
+use crate::via::Via;
+
+mod batch;
+pub use batch::BatchGuard;
+
+/// A call about to be guarded: the gate, the identity and the options so
+/// far. Built by [`Gate::guard`]; see [the module docs](crate::guard) for
+/// the options and how each changes the type.
+///
+/// - `R`: whether a duplicate of a settled call is handed the stored value
+///   ([`Replay`]) or refused [`Rejected::AlreadyDone`] ([`NoReplay`]).
+/// - `D`: what an `Err` means for the slot: released ([`ReleaseAll`]) or
+///   as a classifier says ([`Classified`]).
+/// - `P`: where the claim is made and which options are still open:
+///   [`Anywhere`], [`Pooled`], [`Leased`], [`AsyncCommit`], [`InTx`].
+#[must_use = "a guard does nothing until `.run(..)` or `.claim()` is awaited"]
+pub struct Guard<'a, R = NoReplay, D = ReleaseAll, P = Anywhere> {
+    gate: &'a Gate,
+    identity: &'a Identity,
+    mode: Mode,
+    replay: PhantomData<R>,
+    classify: D,
+    place: P,
+}
+
+/// `R` of a [`Guard`]: a duplicate of a settled call is refused
+/// [`Rejected::AlreadyDone`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoReplay;
+
+/// `R` of a [`Guard`]: the `Ok` value is kept (as JSON, in the settle's
+/// own statement) and a duplicate of a settled call is handed it without
+/// running. See [`Guard::replay`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Replay;
+
+/// `D` of a [`Guard`]: every `Err` releases the slot, so a retry runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReleaseAll;
+
+/// `D` of a [`Guard`]: each `Err` is recorded as the classifier `F` says
+/// (a `Fn(&E) -> Disposition`). See [`Guard::disposition`].
+#[derive(Clone, Copy)]
+pub struct Classified<F>(F);
+
+/// `P` of a [`Guard`]: nothing chosen yet that decides where the claim is
+/// made; it is made on the gate's pool unless [`tx`](Guard::tx) is given.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Anywhere;
+
+/// `P` of a [`Guard`]: on the pool, because of an option only a pooled
+/// claim has ([`wait`](Guard::wait), [`on_unavailable`](Guard::on_unavailable)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pooled;
+
+/// `P` of a [`Guard`]: on the pool, with a [lease](Guard::lease).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Leased;
+
+/// `P` of a [`Guard`]: on the pool, its outcome committed asynchronously
+/// ([`outcome_commit`](Guard::outcome_commit)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AsyncCommit;
+
+/// `P` of a [`Guard`]: inside the caller's transaction on this connection
+/// ([`tx`](Guard::tx)).
+pub struct InTx<'c>(&'c mut PgConnection);
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::NoReplay {}
+    impl Sealed for super::Replay {}
+    impl Sealed for super::ReleaseAll {}
+    impl<F> Sealed for super::Classified<F> {}
+    impl Sealed for super::Anywhere {}
+    impl Sealed for super::Pooled {}
+    impl Sealed for super::Leased {}
+    impl Sealed for super::AsyncCommit {}
+    impl Sealed for super::InTx<'_> {}
+}
+
+/// What a body's output `O` means under replay policy `Self`
+/// ([`NoReplay`] or [`Replay`]): how it is refused, whether it succeeded,
+/// and, with [`Replay`], how its `Ok` value is kept.
+#[diagnostic::on_unimplemented(
+    message = "`replay` keeps the `Ok` value for later duplicates, so the body must return `Result<T, E>` with `T: serde::Serialize + serde::de::DeserializeOwned` and `E: From<idem::Rejected>`; `{O}` is not such a `Result`",
+    label = "the body's output here",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for the `Ok` type, or drop `replay` (duplicates then get `Rejected::AlreadyDone`)"
+)]
+pub trait ReplayPolicy<O>: sealed::Sealed {
+    #[doc(hidden)]
+    fn __outcome() -> OutcomeOf<'static, O>;
+}
+
+// A body whose output does not fit is reported through the bound it misses,
+// `Outcome` or `ReplayOutcome`, whose messages say how to fix it.
+impl<O: Outcome> ReplayPolicy<O> for NoReplay {
+    fn __outcome() -> OutcomeOf<'static, O> {
+        outcome_of()
+    }
+}
+
+impl<O: ReplayOutcome> ReplayPolicy<O> for Replay {
+    fn __outcome() -> OutcomeOf<'static, O> {
+        replayed_outcome_of()
+    }
+}
+
+/// What a failed output `O` means for its slot under `Self`
+/// ([`ReleaseAll`] or [`Classified`]).
+#[diagnostic::on_unimplemented(
+    message = "the classifier given to `disposition` must take the body's error: `Fn(&E) -> Disposition` for a body returning `Result<T, E>`; `{O}` does not fit it",
+    label = "the body's output here",
+    note = "write the classifier for the body's error type, e.g. `.disposition(|error: &MyError| match error {{ .. }})`"
+)]
+pub trait Classify<O>: sealed::Sealed {
+    #[doc(hidden)]
+    fn __disposition(&self, output: &O) -> Disposition;
+}
+
+impl<O> Classify<O> for ReleaseAll {
+    fn __disposition(&self, _: &O) -> Disposition {
+        Disposition::Release
+    }
+}
+
+impl<T, E, F: Fn(&E) -> Disposition> Classify<Result<T, E>> for Classified<F> {
+    fn __disposition(&self, output: &Result<T, E>) -> Disposition {
+        output.as_ref().err().map_or(Disposition::Release, &self.0)
+    }
+}
+
+/// A place a [`wait`](Guard::wait) or an
+/// [`on_unavailable`](Guard::on_unavailable) fits: any claim made on the pool.
+#[diagnostic::on_unimplemented(
+    message = "`wait` and `on_unavailable` cannot be combined with `tx`: inside your transaction the claim is invisible until it commits, so duplicates already wait for it, and a store that is down has taken your transaction with it",
+    label = "this guard claims inside your transaction",
+    note = "drop the option, or claim outside the transaction (drop `.tx(..)`)"
+)]
+pub trait PoolOption: sealed::Sealed {
+    /// Where the claim is made after the option.
+    type Pooled;
+    #[doc(hidden)]
+    fn __pooled(self) -> Self::Pooled;
+}
+
+impl PoolOption for Anywhere {
+    type Pooled = Pooled;
+    fn __pooled(self) -> Pooled {
+        Pooled
+    }
+}
+
+/// A place already on the pool stays where it is.
+macro_rules! stays_pooled {
+    ($($place:ident),*) => {$(
+        impl PoolOption for $place {
+            type Pooled = $place;
+            fn __pooled(self) -> $place {
+                self
+            }
+        }
+    )*};
+}
+
+stays_pooled!(Pooled, Leased, AsyncCommit);
+
+/// A place a [`lease`](Guard::lease) fits: a pooled claim whose outcome
+/// commits durably.
+#[diagnostic::on_unimplemented(
+    message = "a `lease` cannot be combined with `{Self}`: with `tx` the claim is invisible until your transaction commits, so no lease can run out; with an asynchronous outcome commit a settle lost in a crash would leave the claim pending, and once its lease ran out a duplicate would run the action again",
+    label = "this guard cannot take a lease",
+    note = "drop the lease, or the option it conflicts with (`.tx(..)` or `.outcome_commit(..)`)"
+)]
+pub trait LeaseOption: sealed::Sealed {}
+impl LeaseOption for Anywhere {}
+impl LeaseOption for Pooled {}
+impl LeaseOption for Leased {}
+
+/// A place an asynchronous [`outcome_commit`](Guard::outcome_commit) fits:
+/// a pooled claim without a lease.
+#[diagnostic::on_unimplemented(
+    message = "`outcome_commit` cannot be combined with `{Self}`: with `tx` the outcome commits with your transaction, your own writes included; with a lease a settle lost in a crash would leave the claim pending, and once its lease ran out a duplicate would run the action again",
+    label = "this guard cannot commit its outcome asynchronously",
+    note = "drop `outcome_commit`, or the option it conflicts with (`.tx(..)` or `.lease(..)`)"
+)]
+pub trait OutcomeCommitOption: sealed::Sealed {}
+impl OutcomeCommitOption for Anywhere {}
+impl OutcomeCommitOption for Pooled {}
+impl OutcomeCommitOption for AsyncCommit {}
+
+/// A place whose claim is made on the gate's pool: every `P` but [`InTx`].
+pub trait OnPool: sealed::Sealed {}
+impl OnPool for Anywhere {}
+impl OnPool for Pooled {}
+impl OnPool for Leased {}
+impl OnPool for AsyncCommit {}
+
+impl Gate {
+    /// Starts guarding a call on `identity`: add options, then
+    /// [`run`](Guard::run) a body or take the [`claim`](Guard::claim).
+    /// See [`guard`](crate::guard) for the options.
+    ///
+    /// ```no_run
+    /// # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {
+    /// use idem_runtime::{Identity, Rejected};
+    ///
+    /// let id = Identity::new("charge").part("ord_1001");
+    /// let receipt: Result<String, Rejected> = gate
+    ///     .guard(&id)
+    ///     .replay()
+    ///     .run(async { Ok("r_1".to_owned()) })
+    ///     .await;
+    /// # let _ = receipt; Ok(()) }
+    /// ```
+    pub fn guard<'a>(&'a self, identity: &'a Identity) -> Guard<'a> {
+        Guard {
+            gate: self,
+            identity,
+            mode: Mode::new(),
+            replay: PhantomData,
+            classify: ReleaseAll,
+            place: Anywhere,
+        }
+    }
+}
+
+impl<'a, R, D, P> Guard<'a, R, D, P> {
+    /// The same guard with its `P` turned into another.
+    fn placed<Q>(self, place: impl FnOnce(P) -> Q) -> Guard<'a, R, D, Q> {
+        Guard {
+            gate: self.gate,
+            identity: self.identity,
+            mode: self.mode,
+            replay: self.replay,
+            classify: self.classify,
+            place: place(self.place),
+        }
+    }
+
+    /// A payload fingerprint: a duplicate whose fingerprint differs from
+    /// the claim's is refused [`Rejected::KeyReused`] (the same key sent
+    /// with another payload), never run or handed another's value. The
+    /// attribute's `fingerprint = "..."`.
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Guard<'a, R, D, P> {
+        self.mode = self.mode.fingerprint(fingerprint);
+        self
+    }
+
+    /// Waits up to `wait` for an in-flight duplicate to finish, then takes
+    /// its outcome (or its slot, if it released), instead of refusing at
+    /// once with [`Rejected::InFlight`]. The attribute's `wait = "..."`.
+    /// Not with [`tx`](Guard::tx).
+    pub fn wait(mut self, wait: Duration) -> Guard<'a, R, D, P::Pooled>
+    where
+        P: PoolOption,
+    {
+        self.mode = self.mode.wait(wait);
+        self.placed(P::__pooled)
+    }
+
+    /// What a claim does when the store is down: refuse
+    /// ([`OnUnavailable::Refuse`], the default: fail closed) or run the body
+    /// unguarded ([`OnUnavailable::Run`]: fail open, for actions where a
+    /// duplicate costs less than a missed run). The attribute's
+    /// `on_unavailable = "run"`. Not with [`tx`](Guard::tx).
+    pub fn on_unavailable(mut self, policy: OnUnavailable) -> Guard<'a, R, D, P::Pooled>
+    where
+        P: PoolOption,
+    {
+        self.mode = self.mode.on_unavailable(policy);
+        self.placed(P::__pooled)
+    }
+
+    /// A lease: a claim whose holder has not recorded an outcome within
+    /// `lease` is taken over by the next duplicate (or held in doubt, with
+    /// [`on_expiry`](Guard::on_expiry)). Checked as [`Mode::lease`] checks
+    /// it. The attribute's `lease = "..."`. Not with [`tx`](Guard::tx) or an
+    /// asynchronous [`outcome_commit`](Guard::outcome_commit).
+    pub fn lease(mut self, lease: Duration) -> Guard<'a, R, D, Leased>
+    where
+        P: LeaseOption,
+    {
+        self.mode = self.mode.lease(lease);
+        self.placed(|_| Leased)
+    }
+
+    /// How the outcome commits: durably (the default) or asynchronously
+    /// ([`OutcomeCommit::Async`]: one WAL flush less per call; a crash may
+    /// lose the outcome, which leaves the slot closed, never open). The
+    /// attribute's `outcome_commit = "async"`. Not with [`tx`](Guard::tx) or
+    /// a [`lease`](Guard::lease): the guard's type closes both whatever
+    /// the value, so write it only to choose `Async` (`Durable` is the
+    /// default).
+    pub fn outcome_commit(mut self, commit: OutcomeCommit) -> Guard<'a, R, D, AsyncCommit>
+    where
+        P: OutcomeCommitOption,
+    {
+        self.mode = self.mode.outcome_commit(commit);
+        self.placed(|_| AsyncCommit)
+    }
+}
+
+impl<'a, R, D> Guard<'a, R, D, Leased> {
+    /// What a claim whose lease ran out becomes: taken over by the next
+    /// duplicate ([`OnExpiry::TakeOver`], the default) or held in doubt
+    /// ([`OnExpiry::InDoubt`]) until a reconciler or an operator finds out.
+    /// The attribute's `on_expiry = "..."`; only after a
+    /// [`lease`](Guard::lease).
+    pub fn on_expiry(mut self, on_expiry: OnExpiry) -> Guard<'a, R, D, Leased> {
+        self.mode = self.mode.on_expiry(on_expiry);
+        self
+    }
+}
+
+impl<'a, R, D> Guard<'a, R, D, Anywhere> {
+    /// Claims and records inside the caller's transaction on `connection`
+    /// (a `&mut Transaction<'_, Postgres>` coerces to it): the claim, the
+    /// body's own writes and the outcome commit or roll back together. The
+    /// attribute's `tx = ...`.
+    ///
+    /// A concurrent duplicate in another transaction waits for this one to
+    /// finish, then is refused if it committed, or claims the slot if it
+    /// rolled back. Under `REPEATABLE READ` or `SERIALIZABLE`, such a
+    /// duplicate fails with a serialization error instead, reported as
+    /// [`Rejected::Unavailable`]: retry its whole transaction. A claim made
+    /// outside any transaction and still in flight refuses this guard
+    /// [`Rejected::InFlight`] at once: there is no waiting here.
+    ///
+    /// An outcome that cannot be recorded inside the transaction (a
+    /// statement of the body's failed and aborted it, even if the body
+    /// swallowed the error; its connection was lost) is returned as that
+    /// refusal, never as the body's `Ok`: the transaction can no longer
+    /// commit, and sqlx reports the `COMMIT` of an aborted transaction as a
+    /// success although PostgreSQL rolled it back. Retry the whole
+    /// transaction.
+    ///
+    /// Only before [`lease`](Guard::lease), [`wait`](Guard::wait),
+    /// [`on_unavailable`](Guard::on_unavailable) and
+    /// [`outcome_commit`](Guard::outcome_commit), none of which can be
+    /// combined with it.
+    pub fn tx<'c>(self, connection: &'c mut PgConnection) -> Guard<'a, R, D, InTx<'c>> {
+        self.placed(|_| InTx(connection))
+    }
+}
+
+impl<'a, D, P> Guard<'a, NoReplay, D, P> {
+    /// Keeps the body's `Ok` value (as JSON, in the settle's own
+    /// statement) so that a later duplicate is handed it without running.
+    /// A duplicate while the first is in flight is still refused (or
+    /// waits, with [`wait`](Guard::wait)). The attribute's `replay`.
+    ///
+    /// The value is kept as the text `serde_json` writes. A value that
+    /// fails to serialize, or that the store refuses (larger than
+    /// PostgreSQL takes), never loses the success: the claim is settled
+    /// without a value, a tracing error says so, and duplicates are refused
+    /// with [`Rejected::AlreadyDone`]. So is a duplicate whose stored value
+    /// no longer deserializes, and one whose fingerprint differs in
+    /// presence from the stored one.
+    pub fn replay(self) -> Guard<'a, Replay, D, P> {
+        Guard {
+            gate: self.gate,
+            identity: self.identity,
+            mode: self.mode,
+            replay: PhantomData,
+            classify: self.classify,
+            place: self.place,
+        }
+    }
+}
+
+impl<'a, R, P> Guard<'a, R, ReleaseAll, P> {
+    /// Records each `Err` as `classify` says of it: released (a retry
+    /// runs), kept as a definite failure (duplicates are refused
+    /// [`Rejected::AlreadyFailed`]), or held in doubt (duplicates are
+    /// refused [`Rejected::InDoubt`] until a reconciler or an operator
+    /// resolves it). The attribute's `disposition = path`; a type's
+    /// [`Disposed`](crate::Disposed) impl is
+    /// `.disposition(MyError::disposition)`.
+    pub fn disposition<F>(self, classify: F) -> Guard<'a, R, Classified<F>, P> {
+        Guard {
+            gate: self.gate,
+            identity: self.identity,
+            mode: self.mode,
+            replay: self.replay,
+            classify: Classified(classify),
+            place: self.place,
+        }
+    }
+}
+
+/// What the run loop is told of a body's output `O` under replay policy
+/// `R` and classifier `D`: one guard or each item of a batch.
+fn outcome_for<'d, R, D, O>(classify: D) -> OutcomeOf<'d, O>
+where
+    R: ReplayPolicy<O>,
+    D: Classify<O> + Send + Sync + 'd,
+{
+    R::__outcome().disposed_by(move |output: &O| classify.__disposition(output))
+}
+
+impl<'a, R, D, P: OnPool> Guard<'a, R, D, P> {
+    /// Runs `body` if this call wins the claim: settles the claim when the
+    /// body returns `Ok` (keeping the value, with [`replay`](Guard::replay)),
+    /// records an `Err` as the [`disposition`](Guard::disposition) says
+    /// (by default: released, so a retry can run), and refuses duplicates
+    /// with [`Rejected`] converted into `E`. See [`Gate::run`] for what
+    /// happens when the body panics, its future is dropped, or the store
+    /// fails to record the outcome.
+    pub async fn run<O, F>(self, body: F) -> O
+    where
+        F: IntoFuture<Output = O>,
+        R: ReplayPolicy<O>,
+        D: Classify<O> + Send + Sync,
+    {
+        self.__check::<O>().__run(body).await
+    }
+
+    /// [`run`](Guard::run), with a body that runs to completion whatever
+    /// its caller does: the claim, the body and the record run as a task of
+    /// `detached`'s, so dropping this future (a client that disconnected, a
+    /// timeout around it) does not cancel the body wherever it was. See
+    /// [`Detached`] for its bound and shutdown. The body must be
+    /// `Send + 'static`; it needs a tokio runtime.
+    pub async fn run_detached<O, F>(self, detached: &Detached, body: F) -> O
+    where
+        F: Future<Output = O> + Send + 'static,
+        O: Send + 'static,
+        R: ReplayPolicy<O>,
+        D: Classify<O> + Send + Sync + 'static,
+    {
+        let outcome = outcome_for::<R, D, O>(self.classify);
+        detach::run_detached(
+            detached,
+            self.gate.slots().clone(),
+            self.identity.clone(),
+            self.mode,
+            outcome,
+            body,
+        )
+        .await
+    }
+
+    /// Tries for the claim and, when it is won, hands it over: the caller
+    /// runs the action and records its outcome with [`Claim::settle`],
+    /// [`Claim::release`] or [`Claim::dispose`]. A duplicate is refused
+    /// ([`Rejected::InFlight`], [`Rejected::AlreadyDone`], ...); a store
+    /// error is [`Rejected::Unavailable`] (fail closed). An absent identity
+    /// (a `None` key part) yields an ungated claim whose records do nothing.
+    pub async fn claim(self) -> Result<Claim, Rejected>
+    where
+        R: PlainClaim,
+    {
+        let mut via = Via::Pool(self.gate.pool());
+        won(acquire(
+            self.gate.slots(),
+            self.identity,
+            &self.mode,
+            false,
+            &mut via,
+        )
+        .await?)
+    }
+}
+
+impl<'a, D, P: OnPool> Guard<'a, Replay, D, P> {
+    /// [`claim`](Guard::claim) with replay: a duplicate of a settled call
+    /// whose value was kept ([`Claim::settle_value`]) gets
+    /// [`ClaimOrReplay::Replayed`] with it, instead of
+    /// [`Rejected::AlreadyDone`].
+    pub async fn claim_or_replay<T>(self) -> Result<ClaimOrReplay<T, Claim>, Rejected>
+    where
+        T: serde::de::DeserializeOwned,
+    {
+        let mut via = Via::Pool(self.gate.pool());
+        let acquired =
+            acquire(self.gate.slots(), self.identity, &self.mode, true, &mut via).await?;
+        replayed(acquired, self.identity, |claim| claim)
+    }
+}
+
+/// How [`Guard::claim`] answers a duplicate of a settled call: only
+/// [`NoReplay`] guards have `claim`; a [`Replay`] guard has
+/// [`claim_or_replay`](Guard::claim_or_replay), which can hand back the
+/// stored value.
+#[diagnostic::on_unimplemented(
+    message = "a `replay` guard ends in `claim_or_replay::<T>()`, not `claim()`: a duplicate of a settled call may be handed the stored value instead of a claim",
+    label = "`claim` on a guard with `replay`",
+    note = "call `.claim_or_replay::<T>()` and match `ClaimOrReplay::Won(claim)` / `ClaimOrReplay::Replayed(value)`, or drop `.replay()`"
+)]
+pub trait PlainClaim: sealed::Sealed {}
+impl PlainClaim for NoReplay {}
+
+/// A won claim, or `AlreadyDone` for a duplicate of a settled call.
+fn won(acquired: Acquired) -> Result<Claim, Rejected> {
+    match acquired {
+        Acquired::Won(claim) => Ok(claim),
+        Acquired::Settled(_) => Err(Rejected::AlreadyDone),
+    }
+}
+
+/// A won claim, or the value a settled call kept: what
+/// [`Guard::claim_or_replay`] returns.
+#[derive(Debug)]
+pub enum ClaimOrReplay<T, C> {
+    /// This caller won the claim: run the action, then record its outcome.
+    Won(C),
+    /// The call already succeeded and kept this value
+    /// ([`Claim::settle_value`]): return it, do not run.
+    Replayed(T),
+}
+
+/// A won claim or the stored value of `acquired`; `AlreadyDone` when the
+/// settled call kept none, or it no longer reads back as `T`.
+fn replayed<T, C>(
+    acquired: Acquired,
+    identity: &Identity,
+    wrap: impl FnOnce(Claim) -> C,
+) -> Result<ClaimOrReplay<T, C>, Rejected>
+where
+    T: serde::de::DeserializeOwned,
+{
+    match acquired {
+        Acquired::Won(claim) => Ok(ClaimOrReplay::Won(wrap(claim))),
+        Acquired::Settled(None) => Err(Rejected::AlreadyDone),
+        Acquired::Settled(Some(json)) => match serde_json::from_str(&json) {
+            Ok(value) => Ok(ClaimOrReplay::Replayed(value)),
+            Err(error) => {
+                tracing::warn!(
+                    target: "idem",
+                    action = identity.action(),
+                    error = %error,
+                    "the stored value no longer reads back as the requested type; refusing the \
+                     duplicate as already done"
+                );
+                Err(Rejected::AlreadyDone)
+            }
+        },
+    }
+}
+
+impl<'a, 'c, R, D> Guard<'a, R, D, InTx<'c>> {
+    /// Runs `body` on the transaction's connection if this call wins the
+    /// claim, then records its outcome in the same transaction: the claim,
+    /// the body's writes and the outcome commit or roll back together.
+    /// Otherwise as [`run`](Guard::run) on the pool.
+    ///
+    /// ```no_run
+    /// # async fn demo(gate: idem_runtime::Gate, pool: idem_runtime::sqlx::PgPool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use idem_runtime::{Identity, sqlx::PgConnection};
+    ///
+    /// type Error = Box<dyn std::error::Error + Send + Sync>;
+    /// let mut tx = pool.begin().await?;
+    /// let id = Identity::new("credit").part("ord_1001");
+    /// let credited: Result<(), Error> = gate
+    ///     .guard(&id)
+    ///     .tx(&mut tx)
+    ///     .run(async |conn: &mut PgConnection| {
+    ///         idem_runtime::sqlx::query("UPDATE wallets SET cents = cents + 100 WHERE id = 1")
+    ///             .execute(conn)
+    ///             .await?;
+    ///         Ok(())
+    ///     })
+    ///     .await;
+    /// credited?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<O, F>(self, body: F) -> O
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> O,
+        R: ReplayPolicy<O>,
+        D: Classify<O> + Send + Sync,
+    {
+        let connection = &mut *self.place.0;
+        let outcome = outcome_for::<R, D, O>(self.classify);
+        let mut via = Via::Transaction(&mut *connection);
+        let want_value = outcome.replays();
+        let claim = match acquire(
+            self.gate.slots(),
+            self.identity,
+            &self.mode,
+            want_value,
+            &mut via,
+        )
+        .await
+        {
+            Ok(Acquired::Won(claim)) => claim,
+            Ok(Acquired::Settled(stored)) => return outcome.settled(self.identity, stored),
+            Err(rejected) => return outcome.refused(rejected),
+        };
+        let steps = Ambient::of_tx_claim(claim.held());
+        let output = steps.around(body(&mut *connection)).await;
+        outcome
+            .record(
+                claim,
+                output,
+                Some(&steps),
+                &mut Via::Transaction(connection),
+            )
+            .await
+    }
+
+    /// Tries for the claim inside the transaction and, when it is won,
+    /// hands it over as a [`TxClaim`], whose outcome is recorded on the
+    /// same transaction. Otherwise as [`claim`](Guard::claim) on the pool.
+    pub async fn claim(self) -> Result<TxClaim, Rejected>
+    where
+        R: PlainClaim,
+    {
+        let mut via = Via::Transaction(self.place.0);
+        won(acquire(
+            self.gate.slots(),
+            self.identity,
+            &self.mode,
+            false,
+            &mut via,
+        )
+        .await?)
+        .map(TxClaim)
+    }
+}
+
+impl<'a, 'c, D> Guard<'a, Replay, D, InTx<'c>> {
+    /// [`claim`](Guard::claim) inside the transaction, with replay: a
+    /// duplicate of a settled call whose value was kept
+    /// ([`TxClaim::settle_value`]) gets [`ClaimOrReplay::Replayed`].
+    pub async fn claim_or_replay<T>(self) -> Result<ClaimOrReplay<T, TxClaim>, Rejected>
+    where
+        T: serde::de::DeserializeOwned,
+    {
+        let mut via = Via::Transaction(self.place.0);
+        let acquired =
+            acquire(self.gate.slots(), self.identity, &self.mode, true, &mut via).await?;
+        replayed(acquired, self.identity, TxClaim)
+    }
+}
+
+/// A claim won inside the caller's transaction ([`Guard::tx`] then
+/// [`claim`](Guard::claim)). Its outcome is recorded on that transaction's
+/// connection, so it commits or rolls back with it; there is no way to
+/// record it through the pool (which would wait forever on the row the open
+/// transaction holds). Dropped unrecorded, the row stays pending until the
+/// transaction ends: a commit keeps it pending (fail closed), a rollback
+/// removes it.
+#[must_use = "a claim must be settled or released; dropped, it keeps its slot pending"]
+#[derive(Debug)]
+pub struct TxClaim(Claim);
+
+impl TxClaim {
+    /// `false` when nothing was claimed (an absent identity).
+    pub fn is_gated(&self) -> bool {
+        self.0.is_gated()
+    }
+
+    /// The claimed address, if anything was claimed.
+    pub fn address(&self) -> Option<&str> {
+        self.0.address()
+    }
+
+    /// The fencing token (see [`Claim::fence`]).
+    pub fn fence(&self) -> Option<i64> {
+        self.0.fence()
+    }
+
+    /// Records success on `connection`, the claim's transaction: it takes
+    /// effect when that commits. See [`Claim::settle`].
+    pub async fn settle(self, connection: &mut PgConnection) -> Result<(), Rejected> {
+        self.0
+            .settle_on(None, &mut Via::Transaction(connection))
+            .await
+    }
+
+    /// Records success keeping `value` for replay (see
+    /// [`Claim::settle_value`]), on the claim's transaction.
+    pub async fn settle_value<T: serde::Serialize + ?Sized>(
+        self,
+        connection: &mut PgConnection,
+        value: &T,
+    ) -> Result<(), Rejected> {
+        let json = crate::claim::replay_json(self.0.address(), value);
+        self.0
+            .settle_on(json.as_deref(), &mut Via::Transaction(connection))
+            .await
+    }
+
+    /// Records failure on the claim's transaction: the row is deleted, so a
+    /// retry can run. See [`Claim::release`].
+    pub async fn release(self, connection: &mut PgConnection) -> Result<(), Rejected> {
+        self.dispose(connection, Disposition::Release).await
+    }
+
+    /// Records a failure as `disposition` says, on the claim's transaction.
+    /// See [`Claim::dispose`].
+    pub async fn dispose(
+        self,
+        connection: &mut PgConnection,
+        disposition: Disposition,
+    ) -> Result<(), Rejected> {
+        self.0
+            .dispose_via(disposition, &mut Via::Transaction(connection))
+            .await
+    }
+}
+
+impl<'a, R, D, P> Guard<'a, R, D, P> {
+    /// The attribute's terminal, first half: every bound the body's output
+    /// `O` must meet, checked here and only here, so a return type that
+    /// does not fit fails once, at the type (the expansion spans this call
+    /// there). Then [`Checked::__run`] or [`Checked::__enter`], which can
+    /// no longer fail to type-check. Not a stable API.
+    #[doc(hidden)]
+    pub fn __check<'d, O>(self) -> Checked<'a, 'd, P, O>
+    where
+        R: ReplayPolicy<O>,
+        D: Classify<O> + Send + Sync + 'd,
+    {
+        Checked {
+            gate: self.gate,
+            identity: self.identity,
+            mode: self.mode,
+            place: self.place,
+            outcome: outcome_for::<R, D, O>(self.classify),
+        }
+    }
+}
+
+/// A guard whose body's output `O` was checked ([`Guard::__check`]): what
+/// the attribute runs. Not a stable API.
+#[doc(hidden)]
+pub struct Checked<'a, 'd, P, O> {
+    gate: &'a Gate,
+    identity: &'a Identity,
+    mode: Mode,
+    place: P,
+    outcome: OutcomeOf<'d, O>,
+}
+
+impl<P: OnPool, O> Checked<'_, '_, P, O> {
+    /// [`Guard::run`], its bounds already met.
+    #[doc(hidden)]
+    pub async fn __run<F: IntoFuture<Output = O>>(self, body: F) -> O {
+        run::run(
+            self.gate.slots(),
+            self.identity,
+            &self.mode,
+            self.outcome,
+            body.into_future(),
+        )
+        .await
+    }
+}
+
+impl<'d, O> Checked<'_, 'd, InTx<'_>, O> {
+    /// The attribute's `tx` mode, before the body: claims inside the
+    /// transaction, and lets go of the connection, which the body then
+    /// writes through under its own name. `Break` carries what the function
+    /// returns instead of running its body (a refusal, or a replayed value).
+    #[doc(hidden)]
+    pub async fn __enter(self) -> ControlFlow<O, Entered<'d, O>> {
+        let mut via = Via::Transaction(self.place.0);
+        let want_value = self.outcome.replays();
+        match acquire(
+            self.gate.slots(),
+            self.identity,
+            &self.mode,
+            want_value,
+            &mut via,
+        )
+        .await
+        {
+            Ok(Acquired::Won(claim)) => ControlFlow::Continue(Entered {
+                steps: Ambient::of_tx_claim(claim.held()),
+                claim,
+                outcome: self.outcome,
+            }),
+            Ok(Acquired::Settled(stored)) => {
+                ControlFlow::Break(self.outcome.settled(self.identity, stored))
+            }
+            Err(rejected) => ControlFlow::Break(self.outcome.refused(rejected)),
+        }
+    }
+}
+
+/// The attribute's `tx` mode between claim and record: the won claim and
+/// what the body's output means. Not a stable API.
+#[doc(hidden)]
+pub struct Entered<'d, O> {
+    claim: Claim,
+    outcome: OutcomeOf<'d, O>,
+    /// What the body's steps see, and saw.
+    steps: Arc<Ambient>,
+}
+
+impl<O> Entered<'_, O> {
+    /// Runs the body, its steps under the claim.
+    #[doc(hidden)]
+    pub async fn __around<F: Future<Output = O>>(&self, body: F) -> O {
+        self.steps.around(body).await
+    }
+
+    /// After the body: records `output` inside the transaction on
+    /// `connection`, and returns what the function returns.
+    #[doc(hidden)]
+    pub async fn __finish(self, output: O, connection: &mut PgConnection) -> O {
+        self.outcome
+            .record(
+                self.claim,
+                output,
+                Some(&self.steps),
+                &mut Via::Transaction(connection),
+            )
+            .await
+    }
+}
+
+impl<R, D, P> fmt::Debug for Guard<'_, R, D, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("gate", self.gate)
+            .field("identity", self.identity)
+            .field("mode", &self.mode)
+            .field("replay", &std::any::type_name::<R>())
+            .field("place", &std::any::type_name::<P>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> fmt::Debug for Classified<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Classified(..)")
+    }
+}
+
+impl fmt::Debug for InTx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("InTx(..)")
+    }
+}

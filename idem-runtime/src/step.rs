@@ -1,0 +1,628 @@
+//! Steps inside one claim: [`step`] runs a future at most once per identity
+//! and step name, records its result with the claim, and replays it when
+//! the identity runs again; [`downstream_key`] gives that step's external
+//! call a key of its own.
+//!
+//! The insert is the lock here too. A step begins by inserting its marker
+//! (a `pending` row at the step's own address), only while the claim is
+//! still its holder's; it ends by recording its value over the marker
+//! (`success`), or, when it failed, by deleting the marker so a later run
+//! runs it again. A run of the same identity that finds a recorded step
+//! hands its value back without running it; one that finds a marker
+//! nobody recorded knows its holder was cut off inside the step, and
+//! nobody knows what the step did: the step is not run blindly again (the
+//! body is told [`Rejected::StepInDoubt`], and a failure of the body holds
+//! the claim in doubt), unless it was declared [`repeatable`](Step::repeatable).
+//!
+//! The gate's run loop makes the claim's facts ambient to its body for the
+//! body's lifetime (a tokio task-local), so `step` and `downstream_key` need
+//! no handle: a future the body spawns as a task of its own is outside, and
+//! is told so.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::PgConnection;
+use tokio::task::futures::TaskLocalFuture;
+
+use crate::claim::WonSlot;
+use crate::error::Rejected;
+use crate::identity::{self, Identity};
+use crate::measure::{self, StepLabel};
+use crate::mode::Disposition;
+use crate::retry;
+use crate::scoped_pool::ScopedPool;
+use crate::store::{self, Commit, StepState};
+use crate::via::Via;
+
+tokio::task_local! {
+    /// The claim the body being polled runs under, if any.
+    static CLAIM: Arc<Ambient>;
+}
+
+/// How often a step looks again when its row changed between its begin and
+/// its look (a cut-off holder's marker removed in between): each miss is a
+/// write to this very step within one round trip.
+const BEGIN_ATTEMPTS: usize = 4;
+
+/// Why a body inside the caller's transaction that claimed nothing (an
+/// absent identity) cannot run steps.
+const NO_CLAIM: &str = "the identity is absent (a key part was None), so nothing was \
+     claimed to record steps under: give every key part a value";
+
+/// Why a step of a claim on the pool is not recorded on a connection.
+const POOL_CLAIM_ON: &str = "this body's claim is on the pool, and so are its steps (so that \
+     the next holder sees them whatever becomes of your transaction): drop .on(..)";
+
+/// Why a step of a claim inside the caller's transaction needs it.
+const TX_CLAIM_WITHOUT_ON: &str = "this body's claim is inside your transaction, and its steps \
+     must be recorded there too: write idem::step(name, future).on(&mut *tx)";
+
+/// What the body being polled runs under.
+pub(crate) struct Ambient {
+    under: Under,
+    /// What the steps saw, which the run loop reads after the body.
+    log: Mutex<Log>,
+}
+
+enum Under {
+    /// A claim this holder won, on the pool: its steps record on the pool.
+    Claim(ClaimFacts),
+    /// A claim won inside the caller's transaction: its steps record on
+    /// that transaction ([`Step::on`]), and commit or roll back with it.
+    TxClaim(ClaimFacts),
+    /// A body the gate runs ungated: an absent identity, or a store down
+    /// under `on_unavailable = "run"`. Its steps run unrecorded.
+    Ungated {
+        identity: Identity,
+        slots: ScopedPool,
+    },
+    /// A body whose claim cannot hold steps (yet): why.
+    Unsupported(&'static str),
+}
+
+struct ClaimFacts {
+    slots: ScopedPool,
+    identity: Identity,
+    address: String,
+    fence: i64,
+    commit: Commit,
+}
+
+impl ClaimFacts {
+    fn of(held: &WonSlot) -> ClaimFacts {
+        ClaimFacts {
+            slots: held.slots.clone(),
+            identity: held.identity.clone(),
+            address: held.address.clone(),
+            fence: held.fence,
+            commit: held.commit,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Log {
+    /// The steps begun in this run, by name: a name begun twice in one run
+    /// is a mistake of the body.
+    begun: Vec<String>,
+    /// A step found cut off, or whose result could not be recorded: the
+    /// body's failure must hold the claim, never release it.
+    unknown: Option<String>,
+}
+
+impl Ambient {
+    /// The facts of `claim`'s slot, for its body's steps.
+    pub(crate) fn of_claim(
+        held: Option<&WonSlot>,
+        identity: &Identity,
+        slots: &ScopedPool,
+    ) -> Arc<Ambient> {
+        let under = match held {
+            Some(held) => Under::Claim(ClaimFacts::of(held)),
+            None => Under::Ungated {
+                identity: identity.clone(),
+                slots: slots.clone(),
+            },
+        };
+        Arc::new(Ambient {
+            under,
+            log: Mutex::default(),
+        })
+    }
+
+    /// The facts of a claim won inside the caller's transaction.
+    pub(crate) fn of_tx_claim(held: Option<&WonSlot>) -> Arc<Ambient> {
+        let under = match held {
+            Some(held) => Under::TxClaim(ClaimFacts::of(held)),
+            None => Under::Unsupported(NO_CLAIM),
+        };
+        Arc::new(Ambient {
+            under,
+            log: Mutex::default(),
+        })
+    }
+
+    /// `body`, polled with this claim ambient to it.
+    pub(crate) fn around<F: Future>(self: &Arc<Self>, body: F) -> TaskLocalFuture<Arc<Ambient>, F> {
+        CLAIM.scope(Arc::clone(self), body)
+    }
+
+    /// What a failure of the body must record, when its steps say: a step
+    /// whose outcome nobody knows holds the claim in doubt, whatever the
+    /// body's own classification (a release would let a retry run that
+    /// step again).
+    pub(crate) fn overrides(&self, wanted: Disposition) -> Disposition {
+        match self.lock().unknown {
+            Some(_) => Disposition::InDoubt,
+            None => wanted,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Runs `future` as the step `name` of the guarded body it is called in:
+/// at most once per identity and name, its `Ok` value recorded with the
+/// claim and handed back, without running, to every later run of the same
+/// identity (a retry after a release, a takeover, a reconciler's or an
+/// operator's release).
+///
+/// ```no_run
+/// # async fn example(gate: &idem::Gate, order: &str) -> Result<(), idem::Rejected> {
+/// # async fn charge(key: &str) -> Result<String, idem::Rejected> { Ok(key.into()) }
+/// # async fn ship(order: &str) -> Result<u64, idem::Rejected> { Ok(1) }
+/// let id = idem::Identity::new("checkout").part(order);
+/// gate.guard(&id).run(async {
+///     let key = idem::downstream_key("charge")?;
+///     // Replayed, not run, when a retry of this checkout gets here again.
+///     let receipt: String = idem::step("charge", charge(&key)).repeatable().await?;
+///     let parcel: u64 = idem::step("ship", ship(order)).await?;
+///     Ok::<_, idem::Rejected>(())
+/// })
+/// .await
+/// # }
+/// ```
+///
+/// - An `Err` of the step is not recorded: its marker is removed, and a
+///   later run runs the step again. The body's own failure decides the
+///   claim, as ever.
+/// - A step whose holder was cut off inside it (its body dropped, its
+///   process killed, its lease taken over) has an outcome nobody knows: a
+///   later run is told [`Rejected::StepInDoubt`] instead of running it, and
+///   a body that fails for it holds the claim in doubt, for a reconciler
+///   or an operator, however the body classifies the failure. Unless the
+///   step is [`repeatable`](Step::repeatable).
+/// - Outside a guarded body, or in a task the body spawned, it is
+///   [`Rejected::NotGuarded`] and `future` does not run.
+/// - In a body that runs ungated (an absent identity, a store down under
+///   `on_unavailable = "run"`), `future` runs and nothing is recorded.
+///
+/// Names are any text; a name used twice in one run is refused
+/// ([`Rejected::NotGuarded`]): give each step (a loop's too) its own.
+pub fn step<'f, F: 'f>(name: impl Into<String>, future: F) -> Step<'f, F> {
+    Step {
+        name: name.into(),
+        future,
+        repeatable: false,
+        connection: None,
+    }
+}
+
+/// A step of a guarded body (see [`step`]): await it, or declare it
+/// [`repeatable`](Step::repeatable), or give it the caller's transaction
+/// ([`on`](Step::on)), first. `'f`: what it borrows.
+#[must_use = "a step does nothing until awaited"]
+pub struct Step<'f, F> {
+    name: String,
+    future: F,
+    repeatable: bool,
+    connection: Option<&'f mut PgConnection>,
+}
+
+impl<'f, F> Step<'f, F> {
+    /// Records the step on `connection`, the caller's transaction that the
+    /// body's claim was made in (`tx`): the step's record commits or rolls
+    /// back with it, as the claim does. A step of a claim made inside a
+    /// transaction must be given it; one of a claim on the pool must not.
+    ///
+    /// The future cannot use the connection while the step holds it: a
+    /// write of the transaction needs no step anyway, since it commits or
+    /// rolls back with the claim. Steps in a transaction are for what the
+    /// transaction cannot roll back, a provider's call; a rollback forgets
+    /// them, so give such a call its [`downstream_key`].
+    pub fn on(mut self, connection: &'f mut PgConnection) -> Self {
+        self.connection = Some(connection);
+        self
+    }
+
+    /// Declares the step safe to run again when its outcome is unknown: it
+    /// calls a provider that deduplicates by [`downstream_key`], so a
+    /// second call of the same key does nothing twice. A later run then
+    /// runs a step its holder was cut off inside, instead of holding the
+    /// claim in doubt. A recorded step is still replayed, never re-run.
+    pub fn repeatable(mut self) -> Self {
+        self.repeatable = true;
+        self
+    }
+}
+
+// Boxed: a step costs a round trip or two, next to which one allocation is
+// nothing, and a named future type keeps `Step` a builder (`.repeatable()`
+// before `.await`) on stable Rust. `Send`, as every guarded body must be.
+impl<'f, F, T, E> IntoFuture for Step<'f, F>
+where
+    F: Future<Output = Result<T, E>> + Send + 'f,
+    T: Serialize + DeserializeOwned + Send + 'f,
+    E: From<Rejected> + Send + 'f,
+{
+    type Output = Result<T, E>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'f>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(run_step(self))
+    }
+}
+
+/// A stable key for the external call of step `name` of the guarded body
+/// it is called in: the same on every run of the identity, never the same
+/// for two identities, two steps, two accounts or two namespaces. `idem_`
+/// and 40 lowercase hex digits: 45 characters of `[a-z0-9_]`, which
+/// Stripe's `Idempotency-Key`, Adyen's `idempotency-key` (64 at most) and
+/// the IETF draft's `Idempotency-Key` field all accept.
+///
+/// Pass it to a provider that deduplicates by key, and mark the step
+/// [`repeatable`](Step::repeatable): a step cut off before its outcome was
+/// recorded then runs again and the provider answers the first call's
+/// result, which turns an outcome nobody knew into a certain one.
+///
+/// Outside a guarded body it is [`Rejected::NotGuarded`]; for an absent
+/// identity (a key part was `None`), which has no stable key, too.
+pub fn downstream_key(name: &str) -> Result<String, Rejected> {
+    let ambient = ambient("idem::downstream_key")?;
+    let (identity, slots) = match &ambient.under {
+        Under::Claim(facts) | Under::TxClaim(facts) => (&facts.identity, &facts.slots),
+        Under::Ungated { identity, slots } if !identity.is_absent() => (identity, slots),
+        Under::Ungated { .. } => {
+            return Err(Rejected::NotGuarded {
+                called: "idem::downstream_key",
+                why: "the identity is absent (a key part was None), so there is no stable key \
+                      for it: give every key part a value",
+            });
+        }
+        Under::Unsupported(why) => {
+            return Err(Rejected::NotGuarded {
+                called: "idem::downstream_key",
+                why,
+            });
+        }
+    };
+    Ok(identity::downstream_key(
+        slots.account(),
+        slots.namespace(),
+        &identity.step_canonical(name),
+    ))
+}
+
+/// The claim ambient to the body being polled, or why there is none.
+fn ambient(called: &'static str) -> Result<Arc<Ambient>, Rejected> {
+    CLAIM
+        .try_with(Arc::clone)
+        .map_err(|_| Rejected::NotGuarded {
+            called,
+            why: "it is not called inside a guarded body (an #[idempotent] function, a guard's \
+              run), or it is called in a task the body spawned, which the claim does not \
+              reach: call it in the body itself",
+        })
+}
+
+async fn run_step<F, T, E>(step: Step<'_, F>) -> Result<T, E>
+where
+    F: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Rejected>,
+{
+    let ambient = ambient("idem::step")?;
+    let refused = |why| {
+        Err(E::from(Rejected::NotGuarded {
+            called: "idem::step",
+            why,
+        }))
+    };
+    let (facts, mut via) = match (&ambient.under, step.connection) {
+        (Under::Claim(facts), None) => (facts, Via::Pool(facts.slots.pool())),
+        (Under::TxClaim(facts), Some(connection)) => (facts, Via::Transaction(connection)),
+        (Under::Claim(_), Some(_)) => return refused(POOL_CLAIM_ON),
+        (Under::TxClaim(_), None) => return refused(TX_CLAIM_WITHOUT_ON),
+        (Under::Ungated { .. }, _) => return step.future.await,
+        (Under::Unsupported(why), _) => return refused(why),
+    };
+    {
+        let mut log = ambient.lock();
+        if log.begun.contains(&step.name) {
+            return Err(E::from(Rejected::NotGuarded {
+                called: "idem::step",
+                why: "a step of this name already ran in this run of the body: give each \
+                      step its own name (a loop's steps too, by the item they handle)",
+            }));
+        }
+        log.begun.push(step.name.clone());
+    }
+    let held = Held::new(facts, &step.name);
+    let count = |outcome| measure::stepped(&facts.slots, &facts.identity, outcome);
+    match held.begin(step.repeatable, &mut via).await {
+        Ok(Begun::Replay(json)) => {
+            count(StepLabel::Replayed);
+            // Not a doubt: the step happened, under a type that wrote what
+            // this one cannot read. The claim follows the body's failure;
+            // only code that reads the record can go on.
+            return serde_json::from_str(&json).map_err(|_| {
+                E::from(Rejected::StepInDoubt {
+                    step: step.name.clone(),
+                    why: "it happened, and its recorded value no longer reads back as the \
+                          step's type: make the type read what an earlier version recorded",
+                })
+            });
+        }
+        Ok(Begun::Run) => {}
+        Ok(Begun::Rerun) => count(StepLabel::Repeated),
+        Err(refused) => {
+            match refused {
+                Rejected::StepInDoubt { .. } => {
+                    count(StepLabel::InDoubt);
+                    ambient.lock().unknown = Some(step.name.clone());
+                }
+                // The marker may have gone in before the store failed (its
+                // reply lost): a later run would take it for a step cut
+                // off. Removed, nothing of the step is left; if not, the
+                // claim is held rather than released.
+                Rejected::Unavailable { .. } | Rejected::StoreRefused { .. }
+                    if !held.abandon(&mut via).await =>
+                {
+                    ambient.lock().unknown = Some(step.name.clone());
+                }
+                _ => {}
+            }
+            return Err(E::from(refused));
+        }
+    }
+    let output = step.future.await;
+    match &output {
+        Ok(value) => match serde_json::to_string(value) {
+            Ok(json) => match held.record(&json, &mut via).await {
+                Ok(()) => count(StepLabel::Recorded),
+                Err(unrecorded) => {
+                    // The step happened; what it did is not in the store.
+                    // The body goes on with its value; should it fail, the
+                    // claim is held, never released (a repeatable step
+                    // may run again: it does not hold it).
+                    count(StepLabel::Unrecorded);
+                    if !step.repeatable {
+                        ambient.lock().unknown = Some(step.name.clone());
+                    }
+                    tracing::error!(
+                        target: "idem",
+                        account = facts.slots.account(),
+                        namespace = facts.slots.namespace(),
+                        action = facts.identity.action(),
+                        address = held.address.as_str(),
+                        step = step.name.as_str(),
+                        error = %unrecorded,
+                        "a step's result could not be recorded: a later run will find it in doubt"
+                    );
+                }
+            },
+            Err(error) => {
+                count(StepLabel::Unrecorded);
+                if !step.repeatable {
+                    ambient.lock().unknown = Some(step.name.clone());
+                }
+                tracing::error!(
+                    target: "idem",
+                    action = facts.identity.action(),
+                    step = step.name.as_str(),
+                    error = %error,
+                    "a step's value could not be serialized, so it is not recorded: a later \
+                     run will find the step in doubt"
+                );
+            }
+        },
+        Err(_) => {
+            count(StepLabel::Failed);
+            if !held.abandon(&mut via).await && !step.repeatable {
+                ambient.lock().unknown = Some(step.name.clone());
+            }
+        }
+    }
+    output
+}
+
+/// What beginning a step found.
+enum Begun {
+    /// Run it: its marker is this holder's.
+    Run,
+    /// Run it again: its holder was cut off inside it, and it is
+    /// repeatable; its marker is now this holder's.
+    Rerun,
+    /// Recorded before: its value, as JSON.
+    Replay(String),
+}
+
+/// One step of a claim this holder holds.
+struct Held<'a> {
+    facts: &'a ClaimFacts,
+    name: &'a str,
+    canonical: Vec<u8>,
+    address: String,
+}
+
+impl<'a> Held<'a> {
+    fn new(facts: &'a ClaimFacts, name: &'a str) -> Held<'a> {
+        let canonical = facts.identity.step_canonical(name);
+        let address = identity::step_address(&canonical);
+        Held {
+            facts,
+            name,
+            canonical,
+            address,
+        }
+    }
+
+    fn new_step(&self) -> store::NewStep<'_> {
+        store::NewStep {
+            identity: &self.canonical,
+            fence: self.facts.fence,
+            claim_address: &self.facts.address,
+        }
+    }
+
+    /// Inserts the step's marker, or finds its row: replays a recorded
+    /// step, runs a new one, and for a marker of a holder cut off inside
+    /// it, retakes it (repeatable) or refuses.
+    async fn begin(&self, repeatable: bool, via: &mut Via<'_>) -> Result<Begun, Rejected> {
+        let scope = self.facts.slots.scope();
+        for _ in 0..BEGIN_ATTEMPTS {
+            let began: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+                store::begin_step(&mut *conn, scope, &self.address, self.new_step()).await
+            });
+            if began.map_err(Rejected::from_store)? {
+                return Ok(Begun::Run);
+            }
+            let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+                store::lookup_step(&mut *conn, scope, &self.address, &self.facts.address).await
+            });
+            let Some(row) = row.map_err(Rejected::from_store)? else {
+                // No row, and no marker of ours went in: the claim is no
+                // longer this holder's, unless a cut-off holder's marker
+                // went in between (then look again).
+                if self.claim_still_ours(via).await? {
+                    continue;
+                }
+                return Err(self.claim_gone(via));
+            };
+            if row.identity != self.canonical {
+                return Err(Rejected::Collision {
+                    address: self.address.clone(),
+                });
+            }
+            match row.state {
+                StepState::Success => {
+                    return Ok(Begun::Replay(row.output.unwrap_or_else(|| "null".into())));
+                }
+                // Ours: an earlier begin of this very step whose reply was
+                // lost (a name begun twice in one run was refused above).
+                StepState::Pending if row.fence == self.facts.fence => return Ok(Begun::Run),
+                StepState::Pending if repeatable => {
+                    let retaken: Result<bool, sqlx::Error> =
+                        retry::repeat_recording!(via, |conn| {
+                            store::retake_step(
+                                &mut *conn,
+                                scope,
+                                &self.address,
+                                row.fence,
+                                self.new_step(),
+                            )
+                            .await
+                        });
+                    if retaken.map_err(Rejected::from_store)? {
+                        return Ok(Begun::Rerun);
+                    }
+                    if !self.claim_still_ours(via).await? {
+                        return Err(self.claim_gone(via));
+                    }
+                }
+                StepState::Pending => {
+                    if !self.claim_still_ours(via).await? {
+                        return Err(self.claim_gone(via));
+                    }
+                    return Err(Rejected::StepInDoubt {
+                        step: self.name.to_owned(),
+                        why: "an earlier run was cut off inside it, so nobody knows what it did",
+                    });
+                }
+            }
+        }
+        Err(self.claim_gone(via))
+    }
+
+    /// Records the step's value over its marker. `Err`: it is not recorded.
+    async fn record(&self, json: &str, via: &mut Via<'_>) -> Result<(), Rejected> {
+        let scope = self.facts.slots.scope();
+        let (fence, commit) = (self.facts.fence, self.facts.commit);
+        let claim = self.facts.address.as_str();
+        let recorded: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+            store::record_step(&mut *conn, scope, &self.address, fence, claim, json, commit).await
+        });
+        if recorded.map_err(Rejected::from_store)? {
+            return Ok(());
+        }
+        // Matched nothing: recorded by an earlier attempt whose reply was
+        // lost, or the marker is no longer ours (a holder that took the
+        // claim over retook the step).
+        let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+            store::lookup_step(&mut *conn, scope, &self.address, &self.facts.address).await
+        });
+        match row.map_err(Rejected::from_store)? {
+            Some(row) if row.fence == fence && row.state == StepState::Success => Ok(()),
+            _ => Err(self.claim_gone(via)),
+        }
+    }
+
+    /// Removes the marker of a step that failed, so a later run runs it
+    /// again. Should that fail, the marker stays: a later run finds the step
+    /// in doubt, which is safe.
+    /// `false`: the marker may still be there.
+    async fn abandon(&self, via: &mut Via<'_>) -> bool {
+        let scope = self.facts.slots.scope();
+        let (fence, commit) = (self.facts.fence, self.facts.commit);
+        let claim = self.facts.address.as_str();
+        let abandoned: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+            store::abandon_step(&mut *conn, scope, &self.address, fence, claim, commit).await
+        });
+        if let Err(error) = &abandoned {
+            tracing::warn!(
+                target: "idem",
+                action = self.facts.identity.action(),
+                step = self.name,
+                error = %error,
+                "a step's marker could not be removed: a later run will find the step in doubt"
+            );
+        }
+        // `Ok(false)`: no marker of this holder's is there (it was never
+        // inserted, or a holder that took the claim over retook it).
+        abandoned.is_ok()
+    }
+
+    /// Whether the claim is still pending under this holder's fence.
+    async fn claim_still_ours(&self, via: &mut Via<'_>) -> Result<bool, Rejected> {
+        let scope = self.facts.slots.scope();
+        let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+            store::lookup(&mut *conn, scope, &self.facts.address, false).await
+        });
+        Ok(row.map_err(Rejected::from_store)?.is_some_and(|row| {
+            row.fence == self.facts.fence && row.state == store::ClaimState::Pending
+        }))
+    }
+
+    /// The claim is no longer this holder's: taken over or released. In a
+    /// transaction it cannot be (it has no lease, and a release waits for
+    /// the row's lock): the connection given is not the claim's
+    /// transaction, which alone sees it.
+    fn claim_gone(&self, via: &Via<'_>) -> Rejected {
+        if via.in_transaction() {
+            return Rejected::WrongConnection {
+                called: "a step given a connection other than its claim's transaction",
+                instead: "give it the transaction the claim was made in, \
+                          idem::step(name, future).on(&mut *tx); the step did not run",
+            };
+        }
+        Rejected::LeaseLost {
+            address: self.facts.address.clone(),
+        }
+    }
+}

@@ -1,0 +1,992 @@
+//! Where the tests' PostgreSQL comes from, and the throwaway server they
+//! start when none answers. Built for `testing` (as `testing::server`) and
+//! for the store's own unit tests, which sit below `testing` and build
+//! without it. Not a stable API: public only so that idem's own test
+//! support (the examples' throwaway clusters, the `pg-cluster` tool) finds
+//! and runs the server binaries the same way.
+//!
+//! [`resolve`] decides, in order:
+//!
+//! 1. `DATABASE_URL`, when set, and nothing else: if nothing answers there,
+//!    the error says so in one line;
+//! 2. [`DEFAULT_URL_VAR`] or [`DEFAULT_DATABASE_URL`],
+//!    when something answers there;
+//! 3. one throwaway server per user, shared by every test binary: data in
+//!    `${TMPDIR:-/tmp}/idem-test-<uid>/`, started under a file lock so that
+//!    test binaries running in parallel start exactly one, reused while it
+//!    runs, and left running (one line on stderr says where, and how to
+//!    stop it);
+//! 4. otherwise an error, in one line, saying what to install or set.
+
+use std::env;
+use std::fs::{self, File};
+use std::io::{self, Write as _};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::str::FromStr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+
+/// Where tests look for PostgreSQL when `DATABASE_URL` is not set.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Directories searched for the server binaries before `PATH` and
+/// `/usr/lib/postgresql/*/bin`, separated like `PATH`.
+pub const BIN_DIRS_VAR: &str = "IDEM_TEST_PG_BIN_DIRS";
+
+/// Where to look for a running server when `DATABASE_URL` is not set,
+/// instead of [`DEFAULT_DATABASE_URL`].
+pub const DEFAULT_URL_VAR: &str = "IDEM_TEST_DEFAULT_URL";
+
+/// What to do when there is no server to be had, said at the end of every
+/// such error.
+const REMEDY: &str = "install postgresql (apt-get install postgresql) or set \
+                      DATABASE_URL=postgres://USER@HOST:PORT/DATABASE";
+
+/// The server settings of the shared throwaway server: enough connections
+/// for a suite running in parallel, each test with a small pool.
+const SHARED_MAX_CONNECTIONS: u32 = 200;
+
+/// [`resolve`], once per process: a test binary starts or finds its
+/// server once, and when there is none every test fails at once with the
+/// same line rather than each waiting out a timeout.
+pub(crate) fn resolved() -> &'static Result<String, String> {
+    static RESOLVED: OnceLock<Result<String, String>> = OnceLock::new();
+    RESOLVED.get_or_init(resolve)
+}
+
+/// The URL the tests use (see the module docs), or why there is none, in
+/// one line.
+pub fn resolve() -> Result<String, String> {
+    // Set but empty (`DATABASE_URL= cargo test`) reads as unset.
+    if let Some(url) = env::var("DATABASE_URL").ok().filter(|url| !url.is_empty()) {
+        // Asked for by name: no fallback, which would hide a typo.
+        return match answers(&url) {
+            Ok(()) => Ok(url),
+            Err(why) => Err(format!(
+                "DATABASE_URL={} does not answer ({why}): start that server, or unset \
+                 DATABASE_URL to let the tests start a throwaway PostgreSQL",
+                redacted(&url)
+            )),
+        };
+    }
+    let default = env::var(DEFAULT_URL_VAR).unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    let unanswered = match answers(&default) {
+        Ok(()) => return Ok(default),
+        Err(why) => why,
+    };
+    shared_throwaway().map_err(|why| {
+        format!(
+            "idem's tests need a PostgreSQL: none answers at {} ({unanswered}) and {why}",
+            redacted(&default)
+        )
+    })
+}
+
+/// `Ok` when something accepts a connection where `url` points, within a
+/// few seconds. Only the socket is tried: a server that answers but refuses
+/// the login is reported by the pool, with PostgreSQL's own words.
+pub fn answers(url: &str) -> Result<(), String> {
+    let options =
+        PgConnectOptions::from_str(url).map_err(|e| format!("not a PostgreSQL URL: {e}"))?;
+    let (host, port) = (options.get_host(), options.get_port());
+    if let Some(socket) = options.get_socket().map(PathBuf::as_path).or_else(|| {
+        // A host that is a path names the socket's directory.
+        host.starts_with('/').then(|| Path::new(host))
+    }) {
+        return answers_on_socket(socket, port);
+    }
+    let addresses = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{host}:{port}: {e}"))?;
+    let mut why = format!("{host}:{port} resolves to no address");
+    for address in addresses {
+        match TcpStream::connect_timeout(&address, Duration::from_secs(3)) {
+            Ok(_) => return Ok(()),
+            Err(e) => why = format!("{address}: {e}"),
+        }
+    }
+    Err(why)
+}
+
+#[cfg(unix)]
+fn answers_on_socket(socket: &Path, port: u16) -> Result<(), String> {
+    // A directory holds the socket under PostgreSQL's name for it.
+    let path = if socket.is_dir() {
+        socket.join(format!(".s.PGSQL.{port}"))
+    } else {
+        socket.to_owned()
+    };
+    std::os::unix::net::UnixStream::connect(&path)
+        .map(drop)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(not(unix))]
+fn answers_on_socket(socket: &Path, _port: u16) -> Result<(), String> {
+    Err(format!(
+        "{}: Unix sockets need a Unix system",
+        socket.display()
+    ))
+}
+
+/// The directory holding the machine's server binaries (`initdb` and
+/// `pg_ctl`): the first of [`BIN_DIRS_VAR`]'s, else the first on `PATH`,
+/// else the highest version under `/usr/lib/postgresql` (Debian and Ubuntu
+/// keep them off `PATH`).
+pub fn local_binaries() -> Option<PathBuf> {
+    let listed = |var: &str| {
+        env::var_os(var)
+            .map(|dirs| env::split_paths(&dirs).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    listed(BIN_DIRS_VAR)
+        .into_iter()
+        .chain(listed("PATH"))
+        .find(|dir| has_server_tools(dir))
+        .or_else(|| {
+            versioned_entries(Path::new("/usr/lib/postgresql"))
+                .into_iter()
+                .map(|version| version.join("bin"))
+                .rfind(|bin| has_server_tools(bin))
+        })
+}
+
+fn has_server_tools(dir: &Path) -> bool {
+    dir.join("initdb").is_file() && dir.join("pg_ctl").is_file()
+}
+
+/// The entries of `dir` named by a version number (`9.6`, `15`), oldest
+/// first by number (`9.6` before `10`); none when `dir` cannot be read.
+/// PostgreSQL's packages lay out both their binaries and their clusters so.
+pub fn versioned_entries(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut versions: Vec<(Vec<u32>, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let version = name
+                .split('.')
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .ok()?;
+            Some((version, entry.path()))
+        })
+        .collect();
+    versions.sort();
+    versions.into_iter().map(|(_, path)| path).collect()
+}
+
+/// `true` when this process runs as root, where `initdb` and `postgres`
+/// refuse to run: they are then run as the `postgres` user.
+pub fn is_root() -> bool {
+    uid() == Some(0)
+}
+
+/// `true` when the `postgres` user the PostgreSQL packages create exists.
+pub fn postgres_user_exists() -> bool {
+    postgres_uid().is_some()
+}
+
+/// `runuser`: on `PATH`, else where Debian keeps it (`/usr/sbin`, `/sbin`,
+/// off the `PATH` that `su` without `-` leaves root), else the bare name.
+fn runuser() -> PathBuf {
+    runuser_on(env::var_os("PATH").as_deref())
+}
+
+fn runuser_on(path: Option<&std::ffi::OsStr>) -> PathBuf {
+    path.map(|dirs| env::split_paths(dirs).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join("runuser"))
+        .find(|program| program.is_file())
+        .unwrap_or_else(|| PathBuf::from("runuser"))
+}
+
+/// `program` from `bin`, run in `dir`, as the `postgres` user when
+/// `as_postgres` (through `runuser`, which needs no password as root).
+pub fn command(bin: &Path, program: &str, as_postgres: bool, dir: &Path) -> Command {
+    let program = bin.join(program);
+    let mut command = if as_postgres {
+        let mut runuser = Command::new(runuser());
+        runuser.args(["-u", "postgres", "--"]).arg(program);
+        runuser
+    } else {
+        Command::new(program)
+    };
+    command.current_dir(dir);
+    command
+}
+
+/// `initdb`'s arguments for a cluster in `data`: user `postgres`, trust
+/// authentication (the server listens on 127.0.0.1 only), no fsync of the
+/// new files.
+pub fn initdb_arguments(data: &Path) -> Vec<std::ffi::OsString> {
+    let mut arguments = vec!["-D".into(), data.as_os_str().to_owned()];
+    arguments.extend(["-U", "postgres", "--auth=trust", "--no-sync"].map(Into::into));
+    arguments
+}
+
+/// The server options `pg_ctl -o` hands to the server (through a shell):
+/// `port` on 127.0.0.1 only (its clusters trust every local login), the
+/// Unix socket in `socket_dir` (none without), and `settings` as `-c
+/// name=value`, each quoted.
+pub fn server_options(
+    port: u16,
+    socket_dir: Option<&Path>,
+    settings: &[(String, String)],
+) -> String {
+    let socket_dir = socket_dir.map(|dir| dir.display().to_string());
+    let mut options = format!(
+        "-p {port} -k {} -c listen_addresses=127.0.0.1",
+        shell_quoted(socket_dir.as_deref().unwrap_or_default())
+    );
+    for (name, value) in settings {
+        options.push_str(" -c ");
+        options.push_str(&shell_quoted(&format!("{name}={value}")));
+    }
+    options
+}
+
+/// `word` quoted for the shell `pg_ctl` hands `-o` to: in single quotes,
+/// each single quote in it closed, escaped and reopened.
+pub fn shell_quoted(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// A port nobody listens on now (the OS picks it).
+pub fn free_port() -> io::Result<u16> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+}
+
+/// The shared throwaway server's URL, started first if it is not running.
+fn shared_throwaway() -> Result<String, String> {
+    let server = Shared::here()?;
+    server.running().map_err(|why| {
+        format!(
+            "the throwaway PostgreSQL in {} could not be started ({why}); set DATABASE_URL to use \
+             another",
+            server.dir.display()
+        )
+    })
+}
+
+/// The URL of the tests' shared throwaway server when it is running now;
+/// never starts it. For the examples, which use it rather than start a
+/// server of their own beside it.
+pub fn shared_if_running() -> Option<String> {
+    let server = Shared::here().ok()?;
+    let port = server.port_running()?;
+    Some(url_on(port))
+}
+
+fn url_on(port: u16) -> String {
+    format!("postgres://postgres@127.0.0.1:{port}/postgres")
+}
+
+/// The shared throwaway server: its directory holds `data`, `server.log`,
+/// `port` (where it listens, for people; the server's own `postmaster.pid`
+/// is what is believed) and `lock`.
+struct Shared {
+    dir: PathBuf,
+    data: PathBuf,
+    bin: PathBuf,
+    /// The user that owns `dir` and runs the server: this process's, or
+    /// `postgres`'s when this process runs as root.
+    owner: u32,
+    as_postgres: bool,
+}
+
+impl Shared {
+    /// This user's: in `${TMPDIR:-/tmp}/idem-test-<uid>`, run by the
+    /// machine's binaries.
+    fn here() -> Result<Shared, String> {
+        let bin = local_binaries().ok_or_else(|| {
+            format!(
+                "no PostgreSQL server binaries (initdb, pg_ctl) are in ${BIN_DIRS_VAR}, on PATH \
+                 or in /usr/lib/postgresql/*/bin: {REMEDY}"
+            )
+        })?;
+        let uid = uid().ok_or("this process's user id is unknown")?;
+        let as_postgres = uid == 0;
+        let owner = if as_postgres {
+            postgres_uid().ok_or_else(|| {
+                format!(
+                    "as root, where PostgreSQL refuses to run, there is no `postgres` user to run \
+                     it as: {REMEDY}"
+                )
+            })?
+        } else {
+            uid
+        };
+        // Per user: two users' test runs on one machine each get their
+        // own server, and neither can write in the other's directory.
+        let dir = env::temp_dir().join(format!("idem-test-{uid}"));
+        Ok(Shared {
+            data: dir.join("data"),
+            dir,
+            bin,
+            owner,
+            as_postgres,
+        })
+    }
+
+    /// Its URL, after starting it unless it already runs.
+    fn running(&self) -> Result<String, String> {
+        self.make_dir()?;
+        // Held until this function returns: a test binary running alongside
+        // waits here, then finds the server this one started. An flock is
+        // let go when its process dies, so a lock file left by a killed
+        // run stops no one.
+        let lock_path = self.dir.join("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("open {}: {e}", lock_path.display()))?;
+        lock.lock()
+            .map_err(|e| format!("lock {}: {e}", lock_path.display()))?;
+        let (port, how) = match self.port_running() {
+            Some(port) => (port, "already running"),
+            None => (self.start()?, "started now"),
+        };
+        let url = url_on(port);
+        let version = fs::read_to_string(self.data.join("PG_VERSION")).unwrap_or_default();
+        // Straight to the process's stderr: the test harness captures what
+        // `eprintln!` prints inside a test, and this line is for the person
+        // running the tests, whichever test happens to ask first.
+        let _ = writeln!(
+            io::stderr(),
+            "idem tests: DATABASE_URL is unset and nothing answers at the default address: using \
+             a throwaway PostgreSQL {} at {url} ({how}, left running; data in {}; stop it with \
+             `{}`)",
+            version.trim(),
+            self.dir.display(),
+            self.stop_command()
+        );
+        Ok(url)
+    }
+
+    /// Creates its directory, readable by its owner only, and makes sure
+    /// no one else owns it: `/tmp` is everyone's, and a directory another
+    /// user made in our name could hold their server and data.
+    fn make_dir(&self) -> Result<(), String> {
+        let shown = self.dir.display();
+        // `pg_ctl start` hands its paths to /bin/sh inside double quotes,
+        // where these characters are the shell's own (`$(...)` runs).
+        if let Some(c) = shown
+            .to_string()
+            .chars()
+            .find(|c| matches!(c, '"' | '$' | '`' | '\\' | '\n'))
+        {
+            return Err(format!(
+                "{} holds {c:?}, which pg_ctl's shell would read as its own: point TMPDIR at a \
+                 directory whose path has none of \" $ ` \\",
+                shown.to_string().escape_debug()
+            ));
+        }
+        match fs::create_dir(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(format!(
+                    "create {shown}: {e}; point TMPDIR at a directory you can write in"
+                ));
+            }
+        }
+        let metadata = fs::symlink_metadata(&self.dir).map_err(|e| format!("{shown}: {e}"))?;
+        if !metadata.is_dir() {
+            return Err(format!("{shown} is not a directory: remove it"));
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+            // Root hands the directory to `postgres` (it made it, or made
+            // it on an earlier run); anyone else must already own it.
+            if self.as_postgres && (metadata.uid() == 0 || metadata.uid() == self.owner) {
+                self.run(Command::new("chown").arg("postgres").arg(&self.dir))?;
+            } else if metadata.uid() != self.owner {
+                return Err(format!(
+                    "{shown} belongs to user id {}, not to {}: remove it, or point TMPDIR \
+                     elsewhere",
+                    metadata.uid(),
+                    self.owner
+                ));
+            }
+            fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("chmod 700 {shown}: {e}"))?;
+        }
+        if self.as_postgres {
+            // `postgres` must reach the directory through TMPDIR's parents
+            // too, which root's own temporary directory may not let it.
+            let reachable = Command::new(runuser())
+                .args(["-u", "postgres", "--", "test", "-w"])
+                .arg(&self.dir)
+                .stdin(Stdio::null())
+                .status()
+                .map_err(|e| {
+                    format!(
+                        "could not run runuser (util-linux), which root runs PostgreSQL through as \
+                         user postgres: {e}"
+                    )
+                })?
+                .success();
+            if !reachable {
+                return Err(format!(
+                    "user postgres, which runs PostgreSQL for root, cannot write in {shown}: point \
+                     TMPDIR at a directory it can reach (TMPDIR=/tmp)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The port its server listens on, when one runs from its data
+    /// directory, is ready and answers there. The server's own
+    /// `postmaster.pid` says so: a `port` file or a listening port alone
+    /// could be left over from a server that is gone, or be someone else's.
+    fn port_running(&self) -> Option<u16> {
+        let pid_file = fs::read_to_string(self.data.join("postmaster.pid")).ok()?;
+        let lines: Vec<&str> = pid_file.lines().map(str::trim).collect();
+        let pid: u32 = lines.first()?.parse().ok()?;
+        let port: u16 = lines.get(3)?.parse().ok()?;
+        // The eighth line, from PostgreSQL 10 on, is the server's state.
+        let ready = lines.get(7).is_none_or(|state| *state == "ready");
+        (postmaster_alive(pid, &self.data) != Some(false)
+            && ready
+            && answers(&url_on(port)).is_ok())
+        .then_some(port)
+    }
+
+    /// Creates the cluster unless the data directory holds one of the
+    /// binaries' major version, starts it on a free port, and records the
+    /// port.
+    fn start(&self) -> Result<u16, String> {
+        let major = self.major()?;
+        // First: a server that runs from this data directory but did not
+        // answer must keep its data, whatever version made it.
+        self.forget_dead_postmaster()?;
+        let made_by = fs::read_to_string(self.data.join("PG_VERSION")).unwrap_or_default();
+        if made_by.trim() != major {
+            // Another major's data cannot be started by these binaries; it
+            // held only tests' rows.
+            let _ = fs::remove_dir_all(&self.data);
+            // Made beside and renamed into place when complete: an initdb
+            // killed midway (it writes PG_VERSION early) leaves no `data`
+            // that the next run would take for a cluster.
+            let fresh = self.dir.join("data.initdb");
+            let _ = fs::remove_dir_all(&fresh);
+            self.run(self.server_command("initdb").args(initdb_arguments(&fresh)))
+                .map_err(|why| format!("{why}; remove {} to start afresh", self.dir.display()))?;
+            fs::rename(&fresh, &self.data).map_err(|e| {
+                format!(
+                    "rename {} to {}: {e}; remove {} to start afresh",
+                    fresh.display(),
+                    self.data.display(),
+                    self.dir.display()
+                )
+            })?;
+        }
+        // The port is free when picked, and may be taken by the time the
+        // server binds it: then another.
+        let mut attempts = 0;
+        let port = loop {
+            attempts += 1;
+            let port = free_port().map_err(|e| format!("find a free port: {e}"))?;
+            match self.start_on(port) {
+                Ok(()) => break port,
+                Err((why, log)) if attempts < 3 && log.contains("Address already in use") => {
+                    let _ = why;
+                }
+                Err((why, log)) => {
+                    let last = log.lines().rev().find(|line| !line.trim().is_empty());
+                    return Err(format!(
+                        "{why}; the server's log {} ends: {}; remove {} to start afresh",
+                        self.dir.join("server.log").display(),
+                        last.unwrap_or("(empty)"),
+                        self.dir.display()
+                    ));
+                }
+            }
+        };
+        let port_file = self.dir.join("port");
+        fs::write(&port_file, format!("{port}\n"))
+            .map_err(|e| format!("write {}: {e}", port_file.display()))?;
+        Ok(port)
+    }
+
+    /// `pg_ctl start` on `port`; on failure, why and what the server
+    /// logged meanwhile.
+    fn start_on(&self, port: u16) -> Result<(), (String, String)> {
+        let log = self.dir.join("server.log");
+        let logged_before = fs::metadata(&log).map_or(0, |m| m.len());
+        // fsync off: the rows are tests' own, each under an account of its
+        // own, and a server that lost them to a crash of the machine is
+        // started afresh by removing the directory. No Unix socket: the
+        // tests connect over TCP, and a socket's path has a length limit
+        // that a long TMPDIR exceeds.
+        let settings = [
+            ("fsync", "off".to_owned()),
+            ("max_connections", SHARED_MAX_CONNECTIONS.to_string()),
+        ]
+        .map(|(name, value)| (name.to_owned(), value));
+        self.run(
+            self.server_command("pg_ctl")
+                .arg("-D")
+                .arg(&self.data)
+                .arg("-l")
+                .arg(&log)
+                .args(["-o", &server_options(port, None, &settings)])
+                .args(["-w", "-t", "60", "start"]),
+        )
+        .map(drop)
+        .map_err(|why| {
+            let logged = fs::read(&log).unwrap_or_default();
+            let start = usize::try_from(logged_before)
+                .unwrap_or(0)
+                .min(logged.len());
+            (why, String::from_utf8_lossy(&logged[start..]).into_owned())
+        })
+    }
+
+    /// Removes `postmaster.pid` when the process it names is not a
+    /// postgres (killed with SIGKILL, the machine rebooted): PostgreSQL
+    /// itself refuses to start when that PID has since gone to another
+    /// process of the same user. When it is a postgres, that server runs
+    /// but did not answer (in another network namespace or container, or
+    /// still starting): say so, since starting a second one cannot work.
+    fn forget_dead_postmaster(&self) -> Result<(), String> {
+        let pid_file = self.data.join("postmaster.pid");
+        let pid: Option<u32> = fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.lines().next()?.trim().parse().ok());
+        match pid.map(|pid| (pid, postmaster_alive(pid, &self.data))) {
+            Some((_, Some(false))) => {
+                let _ = fs::remove_file(&pid_file);
+            }
+            Some((pid, Some(true))) => {
+                return Err(format!(
+                    "its server (PID {pid}) runs but does not answer on 127.0.0.1 here (started \
+                     in another network namespace or container?): stop it with `{}`",
+                    self.stop_command()
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The shell command that stops its server, for people to paste.
+    fn stop_command(&self) -> String {
+        let runuser = if self.as_postgres {
+            "runuser -u postgres -- "
+        } else {
+            ""
+        };
+        format!(
+            "{runuser}{} -D {} stop",
+            for_shell(&self.bin.join("pg_ctl")),
+            for_shell(&self.data)
+        )
+    }
+
+    /// The binaries' major version (`15`), as `PG_VERSION` says it.
+    fn major(&self) -> Result<String, String> {
+        // "pg_ctl (PostgreSQL) 15.20 (Debian 15.20-0+deb12u1)".
+        let said = self.run(Command::new(self.bin.join("pg_ctl")).arg("--version"))?;
+        let version = said.split_whitespace().nth(2).unwrap_or_default();
+        Ok(version.split('.').next().unwrap_or_default().to_owned())
+    }
+
+    fn server_command(&self, program: &str) -> Command {
+        command(&self.bin, program, self.as_postgres, &self.dir)
+    }
+
+    /// Runs `command` to completion; its stdout, or what went wrong in one
+    /// line.
+    fn run(&self, command: &mut Command) -> Result<String, String> {
+        let program = command.get_program().to_string_lossy().into_owned();
+        let output = command
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("could not run {program}: {e}"))?;
+        if output.status.success() {
+            return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
+        }
+        let said = String::from_utf8_lossy(&output.stderr);
+        let said = said
+            .lines()
+            .find(|line| !line.trim().is_empty())
+            .unwrap_or("");
+        Err(format!("{program} failed ({}): {said}", output.status))
+    }
+}
+
+/// `path` as one shell word: as it is when that is safe, else quoted.
+fn for_shell(path: &Path) -> String {
+    let shown = path.display().to_string();
+    if shown
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c))
+    {
+        shown
+    } else {
+        shell_quoted(&shown)
+    }
+}
+
+/// Whether `pid` is a running postgres working in `data` (a postmaster
+/// works in its data directory): `None` where that cannot be told (no
+/// `/proc`). A PID from a stale `postmaster.pid` may have gone to another
+/// cluster's postgres since, the machine's own among them: that one is not
+/// this server, and `pg_ctl stop` on this data directory would signal it.
+fn postmaster_alive(pid: u32, data: &Path) -> Option<bool> {
+    if !Path::new("/proc/self").exists() {
+        return None;
+    }
+    // `comm` stays the program's name while PostgreSQL rewrites its
+    // process title; anyone may read it, whoever runs the process.
+    let postgres =
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "postgres");
+    // A postmaster just killed stays a zombie until its parent (often
+    // init) reaps it: dead all the same. The state follows the `)` that
+    // ends the name in `stat`.
+    let zombie = fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X')))
+    });
+    // Another user's process hides its directory: not this server, which
+    // runs as this user (or as `postgres` for root, who can read it).
+    let here = !Path::new("/proc/self/cwd").exists()
+        || fs::read_link(format!("/proc/{pid}/cwd"))
+            .ok()
+            .zip(fs::canonicalize(data).ok())
+            .is_some_and(|(cwd, data)| cwd == data);
+    Some(postgres && !zombie && here)
+}
+
+/// The `postgres` user's id, when there is such a user.
+fn postgres_uid() -> Option<u32> {
+    let said = Command::new("id")
+        .args(["-u", "postgres"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !said.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&said.stdout).trim().parse().ok()
+}
+
+/// This process's effective user id.
+fn uid() -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        // On Linux /proc/self belongs to the process's effective user; no
+        // libc call (and no `unsafe`) needed.
+        if let Ok(metadata) = fs::metadata("/proc/self") {
+            return Some(metadata.uid());
+        }
+    }
+    let said = Command::new("id")
+        .arg("-u")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&said.stdout).trim().parse().ok()
+}
+
+/// `url` with its passwords, if any, replaced by `***`: the user info's
+/// (up to the last `@`, as URL parsers read a raw `@` in a password), a
+/// `password` query parameter's, and in what is not a URL at all (libpq's
+/// `key=value` form) the value of `password`.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return redacted_keywords(url);
+    };
+    let (before_query, query) = match rest.split_once('?') {
+        Some((before, query)) => (before, Some(query)),
+        None => (rest, None),
+    };
+    let mut shown = format!("{scheme}://");
+    match before_query.rsplit_once('@') {
+        Some((user_info, host)) => {
+            match user_info.split_once(':') {
+                Some((user, _)) => shown.push_str(&format!("{user}:***")),
+                None => shown.push_str(user_info),
+            }
+            shown.push('@');
+            shown.push_str(host);
+        }
+        None => shown.push_str(before_query),
+    }
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+                _ => pair.to_owned(),
+            })
+            .collect();
+        shown.push('?');
+        shown.push_str(&pairs.join("&"));
+    }
+    shown
+}
+
+/// `text` with the value after each `password` (and its `=`) replaced by
+/// `***`, a quoted value whole.
+fn redacted_keywords(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let Some(at) = lower.find("password") else {
+        return text.to_owned();
+    };
+    let after = &text[at + "password".len()..];
+    let value = after.trim_start().strip_prefix('=').map(str::trim_start);
+    let Some(value) = value else {
+        return text.to_owned();
+    };
+    let rest = match value.strip_prefix('\'') {
+        Some(quoted) => quoted.split_once('\'').map_or("", |(_, rest)| rest),
+        None => value
+            .find(char::is_whitespace)
+            .map_or("", |end| &value[end..]),
+    };
+    format!("{}password=***{}", &text[..at], redacted_keywords(rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versioned_entries_go_by_number_and_pass_over_other_names() {
+        let dir = env::temp_dir().join(format!("idem-versioned-{}", std::process::id()));
+        for name in ["10", "9.6", "15", "latest"] {
+            fs::create_dir_all(dir.join(name)).expect("create a version directory");
+        }
+        let names: Vec<String> = versioned_entries(&dir)
+            .iter()
+            .filter_map(|path| path.file_name())
+            .map(|name| name.to_string_lossy().into_owned())
+            .collect();
+        fs::remove_dir_all(&dir).expect("remove the directories");
+        assert_eq!(names, ["9.6", "10", "15"]);
+        assert!(
+            versioned_entries(&dir).is_empty(),
+            "no directory, no versions"
+        );
+    }
+
+    #[test]
+    fn settings_reach_the_server_as_one_shell_word_each() {
+        assert_eq!(shell_quoted("citus.shard_count=4"), "'citus.shard_count=4'");
+        assert_eq!(
+            shell_quoted("search_path='$user', public"),
+            r"'search_path='\''$user'\'', public'"
+        );
+    }
+
+    #[test]
+    fn passwords_are_not_repeated_in_errors() {
+        assert_eq!(
+            redacted("postgres://app:s3cret@db:5432/app"),
+            "postgres://app:***@db:5432/app"
+        );
+        assert_eq!(
+            redacted("postgres://postgres@127.0.0.1:5432/postgres"),
+            "postgres://postgres@127.0.0.1:5432/postgres"
+        );
+    }
+
+    #[test]
+    fn a_closed_port_does_not_answer_and_says_where() {
+        let port = free_port().expect("a free port");
+        let why = answers(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+            .expect_err("nothing listens on a port just freed");
+        assert!(why.contains(&port.to_string()), "{why}");
+    }
+    #[test]
+    fn passwords_anywhere_in_the_url_are_not_repeated() {
+        // A raw `@` in the password: URL parsers take the last `@` as the end
+        // of the user info, and so must the redaction.
+        assert_eq!(
+            redacted("postgres://u:p@ss3cret@127.0.0.1:1/db"),
+            "postgres://u:***@127.0.0.1:1/db"
+        );
+        // sqlx takes the password from the query too.
+        assert_eq!(
+            redacted("postgres://u@127.0.0.1:1/db?sslmode=disable&password=s3cret"),
+            "postgres://u@127.0.0.1:1/db?sslmode=disable&password=***"
+        );
+        // Not a URL at all (libpq's key=value form, which sqlx refuses).
+        let said = redacted("host=127.0.0.1 port=1 user=u password=s3cret dbname=d");
+        assert!(!said.contains("s3cret"), "{said}");
+        let said = redacted("host=h password = 'two words' user=u");
+        assert!(!said.contains("two") && !said.contains("words"), "{said}");
+    }
+
+    /// A scratch directory for one test, removed by the caller.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = env::temp_dir().join(format!("idem-shared-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("create a scratch directory");
+        dir
+    }
+
+    /// Server binaries that only say they are PostgreSQL `major`: `initdb`
+    /// makes a half-made data directory and fails, as one killed would.
+    #[cfg(unix)]
+    fn fake_binaries(dir: &Path, major: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt as _;
+        let bin = dir.join("bin");
+        fs::create_dir_all(&bin).expect("create the fake bin directory");
+        let scripts = [
+            (
+                "pg_ctl",
+                format!("#!/bin/sh\necho 'pg_ctl (PostgreSQL) {major}.1'\n"),
+            ),
+            (
+                "initdb",
+                format!("#!/bin/sh\nmkdir -p \"$2\" && echo {major} > \"$2/PG_VERSION\"\nexit 1\n"),
+            ),
+        ];
+        for (name, text) in scripts {
+            let path = bin.join(name);
+            fs::write(&path, text).expect("write a fake binary");
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        bin
+    }
+
+    fn shared_in(dir: &Path, bin: PathBuf) -> Shared {
+        let owner = uid().expect("this process's uid");
+        let server = dir.join("idem-test");
+        Shared {
+            data: server.join("data"),
+            dir: server,
+            bin,
+            owner,
+            as_postgres: false,
+        }
+    }
+
+    /// A live process named `postgres` (a copy of `sleep`) working in `cwd`.
+    #[cfg(target_os = "linux")]
+    fn fake_postmaster(dir: &Path, cwd: &Path) -> std::process::Child {
+        let sleep = ["/bin/sleep", "/usr/bin/sleep"]
+            .into_iter()
+            .find(|path| Path::new(path).is_file())
+            .expect("a sleep binary");
+        let program = dir.join("postgres");
+        fs::copy(sleep, &program).expect("copy sleep");
+        Command::new(&program)
+            .arg("30")
+            .current_dir(cwd)
+            .spawn()
+            .expect("start the fake postmaster")
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_live_server_s_data_is_never_removed_for_another_major() {
+        let dir = scratch("live");
+        let server = shared_in(&dir, fake_binaries(&dir, "99"));
+        fs::create_dir_all(&server.data).expect("create the data directory");
+        fs::write(server.data.join("PG_VERSION"), "15\n").expect("write PG_VERSION");
+        // Its server runs, though it does not answer here (another network
+        // namespace, or still starting).
+        let mut postmaster = fake_postmaster(&dir, &server.data);
+        fs::write(
+            server.data.join("postmaster.pid"),
+            format!(
+                "{}\n{}\n0\n1\n\n127.0.0.1\n0\nready\n",
+                postmaster.id(),
+                server.data.display()
+            ),
+        )
+        .expect("write postmaster.pid");
+        let started = server.start();
+        let kept = server.data.join("PG_VERSION").is_file();
+        let _ = postmaster.kill();
+        let _ = postmaster.wait();
+        fs::remove_dir_all(&dir).expect("remove the scratch directory");
+        let why = started.expect_err("a second server cannot start over a live one");
+        assert!(why.contains("runs but does not answer"), "{why}");
+        assert!(kept, "the live server's data directory was removed");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_stale_pid_that_names_someone_else_s_postgres_is_forgotten() {
+        let dir = scratch("reused");
+        let server = shared_in(&dir, fake_binaries(&dir, "15"));
+        fs::create_dir_all(&server.data).expect("create the data directory");
+        // The PID went, after a SIGKILL or a reboot, to another cluster's
+        // process: also a `postgres`, but working in its own data directory.
+        let mut other = fake_postmaster(&dir, &dir);
+        let pid_file = server.data.join("postmaster.pid");
+        fs::write(&pid_file, format!("{}\n", other.id())).expect("write postmaster.pid");
+        let forgot = server.forget_dead_postmaster();
+        let gone = !pid_file.exists();
+        let _ = other.kill();
+        let _ = other.wait();
+        fs::remove_dir_all(&dir).expect("remove the scratch directory");
+        forgot.expect("a PID that is not this server's is not this server");
+        assert!(
+            gone,
+            "postmaster.pid naming another cluster's process is removed"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_initdb_that_did_not_finish_leaves_no_cluster_to_start() {
+        let dir = scratch("halfmade");
+        let server = shared_in(&dir, fake_binaries(&dir, "15"));
+        fs::create_dir_all(&server.dir).expect("create the server directory");
+        let started = server.start();
+        let half_made = server.data.join("PG_VERSION").exists();
+        fs::remove_dir_all(&dir).expect("remove the scratch directory");
+        started.expect_err("the fake initdb fails");
+        assert!(
+            !half_made,
+            "a data directory with PG_VERSION but no finished cluster is taken for one next time"
+        );
+    }
+
+    #[test]
+    fn a_directory_pg_ctl_s_shell_would_rewrite_is_refused_in_one_line() {
+        for odd in ["dq\"quote", "dollar$(id)", "back`id`tick", "back\\slash"] {
+            let dir = scratch("odd").join(odd);
+            fs::create_dir_all(&dir).expect("create the odd directory");
+            let server = shared_in(&dir, PathBuf::from("/nonexistent"));
+            let made = server.make_dir();
+            fs::remove_dir_all(dir.parent().expect("a parent")).expect("remove the scratch");
+            let why = made.expect_err(odd);
+            assert!(why.contains("TMPDIR") && !why.contains('\n'), "{why}");
+        }
+    }
+
+    #[test]
+    fn runuser_is_found_off_path_where_debian_keeps_it() {
+        let found = runuser_on(Some(std::ffi::OsStr::new("/nonexistent")));
+        if ["/usr/sbin/runuser", "/sbin/runuser"]
+            .iter()
+            .any(|path| Path::new(path).is_file())
+        {
+            assert!(found.is_absolute(), "{}", found.display());
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! idem on a Citus cluster: what only a distributed `idem_records` can get
+//! wrong. Races whose accounts live on both workers, a transaction that
+//! claims on two workers, metering batches spread over shards, the
+//! set-up's refusals and concurrency, and verification of every shard
+//! placement.
+//!
+//! These need `DATABASE_URL` to be a Citus coordinator whose `idem_records`
+//! is distributed by account: `scripts/test-citus` starts such a cluster,
+//! runs the whole suite against it, then these (`--ignored`). Plain
+//! `cargo test` shows them as ignored, never as passed.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::join_all;
+use idem::meter::Event;
+use idem::schema::{self, Layout};
+use idem::sqlx::{self, PgPool, Row};
+use idem::{Error, Gate, Identity, Rejected, SchemaProblem, testing};
+use idem_test_support::{JobError, citus, schemas};
+
+/// The coordinator the suite runs against, checked to be one.
+async fn coordinator(connections: u32) -> PgPool {
+    let pool = testing::pool_with(connections).await;
+    let layout = schema::layout(&pool).await.expect("read the layout");
+    assert!(
+        layout
+            .as_ref()
+            .is_some_and(Layout::is_distributed_by_account),
+        "DATABASE_URL={} must be a Citus coordinator with idem_records distributed by account \
+         (scripts/test-citus sets one up); the layout is {layout:?}",
+        testing::database_url()
+    );
+    pool
+}
+
+/// `per_worker` new account names for each worker, by where Citus places
+/// each candidate's shard: `host:port` -> accounts.
+async fn accounts_by_worker(pool: &PgPool, per_worker: usize) -> BTreeMap<String, Vec<String>> {
+    let prefix = testing::unique_name("citus");
+    let mut by_worker: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for n in 0..10_000 {
+        let account = format!("{prefix}_{n}");
+        let node = citus::worker_of(pool, &account)
+            .await
+            .expect("where the account's shard is");
+        let accounts = by_worker.entry(node).or_default();
+        if accounts.len() < per_worker {
+            accounts.push(account);
+        }
+        if by_worker.len() >= 2 && by_worker.values().all(|a| a.len() == per_worker) {
+            return by_worker;
+        }
+    }
+    panic!("no two workers among the shards' placements: {by_worker:?}");
+}
+
+/// How many claim rows of `accounts` each worker holds, counted in the
+/// shards themselves.
+async fn rows_by_worker(pool: &PgPool, accounts: &[String]) -> BTreeMap<String, i64> {
+    let list = accounts
+        .iter()
+        .map(|a| format!("''{a}''"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT c.nodename || ':' || c.nodeport AS node, sum(r.result::bigint)::bigint AS claims \
+         FROM run_command_on_shards('idem_records', \
+              'SELECT count(*) FROM %s WHERE kind = ''claim'' AND account IN ({list})') r \
+         JOIN citus_shards c ON c.shardid = r.shardid \
+         WHERE r.success GROUP BY 1"
+    )))
+    .fetch_all(pool)
+    .await
+    .expect("count the rows on each worker");
+    rows.iter()
+        .map(|row| (row.get("node"), row.get("claims")))
+        .collect()
+}
+
+#[derive(Default)]
+struct Ledger(AtomicUsize);
+
+impl Ledger {
+    fn runs(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn the_distributed_table_passes_verification_on_every_placement() {
+    let pool = coordinator(2).await;
+    assert_eq!(schema::verify(&pool).await.expect("verify"), None);
+    let layout = schema::layout(&pool).await.expect("layout");
+    assert!(
+        matches!(layout, Some(Layout::Distributed { shards, .. }) if shards >= 2),
+        "{layout:?}"
+    );
+}
+
+/// 48 invocations at once per identity, for accounts on both workers, all
+/// racing together: each body runs once, and the rows are on both workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn forty_eight_way_races_across_accounts_on_both_workers_run_each_body_once() {
+    let pool = coordinator(16).await;
+    let by_worker = accounts_by_worker(&pool, 3).await;
+    let accounts: Vec<String> = by_worker.values().flatten().cloned().collect();
+    let gate = Gate::connect(pool.clone()).await.expect("gate");
+    for round in 0..3 {
+        let ledgers: Vec<Ledger> = accounts.iter().map(|_| Ledger::default()).collect();
+        let races = accounts.iter().zip(&ledgers).map(|(account, ledger)| {
+            let gate = gate.account(account);
+            let id = Identity::new("citus_race").part(round);
+            async move {
+                testing::race(48, || {
+                    gate.run(&id, async {
+                        ledger.0.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, JobError>(())
+                    })
+                })
+                .await
+            }
+        });
+        for (report, (account, ledger)) in join_all(races)
+            .await
+            .iter()
+            .zip(accounts.iter().zip(&ledgers))
+        {
+            report.assert_exactly_once();
+            assert_eq!(ledger.runs(), 1, "round {round}, {account}: {report}");
+        }
+    }
+    let spread = rows_by_worker(&pool, &accounts).await;
+    assert_eq!(spread.len(), 2, "claims on both workers: {spread:?}");
+    for (worker, accounts) in &by_worker {
+        assert_eq!(
+            spread.get(worker).copied(),
+            Some(3 * i64::try_from(accounts.len()).expect("few")),
+            "{worker} holds its accounts' 3 rounds of claims: {spread:?}"
+        );
+    }
+}
+
+/// One transaction claims in an account on each worker: both commit
+/// together, or (rolled back) neither is held and both run afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn a_transaction_claiming_on_two_workers_commits_or_rolls_back_both() {
+    let pool = coordinator(4).await;
+    let gate = Gate::connect(pool.clone()).await.expect("gate");
+    let gates: Vec<Gate> = accounts_by_worker(&pool, 1)
+        .await
+        .values()
+        .flatten()
+        .map(|account| gate.account(account))
+        .collect();
+    for commit in [false, true] {
+        let id = Identity::new("citus_tx").part(u8::from(commit));
+        let mut tx = pool.begin().await.expect("begin");
+        for on_worker in &gates {
+            let claim = on_worker.guard(&id).tx(&mut tx).claim().await;
+            let settled = claim.expect("claimed in the transaction").settle(&mut tx);
+            settled.await.expect("settled in it");
+        }
+        if commit {
+            tx.commit().await.expect("a two-worker commit");
+        } else {
+            tx.rollback().await.expect("rollback");
+        }
+        let again = join_all(
+            gates
+                .iter()
+                .map(|g| g.run(&id, async { Ok::<_, JobError>(()) })),
+        );
+        for outcome in again.await {
+            let expected = if commit {
+                // Committed on both workers: done on both.
+                matches!(outcome, Err(JobError::Rejected(Rejected::AlreadyDone)))
+            } else {
+                // Rolled back on both: free on both.
+                outcome.is_ok()
+            };
+            assert!(expected, "committed: {commit}, then {outcome:?}");
+        }
+    }
+}
+
+/// Batches for accounts on both workers, recorded at once and re-sent:
+/// every event stored once, every re-send deduplicated, totals exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn metering_batches_over_both_workers_store_each_event_once() {
+    let pool = coordinator(8).await;
+    let by_worker = accounts_by_worker(&pool, 2).await;
+    let gate = Gate::connect(pool.clone()).await.expect("gate");
+    let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let events: Vec<Event> = (0..100_i64)
+        .map(|n| Event::new(n, "api_calls", n + 1, start + Duration::from_secs(n as u64)))
+        .collect();
+    let accounts: Vec<&String> = by_worker.values().flatten().collect();
+    for attempt in 0..2 {
+        let reports = join_all(accounts.iter().flat_map(|account| {
+            let meter = gate.account(account).meter();
+            let events = &events;
+            // Two senders of the same batch per account, at once.
+            [meter.clone(), meter].map(|meter| async move { meter.record(events).await })
+        }))
+        .await;
+        let inserted: usize = reports
+            .iter()
+            .map(|r| r.as_ref().expect("recorded").inserted)
+            .sum();
+        let deduplicated: usize = reports
+            .iter()
+            .map(|r| r.as_ref().expect("recorded").deduplicated)
+            .sum();
+        let expected_new = if attempt == 0 {
+            100 * accounts.len()
+        } else {
+            0
+        };
+        assert_eq!(inserted, expected_new, "attempt {attempt}");
+        assert_eq!(inserted + deduplicated, 200 * accounts.len());
+    }
+    for account in &accounts {
+        let total = gate
+            .account(account)
+            .meter()
+            .total("api_calls", start..start + Duration::from_secs(1_000))
+            .await
+            .expect("total");
+        assert_eq!((total.quantity, total.events), ((1..=100).sum(), 100));
+    }
+}
+
+/// Set up in a schema of its own: four processes at once all succeed and
+/// leave one distributed table; a plain table holding rows is refused,
+/// unchanged, with the SQL to distribute it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn distributed_set_up_is_concurrent_safe_and_never_moves_rows() {
+    let _ = coordinator(1).await;
+    let (schema_name, pool) = schemas::fresh_schema(6).await;
+    let results = join_all((0..4).map(|_| schema::set_up_distributed(&pool))).await;
+    for result in &results {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    let layout = schema::layout(&pool).await.expect("layout");
+    assert!(
+        layout
+            .as_ref()
+            .is_some_and(Layout::is_distributed_by_account),
+        "{layout:?}"
+    );
+    assert_eq!(schema::verify(&pool).await.expect("verify"), None);
+
+    let (plain_schema, plain) = schemas::fresh_schema(2).await;
+    schema::set_up(&plain).await.expect("a plain table");
+    sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, state, identity) \
+         VALUES ('a', 'claim', 'claim_0', 'success', '\\x00')",
+    )
+    .execute(&plain)
+    .await
+    .expect("a row");
+    let refused = schema::set_up_distributed(&plain).await;
+    let Err(Error::Setup(message)) = &refused else {
+        panic!("a plain table with rows is refused: {refused:?}");
+    };
+    assert!(
+        message.contains("create_distributed_table('idem_records', 'account')"),
+        "says how: {message}"
+    );
+    assert_eq!(
+        schema::layout(&plain).await.expect("layout"),
+        Some(Layout::Plain),
+        "nothing was changed"
+    );
+    drop_schemas(&[&schema_name, &plain_schema], [pool, plain]).await;
+}
+
+/// An index missing on one shard placement (dropped on its worker, behind
+/// Citus's back) is named at start-up, shard and worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn an_index_missing_on_one_placement_is_named_at_start_up() {
+    let _ = coordinator(1).await;
+    let (schema_name, pool) = schemas::fresh_schema(2).await;
+    schema::set_up_distributed(&pool).await.expect("set up");
+    let placement = sqlx::query(
+        "SELECT shardid, shard_name, nodename, nodeport FROM citus_shards \
+         WHERE table_name = 'idem_records'::regclass ORDER BY shardid LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("a placement");
+    let shard: i64 = placement.get("shardid");
+    let port: i32 = placement.get("nodeport");
+    let host: String = placement.get("nodename");
+    let worker = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            schemas::options_in(&schema_name)
+                .host(&host)
+                .port(u16::try_from(port).expect("a port")),
+        )
+        .await
+        .expect("connect to the worker");
+    let mut conn = worker.acquire().await.expect("a worker connection");
+    for statement in [
+        "SET citus.enable_manual_changes_to_shards TO on".to_owned(),
+        format!("DROP INDEX idem_records_unique_without_namespace_{shard}"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut *conn)
+            .await
+            .expect("drop the index on one placement");
+    }
+    drop(conn);
+    worker.close().await;
+    let problems = schema::verify(&pool)
+        .await
+        .expect("verify")
+        .expect("a problem");
+    let named = problems.problems.iter().any(|problem| {
+        matches!(problem, SchemaProblem::Distribution { detail }
+            if detail.contains(&format!("shard {shard} on {host}:{port}"))
+                && detail.contains("WHERE namespace IS NULL"))
+    });
+    assert!(named, "{problems}");
+    let refused = Gate::connect(pool.clone()).await;
+    assert!(matches!(refused, Err(Error::Schema(_))), "{refused:?}");
+    drop_schemas(&[&schema_name], [pool]).await;
+}
+
+async fn drop_schemas<const N: usize>(names: &[&str], pools: [PgPool; N]) {
+    for pool in pools {
+        pool.close().await;
+    }
+    let admin = testing::pool_with(1).await;
+    let mut conn = admin.acquire().await.expect("a connection");
+    schemas::drop_schemas(&mut conn, names).await;
+}
+
+/// A gate connected to a worker instead of the coordinator refuses to
+/// start, and says to connect to the coordinator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn a_gate_connected_to_a_worker_refuses_to_start() {
+    let pool = coordinator(1).await;
+    let worker = sqlx::query(
+        "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND isactive \
+         ORDER BY nodeid LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("a worker");
+    let port: i32 = worker.get("nodeport");
+    let host: String = worker.get("nodename");
+    let on_worker = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            schemas::options_in("public")
+                .host(&host)
+                .port(u16::try_from(port).expect("a port")),
+        )
+        .await
+        .expect("connect to the worker");
+    let refused = Gate::connect_without_setup(on_worker.clone()).await;
+    let Err(Error::Schema(problems)) = &refused else {
+        panic!("a worker is refused: {refused:?}");
+    };
+    assert!(
+        problems
+            .to_string()
+            .contains("connect idem to the coordinator"),
+        "{problems}"
+    );
+    let set_up = schema::set_up_distributed(&on_worker).await;
+    assert!(
+        matches!(&set_up, Err(Error::Setup(message)) if message.contains("not the coordinator")),
+        "{set_up:?}"
+    );
+    on_worker.close().await;
+}

@@ -1,0 +1,7 @@
+//! The Idempotency-Key protocol as a tower layer, through real axum, hyper
+//! and tonic servers: races, the request the client gave up on, and the red
+//! team of the layer and detached calls.
+
+mod detached;
+mod layer;
+mod redteam;

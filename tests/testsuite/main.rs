@@ -1,0 +1,68 @@
+//! idem's integration tests, one binary, one module per behaviour.
+//!
+//! `tests/README.md` is the index: which module holds which behaviour, how
+//! to run one (`cargo test --test testsuite modes::lease`), and what each
+//! needs (a PostgreSQL; the ignored Citus and soak runs). One crate links
+//! once, where a binary per file linked every dependency again for each.
+
+// The claim race at the heart of the gate, its harness, and the defects
+// pinned by a test each.
+mod gate;
+// The attribute's opt-in modes: replay, fingerprint, lease, wait,
+// on_unavailable, in a transaction, outcome_commit and dispositions.
+mod modes;
+// Guarding by hand with the builder: every end, raced, in and out of a
+// transaction.
+mod guard;
+// The red team of the guard: each promise of its docs attacked (races,
+// faults, misuse, hostile input), the attribute against the same guard by
+// hand, and the deprecated entry points against what they did before.
+mod guard_redteam;
+// Guarding by hand: claims, what their holders are told, the connection
+// discipline (the outcome cache across stores is part of it).
+#[cfg(feature = "cache")]
+mod hand_api;
+// Steps inside one claim: replayed on a retry, in doubt when cut off,
+// fenced, refused where they cannot work; downstream keys.
+mod steps;
+// The proof of steps: a three-step checkout against a fake provider, many
+// clients per key, faults at every point, the provider's ledgers checked;
+// and the same workload without steps, which repeats effects.
+mod steps_under_faults;
+// The red team of steps: each promise of their docs attacked (races at a
+// barrier, faults, misuse, hostile names, scopes, the reconciler's verdicts).
+mod steps_redteam;
+// Batch claims for message consumers.
+mod batches;
+// The tower layer and detached calls, through real servers.
+#[cfg(all(feature = "tower", feature = "axum"))]
+mod http;
+// The local outcome cache.
+#[cfg(feature = "cache")]
+mod cache;
+// Outcome metrics through the `metrics` facade.
+#[cfg(feature = "metrics")]
+mod metrics;
+// Usage metering by address.
+mod metering;
+// Establishing an outcome in doubt: the reconciler, resolving by hand, and
+// the reconciler's bounds.
+mod reconcile;
+// The store failing: connections cut, replies lost, the server down,
+// serialization failures, and failures around the body.
+mod faults;
+// Schema set-up and verification, least privilege, the partitioned layout,
+// and a rolling deploy beside the previous release.
+mod schema;
+// The identity encoding: golden vectors and hostile input.
+mod identity;
+// What `#[idempotent]` expands to, and its compile errors (trybuild).
+mod attribute;
+// Randomized histories under faults, checked against the gate's promises.
+mod history;
+// A Citus cluster (ignored: `scripts/test-citus`).
+mod citus;
+// The long soak of the plain gate (ignored).
+mod soak;
+// Helpers more than one module uses.
+mod support;

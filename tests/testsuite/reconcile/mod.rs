@@ -1,0 +1,8 @@
+//! Outcomes in doubt established after the fact: the reconciler against a
+//! timing-out provider, its bounds, resolving by hand, and the red team of
+//! both.
+
+mod bounds;
+mod reconciler;
+mod redteam;
+mod resolve;

@@ -1,0 +1,389 @@
+//! idem's schema: set up idempotently (also by many processes at once), kept
+//! in its own version table, and verified at start-up; a gate refuses to
+//! start without both partial unique indexes.
+
+use idem::schema::{SCHEMA_SQL, SCHEMA_VERSION};
+use idem::sqlx::{self, AssertSqlSafe, PgPool};
+use idem::{Error, Gate, SchemaProblem};
+use idem_test_support::schemas;
+
+async fn exec(pool: &PgPool, sql: &str) {
+    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn unique_indexes(pool: &PgPool) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes \
+         WHERE schemaname = current_schema() AND tablename = 'idem_records' \
+         AND indexdef LIKE 'CREATE UNIQUE%' ORDER BY indexname",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read pg_indexes")
+}
+
+/// A fresh schema of two connections with idem's tables, as a gate sets
+/// them up.
+async fn set_up() -> PgPool {
+    let (_, pool) = schemas::fresh_schema(2).await;
+    Gate::connect(pool.clone()).await.expect("set up");
+    pool
+}
+
+fn schema_error(result: Result<Gate, Error>) -> String {
+    match result {
+        Err(Error::Schema(problems)) => problems.to_string(),
+        Err(other) => panic!("expected a schema error, got {other}"),
+        Ok(_) => panic!("the gate started on a schema that cannot enforce uniqueness"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_creates_the_table_both_partial_indexes_and_its_own_version() {
+    let (_, pool) = schemas::fresh_schema(2).await;
+    Gate::connect(pool.clone())
+        .await
+        .expect("set up a fresh schema");
+
+    let indexes = unique_indexes(&pool).await;
+    assert_eq!(indexes.len(), 2, "exactly two unique indexes: {indexes:?}");
+    assert!(
+        indexes[0]
+            .1
+            .ends_with("(account, kind, address, namespace) WHERE (namespace IS NOT NULL)"),
+        "{indexes:?}"
+    );
+    assert!(
+        indexes[1]
+            .1
+            .ends_with("(account, kind, address) WHERE (namespace IS NULL)"),
+        "{indexes:?}"
+    );
+
+    let version: i32 = sqlx::query_scalar("SELECT max(version) FROM idem_schema_version")
+        .fetch_one(&pool)
+        .await
+        .expect("idem keeps its own version table");
+    assert_eq!(version, SCHEMA_VERSION);
+    let sqlx_table: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+            .fetch_one(&pool)
+            .await
+            .expect("to_regclass");
+    assert_eq!(
+        sqlx_table, None,
+        "idem must not touch the application's _sqlx_migrations"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_up_is_idempotent_and_safe_when_many_processes_start_at_once() {
+    const STARTS: usize = 12;
+    let (_, pool) = schemas::fresh_schema(STARTS as u32).await;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(STARTS));
+    let mut starts = tokio::task::JoinSet::new();
+    for _ in 0..STARTS {
+        let (pool, barrier) = (pool.clone(), barrier.clone());
+        starts.spawn(async move {
+            barrier.wait().await;
+            Gate::connect(pool).await
+        });
+    }
+    while let Some(started) = starts.join_next().await {
+        started
+            .expect("no panic")
+            .expect("every concurrent set-up succeeds");
+    }
+    Gate::connect(pool.clone()).await.expect("and again later");
+    let versions: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_schema_version")
+        .fetch_one(&pool)
+        .await
+        .expect("count versions");
+    assert_eq!(
+        versions,
+        idem::__internal::MIGRATIONS.len() as i64,
+        "each version recorded once"
+    );
+    assert_eq!(unique_indexes(&pool).await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exported_sql_is_enough_for_users_who_run_their_own_migrations() {
+    let (_, pool) = schemas::fresh_schema(2).await;
+    exec(&pool, SCHEMA_SQL).await;
+    exec(&pool, SCHEMA_SQL).await; // idempotent
+    Gate::connect_without_setup(pool.clone())
+        .await
+        .expect("verified, no DDL needed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_named() {
+    let (schema, pool) = schemas::fresh_schema(2).await;
+    let message = schema_error(Gate::connect_without_setup(pool).await);
+    assert!(message.contains("idem_records does not exist"), "{message}");
+    assert!(
+        message.contains(&schema),
+        "names the search_path: {message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_index_is_named_and_the_gate_refuses_to_start() {
+    for (dropped, named) in [
+        (
+            "idem_records_unique_without_namespace",
+            "WHERE namespace IS NULL",
+        ),
+        (
+            "idem_records_unique_within_namespace",
+            "WHERE namespace IS NOT NULL",
+        ),
+    ] {
+        let pool = set_up().await;
+        exec(&pool, &format!("DROP INDEX {dropped}")).await;
+        // Gate::connect sees the version is current and only verifies.
+        let message = schema_error(Gate::connect(pool).await);
+        assert!(
+            message.contains("missing unique index") && message.contains(named),
+            "{message}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unique_index_over_the_nullable_namespace_is_recognised_as_the_hole() {
+    let pool = set_up().await;
+    exec(
+        &pool,
+        "DROP INDEX idem_records_unique_without_namespace; \
+         DROP INDEX idem_records_unique_within_namespace; \
+         CREATE UNIQUE INDEX looks_right ON idem_records (account, kind, address, namespace);",
+    )
+    .await;
+
+    // The hole, shown: two claims of one address without a namespace both insert.
+    for _ in 0..2 {
+        exec(
+            &pool,
+            "INSERT INTO idem_records (account, kind, address, state, identity) \
+             VALUES ('a', 'claim', 'claim_x', 'pending', '\\x00')",
+        )
+        .await;
+    }
+
+    let Err(Error::Schema(problems)) = Gate::connect(pool).await else {
+        panic!("the gate must refuse this schema");
+    };
+    let message = problems.to_string();
+    assert!(
+        message.contains("enforces nothing for rows whose namespace is NULL"),
+        "{message}"
+    );
+    assert!(message.contains("looks_right"), "{message}");
+    assert_eq!(problems.problems.len(), 2, "{message}");
+    assert!(
+        problems
+            .problems
+            .iter()
+            .all(|p| matches!(p, SchemaProblem::MissingIndex { .. }))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_predicate_or_a_non_unique_index_is_named() {
+    let pool = set_up().await;
+    exec(
+        &pool,
+        "DROP INDEX idem_records_unique_without_namespace; \
+         CREATE UNIQUE INDEX wrong_predicate ON idem_records (account, kind, address) \
+           WHERE namespace IS NOT NULL; \
+         DROP INDEX idem_records_unique_within_namespace; \
+         CREATE INDEX not_unique ON idem_records (account, kind, address, namespace) \
+           WHERE namespace IS NOT NULL;",
+    )
+    .await;
+    let message = schema_error(Gate::connect(pool).await);
+    assert!(
+        message.contains("wrong_predicate") && message.contains("its predicate is"),
+        "{message}"
+    );
+    assert!(
+        message.contains("not_unique") && message.contains("not unique"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_nullable_column_is_named() {
+    let pool = set_up().await;
+    exec(
+        &pool,
+        "ALTER TABLE idem_records ALTER COLUMN state DROP NOT NULL; \
+                 ALTER TABLE idem_records DROP COLUMN identity;",
+    )
+    .await;
+    let message = schema_error(Gate::connect(pool).await);
+    assert!(
+        message.contains("idem_records.state is nullable"),
+        "{message}"
+    );
+    assert!(
+        message.contains("idem_records.identity is missing"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_address_check_and_the_claim_states_are_enforced_by_postgres() {
+    let pool = set_up().await;
+    for (address, state) in [
+        ("Claim_UPPER", "pending"),
+        ("claim-dash", "pending"),
+        ("", "pending"),
+        ("claim_ok", "error"),
+        ("claim_ok", "in doubt"),
+    ] {
+        let inserted = sqlx::query(
+            "INSERT INTO idem_records (account, kind, address, state, identity) \
+             VALUES ('a', 'claim', $1, $2, '\\x00')",
+        )
+        .bind(address)
+        .bind(state)
+        .execute(&pool)
+        .await;
+        assert!(
+            inserted.is_err(),
+            "({address:?}, {state:?}) must be refused by a CHECK"
+        );
+    }
+}
+
+/// The states a claim may be stored in since version 5.
+const CLAIM_STATES: [&str; 4] = ["pending", "success", "in_doubt", "failed"];
+
+async fn insert_claim(pool: &PgPool, address: &str, state: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, state, identity) \
+         VALUES ('migrated', 'claim', $1, $2, '\\x00')",
+    )
+    .bind(address)
+    .bind(state)
+    .execute(pool)
+    .await
+    .map(drop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_earlier_version_migrates_to_the_current_one_keeping_its_rows() {
+    for from in 1..SCHEMA_VERSION {
+        let (_, pool) = schemas::fresh_schema(2).await;
+        for migration in idem::__internal::MIGRATIONS
+            .iter()
+            .filter(|m| m.version <= from)
+        {
+            exec(&pool, migration.sql).await;
+        }
+        // Rows as a process of that version wrote them: one in flight, one
+        // settled, with only the columns version 1 has.
+        insert_claim(&pool, "claim_in_flight", "pending")
+            .await
+            .expect("a pending claim");
+        insert_claim(&pool, "claim_settled", "success")
+            .await
+            .expect("a settled claim");
+        // Versions before 5 know no in_doubt state, so their CHECK refuses it.
+        if from < 5 {
+            let refused = insert_claim(&pool, "claim_early", "in_doubt").await;
+            assert!(
+                refused.is_err(),
+                "version {from} knows no in_doubt state, so its CHECK refuses it"
+            );
+        }
+
+        Gate::connect(pool.clone())
+            .await
+            .unwrap_or_else(|e| panic!("connect migrates from version {from}: {e}"));
+        let version: i32 = sqlx::query_scalar("SELECT max(version) FROM idem_schema_version")
+            .fetch_one(&pool)
+            .await
+            .expect("version");
+        assert_eq!(version, SCHEMA_VERSION, "from version {from}");
+
+        let rows: Vec<(String, String, Option<String>, Option<i64>)> = sqlx::query_as(
+            "SELECT address, state, state_reason, \
+                    extract(epoch FROM resolved_at)::int8 \
+             FROM idem_records ORDER BY address",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("read the migrated rows");
+        assert_eq!(
+            rows,
+            [
+                (
+                    "claim_in_flight".to_owned(),
+                    "pending".to_owned(),
+                    None,
+                    None
+                ),
+                ("claim_settled".to_owned(), "success".to_owned(), None, None),
+            ],
+            "rows migrated from version {from} keep their state, and have no reason"
+        );
+
+        for state in CLAIM_STATES {
+            insert_claim(&pool, &format!("claim_now_{state}"), state)
+                .await
+                .unwrap_or_else(|e| panic!("{state} is a claim state once migrated: {e}"));
+        }
+        for state in ["error", "done", "IN_DOUBT", ""] {
+            assert!(
+                insert_claim(&pool, "claim_bad_state", state).await.is_err(),
+                "{state:?} must still be refused by the CHECK (migrated from version {from})"
+            );
+        }
+        let validated: bool = sqlx::query_scalar(
+            "SELECT convalidated FROM pg_constraint \
+             WHERE conname = 'idem_records_claim_state' \
+               AND conrelid = to_regclass('idem_records')",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("the claim-state CHECK exists once");
+        assert!(
+            validated,
+            "the CHECK holds for every row, old ones included"
+        );
+        pool.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_current_migration_runs_again_without_changing_anything() {
+    let pool = set_up().await;
+    insert_claim(&pool, "claim_held", "in_doubt")
+        .await
+        .expect("in_doubt is a claim state");
+    let latest = idem::__internal::MIGRATIONS
+        .last()
+        .expect("at least one migration");
+    exec(&pool, latest.sql).await;
+    let constraints: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_constraint \
+         WHERE conname = 'idem_records_claim_state' AND conrelid = to_regclass('idem_records')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count the CHECKs");
+    assert_eq!(constraints, 1);
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM idem_records WHERE address = 'claim_held'")
+            .fetch_one(&pool)
+            .await
+            .expect("the row is still there");
+    assert_eq!(state, "in_doubt");
+}

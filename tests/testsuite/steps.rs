@@ -1,0 +1,692 @@
+//! Steps inside one claim (`idem::step`, `idem::downstream_key`), against a
+//! real PostgreSQL:
+//!
+//! - a retry of the identity replays every step that finished and resumes
+//!   at the first that did not, whatever released the claim;
+//! - a step whose holder was cut off inside it is not run blindly again:
+//!   the body is told, and the claim is held in doubt, unless the step is
+//!   repeatable, which then runs again;
+//! - a stale holder (its lease taken over) cannot begin a step, and finds
+//!   what the new holder recorded;
+//! - racers at the same instant run each step once;
+//! - outside a guarded body, in a task the body spawned, in a transaction
+//!   or a batch, and for a name used twice, a clear error and nothing runs;
+//! - downstream keys are stable per identity and step, and differ between
+//!   identities, steps, accounts and namespaces.
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::batch::Batch;
+use idem::testing;
+use idem::{Disposition, Gate, Identity, Rejected};
+
+use crate::support::doubt::state_of;
+
+/// Effects, counted per step: what a fake provider would have done.
+#[derive(Default)]
+struct Ledger {
+    charged: AtomicUsize,
+    shipped: AtomicUsize,
+    emailed: AtomicUsize,
+}
+
+impl Ledger {
+    fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.charged.load(Ordering::SeqCst),
+            self.shipped.load(Ordering::SeqCst),
+            self.emailed.load(Ordering::SeqCst),
+        )
+    }
+}
+
+/// A body's error: a refusal, or the shipment failing (nothing shipped).
+#[derive(Debug)]
+enum CheckoutError {
+    Rejected(Rejected),
+    ShipmentFailed,
+}
+
+impl From<Rejected> for CheckoutError {
+    fn from(rejected: Rejected) -> Self {
+        CheckoutError::Rejected(rejected)
+    }
+}
+
+/// Charges, ships (failing when `ship_fails`), emails: three steps, each
+/// counting its effect in `ledger`.
+async fn checkout(ledger: &Ledger, ship_fails: bool) -> Result<u64, CheckoutError> {
+    let receipt: u64 = idem::step("charge", async {
+        Ok::<_, CheckoutError>(ledger.charged.fetch_add(1, Ordering::SeqCst) as u64 + 100)
+    })
+    .await?;
+    let parcel: u64 = idem::step("ship", async {
+        if ship_fails {
+            return Err(CheckoutError::ShipmentFailed);
+        }
+        Ok(ledger.shipped.fetch_add(1, Ordering::SeqCst) as u64 + 200)
+    })
+    .await?;
+    idem::step("email", async {
+        ledger.emailed.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, CheckoutError>(())
+    })
+    .await?;
+    Ok(receipt * 1000 + parcel)
+}
+
+fn rejected(outcome: &Result<u64, CheckoutError>) -> Option<&Rejected> {
+    match outcome {
+        Err(CheckoutError::Rejected(rejected)) => Some(rejected),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn a_retry_after_a_release_replays_the_finished_steps_and_resumes_at_the_first_that_did_not()
+{
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_1");
+    let ledger = Ledger::default();
+
+    // The shipment fails: the claim is released, the charge stays recorded.
+    let first = gate.guard(&id).run(checkout(&ledger, true)).await;
+    assert!(
+        matches!(first, Err(CheckoutError::ShipmentFailed)),
+        "{first:?}"
+    );
+    assert_eq!(ledger.counts(), (1, 0, 0));
+    assert_eq!(state_of(&gate, &id).await, None, "released");
+
+    // The retry is not charged again, and hands the body the first receipt.
+    let second = gate.guard(&id).run(checkout(&ledger, false)).await;
+    assert_eq!(second.ok(), Some(100 * 1000 + 200));
+    assert_eq!(ledger.counts(), (1, 1, 1));
+
+    // Settled: a third call runs nothing at all.
+    let third = gate.guard(&id).run(checkout(&ledger, false)).await;
+    assert!(
+        matches!(rejected(&third), Some(Rejected::AlreadyDone)),
+        "{third:?}"
+    );
+    assert_eq!(ledger.counts(), (1, 1, 1));
+}
+
+#[tokio::test]
+async fn the_attribute_s_body_runs_its_steps_under_its_claim() {
+    #[idem::idempotent(key = "order")]
+    async fn checkout_once(
+        gate: &Gate,
+        order: &str,
+        ledger: &Ledger,
+        ship_fails: bool,
+    ) -> Result<u64, CheckoutError> {
+        checkout(ledger, ship_fails).await
+    }
+    let gate = testing::gate().await;
+    let ledger = Ledger::default();
+    let first = checkout_once(&gate, "ord_2", &ledger, true).await;
+    assert!(
+        matches!(first, Err(CheckoutError::ShipmentFailed)),
+        "{first:?}"
+    );
+    let second = checkout_once(&gate, "ord_2", &ledger, false).await;
+    assert_eq!(second.ok(), Some(100 * 1000 + 200));
+    assert_eq!(ledger.counts(), (1, 1, 1));
+}
+
+#[tokio::test]
+async fn a_failed_step_is_not_recorded_and_runs_again() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_3");
+    let ledger = Ledger::default();
+    let _ = gate.guard(&id).run(checkout(&ledger, true)).await;
+    let _ = gate.guard(&id).run(checkout(&ledger, true)).await;
+    // Charged once; the failing shipment was attempted twice and recorded
+    // nothing either time, so the third run ships.
+    let third = gate.guard(&id).run(checkout(&ledger, false)).await;
+    assert_eq!(third.ok(), Some(100 * 1000 + 200));
+    assert_eq!(ledger.counts(), (1, 1, 1));
+}
+
+/// Starts a checkout whose charge never finishes, and drops it mid-step
+/// once the charge began: its holder is cut off inside the step.
+async fn cut_off_inside_the_charge(gate: &Gate, id: &Identity, lease: Duration) {
+    let began = Arc::new(tokio::sync::Notify::new());
+    let run = gate.guard(id).lease(lease).run({
+        let began = Arc::clone(&began);
+        async move {
+            idem::step("charge", async move {
+                began.notify_one();
+                std::future::pending::<()>().await;
+                Ok::<u64, Rejected>(1)
+            })
+            .await
+        }
+    });
+    tokio::select! {
+        _ = run => panic!("the charge never finishes"),
+        () = began.notified() => {}
+    }
+}
+
+#[tokio::test]
+async fn a_step_cut_off_inside_is_in_doubt_for_the_next_holder_and_holds_the_claim() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_4");
+    let lease = Duration::from_millis(200);
+    cut_off_inside_the_charge(&gate, &id, lease).await;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+
+    let ran = AtomicUsize::new(0);
+    let outcome: Result<u64, Rejected> = gate
+        .guard(&id)
+        .lease(lease)
+        .run(async {
+            idem::step("charge", async {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<u64, Rejected>(2)
+            })
+            .await
+        })
+        .await;
+    assert!(
+        matches!(&outcome, Err(Rejected::StepInDoubt { step, .. }) if step == "charge"),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "a step in doubt is not run blindly again"
+    );
+    let (state, _) = state_of(&gate, &id).await.expect("the claim is kept");
+    assert_eq!(
+        state, "in_doubt",
+        "the failure holds the claim, never releases it"
+    );
+}
+
+#[tokio::test]
+async fn a_step_cut_off_inside_holds_the_claim_even_when_the_body_classifies_its_failure_as_a_release()
+ {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_5");
+    let lease = Duration::from_millis(200);
+    cut_off_inside_the_charge(&gate, &id, lease).await;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let outcome: Result<u64, Rejected> = gate
+        .guard(&id)
+        .lease(lease)
+        .disposition(|_: &Rejected| Disposition::Release)
+        .run(async { idem::step("charge", async { Ok::<u64, Rejected>(2) }).await })
+        .await;
+    assert!(
+        matches!(outcome, Err(Rejected::StepInDoubt { .. })),
+        "{outcome:?}"
+    );
+    let (state, _) = state_of(&gate, &id).await.expect("the claim is kept");
+    assert_eq!(state, "in_doubt");
+}
+
+#[tokio::test]
+async fn a_repeatable_step_cut_off_inside_runs_again_under_the_next_holder() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_6");
+    let lease = Duration::from_millis(200);
+    cut_off_inside_the_charge(&gate, &id, lease).await;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let outcome: Result<u64, Rejected> = gate
+        .guard(&id)
+        .lease(lease)
+        .run(async {
+            idem::step("charge", async { Ok::<u64, Rejected>(2) })
+                .repeatable()
+                .await
+        })
+        .await;
+    assert_eq!(outcome.ok(), Some(2));
+    assert_eq!(
+        state_of(&gate, &id)
+            .await
+            .map(|(state, _)| state)
+            .as_deref(),
+        Some("success")
+    );
+}
+
+#[tokio::test]
+async fn a_stale_holder_cannot_begin_a_step_and_finds_what_the_new_holder_recorded() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_7");
+    let lease = Duration::from_millis(200);
+    let shipped = AtomicUsize::new(0);
+    let stale_saw = std::sync::Mutex::new(None);
+    let (stale_may_go_on, go_on) = tokio::sync::oneshot::channel::<()>();
+    let (charged_tx, charged_rx) = tokio::sync::oneshot::channel::<()>();
+
+    // The stale holder charges, then stalls past its lease.
+    let stale = gate.guard(&id).lease(lease).run(async {
+        let receipt = idem::step("charge", async { Ok::<u64, Rejected>(1) }).await?;
+        let _ = charged_tx.send(());
+        let _ = go_on.await;
+        let after = idem::step("ship", async {
+            shipped.fetch_add(1, Ordering::SeqCst);
+            Ok::<u64, Rejected>(10)
+        })
+        .await;
+        let again = idem::step("charge-again", async { Ok::<u64, Rejected>(0) }).await;
+        *stale_saw.lock().expect("what the stale holder saw") = Some((receipt, after, again));
+        Ok::<_, Rejected>(())
+    });
+    let newer = async {
+        let _ = charged_rx.await;
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        // Takes the claim over: the charge is replayed, the shipment runs.
+        let taken: Result<(u64, u64), Rejected> = gate
+            .guard(&id)
+            .lease(Duration::from_secs(30))
+            .run(async {
+                let receipt = idem::step("charge", async { Ok::<u64, Rejected>(2) }).await?;
+                let parcel = idem::step("ship", async {
+                    shipped.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u64, Rejected>(20)
+                })
+                .await?;
+                Ok((receipt, parcel))
+            })
+            .await;
+        let _ = stale_may_go_on.send(());
+        taken
+    };
+    let (stale, newer) = tokio::join!(stale, newer);
+    assert_eq!(
+        newer.ok(),
+        Some((1, 20)),
+        "the charge is replayed, the shipment runs once"
+    );
+    // Its own success is not its to record: the claim was taken over.
+    assert!(
+        matches!(stale, Err(Rejected::LeaseLost { .. })),
+        "{stale:?}"
+    );
+    let (receipt, after, again) = stale_saw
+        .into_inner()
+        .expect("what the stale holder saw")
+        .expect("the stale body ran to its end");
+    assert_eq!(receipt, 1);
+    // It asks for the shipment the new holder recorded: it finds it.
+    assert_eq!(after.ok(), Some(20));
+    // A step nobody began: it cannot begin it under a claim it lost.
+    assert!(
+        matches!(again, Err(Rejected::LeaseLost { .. })),
+        "{again:?}"
+    );
+    assert_eq!(shipped.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racers_retrying_one_key_at_the_same_instant_run_each_step_once() {
+    const RACERS: usize = 8;
+    let gate = testing::gate_on(testing::pool_with(RACERS as u32 + 2).await).await;
+    let id = Identity::new("checkout").part("ord_8");
+    let ledger = Arc::new(Ledger::default());
+    // The first shipment anybody attempts fails: its claim is released
+    // after the charge, and whoever wins next must resume, not re-charge.
+    let shipment_fails = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let report = testing::race(RACERS, || {
+        let (gate, id) = (gate.clone(), id.clone());
+        let (ledger, shipment_fails) = (Arc::clone(&ledger), Arc::clone(&shipment_fails));
+        async move {
+            for _ in 0..200 {
+                let fails = shipment_fails.swap(false, Ordering::SeqCst);
+                let outcome = gate.guard(&id).run(checkout(&ledger, fails)).await;
+                match &outcome {
+                    Ok(_) | Err(CheckoutError::Rejected(Rejected::AlreadyDone)) => return outcome,
+                    _ => tokio::time::sleep(Duration::from_millis(2)).await,
+                }
+            }
+            panic!("the key never completed");
+        }
+    })
+    .await;
+    let completed = report
+        .invocations
+        .iter()
+        .filter(|invocation| matches!(invocation.outcome, Ok(Ok(_))))
+        .count();
+    assert_eq!(completed, 1, "{report:?}");
+    assert_eq!(ledger.counts(), (1, 1, 1), "each step ran once");
+}
+
+#[tokio::test]
+async fn outside_a_guarded_body_a_step_is_refused_and_does_not_run() {
+    let ran = AtomicUsize::new(0);
+    let outcome: Result<(), Rejected> = idem::step("charge", async {
+        ran.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })
+    .await;
+    assert!(
+        matches!(
+            outcome,
+            Err(Rejected::NotGuarded {
+                called: "idem::step",
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    let key = idem::downstream_key("charge");
+    assert!(matches!(key, Err(Rejected::NotGuarded { .. })), "{key:?}");
+}
+
+#[tokio::test]
+async fn in_a_task_the_body_spawned_a_step_is_refused() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_9");
+    let outcome: Result<Result<(), Rejected>, Rejected> = gate
+        .guard(&id)
+        .run(async {
+            let spawned =
+                tokio::spawn(idem::step("charge", async { Ok::<(), Rejected>(()) }).into_future());
+            Ok(spawned.await.expect("the task"))
+        })
+        .await;
+    let inner = outcome.expect("the body succeeds");
+    assert!(
+        matches!(inner, Err(Rejected::NotGuarded { .. })),
+        "{inner:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_step_name_used_twice_in_one_run_is_refused() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_10");
+    let ran = AtomicUsize::new(0);
+    let outcome: Result<(), Rejected> = gate
+        .guard(&id)
+        .run(async {
+            idem::step("ship", async { Ok::<(), Rejected>(()) }).await?;
+            idem::step("ship", async {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), Rejected>(())
+            })
+            .await
+        })
+        .await;
+    assert!(
+        matches!(outcome, Err(Rejected::NotGuarded { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+/// A checkout inside the caller's transaction: charges (a step recorded
+/// on the transaction), then ships, failing when `ship_fails`.
+async fn checkout_in(
+    gate: &Gate,
+    id: &Identity,
+    connection: &mut idem::sqlx::PgConnection,
+    ledger: &Ledger,
+    ship_fails: bool,
+) -> Result<u64, CheckoutError> {
+    gate.guard(id)
+        .tx(&mut *connection)
+        .run(async |connection| {
+            let receipt: u64 = idem::step("charge", async {
+                Ok::<_, CheckoutError>(ledger.charged.fetch_add(1, Ordering::SeqCst) as u64)
+            })
+            .on(&mut *connection)
+            .await?;
+            if ship_fails {
+                return Err(CheckoutError::ShipmentFailed);
+            }
+            Ok(receipt)
+        })
+        .await
+}
+
+#[tokio::test]
+async fn in_a_transaction_a_step_commits_or_rolls_back_with_it() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_11");
+    let ledger = Ledger::default();
+
+    // Rolled back: the claim and the step's record are forgotten together,
+    // so the next run charges again (what its downstream key is for).
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let first = checkout_in(&gate, &id, &mut tx, &ledger, false).await;
+    assert_eq!(first.ok(), Some(0));
+    tx.rollback().await.expect("rollback");
+    assert_eq!(state_of(&gate, &id).await, None);
+
+    // Committed after a failure that releases the claim: the charge's
+    // record commits, so the retry resumes without charging.
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let second = checkout_in(&gate, &id, &mut tx, &ledger, true).await;
+    assert!(
+        matches!(second, Err(CheckoutError::ShipmentFailed)),
+        "{second:?}"
+    );
+    tx.commit().await.expect("commit");
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let third = checkout_in(&gate, &id, &mut tx, &ledger, false).await;
+    assert_eq!(third.ok(), Some(1), "the second run's charge, replayed");
+    tx.commit().await.expect("commit");
+    assert_eq!(ledger.charged.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_step_on_the_wrong_connection_discipline_is_refused_with_what_to_do() {
+    let gate = testing::gate().await;
+    // A claim inside a transaction, a step without it.
+    let id = Identity::new("checkout").part("ord_12");
+    let mut tx = gate.pool().begin().await.expect("begin");
+    let in_tx: Result<(), Rejected> = gate
+        .guard(&id)
+        .tx(&mut tx)
+        .run(async |_| idem::step("charge", async { Ok::<(), Rejected>(()) }).await)
+        .await;
+    match in_tx {
+        Err(Rejected::NotGuarded { why, .. }) => assert!(why.contains(".on(&mut *tx)"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    drop(tx);
+
+    // A claim on the pool, a step on a connection.
+    let mut connection = gate.pool().acquire().await.expect("a connection");
+    let on_pool: Result<(), Rejected> = gate
+        .guard(&id)
+        .run(async {
+            idem::step("charge", async { Ok::<(), Rejected>(()) })
+                .on(&mut connection)
+                .await
+        })
+        .await;
+    match on_pool {
+        Err(Rejected::NotGuarded { why, .. }) => assert!(why.contains("on the pool"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_batch_s_bodies_run_their_steps_each_under_its_own_claim() {
+    let gate = testing::gate().await;
+    let ledger = Arc::new(Ledger::default());
+    let batch = || -> Batch<u64> {
+        (1..=3)
+            .map(|n| (n, Identity::new("checkout").part(n + 100)))
+            .collect()
+    };
+    // Item 2's shipment fails the first time: its claim is released, its
+    // charge recorded.
+    let run = |ship_fails_for: u64| {
+        let ledger = Arc::clone(&ledger);
+        gate.guard_batch(batch()).run(move |n: u64| {
+            let ledger = Arc::clone(&ledger);
+            async move { checkout(&ledger, n == ship_fails_for).await }
+        })
+    };
+    let first = run(2).await;
+    assert!(
+        matches!(first[1], Err(CheckoutError::ShipmentFailed)),
+        "{first:?}"
+    );
+    assert_eq!(ledger.counts(), (3, 2, 2));
+    let second = run(0).await;
+    assert!(second[1].is_ok(), "{second:?}");
+    assert_eq!(
+        ledger.counts(),
+        (3, 3, 3),
+        "item 2 resumed after its charge"
+    );
+}
+
+#[tokio::test]
+async fn downstream_keys_are_stable_per_identity_and_step_and_never_shared() {
+    let gate = testing::gate().await;
+    // The key a body of `id` under `gate` is given for `step`; the body
+    // then fails, so the identity runs again next time.
+    let key_of = |gate: Gate, id: Identity, step: &'static str| async move {
+        let seen = std::sync::Mutex::new(None);
+        let _: Result<(), Rejected> = gate
+            .guard(&id)
+            .run(async {
+                *seen.lock().expect("the key") = Some(idem::downstream_key(step)?);
+                Err(Rejected::InFlight)
+            })
+            .await;
+        seen.into_inner().expect("the key").expect("a key")
+    };
+    let id = Identity::new("checkout").part("ord_13");
+    let first = key_of(gate.clone(), id.clone(), "charge").await;
+    assert!(first.starts_with("idem_") && first.len() == 45, "{first}");
+    assert!(
+        first
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    );
+    assert_eq!(
+        key_of(gate.clone(), id.clone(), "charge").await,
+        first,
+        "stable"
+    );
+    let others = [
+        key_of(gate.clone(), id.clone(), "ship").await,
+        key_of(
+            gate.clone(),
+            Identity::new("checkout").part("ord_14"),
+            "charge",
+        )
+        .await,
+        key_of(gate.account("another"), id.clone(), "charge").await,
+        key_of(gate.namespace("live"), id.clone(), "charge").await,
+    ];
+    for other in &others {
+        assert_ne!(&first, other);
+    }
+}
+
+#[tokio::test]
+async fn a_detached_body_runs_its_steps_under_its_claim() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_15");
+    let detached = idem::Detached::with_bound(Duration::from_secs(30));
+    let ledger = Arc::new(Ledger::default());
+    let run = |ship_fails: bool| {
+        let ledger = Arc::clone(&ledger);
+        gate.guard(&id).run_detached(
+            &detached,
+            async move { checkout(&ledger, ship_fails).await },
+        )
+    };
+    let first = run(true).await;
+    assert!(
+        matches!(first, Err(CheckoutError::ShipmentFailed)),
+        "{first:?}"
+    );
+    let second = run(false).await;
+    assert_eq!(second.ok(), Some(100 * 1000 + 200));
+    assert_eq!(ledger.counts(), (1, 1, 1));
+    detached.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Holds `id` in doubt with its step "ship" cut off: a first holder is
+/// dropped inside it, a second finds it in doubt and fails for it.
+async fn ship_in_doubt(gate: &Gate, id: &Identity, ledger: &Ledger) {
+    let lease = Duration::from_millis(200);
+    let began = Arc::new(tokio::sync::Notify::new());
+    let first = gate.guard(id).lease(lease).run({
+        let began = Arc::clone(&began);
+        async move {
+            idem::step("charge", async { Ok::<u64, Rejected>(100) }).await?;
+            idem::step("ship", async move {
+                began.notify_one();
+                std::future::pending::<()>().await;
+                Ok::<u64, Rejected>(0)
+            })
+            .await
+        }
+    });
+    tokio::select! {
+        _ = first => panic!("the shipment never finishes"),
+        () = began.notified() => {}
+    }
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let second = gate
+        .guard(id)
+        .lease(lease)
+        .run(checkout(ledger, false))
+        .await;
+    assert!(
+        matches!(rejected(&second), Some(Rejected::StepInDoubt { .. })),
+        "{second:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_reconciler_is_told_the_step_in_doubt_and_its_answer_lets_the_retry_resume() {
+    use idem::reconcile::{Reconciler, Verdict};
+    for happened in [true, false] {
+        let gate = testing::gate().await;
+        let action = testing::unique_name("checkout");
+        let id = Identity::new(&action).part("ord_16");
+        let ledger = Ledger::default();
+        ship_in_doubt(&gate, &id, &ledger).await;
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reconciler = Reconciler::new(gate.pool().clone()).probe(action.clone(), {
+            let told = Arc::clone(&told);
+            move |doubt| {
+                told.lock()
+                    .expect("told")
+                    .push(doubt.steps_in_doubt.clone());
+                async move {
+                    if happened {
+                        Verdict::step_succeeded_with("ship", &777_u64).expect("a value")
+                    } else {
+                        Verdict::NotHappened
+                    }
+                }
+            }
+        });
+        let pass = reconciler.reconcile_once().await.expect("a pass");
+        assert_eq!(pass.resolved, 1, "{pass:?}");
+        assert_eq!(*told.lock().expect("told"), [vec!["ship".to_owned()]]);
+        assert_eq!(state_of(&gate, &id).await, None, "released for the retry");
+        // The retry: the charge replayed; the shipment replayed as the probe
+        // said, or run now that it did not happen.
+        let retry = gate.guard(&id).run(checkout(&ledger, false)).await;
+        let parcel = if happened { 777 } else { 200 };
+        assert_eq!(
+            retry.ok(),
+            Some(100 * 1000 + parcel),
+            "happened: {happened}"
+        );
+        assert_eq!(ledger.counts(), (0, u64::from(!happened) as usize, 1));
+    }
+}

@@ -1,0 +1,9 @@
+//! Helpers more than one module of the test suite uses, defined once.
+
+pub(crate) mod bodies;
+pub(crate) mod doubt;
+#[cfg(all(feature = "tower", feature = "axum"))]
+pub(crate) mod http;
+pub(crate) mod proxy;
+#[cfg(feature = "metrics")]
+pub(crate) mod recorder;
