@@ -67,16 +67,28 @@ macro_rules! claim_held {
 }
 
 /// The text of [`BEGIN_STEP`] with its namespace test.
+///
+/// The new row is selected from the claim's own row (`FROM idem_records c`,
+/// its `account` the claim's), not from constants under `WHERE EXISTS`:
+/// both say the same on PostgreSQL, but Citus pushes only this form down
+/// to the shard holding the account, as one statement there. The form
+/// with no table in its `FROM` it plans "pull to coordinator": the look
+/// and the insert as two steps, and a row count that says 1 when
+/// `ON CONFLICT` inserted nothing, so a recorded step would run again.
+/// `RETURNING` says what was inserted on either plan.
 macro_rules! begin_step {
     ($claim_namespace_test:literal) => {
         concat!(
             "INSERT INTO idem_records \
                (account, kind, address, namespace, state, identity, fence, first_fence, \
                 claim_address) \
-             SELECT $1, 'step', $2, $3, 'pending', $4, $5, $5, $6 \
-             WHERE ",
-            claim_held!($claim_namespace_test),
-            " ON CONFLICT DO NOTHING"
+             SELECT c.account, 'step', $2, $3, 'pending', $4, $5, $5, $6 \
+             FROM idem_records c \
+             WHERE c.account = $1 AND c.kind = 'claim' AND c.address = $6 AND ",
+            $claim_namespace_test,
+            " AND c.state = 'pending' AND c.fence = $5 \
+             ON CONFLICT DO NOTHING \
+             RETURNING fence"
         )
     };
 }
@@ -168,14 +180,14 @@ pub(crate) async fn begin_step<'e>(
     address: &str,
     step: NewStep<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let done = BEGIN_STEP
+    let inserted = BEGIN_STEP
         .for_row(scope, address)
         .bind(step.identity)
         .bind(step.fence)
         .bind(step.claim_address)
-        .execute(executor)
+        .fetch_optional(executor)
         .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(inserted.is_some())
 }
 
 /// A step's row, if it has one ([`LOOKUP_STEP`]).
