@@ -21,6 +21,7 @@
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::task::Poll;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
@@ -60,6 +61,11 @@ const POOL_CLAIM_ON: &str = "this body's claim is on the pool, and so are its st
 /// Why a step of a claim inside the caller's transaction needs it.
 const TX_CLAIM_WITHOUT_ON: &str = "this body's claim is inside your transaction, and its steps \
      must be recorded there too: write idem::step(name, future).on(&mut *tx)";
+
+/// Why a step polled outside the body it began in stops.
+const ESCAPED: &str = "the step began in a guarded body and was then polled outside it (in a \
+     task the body spawned, or after the body returned), where its claim does not reach: \
+     await each step in the body itself";
 
 /// What the body being polled runs under.
 pub(crate) struct Ambient {
@@ -160,6 +166,13 @@ impl Ambient {
             Some(_) => Disposition::InDoubt,
             None => wanted,
         }
+    }
+
+    /// Whether this is the claim of the body being polled now.
+    fn is_current(self: &Arc<Self>) -> bool {
+        CLAIM
+            .try_with(|current| Arc::ptr_eq(current, self))
+            .unwrap_or(false)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
@@ -391,7 +404,31 @@ where
             return Err(E::from(refused));
         }
     }
-    let output = step.future.await;
+    // The step's own future is polled only inside the body it began in: a
+    // step moved out of it (into a task the body spawned, or kept past the
+    // body's end) would run outside its claim, perhaps after the claim was
+    // settled or released. It stops at its next poll there instead. Never
+    // polled, it never ran, and its marker goes; polled once, nobody knows
+    // how far it got, and its marker stays: a later run finds it in doubt.
+    let mut future = std::pin::pin!(step.future);
+    let mut polled = false;
+    let output = std::future::poll_fn(|cx| {
+        if !ambient.is_current() {
+            return Poll::Ready(None);
+        }
+        polled = true;
+        future.as_mut().poll(cx).map(Some)
+    })
+    .await;
+    let Some(output) = output else {
+        if !polled {
+            held.abandon(&mut via).await;
+        }
+        return Err(E::from(Rejected::NotGuarded {
+            called: "idem::step",
+            why: ESCAPED,
+        }));
+    };
     match &output {
         Ok(value) => match serde_json::to_string(value) {
             Ok(json) => match held.record(&json, &mut via).await {
