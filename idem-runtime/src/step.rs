@@ -21,8 +21,8 @@
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::task::Poll;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;

@@ -351,7 +351,13 @@ async fn a_step_that_escapes_into_a_spawned_task_does_not_run_there() {
         "the step ran in a spawned task, after its claim settled: {outcome:?}"
     );
     assert!(
-        matches!(outcome, Err(Rejected::NotGuarded { called: "idem::step", .. })),
+        matches!(
+            outcome,
+            Err(Rejected::NotGuarded {
+                called: "idem::step",
+                ..
+            })
+        ),
         "the escaped step says it is not guarded: {outcome:?}"
     );
 }
@@ -412,7 +418,11 @@ async fn a_step_that_escapes_a_body_that_releases_is_in_doubt_for_the_retry() {
         matches!(&retry, Err(Rejected::StepInDoubt { step, .. }) if step == "charge"),
         "the retry finds the escaped step in doubt: {retry:?}"
     );
-    assert_eq!(ran.load(Ordering::SeqCst), 0, "the step never ran to its effect");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the step never ran to its effect"
+    );
     assert_eq!(
         state_of(&gate, &id)
             .await
