@@ -202,6 +202,7 @@ async fn one_batch(context: &Context, gate: &Gate, items: Vec<Item>, concurrency
             work: item.work,
             value: id,
             effect: None,
+            stepped: false,
         };
         match item.fingerprint {
             Some(payload) => batch.push_fingerprinted(

@@ -35,6 +35,8 @@ pub struct Body {
     pub(super) value: u64,
     /// Where a transaction-mode body writes its effect.
     pub(super) effect: Option<(Arc<str>, usize)>,
+    /// Its work is two steps ([`Guard::Stepped`](super::Guard::Stepped)).
+    pub(super) stepped: bool,
 }
 
 impl Body {
@@ -43,7 +45,14 @@ impl Body {
         // Held to the end: dropped unfinished, it logs a cancellation or a
         // panic.
         let _inside = self.log.enter();
-        tokio::time::sleep(self.work).await;
+        if self.stepped {
+            if let Err(error) = self.steps().await {
+                self.log.leave(Left::Err);
+                return Err(error);
+            }
+        } else {
+            tokio::time::sleep(self.work).await;
+        }
         match self.plan {
             Plan::Succeed => {
                 if let (Some(tx), Some((account, identity))) = (tx, &self.effect) {
@@ -63,6 +72,40 @@ impl Body {
             Plan::Panic => panic!("{PLANNED_PANIC}"),
             Plan::Hang => std::future::pending().await,
         }
+    }
+}
+
+impl Body {
+    /// Its work as two steps: `reserve`, not repeatable, then `notify`,
+    /// repeatable, each logging that its future ran. A hanging body hangs
+    /// inside one of them (by its value's parity), so that dropping it cuts
+    /// a holder off inside a step: a later run must refuse `reserve`, and
+    /// may run `notify` again.
+    async fn steps(&self) -> Result<(), JobError> {
+        let half = self.work / 2;
+        let hang = self.plan == Plan::Hang;
+        let hang_in_reserve = hang && self.value.is_multiple_of(2);
+        let hang_in_notify = hang && !hang_in_reserve;
+        idem::step("reserve", async {
+            self.log.step("reserve", false);
+            tokio::time::sleep(half).await;
+            if hang_in_reserve {
+                std::future::pending::<()>().await;
+            }
+            Ok::<u64, JobError>(self.value)
+        })
+        .await?;
+        idem::step("notify", async {
+            self.log.step("notify", true);
+            tokio::time::sleep(half).await;
+            if hang_in_notify {
+                std::future::pending::<()>().await;
+            }
+            Ok::<u64, JobError>(self.value)
+        })
+        .repeatable()
+        .await?;
+        Ok(())
     }
 }
 

@@ -114,6 +114,27 @@ impl Figures<'_> {
 }
 
 impl Figures<'_> {
+    /// How many step futures ran, by name, and how many of those ran again
+    /// for an identity (repeatable ones may; rule 9 holds the rest to once).
+    fn steps(&self) -> String {
+        let calls = &self.run.history.invocations;
+        let mut per_identity: BTreeMap<(usize, &str), usize> = BTreeMap::new();
+        for call in calls {
+            for step in call.body.iter().flat_map(|body| &body.steps) {
+                *per_identity.entry((call.identity, step.name)).or_default() += 1;
+            }
+        }
+        let mut ran: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut again: BTreeMap<&str, usize> = BTreeMap::new();
+        for (&(_, name), &count) in &per_identity {
+            *ran.entry(name).or_default() += count;
+            if count > 1 {
+                *again.entry(name).or_default() += count - 1;
+            }
+        }
+        format!("steps ran {ran:?}, ran again for an identity {again:?}")
+    }
+
     fn ledger(&self) -> String {
         let history = &self.run.history;
         let keys = count_by(history.charges.iter(), |charge| Some(charge.identity));
@@ -155,6 +176,9 @@ impl fmt::Display for Figures<'_> {
         )?;
         if !history.batches.is_empty() {
             write!(f, "; {}", self.metering())?;
+        }
+        if history.guards.contains(&Guard::Stepped) {
+            write!(f, "; {}", self.steps())?;
         }
         if !history.charges.is_empty() || !history.probes.is_empty() {
             write!(f, "; {}", self.ledger())?;

@@ -73,7 +73,20 @@ impl Invocation {
             end,
             left,
             extensions: Vec::new(),
+            steps: Vec::new(),
         });
+        self
+    }
+
+    /// Its body ran the future of the step `name` at `at`.
+    pub fn stepped(&mut self, name: &'static str, repeatable: bool, at: Micros) -> &mut Invocation {
+        if let Some(body) = self.body.as_mut() {
+            body.steps.push(super::StepRan {
+                name,
+                repeatable,
+                at,
+            });
+        }
         self
     }
 

@@ -84,6 +84,12 @@ mod attribute {
     pub async fn fail_open(gate: &Gate, n: u64, body: Body) -> Result<u64, JobError> {
         body.run(None).await
     }
+
+    // The body's steps (`Body::stepped`) run under this claim.
+    #[idempotent(key = "n", action = "history", lease = "80ms")]
+    pub async fn stepped(gate: &Gate, n: u64, body: Body) -> Result<u64, JobError> {
+        body.run(None).await
+    }
 }
 
 /// One call, as drawn.
@@ -104,7 +110,11 @@ async fn dispatch(gate: &Gate, call: Call, body: Body) -> Result<u64, JobError> 
     match (call.entry, call.guard) {
         (Entry::Attribute, _) => by_attribute(gate, call, body).await,
         (_, Guard::Tx) => by_claim_in(gate, call, body).await,
-        (Entry::Claim, guard) if !guard.replays() => by_claim(gate, call, body).await,
+        // Steps are recorded under the claim a guard's run makes ambient to
+        // its body; a body between a hand claim and its settle has none.
+        (Entry::Claim, guard) if !guard.replays() && guard != Guard::Stepped => {
+            by_claim(gate, call, body).await
+        }
         (_, guard) => {
             let id = identity(call.identity);
             guard.run(gate, &id, call.fingerprint, body.run(None)).await
@@ -144,6 +154,7 @@ impl Guard {
                     .run(body)
                     .await
             }
+            Guard::Stepped => guard.lease(SHORT_LEASE).run(body).await,
             // Its body writes through the transaction's connection.
             Guard::Tx => panic!("a tx guard runs through `claim_in`, not on the pool"),
         }
@@ -172,7 +183,7 @@ impl Guard {
                     .claim()
                     .await
             }
-            Guard::Replay | Guard::Fingerprint | Guard::Tx => {
+            Guard::Replay | Guard::Fingerprint | Guard::Tx | Guard::Stepped => {
                 panic!("no plain claim on the pool for {self:?}")
             }
         }
@@ -224,6 +235,7 @@ async fn by_attribute(gate: &Gate, call: Call, body: Body) -> Result<u64, JobErr
         }
         Guard::AsyncOutcome => attribute::async_outcome(gate, n, body).await,
         Guard::FailOpen => attribute::fail_open(gate, n, body).await,
+        Guard::Stepped => attribute::stepped(gate, n, body).await,
         Guard::Lease(_) => panic!("no attribute function has the lease of {call:?}"),
         Guard::Reconciled => panic!("the reconciler's workload makes its own calls: {call:?}"),
     }
@@ -357,6 +369,7 @@ pub(super) async fn invoke(gate: &Gate, recorder: &Recorder, call: Call) -> Got 
         work: call.work,
         value: id,
         effect: (call.guard == Guard::Tx).then(|| (Arc::from(gate.account_name()), call.identity)),
+        stepped: call.guard == Guard::Stepped,
     };
     let start = recorder.now();
     let (ending, events) = testing::observe(async {

@@ -38,6 +38,10 @@
 //!    told one story.
 //! 8. **Detached.** A request through the tower layer whose client went
 //!    away still runs to completion: its handler is never cancelled.
+//! 9. **Steps** (identities of [`Guard::Stepped`], with rules 1 to 3
+//!    instead of 1 to 5). No step of an identity that is not declared
+//!    repeatable runs twice, in gated bodies: not after a release, a
+//!    takeover, a holder cut off inside it, or a reply lost.
 //!
 //! Where a fault makes the truth unknowable the checker gives the benefit
 //! of the doubt, and only there: a claim refused as unavailable (or run
@@ -145,11 +149,17 @@ pub enum Guard {
     /// fake provider, and rule 7 (the ledger) judges it instead of rules 1
     /// to 5, which know nothing of dispositions.
     Reconciled,
+    /// Steps inside one claim, under [`SHORT_LEASE`] (taken over): each
+    /// body runs the step `reserve` (not repeatable; a hanging body hangs
+    /// inside it) and then `notify` (repeatable), each logging that its
+    /// future ran. Rule 9 judges it with rules 1 to 3; rules 4 and 5 know
+    /// nothing of a claim a step in doubt holds.
+    Stepped,
 }
 
 impl Guard {
     /// Every guard, each lease length once.
-    pub const EVERY: [Guard; 9] = [
+    pub const EVERY: [Guard; 10] = [
         Guard::Plain,
         Guard::Replay,
         Guard::Fingerprint,
@@ -159,6 +169,7 @@ impl Guard {
         Guard::Tx,
         Guard::AsyncOutcome,
         Guard::FailOpen,
+        Guard::Stepped,
     ];
 
     /// Its name in figures and anomalies.
@@ -173,6 +184,7 @@ impl Guard {
             Guard::AsyncOutcome => "async",
             Guard::FailOpen => "fail_open",
             Guard::Reconciled => "reconciled",
+            Guard::Stepped => "stepped",
         }
     }
 
@@ -181,6 +193,7 @@ impl Guard {
         match self {
             Guard::Lease(lease) => Some(lease),
             Guard::Reconciled => Some(RECONCILED_LEASE),
+            Guard::Stepped => Some(SHORT_LEASE),
             _ => None,
         }
     }
@@ -244,6 +257,19 @@ pub struct BodyRun {
     pub left: Left,
     /// Lease renewals made while it ran.
     pub extensions: Vec<Extension>,
+    /// The steps whose future ran in it, in order.
+    pub steps: Vec<StepRan>,
+}
+
+/// A step's future began to run (`idem::step`): its effect may happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepRan {
+    /// The step's name.
+    pub name: &'static str,
+    /// Declared `.repeatable()`.
+    pub repeatable: bool,
+    /// When its future began.
+    pub at: Micros,
 }
 
 /// A `Claim::extend` call.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::{
     BodyRun, Charge, Extension, Fault, FaultKind, Guard, History, Invocation, Keys, Left,
-    MeterAttempt, Metered, Micros, ProbeVerdict, Probed, receipt,
+    MeterAttempt, Metered, Micros, ProbeVerdict, Probed, StepRan, receipt,
 };
 
 /// Records a history as it happens. Shared by every task of a run.
@@ -186,6 +186,7 @@ impl BodyLog {
             end: start,
             left: Left::Cancelled,
             extensions: Vec::new(),
+            steps: Vec::new(),
         });
         self.open.store(true, Ordering::SeqCst);
         self.entered.notify_one();
@@ -205,6 +206,18 @@ impl BodyLog {
     pub(super) fn extension(&self, extension: Extension) {
         if let Some(run) = lock(&self.run).as_mut() {
             run.extensions.push(extension);
+        }
+    }
+
+    /// The future of the step `name` begins to run now.
+    pub(super) fn step(&self, name: &'static str, repeatable: bool) {
+        let at = self.now();
+        if let Some(run) = lock(&self.run).as_mut() {
+            run.steps.push(StepRan {
+                name,
+                repeatable,
+                at,
+            });
         }
     }
 

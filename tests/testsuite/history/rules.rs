@@ -272,3 +272,63 @@ fn a_late_success_over_a_takeover_is_judged_by_when_each_won_not_when_each_was_c
     // Had #1 won after #0, nothing of it could have settled over #0's row.
     assert!(told_not_recorded(62 * MS).contains(&Rule::TrueAnswers));
 }
+
+// ---------------------------------------------------------------- rule 9
+
+/// A stepped identity: #0 runs `reserve` and `notify`, then fails and
+/// releases; #1 replays `reserve` (its future does not run), runs `notify`
+/// again (repeatable) and settles.
+fn stepped_released_and_retried() -> History {
+    let mut history = History::of(vec![Guard::Stepped]);
+    history
+        .call(0, 0, 10 * MS)
+        .body(MS, 9 * MS, Left::Err)
+        .stepped("reserve", false, 2 * MS)
+        .stepped("notify", true, 5 * MS)
+        .got(Got::Failed)
+        .events(&[Event::Won, Event::Released]);
+    history
+        .call(0, 20 * MS, 30 * MS)
+        .body(21 * MS, 29 * MS, Left::Ok(1))
+        .stepped("notify", true, 22 * MS)
+        .got(Got::Value(1))
+        .events(&[Event::Won, Event::Settled]);
+    history
+}
+
+#[test]
+fn a_stepped_history_that_replays_its_step_has_no_anomalies() {
+    assert_eq!(broken(&stepped_released_and_retried(), &success()), []);
+}
+
+#[test]
+fn a_step_that_is_not_repeatable_run_twice_breaks_rule_9() {
+    let mut history = stepped_released_and_retried();
+    // The retry ran `reserve` again instead of replaying it.
+    if let Some(body) = history.invocations[1].body.as_mut() {
+        body.steps.insert(
+            0,
+            idem_test_support::history::StepRan {
+                name: "reserve",
+                repeatable: false,
+                at: 21 * MS,
+            },
+        );
+    }
+    assert_eq!(broken(&history, &success()), [Rule::Steps]);
+}
+
+#[test]
+fn a_step_run_twice_by_an_ungated_body_breaks_nothing() {
+    // Ungated (a store down under fail-open): its steps are not recorded,
+    // by design, so running one again is no broken promise of steps.
+    let mut history = stepped_released_and_retried();
+    history
+        .call(0, 40 * MS, 50 * MS)
+        .body(41 * MS, 49 * MS, Left::Ok(2))
+        .stepped("reserve", false, 42 * MS)
+        .got(Got::Value(2))
+        .events(&[Event::Refused("unavailable"), Event::Ungated]);
+    let rules = broken(&history, &success());
+    assert!(!rules.contains(&Rule::Steps), "{rules:?}");
+}

@@ -10,6 +10,7 @@ mod invocation;
 mod kept;
 mod ledger;
 mod metering;
+mod steps;
 mod true_answers;
 mod view;
 
@@ -49,6 +50,8 @@ pub enum Rule {
     Ledger = 7,
     /// A request whose client went away still runs to completion.
     Detached = 8,
+    /// No step that is not repeatable runs twice.
+    Steps = 9,
 }
 
 impl Rule {
@@ -62,6 +65,7 @@ impl Rule {
             Rule::Metering => "metering",
             Rule::Ledger => "ledger",
             Rule::Detached => "detached",
+            Rule::Steps => "steps",
         }
     }
 }
@@ -109,6 +113,15 @@ pub fn check(history: &History, last: &Final) -> Vec<Anomaly> {
         if view.guard == Guard::Reconciled {
             // Dispositions and resolutions: the ledger judges these.
             found.ledger();
+            continue;
+        }
+        if view.guard == Guard::Stepped {
+            // A step in doubt holds its claim, which rules 4 and 5 do not
+            // know: the steps' own rule instead.
+            found.exclusive();
+            found.kept();
+            found.done_means_done();
+            found.steps();
             continue;
         }
         found.exclusive();
