@@ -187,6 +187,7 @@ impl Ambient {
 /// operator's release).
 ///
 /// ```no_run
+/// # use idem_runtime as idem;
 /// # async fn example(gate: &idem::Gate, order: &str) -> Result<(), idem::Rejected> {
 /// # async fn charge(key: &str) -> Result<String, idem::Rejected> { Ok(key.into()) }
 /// # async fn ship(order: &str) -> Result<u64, idem::Rejected> { Ok(1) }
