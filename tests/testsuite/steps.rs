@@ -24,6 +24,7 @@ use idem::testing;
 use idem::{Disposition, Gate, Identity, Rejected};
 
 use crate::support::doubt::state_of;
+use crate::support::steps::cut_off_inside;
 
 /// Effects, counted per step: what a fake provider would have done.
 #[derive(Default)]
@@ -152,33 +153,12 @@ async fn a_failed_step_is_not_recorded_and_runs_again() {
     assert_eq!(ledger.counts(), (1, 1, 1));
 }
 
-/// Starts a checkout whose charge never finishes, and drops it mid-step
-/// once the charge began: its holder is cut off inside the step.
-async fn cut_off_inside_the_charge(gate: &Gate, id: &Identity, lease: Duration) {
-    let began = Arc::new(tokio::sync::Notify::new());
-    let run = gate.guard(id).lease(lease).run({
-        let began = Arc::clone(&began);
-        async move {
-            idem::step("charge", async move {
-                began.notify_one();
-                std::future::pending::<()>().await;
-                Ok::<u64, Rejected>(1)
-            })
-            .await
-        }
-    });
-    tokio::select! {
-        _ = run => panic!("the charge never finishes"),
-        () = began.notified() => {}
-    }
-}
-
 #[tokio::test]
 async fn a_step_cut_off_inside_is_in_doubt_for_the_next_holder_and_holds_the_claim() {
     let gate = testing::gate().await;
     let id = Identity::new("checkout").part("ord_4");
     let lease = Duration::from_millis(200);
-    cut_off_inside_the_charge(&gate, &id, lease).await;
+    cut_off_inside(&gate, &id, "charge", lease, &Arc::default()).await;
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
 
     let ran = AtomicUsize::new(0);
@@ -215,7 +195,7 @@ async fn a_step_cut_off_inside_holds_the_claim_even_when_the_body_classifies_its
     let gate = testing::gate().await;
     let id = Identity::new("checkout").part("ord_5");
     let lease = Duration::from_millis(200);
-    cut_off_inside_the_charge(&gate, &id, lease).await;
+    cut_off_inside(&gate, &id, "charge", lease, &Arc::default()).await;
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
     let outcome: Result<u64, Rejected> = gate
         .guard(&id)
@@ -236,7 +216,7 @@ async fn a_repeatable_step_cut_off_inside_runs_again_under_the_next_holder() {
     let gate = testing::gate().await;
     let id = Identity::new("checkout").part("ord_6");
     let lease = Duration::from_millis(200);
-    cut_off_inside_the_charge(&gate, &id, lease).await;
+    cut_off_inside(&gate, &id, "charge", lease, &Arc::default()).await;
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
     let outcome: Result<u64, Rejected> = gate
         .guard(&id)

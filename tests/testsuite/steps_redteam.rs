@@ -25,6 +25,7 @@ use idem_test_support::Proxy;
 
 use crate::support::doubt::state_of;
 use crate::support::proxy::pool_through;
+use crate::support::steps::cut_off_inside;
 
 const LEASE: Duration = Duration::from_millis(200);
 
@@ -53,29 +54,6 @@ async fn pending_of(gate: &Gate, id: &Identity) -> Vec<operations::PendingStep> 
     )
     .await
     .expect("list the pending steps")
-}
-
-/// Runs `id` once with a lease, its step `name` counting into `ran` and
-/// then never finishing; the run is dropped once the step began: its holder
-/// is cut off inside it.
-async fn cut_off_inside(gate: &Gate, id: &Identity, name: &str, ran: &Arc<AtomicUsize>) {
-    let began = Arc::new(tokio::sync::Notify::new());
-    let run = gate.guard(id).lease(LEASE).run({
-        let (began, ran, name) = (Arc::clone(&began), Arc::clone(ran), name.to_owned());
-        async move {
-            idem::step(name, async move {
-                ran.fetch_add(1, Ordering::SeqCst);
-                began.notify_one();
-                std::future::pending::<()>().await;
-                Ok::<u64, Rejected>(1)
-            })
-            .await
-        }
-    });
-    tokio::select! {
-        _ = run => panic!("the step never finishes"),
-        () = began.notified() => {}
-    }
 }
 
 // ---------------------------------------------------------------------
@@ -307,6 +285,25 @@ async fn a_stale_holder_and_the_new_one_finishing_one_step_at_once_leave_the_new
 // Misuse
 // ---------------------------------------------------------------------
 
+/// In the body being polled, begins the step `name`, whose future counts
+/// into `ran` once `gone` fires; polls it until its marker is in and its
+/// future waits, then spawns it: the step escapes its body.
+async fn escape(
+    name: &'static str,
+    ran: &Arc<AtomicUsize>,
+    gone: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<Result<u64, Rejected>> {
+    let ran = Arc::clone(ran);
+    let mut step = idem::step(name, async move {
+        let _ = gone.await;
+        ran.fetch_add(1, Ordering::SeqCst);
+        Ok::<u64, Rejected>(1)
+    })
+    .into_future();
+    let _ = tokio::time::timeout(Duration::from_millis(300), &mut step).await;
+    tokio::spawn(step)
+}
+
 /// "Outside a guarded body, or in a task the body spawned, a step is
 /// NotGuarded and its future does not run." A step first polled in the
 /// body, then handed to a task the body spawned, stops at its next poll
@@ -318,22 +315,9 @@ async fn a_step_that_escapes_into_a_spawned_task_does_not_run_there() {
     let id = Identity::new("rs_escape").part(1);
     let ran = Arc::new(AtomicUsize::new(0));
     let (go, gone) = tokio::sync::oneshot::channel::<()>();
-    let task: tokio::task::JoinHandle<Result<u64, Rejected>> = gate
+    let task = gate
         .guard(&id)
-        .run({
-            let ran = Arc::clone(&ran);
-            async move {
-                let mut step = idem::step("late", async move {
-                    let _ = gone.await;
-                    ran.fetch_add(1, Ordering::SeqCst);
-                    Ok::<u64, Rejected>(1)
-                })
-                .into_future();
-                // Polled until its marker is in and its future waits.
-                let _ = tokio::time::timeout(Duration::from_millis(300), &mut step).await;
-                Ok::<_, Rejected>(tokio::spawn(step))
-            }
-        })
+        .run(async { Ok::<_, Rejected>(escape("late", &ran, gone).await) })
         .await
         .expect("the body settles");
     assert_eq!(
@@ -372,24 +356,13 @@ async fn a_step_that_escapes_a_body_that_releases_is_in_doubt_for_the_retry() {
     let id = Identity::new("rs_escape_released").part(1);
     let ran = Arc::new(AtomicUsize::new(0));
     let (go, gone) = tokio::sync::oneshot::channel::<()>();
-    let escaped = Arc::new(Mutex::new(None));
+    let escaped = Mutex::new(None);
     let first: Result<(), Rejected> = gate
         .guard(&id)
-        .run({
-            let (ran, escaped) = (Arc::clone(&ran), Arc::clone(&escaped));
-            async move {
-                let mut step = idem::step("charge", async move {
-                    let _ = gone.await;
-                    ran.fetch_add(1, Ordering::SeqCst);
-                    Ok::<u64, Rejected>(1)
-                })
-                .into_future();
-                // Polled until its marker is in and its future waits.
-                let _ = tokio::time::timeout(Duration::from_millis(300), &mut step).await;
-                *escaped.lock().unwrap() = Some(tokio::spawn(step));
-                // A failure released by default.
-                Err(Rejected::InFlight)
-            }
+        .run(async {
+            *escaped.lock().unwrap() = Some(escape("charge", &ran, gone).await);
+            // A failure released by default.
+            Err(Rejected::InFlight)
         })
         .await;
     assert!(first.is_err(), "the body failed: {first:?}");
@@ -736,7 +709,7 @@ async fn hostile_step_names_are_recorded_replayed_and_read_back_exactly() {
     // Cut off inside hostile names: the reconciler's list has them exactly.
     for name in ["a\0b", long.as_str(), "café ☕ 🧾 שלום"] {
         let id = Identity::new("rs_names_cut").part(name);
-        cut_off_inside(&gate, &id, name, &Arc::new(AtomicUsize::new(0))).await;
+        cut_off_inside(&gate, &id, name, LEASE, &Arc::new(AtomicUsize::new(0))).await;
         let pending = pending_of(&gate, &id).await;
         let names: Vec<&str> = pending.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, [name]);
@@ -842,7 +815,7 @@ async fn the_same_step_in_two_accounts_or_namespaces_never_meets() {
 /// Holds `id` in doubt with its step `ship` cut off (a first holder dropped
 /// inside it, a second failing for it).
 async fn ship_in_doubt(gate: &Gate, id: &Identity, ran: &Arc<AtomicUsize>) {
-    cut_off_inside(gate, id, "ship", ran).await;
+    cut_off_inside(gate, id, "ship", LEASE, ran).await;
     past_the_lease().await;
     let second: Result<u64, Rejected> = gate
         .guard(id)
@@ -1043,7 +1016,7 @@ async fn an_operator_s_stale_answer_for_a_step_changes_nothing() {
         .await
         .expect("release");
     // A retry begins the step again and is cut off inside it.
-    cut_off_inside(&gate, &id, "ship", &ran).await;
+    cut_off_inside(&gate, &id, "ship", LEASE, &ran).await;
     // The operator's stale answers: neither may touch the new marker.
     assert!(
         !operations::resolve_step(gate.pool(), slot, &stale[0], "1")

@@ -399,7 +399,7 @@ const SETTLE_VACANT_STATEMENT: &str = "INSERT INTO idem_records \
 
 /// Runs `query` (a statement matched on one row's address and fence, or an
 /// insert into one slot); `true` when it changed exactly that row.
-async fn changed_one<'e>(
+pub(super) async fn changed_one<'e>(
     query: Query<'_, Postgres, PgArguments>,
     executor: impl PgExecutor<'e>,
 ) -> Result<bool, sqlx::Error> {

@@ -18,6 +18,7 @@
 
 use sqlx::{FromRow, PgExecutor, Row};
 
+use super::claims::changed_one;
 use super::operations::StepState;
 use super::{Commit, PerCommit, Scope, SplitOnNamespace, per_commit, per_row};
 
@@ -218,15 +219,12 @@ pub(crate) async fn record_step<'e>(
     output: &str,
     commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let done = RECORD_STEP
-        .committing(commit)
-        .for_row(scope, address)
-        .bind(fence)
-        .bind(output)
-        .bind(claim_address)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    let statement = RECORD_STEP.committing(commit).for_row(scope, address);
+    changed_one(
+        statement.bind(fence).bind(output).bind(claim_address),
+        executor,
+    )
+    .await
 }
 
 /// Deletes the holder's marker of a failed step ([`ABANDON_STEP`]).
@@ -239,14 +237,8 @@ pub(crate) async fn abandon_step<'e>(
     claim_address: &str,
     commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let done = ABANDON_STEP
-        .committing(commit)
-        .for_row(scope, address)
-        .bind(fence)
-        .bind(claim_address)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    let statement = ABANDON_STEP.committing(commit).for_row(scope, address);
+    changed_one(statement.bind(fence).bind(claim_address), executor).await
 }
 
 /// Moves a cut-off holder's marker (fence `theirs`) to this holder's
@@ -259,14 +251,15 @@ pub(crate) async fn retake_step<'e>(
     theirs: i64,
     step: NewStep<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let done = RETAKE_STEP
-        .for_row(scope, address)
-        .bind(theirs)
-        .bind(step.fence)
-        .bind(step.claim_address)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    let statement = RETAKE_STEP.for_row(scope, address);
+    changed_one(
+        statement
+            .bind(theirs)
+            .bind(step.fence)
+            .bind(step.claim_address),
+        executor,
+    )
+    .await
 }
 
 /// A step begun and never recorded, as the reconciler reads it.
@@ -338,12 +331,10 @@ pub(crate) async fn resolve_step<'e>(
     claim_address: &str,
     output: &str,
 ) -> Result<bool, sqlx::Error> {
-    let done = RESOLVE_STEP
-        .for_row(scope, address)
-        .bind(fence)
-        .bind(output)
-        .bind(claim_address)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
+    let statement = RESOLVE_STEP.for_row(scope, address);
+    changed_one(
+        statement.bind(fence).bind(output).bind(claim_address),
+        executor,
+    )
+    .await
 }

@@ -7,3 +7,4 @@ pub(crate) mod http;
 pub(crate) mod proxy;
 #[cfg(feature = "metrics")]
 pub(crate) mod recorder;
+pub(crate) mod steps;
