@@ -126,7 +126,11 @@ macro_rules! prunable_in_batch {
 /// `claim_address` in its account and namespace. One `NOT EXISTS` per
 /// namespace form, each found through the partial unique index its
 /// predicate implies (the one for a namespace is empty for a step without
-/// one, and the other way round).
+/// one, and the other way round). Each also tests the step's own
+/// namespace (`s.namespace IS NOT NULL` is implied by the equality): a
+/// test of the outer row alone keeps PostgreSQL 18 from turning the
+/// `NOT EXISTS` into a hashed subplan, which reads every claim of the
+/// table once per batch, and keeps it a probe of the index per step.
 macro_rules! claim_gone {
     () => {
         "NOT EXISTS (SELECT FROM idem_records c \
@@ -135,7 +139,8 @@ macro_rules! claim_gone {
                        AND c.namespace IS NULL AND s.namespace IS NULL) \
          AND NOT EXISTS (SELECT FROM idem_records c \
                          WHERE c.account = s.account AND c.kind = 'claim' \
-                           AND c.address = s.claim_address AND c.namespace = s.namespace)"
+                           AND c.address = s.claim_address \
+                           AND c.namespace = s.namespace AND s.namespace IS NOT NULL)"
     };
 }
 
@@ -406,9 +411,10 @@ pub(super) struct StepsOfPruned {
 /// [`StepsOfPruned`].
 pub(super) const STEPS_OF_PRUNED: StepsOfPruned = StepsOfPruned {
     by_account: SplitOnNamespace {
-        without_namespace: "DELETE FROM idem_records \
-             WHERE account = $1 AND kind = 'step' AND claim_address = ANY ($2::text[]) \
-               AND namespace IS NULL AND $3::text[] IS NULL",
+        without_namespace: "DELETE FROM idem_records s \
+             USING unnest($2::text[]) AS p(address) \
+             WHERE s.account = $1 AND s.kind = 'step' AND s.claim_address = p.address \
+               AND s.namespace IS NULL AND $3::text[] IS NULL",
         within_namespace: "DELETE FROM idem_records s \
              USING unnest($2::text[], $3::text[]) AS p(address, namespace) \
              WHERE s.account = $1 AND s.kind = 'step' AND s.claim_address = p.address \
