@@ -424,6 +424,10 @@ where
     let Some(output) = output else {
         if !polled {
             held.abandon(&mut via).await;
+        } else {
+            // A body still running (the step was polled inside another
+            // body, say) holds its claim should it fail.
+            ambient.lock().unknown = Some(step.name.clone());
         }
         return Err(E::from(Rejected::NotGuarded {
             called: "idem::step",

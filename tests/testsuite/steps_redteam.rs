@@ -406,6 +406,51 @@ async fn a_step_that_escapes_a_body_that_releases_is_in_doubt_for_the_retry() {
     );
 }
 
+/// A step begun in one body and polled inside another guarded body (of
+/// another identity) stops there, and, since it had started, its own
+/// body's failure holds its claim in doubt instead of releasing it.
+#[tokio::test]
+async fn a_step_polled_inside_another_guarded_body_stops_and_holds_its_own_claim() {
+    let gate = testing::gate().await;
+    let outer = Identity::new("rs_escape_nested").part(1);
+    let inner = Identity::new("rs_escape_nested_inner").part(1);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let (_go, gone) = tokio::sync::oneshot::channel::<()>();
+    let outcome: Result<(), Rejected> = gate
+        .guard(&outer)
+        .run(async {
+            let mut step = idem::step("charge", {
+                let ran = Arc::clone(&ran);
+                async move {
+                    let _ = gone.await;
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u64, Rejected>(1)
+                }
+            })
+            .into_future();
+            // Polled until its marker is in and its future waits.
+            let _ = tokio::time::timeout(Duration::from_millis(300), &mut step).await;
+            let nested: Result<u64, Rejected> = gate.guard(&inner).run(step).await;
+            assert!(
+                matches!(nested, Err(Rejected::NotGuarded { .. })),
+                "polled inside another body, the step stops: {nested:?}"
+            );
+            // A failure released by default.
+            Err(Rejected::InFlight)
+        })
+        .await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the step never went on");
+    assert_eq!(
+        state_of(&gate, &outer)
+            .await
+            .map(|(state, _)| state)
+            .as_deref(),
+        Some("in_doubt"),
+        "a step whose outcome is unknown holds its body's claim"
+    );
+}
+
 /// `tokio::join!` of two steps of the same name: one runs, the other is
 /// refused and does not run; a retry replays the one that ran.
 #[tokio::test]
