@@ -25,13 +25,17 @@ async fn waiting_duplicates_get_the_outcome_instead_of_a_refusal() {
     assert_eq!(provider.runs(), 1);
 }
 
+/// Says so on `entered` once its body runs (it holds the claim), then works
+/// 200 ms and fails or charges.
 #[idempotent(key = "order", wait = "5s")]
 async fn flaky_waiting(
     gate: &Gate,
     order: &str,
     fail: bool,
     provider: &Provider,
+    entered: &tokio::sync::Notify,
 ) -> Result<Receipt, JobError> {
+    entered.notify_one();
     tokio::time::sleep(Duration::from_millis(200)).await;
     if fail {
         return Err(JobError::Failed);
@@ -43,10 +47,16 @@ async fn flaky_waiting(
 async fn a_waiting_duplicate_runs_when_the_holder_fails_and_is_told_done_when_it_succeeds() {
     let gate = testing::gate().await;
     let provider = Provider::default();
-    let (failed, waited) = tokio::join!(flaky_waiting(&gate, "ord_5", true, &provider), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        flaky_waiting(&gate, "ord_5", false, &provider).await
-    });
+    // The duplicate calls once the holder's body runs: a sleep would not
+    // say who claims first on a loaded machine.
+    let (holds, unused) = (tokio::sync::Notify::new(), tokio::sync::Notify::new());
+    let (failed, waited) = tokio::join!(
+        flaky_waiting(&gate, "ord_5", true, &provider, &holds),
+        async {
+            holds.notified().await;
+            flaky_waiting(&gate, "ord_5", false, &provider, &unused).await
+        }
+    );
     assert!(matches!(failed, Err(JobError::Failed)), "{failed:?}");
     assert_eq!(
         waited
@@ -55,10 +65,13 @@ async fn a_waiting_duplicate_runs_when_the_holder_fails_and_is_told_done_when_it
         1
     );
 
-    let (first, second) = tokio::join!(flaky_waiting(&gate, "ord_6", false, &provider), async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        flaky_waiting(&gate, "ord_6", false, &provider).await
-    });
+    let (first, second) = tokio::join!(
+        flaky_waiting(&gate, "ord_6", false, &provider, &holds),
+        async {
+            holds.notified().await;
+            flaky_waiting(&gate, "ord_6", false, &provider, &unused).await
+        }
+    );
     first.expect("the holder succeeds");
     assert!(
         matches!(rejected(&second), Some(Rejected::AlreadyDone)),
