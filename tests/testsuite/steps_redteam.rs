@@ -12,7 +12,7 @@
 //! is: the promise it names does not hold (see the reason).
 
 use std::collections::HashMap;
-use std::future::IntoFuture;
+use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -285,14 +285,17 @@ async fn a_stale_holder_and_the_new_one_finishing_one_step_at_once_leave_the_new
 // Misuse
 // ---------------------------------------------------------------------
 
+/// A step begun and waiting: its future boxed, to be polled on elsewhere.
+type Waiting = std::pin::Pin<Box<dyn Future<Output = Result<u64, Rejected>> + Send>>;
+
 /// In the body being polled, begins the step `name`, whose future counts
-/// into `ran` once `gone` fires; polls it until its marker is in and its
-/// future waits, then spawns it: the step escapes its body.
-async fn escape(
+/// into `ran` once `gone` fires, and polls it until its marker is in and its
+/// future waits.
+async fn begin_waiting(
     name: &'static str,
     ran: &Arc<AtomicUsize>,
     gone: tokio::sync::oneshot::Receiver<()>,
-) -> tokio::task::JoinHandle<Result<u64, Rejected>> {
+) -> Waiting {
     let ran = Arc::clone(ran);
     let mut step = idem::step(name, async move {
         let _ = gone.await;
@@ -301,7 +304,16 @@ async fn escape(
     })
     .into_future();
     let _ = tokio::time::timeout(Duration::from_millis(300), &mut step).await;
-    tokio::spawn(step)
+    step
+}
+
+/// [`begin_waiting`], then spawns the step: it escapes its body.
+async fn escape(
+    name: &'static str,
+    ran: &Arc<AtomicUsize>,
+    gone: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<Result<u64, Rejected>> {
+    tokio::spawn(begin_waiting(name, ran, gone).await)
 }
 
 /// "Outside a guarded body, or in a task the body spawned, a step is
@@ -419,17 +431,7 @@ async fn a_step_polled_inside_another_guarded_body_stops_and_holds_its_own_claim
     let outcome: Result<(), Rejected> = gate
         .guard(&outer)
         .run(async {
-            let mut step = idem::step("charge", {
-                let ran = Arc::clone(&ran);
-                async move {
-                    let _ = gone.await;
-                    ran.fetch_add(1, Ordering::SeqCst);
-                    Ok::<u64, Rejected>(1)
-                }
-            })
-            .into_future();
-            // Polled until its marker is in and its future waits.
-            let _ = tokio::time::timeout(Duration::from_millis(300), &mut step).await;
+            let step = begin_waiting("charge", &ran, gone).await;
             let nested: Result<u64, Rejected> = gate.guard(&inner).run(step).await;
             assert!(
                 matches!(nested, Err(Rejected::NotGuarded { .. })),
