@@ -938,3 +938,31 @@ async fn names_with_control_characters_are_escaped_in_text_and_json_stays_json()
     run_sql(&mut conn, "RESET search_path").await;
     drop_schemas(&mut conn, &[&schema]).await;
 }
+
+/// A step's name often carries request data (`format!("charge-{item}")`):
+/// `claims show` prints it quoted and escaped, never a terminal escape or a
+/// line break that would forge a line of its own.
+#[tokio::test]
+async fn step_names_with_control_characters_are_escaped_in_show() {
+    let gate = idem::testing::gate().await;
+    let id = Identity::new("show_escape").part(1);
+    let hostile = "ship\u{1b}[2J\n  \"forged\"  step_000000000000000000000000  success\u{202e}";
+    let ran: Result<(), idem::Rejected> = gate
+        .guard(&id)
+        .run(async {
+            idem::step(hostile, async { Ok::<u8, idem::Rejected>(1) }).await?;
+            Ok(())
+        })
+        .await;
+    ran.expect("the body ran its step");
+    let address = id.address();
+    let run = idem(&["claims", "show", &address, "--account", gate.account_name()]).expect_code(0);
+    let raw: Vec<char> = run
+        .stdout
+        .chars()
+        .filter(|c| (c.is_control() && *c != '\n') || *c == '\u{202e}')
+        .collect();
+    assert!(raw.is_empty(), "printed raw {raw:?}:\n{}", run.stdout);
+    let step_lines = run.stdout.lines().filter(|l| l.contains("step_")).count();
+    assert_eq!(step_lines, 1, "one step, one line:\n{}", run.stdout);
+}

@@ -652,7 +652,7 @@ impl<'a, 'c, R, D> Guard<'a, R, D, InTx<'c>> {
             Ok(Acquired::Settled(stored)) => return outcome.settled(self.identity, stored),
             Err(rejected) => return outcome.refused(rejected),
         };
-        let steps = Ambient::of_tx_claim(claim.held());
+        let steps = Ambient::of_tx_claim(claim.held(), self.identity, self.gate.slots());
         let output = steps.around(body(&mut *connection)).await;
         outcome
             .record(
@@ -833,7 +833,7 @@ impl<'d, O> Checked<'_, 'd, InTx<'_>, O> {
         .await
         {
             Ok(Acquired::Won(claim)) => ControlFlow::Continue(Entered {
-                steps: Ambient::of_tx_claim(claim.held()),
+                steps: Ambient::of_tx_claim(claim.held(), self.identity, self.gate.slots()),
                 claim,
                 outcome: self.outcome,
             }),

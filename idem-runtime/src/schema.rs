@@ -136,6 +136,8 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("state_reason", false),
     ("resolved_at", false),
     ("in_doubt_since", false),
+    ("claim_address", false),
+    ("released_at", false),
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.

@@ -49,11 +49,6 @@ tokio::task_local! {
 /// write to this very step within one round trip.
 const BEGIN_ATTEMPTS: usize = 4;
 
-/// Why a body inside the caller's transaction that claimed nothing (an
-/// absent identity) cannot run steps.
-const NO_CLAIM: &str = "the identity is absent (a key part was None), so nothing was \
-     claimed to record steps under: give every key part a value";
-
 /// Why a step of a claim on the pool is not recorded on a connection.
 const POOL_CLAIM_ON: &str = "this body's claim is on the pool, and so are its steps (so that \
      the next holder sees them whatever becomes of your transaction): drop .on(..)";
@@ -86,8 +81,6 @@ enum Under {
         identity: Identity,
         slots: ScopedPool,
     },
-    /// A body whose claim cannot hold steps (yet): why.
-    Unsupported(&'static str),
 }
 
 struct ClaimFacts {
@@ -140,11 +133,20 @@ impl Ambient {
         })
     }
 
-    /// The facts of a claim won inside the caller's transaction.
-    pub(crate) fn of_tx_claim(held: Option<&WonSlot>) -> Arc<Ambient> {
+    /// The facts of a claim won inside the caller's transaction; with no
+    /// slot held (an absent identity), its steps run unrecorded, as on the
+    /// pool.
+    pub(crate) fn of_tx_claim(
+        held: Option<&WonSlot>,
+        identity: &Identity,
+        slots: &ScopedPool,
+    ) -> Arc<Ambient> {
         let under = match held {
             Some(held) => Under::TxClaim(ClaimFacts::of(held)),
-            None => Under::Unsupported(NO_CLAIM),
+            None => Under::Ungated {
+                identity: identity.clone(),
+                slots: slots.clone(),
+            },
         };
         Arc::new(Ambient {
             under,
@@ -309,12 +311,6 @@ pub fn downstream_key(name: &str) -> Result<String, Rejected> {
                       for it: give every key part a value",
             });
         }
-        Under::Unsupported(why) => {
-            return Err(Rejected::NotGuarded {
-                called: "idem::downstream_key",
-                why,
-            });
-        }
     };
     Ok(identity::downstream_key(
         slots.account(),
@@ -354,7 +350,6 @@ where
         (Under::Claim(_), Some(_)) => return refused(POOL_CLAIM_ON),
         (Under::TxClaim(_), None) => return refused(TX_CLAIM_WITHOUT_ON),
         (Under::Ungated { .. }, _) => return step.future.await,
-        (Under::Unsupported(why), _) => return refused(why),
     };
     {
         let mut log = ambient.lock();
@@ -369,8 +364,18 @@ where
     }
     let held = Held::new(facts, &step.name);
     let count = |outcome| measure::stepped(&facts.slots, &facts.identity, outcome);
+    // Dropped from here on (the body dropped the step, or it panicked
+    // inside it) the step may have begun, and done its effect: a failure
+    // of the body must then hold the claim, not release it. Each way out
+    // below says for itself.
+    let mut cut_off = CutOff {
+        ambient: &ambient,
+        name: &step.name,
+        armed: !step.repeatable,
+    };
     match held.begin(step.repeatable, &mut via).await {
         Ok(Begun::Replay(json)) => {
+            cut_off.disarm();
             count(StepLabel::Replayed);
             // Not a doubt: the step happened, under a type that wrote what
             // this one cannot read. The claim follows the body's failure;
@@ -386,6 +391,7 @@ where
         Ok(Begun::Run) => {}
         Ok(Begun::Rerun) => count(StepLabel::Repeated),
         Err(refused) => {
+            cut_off.disarm();
             match refused {
                 Rejected::StepInDoubt { .. } => {
                     count(StepLabel::InDoubt);
@@ -422,6 +428,7 @@ where
     })
     .await;
     let Some(output) = output else {
+        cut_off.disarm();
         if !polled {
             held.abandon(&mut via).await;
         } else {
@@ -435,7 +442,7 @@ where
         }));
     };
     match &output {
-        Ok(value) => match serde_json::to_string(value) {
+        Ok(value) => match recordable(value) {
             Ok(json) => match held.record(&json, &mut via).await {
                 Ok(()) => count(StepLabel::Recorded),
                 Err(unrecorded) => {
@@ -469,8 +476,8 @@ where
                     action = facts.identity.action(),
                     step = step.name.as_str(),
                     error = %error,
-                    "a step's value could not be serialized, so it is not recorded: a later \
-                     run will find the step in doubt"
+                    "a step's value could not be recorded as JSON that reads back as its type, \
+                     so it is not recorded: a later run will find the step in doubt"
                 );
             }
         },
@@ -481,7 +488,43 @@ where
             }
         }
     }
+    cut_off.disarm();
     output
+}
+
+/// `value` as the JSON text a step records, checked to read back as its
+/// type: a value that would not (a NaN or an infinite float, which
+/// `serde_json` writes as `null`) is refused now, while its run can still
+/// hold the claim, rather than found unreadable by every later run.
+fn recordable<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, serde_json::Error> {
+    let json = serde_json::to_string(value)?;
+    serde_json::from_str::<T>(&json)?;
+    Ok(json)
+}
+
+/// Marks the outcome of the body unknown when dropped armed: a step stopped
+/// between its begin and its end (its body dropped it, or panicked inside
+/// it) may have done its effect. Armed for a step that is not repeatable
+/// (a repeatable one simply runs again); each way out of the step that
+/// says for itself what its outcome means disarms it.
+struct CutOff<'a> {
+    ambient: &'a Ambient,
+    name: &'a str,
+    armed: bool,
+}
+
+impl CutOff<'_> {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CutOff<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.ambient.lock().unknown = Some(self.name.to_owned());
+        }
+    }
 }
 
 /// What beginning a step found.

@@ -32,6 +32,8 @@ mod steps_under_faults;
 // The red team of steps: each promise of their docs attacked (races at a
 // barrier, faults, misuse, hostile names, scopes, the reconciler's verdicts).
 mod steps_redteam;
+// A second red team of steps.
+mod steps_breaks;
 // Batch claims for message consumers.
 mod batches;
 // The tower layer and detached calls, through real servers.

@@ -670,3 +670,129 @@ async fn the_reconciler_is_told_the_step_in_doubt_and_its_answer_lets_the_retry_
         assert_eq!(ledger.counts(), (0, u64::from(!happened) as usize, 1));
     }
 }
+
+/// Ages every row of `gate`'s account by `days`: its claims and steps were
+/// recorded, settled and released that long before they were. (In UTC:
+/// `timestamptz - interval` depends on the time zone, and Citus refuses
+/// such a function of a column in an `UPDATE`.)
+async fn age_by_days(gate: &Gate, days: i32) {
+    idem::sqlx::query(
+        "UPDATE idem_records \
+         SET created_at = (created_at AT TIME ZONE 'UTC' - make_interval(days => $2)) \
+                          AT TIME ZONE 'UTC', \
+             settled_at = (settled_at AT TIME ZONE 'UTC' - make_interval(days => $2)) \
+                          AT TIME ZONE 'UTC', \
+             released_at = (released_at AT TIME ZONE 'UTC' - make_interval(days => $2)) \
+                           AT TIME ZONE 'UTC' \
+         WHERE account = $1",
+    )
+    .bind(gate.account_name())
+    .bind(days)
+    .execute(gate.pool())
+    .await
+    .expect("age the account's rows");
+}
+
+/// Prunes `gate`'s account with a horizon of `days`: what was settled (or,
+/// for a step whose claim is gone, released) before then.
+async fn prune_older_than_days(gate: &Gate, days: u64) {
+    let horizon = std::time::SystemTime::now() - Duration::from_secs(days * 86_400);
+    let filter = idem::operations::PruneFilter::new(horizon).account(gate.account_name());
+    idem::operations::prune(gate.pool(), &filter)
+        .await
+        .expect("prune");
+}
+
+/// A claim released long after its steps were recorded keeps them for its
+/// retry: prune measures an orphaned step's age from its claim's last
+/// release, so a step recorded 60 days ago under a claim released today is
+/// not past a 30-day horizon. Without that, the prune deletes the charge's
+/// record and the retry charges again. On each path that releases: a
+/// body's release, an operator's (or reconciler's) release of a claim held
+/// in doubt, and a batch's release.
+#[tokio::test]
+async fn a_claim_released_after_the_prune_horizon_keeps_its_steps_for_its_retry() {
+    let gate = testing::gate().await;
+
+    // A body's release. The first run charged, then failed to ship; 60
+    // days later a retry failed before its first step (released again);
+    // a prune with a 30-day horizon runs; then the retry that completes.
+    let id = Identity::new("checkout").part("body");
+    let ledger = Ledger::default();
+    let first = gate.guard(&id).run(checkout(&ledger, true)).await;
+    assert!(matches!(first, Err(CheckoutError::ShipmentFailed)));
+    age_by_days(&gate, 60).await;
+    let second = gate
+        .guard(&id)
+        .run(async { Err::<u64, _>(CheckoutError::ShipmentFailed) })
+        .await;
+    assert!(matches!(second, Err(CheckoutError::ShipmentFailed)));
+    prune_older_than_days(&gate, 30).await;
+    let third = gate.guard(&id).run(checkout(&ledger, false)).await;
+    assert_eq!(third.ok(), Some(100 * 1000 + 200));
+    assert_eq!(ledger.counts(), (1, 1, 1), "a body's release: charged once");
+
+    // An operator's release of a claim held in doubt for 60 days.
+    let id = Identity::new("checkout").part("held");
+    let ledger = Ledger::default();
+    let held = gate
+        .guard(&id)
+        .disposition(|_: &CheckoutError| Disposition::InDoubt)
+        .run(checkout(&ledger, true))
+        .await;
+    assert!(matches!(held, Err(CheckoutError::ShipmentFailed)));
+    let state = state_of(&gate, &id).await.map(|(state, _)| state);
+    assert_eq!(state.as_deref(), Some("in_doubt"));
+    age_by_days(&gate, 60).await;
+    let address = id.address();
+    let slot = idem::operations::Slot::new(gate.account_name(), gate.namespace_name(), &address);
+    idem::operations::resolve(gate.pool(), slot, idem::operations::Resolution::Release)
+        .await
+        .expect("release the claim in doubt");
+    prune_older_than_days(&gate, 30).await;
+    let retry = gate.guard(&id).run(checkout(&ledger, false)).await;
+    assert_eq!(retry.ok(), Some(100 * 1000 + 200));
+    assert_eq!(
+        ledger.counts(),
+        (1, 1, 1),
+        "an operator's release: charged once"
+    );
+
+    // A batch's release, 60 days after the item's charge.
+    let ledger = Arc::new(Ledger::default());
+    let batch = || -> Batch<u64> {
+        [(1, Identity::new("checkout").part("batch"))]
+            .into_iter()
+            .collect()
+    };
+    let run = |fails: Option<bool>| {
+        let ledger = Arc::clone(&ledger);
+        gate.guard_batch(batch()).run(move |_: u64| {
+            let ledger = Arc::clone(&ledger);
+            async move {
+                match fails {
+                    // Fails before its first step.
+                    None => Err(CheckoutError::ShipmentFailed),
+                    Some(ship_fails) => checkout(&ledger, ship_fails).await,
+                }
+            }
+        })
+    };
+    assert!(matches!(
+        run(Some(true)).await[0],
+        Err(CheckoutError::ShipmentFailed)
+    ));
+    age_by_days(&gate, 60).await;
+    assert!(matches!(
+        run(None).await[0],
+        Err(CheckoutError::ShipmentFailed)
+    ));
+    prune_older_than_days(&gate, 30).await;
+    let done = run(Some(false)).await;
+    assert_eq!(done[0].as_ref().ok(), Some(&(100 * 1000 + 200)));
+    assert_eq!(
+        ledger.counts(),
+        (1, 1, 1),
+        "a batch's release: charged once"
+    );
+}

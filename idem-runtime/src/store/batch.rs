@@ -260,10 +260,25 @@ pub(super) const SETTLE_BATCH: PerCommit<PerEngine> =
     per_commit!(leading, on_held!(settle_set!(), settle_items!()));
 
 /// Deletes the holder's pending claims, each matched on its fence, freeing
-/// their slots. `$4` fences. Returns the released addresses. Index: one
-/// probe per address into the partial unique index of its form.
-pub(super) const RELEASE_BATCH: PerCommit<PerEngine> =
-    per_commit!(leading, on_held!("DELETE FROM idem_records r USING"));
+/// their slots, and stamps the steps of each claim it deleted released, as
+/// a single release does ([`stamping_released_steps!`](super::stamping_released_steps)).
+/// `$4` fences. Returns the released addresses. Index: one probe per
+/// address into the partial unique index of its form, and one per address
+/// released into the steps'.
+pub(super) const RELEASE_BATCH: PerCommit<PerEngine> = per_commit!(
+    leading,
+    per_batch!(
+        "WITH released AS (DELETE FROM idem_records r USING",
+        "unnest($2::text[], $4::bigint[]) AS item(address, fence)",
+        "r.state = 'pending' AND r.fence = item.fence",
+        "RETURNING r.address), \
+         stamped AS (UPDATE idem_records s SET released_at = now() FROM released \
+                     WHERE s.account = $1 AND s.kind = 'step' \
+                       AND s.claim_address = released.address \
+                       AND s.namespace IS NOT DISTINCT FROM $3) \
+         SELECT address FROM released"
+    )
+);
 
 /// Keeps the holder's pending claims as definite failures, each matched on
 /// its fence. `$4` fences, `$5` how they got there (`state_reason`).

@@ -27,11 +27,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../../sql/v6.sql"),
     "\n",
-    include_str!("../../sql/v7.sql")
+    include_str!("../../sql/v7.sql"),
+    "\n",
+    include_str!("../../sql/v8.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -57,6 +59,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(5, include_str!("../../sql/v5.sql")),
     Migration::new(6, include_str!("../../sql/v6.sql")),
     Migration::new(7, include_str!("../../sql/v7.sql")),
+    Migration::new(8, include_str!("../../sql/v8.sql")),
 ];
 
 /// Serialises concurrent set-ups across processes ("idemschm" in ASCII).

@@ -251,13 +251,16 @@ pub(super) const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
     )
 );
 
-/// Deletes the holder's pending claim, freeing the slot. `$4`: the holder's
-/// fence. Index: the partial unique index of its form.
+/// Deletes the holder's pending claim, freeing the slot, and stamps its
+/// steps released ([`stamping_released_steps!`]). `$4`: the holder's
+/// fence. Index: the partial unique index of its form; the steps', for
+/// the stamp.
 pub(super) const RELEASE: PerCommit<SplitOnNamespace> = per_commit!(
     opening "USING",
     per_row!(
-        "DELETE FROM idem_records",
-        "state = 'pending' AND fence = $4"
+        "WITH released AS (DELETE FROM idem_records",
+        "state = 'pending' AND fence = $4";
+        super::stamping_released_steps!("1", "")
     )
 );
 

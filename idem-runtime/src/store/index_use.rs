@@ -48,7 +48,8 @@ enum Expect {
     SomeIndex,
     /// It finds a claim's steps: through the index of a claim's steps
     /// ([`STEPS_OF_CLAIM_INDEX`]), and any claim it looks up through a
-    /// partial unique index; no other index, never a scan of the table.
+    /// partial unique index; no other index, never a scan of the table. A
+    /// release is one: it stamps its claim's steps.
     StepsOfClaim,
 }
 
@@ -124,12 +125,18 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             &[Int(1), output],
             lookup,
         ),
-        per_row("release", &claims::RELEASE.durable, &[Int(1)], lookup),
+        // A release stamps its claim's steps, found through their index.
+        per_row(
+            "release",
+            &claims::RELEASE.durable,
+            &[Int(1)],
+            Expect::StepsOfClaim,
+        ),
         per_row(
             "release_async",
             &claims::RELEASE.asynchronous,
             &[Int(1)],
-            lookup,
+            Expect::StepsOfClaim,
         ),
         per_row("extend", &claims::EXTEND, &[Int(1), Int(1_000)], lookup),
         per_row("keep", &claims::KEEP.durable, &[Int(1), reason], lookup),
@@ -207,7 +214,7 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             "operations release",
             &operations::RELEASE_PENDING,
             &[],
-            lookup,
+            Expect::StepsOfClaim,
         ),
         per_row(
             "operations lock for resolve",
@@ -231,7 +238,7 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             "operations resolve release",
             &operations::RESOLVE_RELEASE,
             &[Int(1)],
-            lookup,
+            Expect::StepsOfClaim,
         ),
         // `$2` is the claim's address here.
         per_row(

@@ -151,6 +151,35 @@ macro_rules! async_commit {
 }
 use async_commit;
 
+/// The end of a statement that deletes one claim (it opens with
+/// `WITH released AS (DELETE FROM idem_records`, and its `WHERE` finds the
+/// claim as [`per_row!`]'s does): in the same statement, when the claim was
+/// deleted, its steps are stamped `released_at = now()`, so that prune
+/// measures their age from the release, not from when they were recorded
+/// (a claim held in doubt for weeks and then released keeps the steps its
+/// retry replays). It selects (`$select`, of the deleted row `r`) a row per claim deleted, none when the
+/// claim was no longer there to delete, so the statement's count is the
+/// `DELETE`'s. The steps are found through `idem_records_steps_of_claim`
+/// (`$1` the account, `$2` the claim's address); `namespace IS NOT
+/// DISTINCT FROM $3` serves both namespace forms. The stamp waits for the
+/// `DELETE` (the `EXISTS` reads its rows), so a release locks its claim
+/// before its steps, as every other statement that locks both does.
+macro_rules! stamping_released_steps {
+    ($returning:literal, $select:expr) => {
+        concat!(
+            "RETURNING ",
+            $returning,
+            "), stamped AS (UPDATE idem_records SET released_at = now() \
+             WHERE account = $1 AND kind = 'step' AND claim_address = $2 \
+               AND namespace IS NOT DISTINCT FROM $3 AND EXISTS (SELECT FROM released)) \
+             SELECT ",
+            $select,
+            " FROM released r"
+        )
+    };
+}
+use stamping_released_steps;
+
 /// A [`PerCommit`] from one statement: `$form!($head, ...)` (a statement
 /// macro, such as [`per_row!`], whose first argument is the statement up to
 /// its `WHERE`) is the durable form; the asynchronous form is the same call

@@ -661,16 +661,18 @@ pub async fn steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<ClaimStep>, Erro
 }
 
 /// Deletes a claim only while it is pending (it may have settled since it
-/// was read), and returns it. `$1` account, `$2` address, `$3` namespace.
-/// Index: the partial unique index of its form.
+/// was read), stamps its steps released
+/// ([`stamping_released_steps!`](super::stamping_released_steps)), and
+/// returns it. `$1` account, `$2` address, `$3` namespace. Index: the
+/// partial unique index of its form; the steps', for the stamp.
 ///
 /// The row is described outside the `DELETE`: its age reads `now()`, which
 /// Citus refuses in the `RETURNING` list of a distributed table ("non-
 /// IMMUTABLE functions are not allowed in the RETURNING clause").
 pub(super) const RELEASE_PENDING: SplitOnNamespace = per_row!(
-    "WITH r AS (DELETE FROM idem_records",
+    "WITH released AS (DELETE FROM idem_records",
     "state = 'pending'";
-    concat!("RETURNING *) SELECT ", claim_columns!(), " FROM r")
+    super::stamping_released_steps!("*", claim_columns!())
 );
 
 /// Locks the claim at one address for the rest of the transaction and
@@ -726,12 +728,15 @@ pub(super) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
 );
 
 /// Resolves a claim by deleting it: nothing happened, and the next
-/// invocation runs the action. `$4` the fence. Index: the partial unique
-/// index of its form.
+/// invocation runs the action. Its steps are stamped released
+/// ([`stamping_released_steps!`](super::stamping_released_steps)). `$4`
+/// the fence. Index: the partial unique index of its form; the steps', for
+/// the stamp.
 pub(super) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
-    "DELETE FROM idem_records",
+    "WITH released AS (DELETE FROM idem_records",
     "state IN ('pending', 'in_doubt') AND fence = $4 \
-     AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
+     AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())";
+    super::stamping_released_steps!("1", "")
 );
 
 /// The longest age a statement is asked about, in seconds (about 317

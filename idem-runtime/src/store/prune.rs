@@ -146,17 +146,24 @@ macro_rules! claim_gone {
 
 /// The test a batch adds for steps whose claim is gone: the same age rule
 /// as a claim's (recorded successes, settled before `$cut`, microseconds
-/// since the Unix epoch), and [`claim_gone!`]. A released claim's finished
-/// steps are what its retry replays, so they go no earlier than a settled
-/// claim would; a pending step (begun, and cut off) is never pruned, as a
-/// pending claim is not: it is what refuses to run the step again.
+/// since the Unix epoch), measured from the later of the step's record and
+/// its claim's last release (`released_at`, which every release stamps),
+/// and [`claim_gone!`]. A released claim's finished steps are what its
+/// retry replays, so they go no earlier than a claim settled when it was
+/// released would: a claim held in doubt past the horizon and then
+/// released keeps them for its retry. A pending step (begun, and cut off)
+/// is never pruned, as a pending claim is not: it is what refuses to run
+/// the step again.
 macro_rules! prunable_orphan_step {
     ($cut:literal) => {
         concat!(
             "s.state = 'success' \
              AND s.settled_at < timestamptz 'epoch' + ",
             $cut,
-            " * interval '1 microsecond' AND ",
+            " * interval '1 microsecond' \
+             AND (s.released_at IS NULL OR s.released_at < timestamptz 'epoch' + ",
+            $cut,
+            " * interval '1 microsecond') AND ",
             claim_gone!()
         )
     };

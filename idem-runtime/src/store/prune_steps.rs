@@ -21,7 +21,8 @@ use super::scratch::Scratch;
 use super::{catalog, operations};
 
 /// A planted row: `(what, account, kind, address, namespace, state,
-/// settled, claim_address)`.
+/// settled, claim_address)`; `settled` may name a release time too
+/// (`"old, released new"`).
 type Planted = (
     &'static str,
     &'static str,
@@ -172,6 +173,29 @@ const ROWS: &[Planted] = &[
         "old",
         Some("claim_f"),
     ),
+    // Recorded before the cut-off, its claim released after it (held in
+    // doubt, say, then released): its retry replays it, so it is kept.
+    (
+        "old step, claim released since",
+        "acme",
+        "step",
+        "step_g1",
+        None,
+        "success",
+        "old, released new",
+        Some("claim_g"),
+    ),
+    // Recorded and released before the cut-off: pruned.
+    (
+        "old step in live, claim released long ago",
+        "beta",
+        "step",
+        "step_h1",
+        Some("live"),
+        "success",
+        "old, released old",
+        Some("claim_h"),
+    ),
 ];
 
 /// What a prune with the cut-off between `'old'` and `'new'` deletes.
@@ -183,6 +207,7 @@ const PRUNED: &[&str] = &[
     "its step in live",
     "old step, claim gone",
     "old step in live, claim gone",
+    "old step in live, claim released long ago",
 ];
 
 /// A pool of two connections in `schema`.
@@ -207,17 +232,20 @@ async fn plant(pool: &PgPool) {
         .await
         .expect("empty the table");
     for (_, account, kind, address, namespace, state, settled, claim_address) in ROWS {
-        let settled_at = match *settled {
-            "old" => Some("2024-01-01T00:00:00Z"),
-            "new" => Some("2024-06-01T00:00:00Z"),
-            _ => None,
+        let (old, new) = ("2024-01-01T00:00:00Z", "2024-06-01T00:00:00Z");
+        let (settled_at, released_at) = match *settled {
+            "old" => (Some(old), None),
+            "new" => (Some(new), None),
+            "old, released new" => (Some(old), Some(new)),
+            "old, released old" => (Some(old), Some(old)),
+            _ => (None, None),
         };
         sqlx::query(
             "INSERT INTO idem_records \
                  (account, kind, address, namespace, state, identity, created_at, settled_at, \
-                  claim_address, output_json) \
+                  claim_address, output_json, released_at) \
              VALUES ($1, $2, $3, $4, $5, '\\x00', timestamptz '2023-12-01', $6::timestamptz, \
-                     $7, CASE WHEN $5 = 'success' THEN '{}' END)",
+                     $7, CASE WHEN $5 = 'success' THEN '{}' END, $8::timestamptz)",
         )
         .bind(account)
         .bind(kind)
@@ -226,6 +254,7 @@ async fn plant(pool: &PgPool) {
         .bind(state)
         .bind(settled_at)
         .bind(claim_address)
+        .bind(released_at)
         .execute(pool)
         .await
         .expect("plant a row");
@@ -309,9 +338,9 @@ async fn prune_takes_a_settled_claims_steps_with_it_on_every_walk_and_leaves_the
         if now != kept {
             failures.push(format!("{walk}: left {now:?}, not {kept:?}"));
         }
-        if (claims, steps) != (2, 5) {
+        if (claims, steps) != (2, 6) {
             failures.push(format!(
-                "{walk}: counted {claims} claims and {steps} steps, not 2 and 5"
+                "{walk}: counted {claims} claims and {steps} steps, not 2 and 6"
             ));
         }
     }

@@ -77,13 +77,18 @@ macro_rules! claim_held {
 /// and the insert as two steps, and a row count that says 1 when
 /// `ON CONFLICT` inserted nothing, so a recorded step would run again.
 /// `RETURNING` says what was inserted on either plan.
+///
+/// A step is begun at `statement_timestamp()`, not `now()`: in the
+/// caller's transaction `now()` is the transaction's start, the same for
+/// every step begun in it, and `claims show` lists steps in the order they
+/// were begun.
 macro_rules! begin_step {
     ($claim_namespace_test:literal) => {
         concat!(
             "INSERT INTO idem_records \
                (account, kind, address, namespace, state, identity, fence, first_fence, \
-                claim_address) \
-             SELECT c.account, 'step', $2, $3, 'pending', $4, $5, $5, $6 \
+                claim_address, created_at) \
+             SELECT c.account, 'step', $2, $3, 'pending', $4, $5, $5, $6, statement_timestamp() \
              FROM idem_records c \
              WHERE c.account = $1 AND c.kind = 'claim' AND c.address = $6 AND ",
             $claim_namespace_test,
@@ -116,12 +121,14 @@ pub(super) const LOOKUP_STEP: SplitOnNamespace = per_step_row!(
 );
 
 /// Records the holder's step as finished, keeping `$5`, its value as JSON
-/// text (never `jsonb`, which refuses some of what JSON can say). `$4`: the
-/// holder's fence. Index: the partial unique index of its form.
+/// text (never `jsonb`, which refuses some of what JSON can say), at
+/// `statement_timestamp()` (after it was begun, in a transaction too).
+/// `$4`: the holder's fence. Index: the partial unique index of its form.
 pub(super) const RECORD_STEP: PerCommit<SplitOnNamespace> = per_commit!(
     opening "FROM",
     per_step_row!(
-        "UPDATE idem_records SET state = 'success', settled_at = now(), output_json = $5",
+        "UPDATE idem_records \
+         SET state = 'success', settled_at = statement_timestamp(), output_json = $5",
         "state = 'pending' AND fence = $4 AND claim_address = $6"
     )
 );

@@ -1,11 +1,42 @@
 //! Cutting a holder off inside a step: the set-up of every test of a step
-//! whose outcome nobody knows.
+//! whose outcome nobody knows; and what the store says of a claim's steps.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem::operations::{self, Slot};
 use idem::{Gate, Identity, Rejected};
+
+/// The lease of the red teams' holders that get cut off.
+pub(crate) const LEASE: Duration = Duration::from_millis(200);
+
+/// Waits for a lease of [`LEASE`] to run out.
+pub(crate) async fn past_the_lease() {
+    tokio::time::sleep(LEASE + Duration::from_millis(150)).await;
+}
+
+/// The steps of `id`'s claim in `gate`'s account and namespace.
+pub(crate) async fn steps_of(gate: &Gate, id: &Identity) -> Vec<operations::ClaimStep> {
+    let address = id.address();
+    operations::steps(
+        gate.pool(),
+        Slot::new(gate.account_name(), gate.namespace_name(), &address),
+    )
+    .await
+    .expect("list the steps")
+}
+
+/// The steps of `id`'s claim begun and never recorded.
+pub(crate) async fn pending_of(gate: &Gate, id: &Identity) -> Vec<operations::PendingStep> {
+    let address = id.address();
+    operations::pending_steps(
+        gate.pool(),
+        Slot::new(gate.account_name(), gate.namespace_name(), &address),
+    )
+    .await
+    .expect("list the pending steps")
+}
 
 /// Runs `id` once under `lease`, its step `name` counting into `ran` and
 /// then never finishing, and drops the run once the step began: its holder
