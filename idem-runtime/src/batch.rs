@@ -4,8 +4,9 @@
 //!
 //! A consumer that reads 100 messages from Kafka, SQS or NATS and must
 //! process each at most once (the inbox pattern) would pay two statements
-//! per message through [`Gate::run`]. [`Gate::run_batch`] pays two per
-//! batch in the common case:
+//! per message through [`Gate::run`]. A batch guard
+//! ([`Gate::guard_batch`], then [`run`](crate::guard::BatchGuard::run))
+//! pays two per batch in the common case:
 //!
 //! 1. **Claim**: one `INSERT ... SELECT ... ON CONFLICT DO NOTHING` over
 //!    every identity of the batch, in address order. Each item is won, or
@@ -75,7 +76,8 @@
 //!     .map(|message| (message, Identity::new("deliver").part(&message.id)))
 //!     .collect();
 //! let results = gate
-//!     .run_batch(batch.concurrency(8), |message| async move { deliver(message).await })
+//!     .guard_batch(batch.concurrency(8))
+//!     .run(|message| async move { deliver(message).await })
 //!     .await;
 //! for (message, result) in messages.iter().zip(results) {
 //!     match result {
@@ -93,9 +95,10 @@
 //! methods of [`Batch`]: a [`lease`](Batch::lease) and what its expiry
 //! means ([`on_expiry`](Batch::on_expiry)), a per-item payload
 //! [`Fingerprint`] ([`Batch::push_fingerprinted`]), how outcomes commit
-//! ([`outcome_commit`](Batch::outcome_commit)), and, by the gate method
-//! called, replay ([`Gate::run_batch_replayed`]) and dispositions
-//! ([`Gate::run_batch_disposed`]). The rest are not offered, so asking for
+//! ([`outcome_commit`](Batch::outcome_commit)), and, on the batch guard,
+//! replay ([`replay`](crate::guard::BatchGuard::replay)) and dispositions
+//! ([`disposition`](crate::guard::BatchGuard::disposition)). The rest are
+//! not offered, so asking for
 //! them does not compile: a batch does not wait for items in flight (they
 //! are refused [`Rejected::InFlight`], for the consumer to redeliver), never
 //! fails open (a store down refuses every item [`Rejected::Unavailable`]),

@@ -749,6 +749,17 @@ async fn a_claim_released_after_the_prune_horizon_keeps_its_steps_for_its_retry(
     idem::operations::resolve(gate.pool(), slot, idem::operations::Resolution::Release)
         .await
         .expect("release the claim in doubt");
+    // `claims show` says when: the release, not the record 60 days ago.
+    let steps = idem::operations::steps(gate.pool(), slot)
+        .await
+        .expect("list the steps");
+    let (recorded, released) = (steps[0].settled_micros, steps[0].released_micros);
+    assert!(
+        recorded
+            .zip(released)
+            .is_some_and(|(recorded, released)| { released - recorded > 59 * 86_400 * 1_000_000 }),
+        "{steps:?}"
+    );
     prune_older_than_days(&gate, 30).await;
     let retry = gate.guard(&id).run(checkout(&ledger, false)).await;
     assert_eq!(retry.ok(), Some(100 * 1000 + 200));

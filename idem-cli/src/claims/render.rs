@@ -2,7 +2,8 @@
 //!
 //! JSON objects for a claim have the same fields everywhere (`list`, `show`
 //! (which adds `steps`: each step's `address`, `state`, `fence`,
-//! `created_at`, `settled_at` and `output_bytes`, the size of its value),
+//! `created_at`, `settled_at`, `output_bytes`, the size of its value, and
+//! `released_at`, when its claim was last released),
 //! `release`, and `claim` in `resolve`): `account`, `namespace`, `address`,
 //! `state`, `state_reason`, `fence`, `created_at`, `age_seconds`,
 //! `settled_at` (RFC 3339, UTC), `action`, `identity` (its `Debug`, long
@@ -191,6 +192,8 @@ struct StepJson<'a> {
     created_at: String,
     settled_at: Option<String>,
     output_bytes: Option<i64>,
+    /// When its claim was last released; `null` when never.
+    released_at: Option<String>,
 }
 
 /// `claims show` as JSON: the claim's fields, as everywhere, and its steps.
@@ -215,8 +218,13 @@ fn render_steps(steps: &[ClaimStep]) -> String {
             .name
             .as_deref()
             .map_or_else(|| "(unreadable)".to_owned(), |name| format!("{name:?}"));
+        // Its claim's release, only when there was one: what keeps a
+        // recorded step of a claim that is gone from prune.
+        let released = step.released_micros.map_or_else(String::new, |micros| {
+            format!("  released {}", timestamps::instant(micros))
+        });
         shown.push_str(&format!(
-            "  {name}  {}  {:<7}  fence {}  begun {}  recorded {}  {}\n",
+            "  {name}  {}  {:<7}  fence {}  begun {}  recorded {}  {}{released}\n",
             step.address,
             step.state.as_str(),
             step.fence,
@@ -252,6 +260,7 @@ pub fn render_claim(
                     created_at: timestamps::instant(step.created_micros),
                     settled_at: step.settled_micros.map(timestamps::instant),
                     output_bytes: step.output_bytes,
+                    released_at: step.released_micros.map(timestamps::instant),
                 })
                 .collect(),
         });

@@ -549,6 +549,11 @@ pub struct ClaimStep {
     /// The size of its recorded value (JSON text), in bytes; `None` while
     /// pending.
     pub output_bytes: Option<i64>,
+    /// `released_at` (when its claim was last released, its retry yet to
+    /// replay it), in microseconds since the Unix epoch; `None` when its
+    /// claim was never released. Prune counts the age of a step whose
+    /// claim is gone from the later of this and `settled_micros`.
+    pub released_micros: Option<i64>,
 }
 
 /// The state of a step, as stored in `idem_records.state`.
@@ -612,6 +617,7 @@ impl FromRow<'_, sqlx::postgres::PgRow> for ClaimStep {
             created_micros: row.try_get("created_micros")?,
             settled_micros: row.try_get("settled_micros")?,
             output_bytes: row.try_get("output_bytes")?,
+            released_micros: row.try_get("released_micros")?,
         })
     }
 }
@@ -623,7 +629,8 @@ macro_rules! steps_of_claim {
             "SELECT address, identity, state, fence, \
                     floor(extract(epoch FROM created_at) * 1000000)::int8 AS created_micros, \
                     floor(extract(epoch FROM settled_at) * 1000000)::int8 AS settled_micros, \
-                    octet_length(output_json)::int8 AS output_bytes \
+                    octet_length(output_json)::int8 AS output_bytes, \
+                    floor(extract(epoch FROM released_at) * 1000000)::int8 AS released_micros \
              FROM idem_records \
              WHERE account = $1 AND kind = 'step' AND claim_address = $2 AND ",
             $namespace_test,
