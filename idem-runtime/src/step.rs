@@ -492,14 +492,26 @@ where
     output
 }
 
-/// `value` as the JSON text a step records, checked to read back as its
-/// type: a value that would not (a NaN or an infinite float, which
-/// `serde_json` writes as `null`) is refused now, while its run can still
-/// hold the claim, rather than found unreadable by every later run.
-fn recordable<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, serde_json::Error> {
-    let json = serde_json::to_string(value)?;
-    serde_json::from_str::<T>(&json)?;
-    Ok(json)
+/// `value` as the JSON text a step records, checked to read back as the
+/// same value: one that would not is refused now, while its run can still
+/// hold the claim, rather than handed to every later run changed, or
+/// found unreadable by it. JSON writes a NaN or an infinite float as
+/// `null`: as an `f64` that does not read back at all; inside an `Option`
+/// it reads back `None`, as `Some(())` does. The two are compared through
+/// `serde_value`, which keeps what JSON loses (and holds a NaN equal to
+/// itself); a type it cannot represent (`i128`) is only checked to read
+/// back.
+fn recordable<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, String> {
+    let json = serde_json::to_string(value).map_err(|error| error.to_string())?;
+    let back: T = serde_json::from_str(&json)
+        .map_err(|error| format!("it does not read back as its type: {error}"))?;
+    match (serde_value::to_value(value), serde_value::to_value(&back)) {
+        (Ok(before), Ok(after)) if before != after => Err(format!(
+            "it reads back as another value ({json}): JSON cannot say it \
+             (a NaN or infinite float, or Some(()), is written as null)"
+        )),
+        _ => Ok(json),
+    }
 }
 
 /// Marks the outcome of the body unknown when dropped armed: a step stopped

@@ -1679,3 +1679,103 @@ async fn a_stale_and_a_new_holder_beginning_one_step_at_one_instant_run_it_at_mo
         );
     }
 }
+
+/// Runs step "v" returning `value`, then fails the body (a release, asked);
+/// an operator releases the claim should it be held; then a retry of step
+/// "v". The claim's state after the first run, what the retry's step
+/// returned, and how often the step ran.
+async fn unreadable_round<T>(
+    gate: &Gate,
+    id: &Identity,
+    value: T,
+) -> (Option<String>, Result<T, Rejected>, usize)
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    let ran = AtomicUsize::new(0);
+    let step = || {
+        idem::step("v", async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<T, Rejected>(value.clone())
+        })
+    };
+    let first: Result<(), Rejected> = gate
+        .guard(id)
+        .run(async {
+            step().await?;
+            Err(Rejected::InFlight)
+        })
+        .await;
+    assert!(matches!(first, Err(Rejected::InFlight)), "{first:?}");
+    let held = state_of(gate, id).await.map(|(state, _)| state);
+    if held.as_deref() == Some("in_doubt") {
+        let address = id.address();
+        let slot = Slot::new(gate.account_name(), gate.namespace_name(), &address);
+        operations::resolve(gate.pool(), slot, operations::Resolution::Release)
+            .await
+            .expect("release the claim held");
+    }
+    let retry = gate.guard(id).run(step().into_future()).await;
+    (held, retry, ran.load(Ordering::SeqCst))
+}
+
+/// Values JSON cannot say, though they read back as their type: a NaN in
+/// an `Option<f64>` (alone, or a struct's field) and `Some(())` are all
+/// written `null` and read back `None`; an infinity two structs down. None
+/// is recorded (a retry would be handed another value): the first run's
+/// failure holds the claim, and after an operator's release the retry is
+/// told the step is in doubt. The step runs once. (A red team found the
+/// first three replayed as `None`.)
+#[tokio::test]
+async fn values_json_cannot_say_are_never_replayed_as_another_value() {
+    #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+    struct MaybeRate {
+        amount: u64,
+        rate: Option<f64>,
+    }
+    #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+    struct Rates {
+        rates: Vec<f32>,
+    }
+    #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+    struct Outer {
+        inner: Rates,
+    }
+    let gate = small_gate().await;
+    let id = |what: &str| Identity::new("sb_lossy").part(what);
+    let outcomes = [
+        {
+            let (held, retry, ran) = unreadable_round(&gate, &id("option"), Some(f64::NAN)).await;
+            (held, retry.map(|v| format!("{v:?}")), ran)
+        },
+        {
+            let value = MaybeRate {
+                amount: 7,
+                rate: Some(f64::NAN),
+            };
+            let (held, retry, ran) = unreadable_round(&gate, &id("field"), value).await;
+            (held, retry.map(|v| format!("{v:?}")), ran)
+        },
+        {
+            let (held, retry, ran) = unreadable_round(&gate, &id("unit"), Some(())).await;
+            (held, retry.map(|v| format!("{v:?}")), ran)
+        },
+        {
+            let value = Outer {
+                inner: Rates {
+                    rates: vec![1.0, f32::NEG_INFINITY],
+                },
+            };
+            let (held, retry, ran) = unreadable_round(&gate, &id("nested"), value).await;
+            (held, retry.map(|v| format!("{v:?}")), ran)
+        },
+    ];
+    for (what, (held, retry, ran)) in ["option", "field", "unit", "nested"].iter().zip(outcomes) {
+        assert_eq!(held.as_deref(), Some("in_doubt"), "{what}: retry {retry:?}");
+        assert!(
+            matches!(retry, Err(Rejected::StepInDoubt { .. })),
+            "{what}: {retry:?}"
+        );
+        assert_eq!(ran, 1, "{what}");
+    }
+}
