@@ -120,17 +120,11 @@ impl Ambient {
         identity: &Identity,
         slots: &ScopedPool,
     ) -> Arc<Ambient> {
-        let under = match held {
-            Some(held) => Under::Claim(ClaimFacts::of(held)),
-            None => Under::Ungated {
-                identity: identity.clone(),
-                slots: slots.clone(),
-            },
-        };
-        Arc::new(Ambient {
-            under,
-            log: Mutex::default(),
-        })
+        Ambient::of(
+            held.map(|held| Under::Claim(ClaimFacts::of(held))),
+            identity,
+            slots,
+        )
     }
 
     /// The facts of a claim won inside the caller's transaction; with no
@@ -141,13 +135,19 @@ impl Ambient {
         identity: &Identity,
         slots: &ScopedPool,
     ) -> Arc<Ambient> {
-        let under = match held {
-            Some(held) => Under::TxClaim(ClaimFacts::of(held)),
-            None => Under::Ungated {
-                identity: identity.clone(),
-                slots: slots.clone(),
-            },
-        };
+        Ambient::of(
+            held.map(|held| Under::TxClaim(ClaimFacts::of(held))),
+            identity,
+            slots,
+        )
+    }
+
+    /// A body's ambient: under its claim, or ungated when it holds none.
+    fn of(claim: Option<Under>, identity: &Identity, slots: &ScopedPool) -> Arc<Ambient> {
+        let under = claim.unwrap_or_else(|| Under::Ungated {
+            identity: identity.clone(),
+            slots: slots.clone(),
+        });
         Arc::new(Ambient {
             under,
             log: Mutex::default(),
