@@ -14,11 +14,20 @@
 //! body is told [`Rejected::StepInDoubt`], and a failure of the body holds
 //! the claim in doubt), unless it was declared [`repeatable`](Step::repeatable).
 //!
+//! A repeatable step needs no marker: cut off inside it, its holder leaves
+//! nothing, and a later run runs it again, which is what a marker would
+//! have let it do anyway. It is looked up in what the run read of its
+//! claim's steps (one statement, at the run's first repeatable step, which
+//! every later step of the run replays from), and recorded in one
+//! statement that inserts its row only while the claim is still the
+//! holder's, fenced like every other.
+//!
 //! The gate's run loop makes the claim's facts ambient to its body for the
 //! body's lifetime (a tokio task-local), so `step` and `downstream_key` need
 //! no handle: a future the body spawns as a task of its own is outside, and
 //! is told so.
 
+use std::collections::HashMap;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,7 +45,7 @@ use crate::measure::{self, StepLabel};
 use crate::mode::Disposition;
 use crate::retry;
 use crate::scoped_pool::ScopedPool;
-use crate::store::{self, Commit, StepState};
+use crate::store::{self, Commit, StepRow, StepState};
 use crate::via::Via;
 
 tokio::task_local! {
@@ -111,6 +120,11 @@ struct Log {
     /// A step found cut off, or whose result could not be recorded: the
     /// body's failure must hold the claim, never release it.
     unknown: Option<String>,
+    /// The claim's steps as this run read them, by address: read once, at
+    /// the first step without a marker, and taken from as each step of
+    /// the run begins (each name begins once per run, so nothing read is
+    /// consulted twice).
+    read: Option<HashMap<String, StepRow>>,
 }
 
 impl Ambient {
@@ -262,6 +276,13 @@ impl<'f, F> Step<'f, F> {
     /// second call of the same key does nothing twice. A later run then
     /// runs a step its holder was cut off inside, instead of holding the
     /// claim in doubt. A recorded step is still replayed, never re-run.
+    ///
+    /// It costs one statement, its record: with nothing to guard against
+    /// a second run, it writes no marker first. It is looked up in what
+    /// the run read of its claim's steps, once, at its first repeatable
+    /// step; it may therefore run in a holder whose claim was just taken
+    /// over (its call carries the downstream key), and its record never
+    /// goes in over the new holder's.
     pub fn repeatable(mut self) -> Self {
         self.repeatable = true;
         self
@@ -373,7 +394,18 @@ where
         name: &step.name,
         armed: !step.repeatable,
     };
-    match held.begin(step.repeatable, &mut via).await {
+    let begun = if step.repeatable {
+        held.begin_unmarked(&ambient, &mut via).await
+    } else {
+        match held.recorded_in_what_was_read(&ambient) {
+            Some(json) => Ok(Begun::Replay(json)),
+            None => held.begin(&mut via).await,
+        }
+    };
+    // Only a step that is not repeatable inserted a marker: only its
+    // marker is there to take back.
+    let marked = !step.repeatable;
+    match begun {
         Ok(Begun::Replay(json)) => {
             cut_off.disarm();
             count(StepLabel::Replayed);
@@ -390,6 +422,10 @@ where
         }
         Ok(Begun::Run) => {}
         Ok(Begun::Rerun) => count(StepLabel::Repeated),
+        Err(Rejected::Collision { address }) => {
+            cut_off.disarm();
+            return Err(E::from(Rejected::Collision { address }));
+        }
         Err(refused) => {
             cut_off.disarm();
             match refused {
@@ -402,7 +438,7 @@ where
                 // off. Removed, nothing of the step is left; if not, the
                 // claim is held rather than released.
                 Rejected::Unavailable { .. } | Rejected::StoreRefused { .. }
-                    if !held.abandon(&mut via).await =>
+                    if marked && !held.abandon(&mut via).await =>
                 {
                     ambient.lock().unknown = Some(step.name.clone());
                 }
@@ -430,7 +466,9 @@ where
     let Some(output) = output else {
         cut_off.disarm();
         if !polled {
-            held.abandon(&mut via).await;
+            if marked {
+                held.abandon(&mut via).await;
+            }
         } else {
             // A body still running (the step was polled inside another
             // body, say) holds its claim should it fail.
@@ -443,8 +481,22 @@ where
     };
     match &output {
         Ok(value) => match recordable(value) {
-            Ok(json) => match held.record(&json, &mut via).await {
-                Ok(()) => count(StepLabel::Recorded),
+            Ok(json) => match held.record(&json, marked, &mut via).await {
+                Ok(Recorded::Ours) => count(StepLabel::Recorded),
+                Ok(Recorded::Theirs(json)) => {
+                    // A holder cut off inside this repeatable step recorded
+                    // it after all, while this one ran it again: every run
+                    // goes on with the one value the record holds.
+                    cut_off.disarm();
+                    count(StepLabel::Recorded);
+                    return serde_json::from_str(&json).map_err(|_| {
+                        E::from(Rejected::StepInDoubt {
+                            step: step.name.clone(),
+                            why: "it happened, and its recorded value does not read back as \
+                                  the step's type",
+                        })
+                    });
+                }
                 Err(unrecorded) => {
                     // The step happened; what it did is not in the store.
                     // The body goes on with its value; should it fail, the
@@ -462,7 +514,13 @@ where
                         address = held.address.as_str(),
                         step = step.name.as_str(),
                         error = %unrecorded,
-                        "a step's result could not be recorded: a later run will find it in doubt"
+                        "{}",
+                        if step.repeatable {
+                            "a step's result could not be recorded: a later run runs it again"
+                        } else {
+                            "a step's result could not be recorded: a later run will find it \
+                             in doubt"
+                        }
                     );
                 }
             },
@@ -483,7 +541,7 @@ where
         },
         Err(_) => {
             count(StepLabel::Failed);
-            if !held.abandon(&mut via).await && !step.repeatable {
+            if marked && !held.abandon(&mut via).await {
                 ambient.lock().unknown = Some(step.name.clone());
             }
         }
@@ -550,6 +608,15 @@ enum Begun {
     Replay(String),
 }
 
+/// What recording a step's value found.
+enum Recorded {
+    /// This holder's value is the step's record.
+    Ours,
+    /// Another holder's is (as JSON): one cut off inside the step recorded
+    /// it while this one ran it again.
+    Theirs(String),
+}
+
 /// One step of a claim this holder holds.
 struct Held<'a> {
     facts: &'a ClaimFacts,
@@ -578,10 +645,62 @@ impl<'a> Held<'a> {
         }
     }
 
+    /// The step's value, when what the run read of its claim's steps (if
+    /// it read them) has it recorded.
+    fn recorded_in_what_was_read(&self, ambient: &Ambient) -> Option<String> {
+        let mut log = ambient.lock();
+        let row = log.read.as_mut()?.remove(&self.address)?;
+        (row.state == StepState::Success && row.identity == self.canonical)
+            .then(|| row.output.unwrap_or_else(|| "null".into()))
+    }
+
+    /// Finds a step without a marker (a repeatable one) in what the run
+    /// read of its claim's steps, reading them first if the run has not:
+    /// replays it if recorded, runs it otherwise. No statement of its own
+    /// but that one read per run.
+    async fn begin_unmarked(
+        &self,
+        ambient: &Ambient,
+        via: &mut Via<'_>,
+    ) -> Result<Begun, Rejected> {
+        if ambient.lock().read.is_none() {
+            let scope = self.facts.slots.scope();
+            let claim = self.facts.address.as_str();
+            let rows: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+                store::steps_for_replay(&mut *conn, scope, claim).await
+            });
+            let rows = rows.map_err(Rejected::from_store)?;
+            ambient
+                .lock()
+                .read
+                .get_or_insert_with(|| rows.into_iter().collect());
+        }
+        let row = ambient
+            .lock()
+            .read
+            .as_mut()
+            .and_then(|read| read.remove(&self.address));
+        match row {
+            None => Ok(Begun::Run),
+            Some(row) if row.identity != self.canonical => Err(Rejected::Collision {
+                address: self.address.clone(),
+            }),
+            Some(row) => match row.state {
+                StepState::Success => {
+                    Ok(Begun::Replay(row.output.unwrap_or_else(|| "null".into())))
+                }
+                // A marker: a holder was cut off inside it (or an earlier
+                // version of the step was not repeatable). Its record goes
+                // over the marker.
+                StepState::Pending => Ok(Begun::Rerun),
+            },
+        }
+    }
+
     /// Inserts the step's marker, or finds its row: replays a recorded
-    /// step, runs a new one, and for a marker of a holder cut off inside
-    /// it, retakes it (repeatable) or refuses.
-    async fn begin(&self, repeatable: bool, via: &mut Via<'_>) -> Result<Begun, Rejected> {
+    /// step, runs a new one, and refuses one whose holder was cut off
+    /// inside it.
+    async fn begin(&self, via: &mut Via<'_>) -> Result<Begun, Rejected> {
         let scope = self.facts.slots.scope();
         for _ in 0..BEGIN_ATTEMPTS {
             let began: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
@@ -614,25 +733,6 @@ impl<'a> Held<'a> {
                 // Ours: an earlier begin of this very step whose reply was
                 // lost (a name begun twice in one run was refused above).
                 StepState::Pending if row.fence == self.facts.fence => return Ok(Begun::Run),
-                StepState::Pending if repeatable => {
-                    let retaken: Result<bool, sqlx::Error> =
-                        retry::repeat_recording!(via, |conn| {
-                            store::retake_step(
-                                &mut *conn,
-                                scope,
-                                &self.address,
-                                row.fence,
-                                self.new_step(),
-                            )
-                            .await
-                        });
-                    if retaken.map_err(Rejected::from_store)? {
-                        return Ok(Begun::Rerun);
-                    }
-                    if !self.claim_still_ours(via).await? {
-                        return Err(self.claim_gone(via));
-                    }
-                }
                 StepState::Pending => {
                     if !self.claim_still_ours(via).await? {
                         return Err(self.claim_gone(via));
@@ -647,25 +747,60 @@ impl<'a> Held<'a> {
         Err(self.claim_gone(via))
     }
 
-    /// Records the step's value over its marker. `Err`: it is not recorded.
-    async fn record(&self, json: &str, via: &mut Via<'_>) -> Result<(), Rejected> {
+    /// Records the step's value: over its marker (`marked`), or as its
+    /// row, in one statement, for a step without one. `Err`: it is not
+    /// recorded.
+    async fn record(
+        &self,
+        json: &str,
+        marked: bool,
+        via: &mut Via<'_>,
+    ) -> Result<Recorded, Rejected> {
         let scope = self.facts.slots.scope();
         let (fence, commit) = (self.facts.fence, self.facts.commit);
         let claim = self.facts.address.as_str();
-        let recorded: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
-            store::record_step(&mut *conn, scope, &self.address, fence, claim, json, commit).await
-        });
+        let recorded: Result<bool, sqlx::Error> = if marked {
+            retry::repeat_recording!(via, |conn| {
+                store::record_step(&mut *conn, scope, &self.address, fence, claim, json, commit)
+                    .await
+            })
+        } else {
+            retry::repeat_recording!(via, |conn| {
+                store::record_unmarked_step(
+                    &mut *conn,
+                    scope,
+                    &self.address,
+                    self.new_step(),
+                    json,
+                    commit,
+                )
+                .await
+            })
+        };
         if recorded.map_err(Rejected::from_store)? {
-            return Ok(());
+            return Ok(Recorded::Ours);
         }
-        // Matched nothing: recorded by an earlier attempt whose reply was
-        // lost, or the marker is no longer ours (a holder that took the
-        // claim over retook the step).
+        // Wrote nothing: recorded by an earlier attempt whose reply was
+        // lost; or the claim is no longer ours (a holder that took it over
+        // retook the step); or, for a step without a marker, a holder cut
+        // off inside it recorded it since this run read its row.
         let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
             store::lookup_step(&mut *conn, scope, &self.address, &self.facts.address).await
         });
         match row.map_err(Rejected::from_store)? {
-            Some(row) if row.fence == fence && row.state == StepState::Success => Ok(()),
+            Some(row) if row.state == StepState::Success && row.fence == fence => {
+                Ok(Recorded::Ours)
+            }
+            Some(row)
+                if !marked
+                    && row.state == StepState::Success
+                    && row.identity == self.canonical
+                    && self.claim_still_ours(via).await? =>
+            {
+                Ok(Recorded::Theirs(
+                    row.output.unwrap_or_else(|| "null".into()),
+                ))
+            }
             _ => Err(self.claim_gone(via)),
         }
     }

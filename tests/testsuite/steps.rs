@@ -22,9 +22,10 @@ use std::time::Duration;
 use idem::batch::Batch;
 use idem::testing;
 use idem::{Disposition, Gate, Identity, Rejected};
+use idem_test_support::fault_proxy::Proxy;
 
 use crate::support::doubt::state_of;
-use crate::support::steps::cut_off_inside;
+use crate::support::steps::{cut_off_inside, steps_of};
 
 /// Effects, counted per step: what a fake provider would have done.
 #[derive(Default)]
@@ -806,4 +807,283 @@ async fn a_claim_released_after_the_prune_horizon_keeps_its_steps_for_its_retry(
         (1, 1, 1),
         "a batch's release: charged once"
     );
+}
+
+/// `statements` executed by `gate` (behind `proxy`) while `run` ran.
+async fn statements_of<T>(proxy: &Proxy, run: impl std::future::Future<Output = T>) -> (T, u64) {
+    let before = proxy.executions();
+    let output = run.await;
+    (output, proxy.executions() - before)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeatable_step_costs_its_record_and_a_run_reads_its_claim_s_steps_once() {
+    let proxy = Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let id = Identity::new("checkout").part("ord_cost");
+    let steps = |fail: bool| async move {
+        let a: u64 = idem::step("a", async { Ok::<u64, CheckoutError>(1) })
+            .repeatable()
+            .await?;
+        let b: u64 = idem::step("b", async { Ok::<u64, CheckoutError>(2) })
+            .repeatable()
+            .await?;
+        if fail {
+            return Err(CheckoutError::ShipmentFailed);
+        }
+        let c: u64 = idem::step("c", async { Ok::<u64, CheckoutError>(3) })
+            .repeatable()
+            .await?;
+        // A step that is not repeatable still writes its marker first.
+        let d: u64 = idem::step("d", async { Ok::<u64, CheckoutError>(4) }).await?;
+        Ok(a + b + c + d)
+    };
+
+    // The claim, one read of its steps (none), a record per step, the release.
+    let (first, statements) = statements_of(&proxy, gate.guard(&id).run(steps(true))).await;
+    assert!(
+        matches!(first, Err(CheckoutError::ShipmentFailed)),
+        "{first:?}"
+    );
+    assert_eq!(statements, 1 + 1 + 2 + 1, "claim, read, a, b, release");
+
+    // The retry: a and b replayed from the one read, c recorded, d's marker
+    // and record, the settle.
+    let (second, statements) = statements_of(&proxy, gate.guard(&id).run(steps(false))).await;
+    assert_eq!(second.ok(), Some(10));
+    assert_eq!(
+        statements,
+        1 + 1 + 1 + 2 + 1,
+        "claim, read, c, d twice, settle"
+    );
+}
+
+/// The address of step `name` of `id`, and its canonical encoding: read
+/// off a run of it in an account of its own (both depend on the identity
+/// and the name alone).
+async fn step_of(gate: &Gate, id: &Identity, name: &str) -> (String, Vec<u8>) {
+    let elsewhere = gate.account(format!("{}_elsewhere", gate.account_name()));
+    let ran: Result<(), Rejected> = elsewhere
+        .guard(id)
+        .run(idem::step(name.to_owned(), async { Ok::<(), Rejected>(()) }).into_future())
+        .await;
+    assert!(ran.is_ok(), "{ran:?}");
+    let address = steps_of(&elsewhere, id).await[0].address.clone();
+    let identity: Vec<u8> = idem::sqlx::query_scalar(
+        "SELECT identity FROM idem_records WHERE account = $1 AND kind = 'step' AND address = $2",
+    )
+    .bind(elsewhere.account_name())
+    .bind(&address)
+    .fetch_one(gate.pool())
+    .await
+    .expect("the step's identity");
+    (address, identity)
+}
+
+/// Until some backend waits on the transaction of the backend `pid`.
+async fn until_a_backend_waits_on(gate: &Gate, pid: i32) {
+    for _ in 0..500 {
+        let waiting: i64 = idem::sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks w JOIN pg_locks h \
+               ON h.locktype = 'transactionid' AND h.transactionid = w.transactionid \
+             WHERE w.locktype = 'transactionid' AND NOT w.granted AND h.granted AND h.pid = $1",
+        )
+        .bind(pid)
+        .fetch_one(gate.pool())
+        .await
+        .expect("read the locks");
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("nothing waited on the blocker's transaction");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeatable_step_a_stale_holder_recorded_after_the_new_one_read_hands_the_new_one_that_value()
+ {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_theirs");
+    let lease = Duration::from_millis(300);
+    let (address, _) = step_of(&gate, &id, "charge").await;
+
+    // A transaction of the test's own holds an uncommitted row at the
+    // charge step's address: the stale holder's record, its claim read as
+    // still its own, waits on it.
+    let mut blocker = gate.pool().begin().await.expect("begin the blocker");
+    idem::sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, state, identity, claim_address) \
+         VALUES ($1, 'step', $2, 'pending', '\\x00', $3)",
+    )
+    .bind(gate.account_name())
+    .bind(&address)
+    .bind(id.address())
+    .execute(&mut *blocker)
+    .await
+    .expect("the blocker's row");
+    let blocker_pid: i32 = idem::sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *blocker)
+        .await
+        .expect("the blocker's pid");
+
+    let (stale_recorded, recorded) = tokio::sync::oneshot::channel::<u64>();
+    let (new_running, running) = tokio::sync::oneshot::channel::<()>();
+    let (new_may_finish, may_finish) = tokio::sync::oneshot::channel::<()>();
+    let (end_stale, stale_may_end) = tokio::sync::oneshot::channel::<()>();
+    let stale = gate.guard(&id).lease(lease).run(async {
+        let charged = idem::step("charge", async { Ok::<u64, Rejected>(1) })
+            .repeatable()
+            .await?;
+        let _ = stale_recorded.send(charged);
+        // Its late success would settle the claim over the new holder's
+        // pending row: it ends after the new holder settled.
+        let _ = stale_may_end.await;
+        Ok::<u64, Rejected>(charged)
+    });
+    let newer = async {
+        until_a_backend_waits_on(&gate, blocker_pid).await;
+        tokio::time::sleep(lease + Duration::from_millis(150)).await;
+        let taken = gate.guard(&id).lease(Duration::from_secs(30)).run(async {
+            idem::step("charge", async {
+                let _ = new_running.send(());
+                let _ = may_finish.await;
+                Ok::<u64, Rejected>(2)
+            })
+            .repeatable()
+            .await
+        });
+        let release = async {
+            // The new holder read the claim's steps (none yet) and runs
+            // the charge; now the stale holder's record goes in.
+            let _ = running.await;
+            blocker.rollback().await.expect("roll the blocker back");
+            let stale_value = recorded
+                .await
+                .expect("the stale holder recorded its charge");
+            let _ = new_may_finish.send(());
+            stale_value
+        };
+        let ended = tokio::join!(taken, release);
+        let _ = end_stale.send(());
+        ended
+    };
+    let (stale, (newer, stale_value)) = tokio::join!(stale, newer);
+    assert_eq!(stale_value, 1, "the stale holder's record went in");
+    assert!(
+        matches!(stale, Err(Rejected::LeaseLost { .. })),
+        "{stale:?}"
+    );
+    assert_eq!(
+        newer.as_ref().ok(),
+        Some(&1),
+        "the new holder goes on with the value the record holds, not its own: {newer:?}"
+    );
+    let steps = steps_of(&gate, &id).await;
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0].state.as_str(), "success");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_holder_s_repeatable_step_never_records_over_the_new_holder_s() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_stale_repeat");
+    let lease = Duration::from_millis(300);
+    let (stale_running, running) = tokio::sync::oneshot::channel::<()>();
+    let (stale_may_finish, may_finish) = tokio::sync::oneshot::channel::<()>();
+    // The stale holder reads its claim's steps (none), starts the charge,
+    // and stalls inside it past its lease.
+    let stale = gate.guard(&id).lease(lease).run(async {
+        idem::step("charge", async {
+            let _ = stale_running.send(());
+            let _ = may_finish.await;
+            Ok::<u64, Rejected>(1)
+        })
+        .repeatable()
+        .await
+    });
+    let newer = async {
+        let _ = running.await;
+        tokio::time::sleep(lease + Duration::from_millis(150)).await;
+        let taken = gate
+            .guard(&id)
+            .lease(Duration::from_secs(30))
+            .run(async {
+                idem::step("charge", async { Ok::<u64, Rejected>(2) })
+                    .repeatable()
+                    .await
+            })
+            .await;
+        let _ = stale_may_finish.send(());
+        taken
+    };
+    let (stale, newer) = tokio::join!(stale, newer);
+    assert_eq!(newer.ok(), Some(2));
+    assert!(
+        matches!(stale, Err(Rejected::LeaseLost { .. })),
+        "{stale:?}"
+    );
+    // The stale holder's charge went nowhere: a retry replays the new one's.
+    let replayed: Result<u64, Rejected> = gate
+        .guard(&id)
+        .run(async {
+            idem::step("charge", async { Ok::<u64, Rejected>(3) })
+                .repeatable()
+                .await
+        })
+        .await;
+    assert!(
+        matches!(replayed, Err(Rejected::AlreadyDone)),
+        "{replayed:?}"
+    );
+    let steps = steps_of(&gate, &id).await;
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0].state.as_str(), "success");
+    let recorded: String = idem::sqlx::query_scalar(
+        "SELECT output_json FROM idem_records WHERE account = $1 AND address = $2",
+    )
+    .bind(gate.account_name())
+    .bind(&steps[0].address)
+    .fetch_one(gate.pool())
+    .await
+    .expect("the charge's record");
+    assert_eq!(recorded, "2");
+}
+
+#[tokio::test]
+async fn a_repeatable_step_never_records_over_a_marker_of_a_newer_fence() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ord_newer_marker");
+    let (address, identity) = step_of(&gate, &id, "charge").await;
+    // A marker of a fence above every fence drawn so far: what a holder
+    // that took the claim over since this one read it would have begun.
+    const NEWER: i64 = 1 << 60;
+    idem::sqlx::query(
+        "INSERT INTO idem_records \
+           (account, kind, address, state, identity, claim_address, fence) \
+         VALUES ($1, 'step', $2, 'pending', $3, $4, $5)",
+    )
+    .bind(gate.account_name())
+    .bind(&address)
+    .bind(identity)
+    .bind(id.address())
+    .bind(NEWER)
+    .execute(gate.pool())
+    .await
+    .expect("the newer marker");
+    let outcome: Result<u64, Rejected> = gate
+        .guard(&id)
+        .run(async {
+            idem::step("charge", async { Ok::<u64, Rejected>(1) })
+                .repeatable()
+                .await
+        })
+        .await;
+    // The step ran; its value is not its record (the body goes on with
+    // it, as with any value the store could not take).
+    assert_eq!(outcome.ok(), Some(1));
+    let steps = steps_of(&gate, &id).await;
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0].state.as_str(), "pending", "not recorded over");
+    assert_eq!(steps[0].fence, NEWER);
 }

@@ -247,6 +247,13 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             &[],
             Expect::StepsOfClaim,
         ),
+        // The same for a run's read of its claim's steps.
+        per_row(
+            "steps for replay",
+            &steps::STEPS_FOR_REPLAY,
+            &[],
+            Expect::StepsOfClaim,
+        ),
         // The same for the reconciler's steps in doubt.
         per_row(
             "pending steps of a claim",
@@ -320,10 +327,16 @@ fn step_cases(namespace: Option<&'static str>) -> Vec<Case> {
             lookup,
         ),
         per_row(
-            "retake step",
-            &steps::RETAKE_STEP,
-            &[Int(1), Int(2), claim],
-            lookup,
+            "record unmarked step",
+            &steps::RECORD_UNMARKED_STEP.durable,
+            &[Bytes, Int(1), claim, Text(Some("{}"))],
+            Expect::ArbitratedInsert,
+        ),
+        per_row(
+            "record unmarked step async",
+            &steps::RECORD_UNMARKED_STEP.asynchronous,
+            &[Bytes, Int(1), claim, Text(Some("{}"))],
+            Expect::ArbitratedInsert,
         ),
     ]
 }

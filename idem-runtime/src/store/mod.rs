@@ -86,8 +86,8 @@ pub(crate) use claims::{
 };
 pub(crate) use operations::{ClaimState, StepState};
 pub(crate) use steps::{
-    NewStep, abandon_step, begin_step, lookup_step, pending_steps, record_step, resolve_step,
-    retake_step,
+    NewStep, StepRow, abandon_step, begin_step, lookup_step, pending_steps, record_step,
+    record_unmarked_step, resolve_step, steps_for_replay,
 };
 
 /// Where a claim (or a usage event) lives, besides its address.
@@ -307,6 +307,7 @@ mod tests {
             ("KEEP", &claims::KEEP),
             ("RECORD_STEP", &steps::RECORD_STEP),
             ("ABANDON_STEP", &steps::ABANDON_STEP),
+            ("RECORD_UNMARKED_STEP", &steps::RECORD_UNMARKED_STEP),
         ] {
             for namespace in [None, Some("n")] {
                 pairs.push((

@@ -1,20 +1,24 @@
 //! The statements of steps inside one claim (`kind = 'step'`): begin one
 //! (its marker), look one up, record its result, abandon it after its
-//! failure, and retake one whose holder was cut off inside it.
+//! failure; for a step that runs without a marker (a repeatable one), read
+//! the claim's steps once and record its result in one statement, over
+//! the marker of a holder cut off inside it if there is one.
 //!
 //! A step's row lives at an address of its own (`step_` and a digest of
 //! its identity and name), in the claim's account and namespace, arbitrated
 //! by the same two partial unique indexes as every row; `claim_address`
 //! names its claim. Its `fence` is the fence of the claim holder that runs
 //! it: every statement that changes a step's row is a compare-and-swap on
-//! `state = 'pending' AND fence = $4`, so a holder changes only its own
-//! marker, and nobody writes over a recorded step.
+//! `state = 'pending'` and the fence, so a holder changes only its own
+//! marker (or, recording a step without one, a marker of an older fence),
+//! and nobody writes over a recorded step.
 //!
-//! Only a holder begins or retakes a step: both statements insert or move
-//! the marker only while the claim is still pending under the holder's
-//! fence, so a holder whose claim was taken over (or released) cannot start
-//! a step under it. Recording needs no such test: the marker is the
-//! holder's own, and its step ran; a success that happened is never lost.
+//! Only a holder begins a step, or records one without a marker: both
+//! statements insert only while the claim is still pending under the
+//! holder's fence, so a holder whose claim was taken over (or released)
+//! cannot add a step under it. Recording over a marker needs no such test:
+//! the marker is the holder's own, and its step ran; a success that
+//! happened is never lost.
 
 use sqlx::{FromRow, PgExecutor, Row};
 
@@ -50,20 +54,6 @@ impl FromRow<'_, sqlx::postgres::PgRow> for StepRow {
 macro_rules! per_step_row {
     ($statement:expr $(, $and:expr)? $(; $tail:expr)?) => {
         per_row!(kind "step", $statement $(, $and)? $(; $tail)?)
-    };
-}
-
-/// The test that the claim at `$6` is still pending under the fence `$5`,
-/// in the namespace test of its form: the claim's own row, found through
-/// the same partial unique index.
-macro_rules! claim_held {
-    ($namespace_test:literal) => {
-        concat!(
-            "EXISTS (SELECT FROM idem_records c \
-                     WHERE c.account = $1 AND c.kind = 'claim' AND c.address = $6 AND ",
-            $namespace_test,
-            " AND c.state = 'pending' AND c.fence = $5)"
-        )
     };
 }
 
@@ -144,29 +134,88 @@ pub(super) const ABANDON_STEP: PerCommit<SplitOnNamespace> = per_commit!(
     )
 );
 
-/// The text of [`RETAKE_STEP`] with its namespace tests.
-macro_rules! retake_step {
-    ($namespace_test:literal, $claim_namespace_test:literal) => {
+/// The text of [`RECORD_UNMARKED_STEP`] from `$head`, the statement up to
+/// its `FROM` list (which [`per_commit!`] may open with the async item).
+///
+/// Selected from the claim's own row, as [`BEGIN_STEP`] is (Citus pushes
+/// this form down to the account's shard). The conflict target names the
+/// partial unique index of each form, with its predicate, so that a
+/// marker left by a holder cut off inside the step is updated in place.
+macro_rules! record_unmarked_step {
+    ($head:expr) => {
+        $crate::store::SplitOnNamespace {
+            without_namespace: concat!(
+                $head,
+                " idem_records c \
+                 WHERE c.account = $1 AND c.kind = 'claim' AND c.address = $6 \
+                   AND c.namespace IS NULL AND $3::text IS NULL \
+                   AND c.state = 'pending' AND c.fence = $5 \
+                 ON CONFLICT (account, kind, address) WHERE namespace IS NULL ",
+                record_unmarked_step!(@update)
+            ),
+            within_namespace: concat!(
+                $head,
+                " idem_records c \
+                 WHERE c.account = $1 AND c.kind = 'claim' AND c.address = $6 \
+                   AND c.namespace = $3 \
+                   AND c.state = 'pending' AND c.fence = $5 \
+                 ON CONFLICT (account, kind, address, namespace) WHERE namespace IS NOT NULL ",
+                record_unmarked_step!(@update)
+            ),
+        }
+    };
+    (@update) => {
+        "DO UPDATE SET state = 'success', fence = excluded.fence, \
+             settled_at = excluded.settled_at, output_json = excluded.output_json \
+         WHERE idem_records.state = 'pending' \
+           AND idem_records.claim_address = excluded.claim_address \
+           AND idem_records.fence <= excluded.fence \
+         RETURNING fence"
+    };
+}
+
+/// Records a step that ran without a marker (a [repeatable] one), in one
+/// statement: its row goes in `success` with its value `$7`, while the
+/// claim at `$6` is still pending under the holder's fence `$5`; `$4` its
+/// identity. A marker at its address (a holder cut off inside it) is
+/// recorded over, if it is still pending and no newer holder's: fences
+/// come from one sequence, so a stale holder's (lower) fence can never
+/// write over what a newer holder began or recorded, and nothing is ever
+/// written over a recorded step. Returns a row only when it wrote.
+/// Index: the claim's test and the conflict, the partial unique index of
+/// their form.
+///
+/// [repeatable]: crate::Step::repeatable
+pub(super) const RECORD_UNMARKED_STEP: PerCommit<SplitOnNamespace> = per_commit!(
+    leading,
+    record_unmarked_step!(
+        "INSERT INTO idem_records \
+           (account, kind, address, namespace, state, identity, fence, first_fence, \
+            claim_address, created_at, settled_at, output_json) \
+         SELECT c.account, 'step', $2, $3, 'success', $4, $5, $5, $6, \
+                statement_timestamp(), statement_timestamp(), $7 \
+         FROM"
+    )
+);
+
+/// The text of [`STEPS_FOR_REPLAY`] with its namespace test.
+macro_rules! steps_for_replay {
+    ($namespace_test:literal) => {
         concat!(
-            "UPDATE idem_records SET fence = $5 \
-             WHERE account = $1 AND kind = 'step' AND address = $2 AND ",
-            $namespace_test,
-            " AND state = 'pending' AND fence = $4 AND claim_address = $6 AND ",
-            claim_held!($claim_namespace_test)
+            "SELECT address, state, fence, identity, output_json AS output FROM idem_records \
+             WHERE account = $1 AND kind = 'step' AND claim_address = $2 AND ",
+            $namespace_test
         )
     };
 }
 
-/// Moves the marker of a step begun under the fence `$4` (by a holder cut
-/// off inside it) to the holder's fence `$5`, while the claim at `$6` is
-/// still pending under `$5`: for a step declared safe to repeat. Index:
-/// the partial unique index of its form, for the step and for the claim.
-pub(super) const RETAKE_STEP: SplitOnNamespace = SplitOnNamespace {
-    without_namespace: retake_step!(
-        "namespace IS NULL AND $3::text IS NULL",
-        "c.namespace IS NULL"
-    ),
-    within_namespace: retake_step!("namespace = $3", "c.namespace = $3"),
+/// Every step of the claim at `$2`, with its value: what a run reads once,
+/// at its first step without a marker, to replay what is recorded without a
+/// statement per step. Index: `idem_records_steps_of_claim` (account,
+/// claim_address) over step rows.
+pub(super) const STEPS_FOR_REPLAY: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: steps_for_replay!("namespace IS NULL AND $3::text IS NULL"),
+    within_namespace: steps_for_replay!("namespace = $3"),
 };
 
 /// What a step's new row carries besides its scope and address.
@@ -248,25 +297,43 @@ pub(crate) async fn abandon_step<'e>(
     changed_one(statement.bind(fence).bind(claim_address), executor).await
 }
 
-/// Moves a cut-off holder's marker (fence `theirs`) to this holder's
-/// ([`RETAKE_STEP`]). `false`: the marker moved or went, or the claim is
-/// no longer this holder's.
-pub(crate) async fn retake_step<'e>(
+/// Records a step that ran without a marker ([`RECORD_UNMARKED_STEP`]).
+/// `false`: nothing was written (the step is recorded already, or a newer
+/// holder's marker is there, or the claim is no longer this holder's).
+pub(crate) async fn record_unmarked_step<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
-    theirs: i64,
     step: NewStep<'_>,
+    output: &str,
+    commit: Commit,
 ) -> Result<bool, sqlx::Error> {
-    let statement = RETAKE_STEP.for_row(scope, address);
-    changed_one(
-        statement
-            .bind(theirs)
-            .bind(step.fence)
-            .bind(step.claim_address),
-        executor,
-    )
-    .await
+    let written = RECORD_UNMARKED_STEP
+        .committing(commit)
+        .for_row(scope, address)
+        .bind(step.identity)
+        .bind(step.fence)
+        .bind(step.claim_address)
+        .bind(output)
+        .fetch_optional(executor)
+        .await?;
+    Ok(written.is_some())
+}
+
+/// Every step of the claim at `claim_address`, by address
+/// ([`STEPS_FOR_REPLAY`]).
+pub(crate) async fn steps_for_replay<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    claim_address: &str,
+) -> Result<Vec<(String, StepRow)>, sqlx::Error> {
+    let rows = STEPS_FOR_REPLAY
+        .for_row(scope, claim_address)
+        .fetch_all(executor)
+        .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get("address")?, StepRow::from_row(row)?)))
+        .collect()
 }
 
 /// A step begun and never recorded, as the reconciler reads it.

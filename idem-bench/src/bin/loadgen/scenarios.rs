@@ -9,7 +9,7 @@ use crate::floor::{Claim, Floor, Settle};
 use crate::fused::Fused;
 use crate::http::Way;
 use crate::runner::Planned;
-use crate::stepped::Commit;
+use crate::stepped::{Commit, Steps};
 use crate::targets::Side;
 use crate::workload::{GateMode, Work};
 
@@ -273,7 +273,7 @@ const BRANDUR: Spec = Spec {
 /// [`RECOVERY_POINTS`] sends 5.
 const THREE_STEPS: Spec = Spec {
     name: "three",
-    work: Work::ThreeSteps(Commit::Durable),
+    work: Work::ThreeSteps(Steps::Marked, Commit::Durable),
     summary: "gate.guard(&id).run of a body of three no-op idem::step calls (a, b, c): claim; per step \
               its marker (INSERT ... ON CONFLICT DO NOTHING) then its record (UPDATE); settle, each \
               autocommitted",
@@ -285,10 +285,36 @@ const THREE_STEPS: Spec = Spec {
 /// the three markers durably: 8 statements, 4 durable commits.
 const THREE_STEPS_ASYNC: Spec = Spec {
     name: "three-async",
-    work: Work::ThreeSteps(Commit::Async),
+    work: Work::ThreeSteps(Steps::Marked, Commit::Async),
     summary: "the same with .outcome_commit(OutcomeCommit::Async): the records and the settle commit \
               with synchronous_commit off, the claim and the markers durably",
     cost: cost(8, 8, 4),
+};
+
+/// Three no-op repeatable steps: the claim, one read of the claim's steps
+/// (a `SELECT`, at the first), per step its record alone (`INSERT ...
+/// SELECT ... ON CONFLICT ... DO UPDATE`, committing as the outcome does),
+/// the settle: 2 + 1 + 3 = 6 statements, 5 durable commits. The same
+/// phases [`RECOVERY_POINTS`] writes by hand, with what they promise: a
+/// phase cut off runs again.
+const THREE_REPEATABLE_STEPS: Spec = Spec {
+    name: "three-repeatable",
+    work: Work::ThreeSteps(Steps::Repeatable, Commit::Durable),
+    summary: "the same body with each step .repeatable(): claim; one read of the claim's steps \
+              (SELECT); per step its record alone (INSERT ... SELECT ... ON CONFLICT ... DO UPDATE); \
+              settle, each autocommitted",
+    cost: cost(6, 6, 5),
+};
+
+/// The same with `outcome_commit(OutcomeCommit::Async)`: the three records
+/// and the settle commit without waiting for the flush: 6 statements, 1
+/// durable commit (the claim).
+const THREE_REPEATABLE_STEPS_ASYNC: Spec = Spec {
+    name: "three-repeatable-async",
+    work: Work::ThreeSteps(Steps::Repeatable, Commit::Async),
+    summary: "the repeatable steps with .outcome_commit(OutcomeCommit::Async): the records and the \
+              settle commit with synchronous_commit off, the claim durably",
+    cost: cost(6, 6, 1),
 };
 
 /// The same three phases by hand, as recovery points: `INSERT ... ON
@@ -412,6 +438,8 @@ const STEPS: &[Spec] = &[
     RECOVERY_POINTS,
     THREE_STEPS,
     THREE_STEPS_ASYNC,
+    THREE_REPEATABLE_STEPS,
+    THREE_REPEATABLE_STEPS_ASYNC,
 ];
 
 const HISTORY: &[Spec] = &[FLOOR, GATE];
@@ -801,14 +829,18 @@ mod tests {
                 checked += 1;
             }
         }
-        // Eight targets within a group, and the four comparisons of steps.
-        assert_eq!(checked, 2 * (8 + 4));
-        // Every scenario runs, the no-op gate twice per concurrency.
-        let gates = runs
-            .iter()
-            .filter(|r| is(r, (Group::NoOp, "gate"), 1))
-            .count();
-        assert_eq!(gates, 2);
-        assert_eq!(runs.len(), 2 * (scenarios.len() + 1));
+        // Eight targets within a group, and the six comparisons of steps.
+        assert_eq!(checked, 2 * (8 + 6));
+        // Every scenario runs; more than once per concurrency, those with
+        // more than two neighbours: the no-op gate (three) twice, the
+        // recovery points (four: each way of writing the steps) three times.
+        for (repeated, times) in [
+            ((Group::NoOp, "gate"), 2),
+            ((Group::Steps, "recovery-points"), 3),
+        ] {
+            let runs_of = runs.iter().filter(|r| is(r, repeated, 1)).count();
+            assert_eq!(runs_of, times, "{repeated:?}");
+        }
+        assert_eq!(runs.len(), 2 * (scenarios.len() + 1 + 2));
     }
 }

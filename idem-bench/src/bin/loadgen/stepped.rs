@@ -5,15 +5,22 @@
 //! with no steps ([`crate::gated`]).
 //!
 //! What a step costs, counted from the store's statements
-//! (`idem-runtime/src/store/steps.rs`): a step that runs sends two, its
-//! marker (`INSERT ... SELECT ... WHERE` the claim is still the holder's
-//! `ON CONFLICT DO NOTHING`, durable, since it is the step's lock) and then
-//! its record (`UPDATE ... SET state = 'success', output_json = ...`,
-//! committing as the claim's outcome does: durable, or with
-//! `outcome_commit(OutcomeCommit::Async)` asynchronously). So three steps
-//! inside one guarded call are 2 + 3 × 2 = 8 statements, each on a pooled
-//! connection of its own, autocommitted: 8 durable commits, or 4 (the
-//! claim and the three markers) with the outcome asynchronous.
+//! (`idem-runtime/src/store/steps.rs`): a step that is not repeatable sends
+//! two, its marker (`INSERT ... SELECT ... WHERE` the claim is still the
+//! holder's `ON CONFLICT DO NOTHING`, durable, since it is the step's lock)
+//! and then its record (`UPDATE ... SET state = 'success', output_json =
+//! ...`, committing as the claim's outcome does: durable, or with
+//! `outcome_commit(OutcomeCommit::Async)` asynchronously). So three such
+//! steps inside one guarded call are 2 + 3 × 2 = 8 statements, each on a
+//! pooled connection of its own, autocommitted: 8 durable commits, or 4
+//! (the claim and the three markers) with the outcome asynchronous.
+//!
+//! A repeatable step has no marker: the run reads its claim's steps once,
+//! at its first repeatable step (a `SELECT`), and each step sends its
+//! record alone (`INSERT ... SELECT ... WHERE` the claim is still the
+//! holder's `ON CONFLICT ... DO UPDATE` over a cut-off holder's marker),
+//! committing as the outcome does: 2 + 1 + 3 = 6 statements, 5 durable
+//! commits (the read commits nothing), or 1 with the outcome asynchronous.
 
 use idem::{Gate, Identity, OutcomeCommit, Rejected};
 
@@ -29,17 +36,41 @@ pub enum Commit {
     Async,
 }
 
+/// Whether the steps are declared repeatable: with no marker, each is its
+/// record alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steps {
+    /// `idem::step(..)`: a marker, then a record.
+    Marked,
+    /// `idem::step(..).repeatable()`: the record alone.
+    Repeatable,
+}
+
 /// What each step returns, and what the run checks it got back.
 const STEP_VALUE: u64 = 1;
 
+/// One no-op step, `name`, as `steps` says.
+async fn no_op(name: &'static str, steps: Steps) -> Result<u64, Rejected> {
+    let step = idem::step(name, async { Ok::<u64, Rejected>(STEP_VALUE) });
+    match steps {
+        Steps::Marked => step.await,
+        Steps::Repeatable => step.repeatable().await,
+    }
+}
+
 /// Claims `n`, runs three no-op steps inside the claim, settles. An error
 /// unless each step handed back its value (a new identity runs each).
-pub async fn three_steps(gate: &Gate, n: u64, commit: Commit) -> Result<(), BoxError> {
+pub async fn three_steps(
+    gate: &Gate,
+    n: u64,
+    steps: Steps,
+    commit: Commit,
+) -> Result<(), BoxError> {
     let id = Identity::new(ACTION).part(n);
     let body = async {
-        let a = idem::step("a", async { Ok::<u64, Rejected>(STEP_VALUE) }).await?;
-        let b = idem::step("b", async { Ok::<u64, Rejected>(STEP_VALUE) }).await?;
-        let c = idem::step("c", async { Ok::<u64, Rejected>(STEP_VALUE) }).await?;
+        let a = no_op("a", steps).await?;
+        let b = no_op("b", steps).await?;
+        let c = no_op("c", steps).await?;
         Ok::<_, Rejected>([a, b, c])
     };
     let values = match commit {

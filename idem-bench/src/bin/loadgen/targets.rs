@@ -144,6 +144,16 @@ pub fn compared() -> Vec<Comparison> {
             "three-async",
             "gate-async",
         ),
+        compare(
+            "three repeatable steps ÷ recovery points by hand",
+            "three-repeatable",
+            "recovery-points",
+        ),
+        compare(
+            "three repeatable steps, async outcome ÷ recovery points by hand",
+            "three-repeatable-async",
+            "recovery-points",
+        ),
     ]
 }
 

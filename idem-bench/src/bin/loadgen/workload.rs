@@ -11,7 +11,7 @@ use crate::duplicates::Settled;
 use crate::floor::Floor;
 use crate::fused::Fused;
 use crate::http::{Routers, Way};
-use crate::stepped::{self, Commit};
+use crate::stepped::{self, Commit, Steps};
 use crate::{BoxError, advisory, brandur, gated, keys, recovery_points};
 
 /// What one operation does.
@@ -31,7 +31,7 @@ pub enum Work {
     Brandur,
     /// A guard whose body runs three no-op steps, its outcome (the settle
     /// and each step's record) committing as said ([`stepped`]).
-    ThreeSteps(Commit),
+    ThreeSteps(Steps, Commit),
     /// The same three phases by hand, as recovery points
     /// ([`recovery_points`]).
     RecoveryPoints,
@@ -98,7 +98,9 @@ impl Workload {
                 gated::batch(self.gates.of(n), identities, self.body).await
             }
             Work::Brandur => brandur::run(&self.pool, n, self.body).await,
-            Work::ThreeSteps(commit) => stepped::three_steps(self.gates.of(n), n, commit).await,
+            Work::ThreeSteps(steps, commit) => {
+                stepped::three_steps(self.gates.of(n), n, steps, commit).await
+            }
             Work::RecoveryPoints => recovery_points::run(&self.pool, n).await,
             Work::Advisory => advisory::run(&self.pool, n, self.body).await,
             Work::RefuseByLookup => self.settled()?.refuse_by_lookup(&self.pool, n).await,
