@@ -102,7 +102,8 @@ pub(crate) enum StepLabel {
     Recorded,
     /// A recorded value was handed back: it did not run.
     Replayed,
-    /// It ran again after its holder was cut off inside it (repeatable).
+    /// It ran again, repeatable, over the marker of a run cut off inside
+    /// it while it was not.
     Repeated,
     /// It returned `Err`: nothing recorded, a later run runs it again.
     Failed,

@@ -36,6 +36,7 @@ use std::task::Poll;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
+use tokio::sync::OnceCell;
 use tokio::task::futures::TaskLocalFuture;
 
 use crate::claim::WonSlot;
@@ -76,6 +77,11 @@ pub(crate) struct Ambient {
     under: Under,
     /// What the steps saw, which the run loop reads after the body.
     log: Mutex<Log>,
+    /// The claim's steps as this run read them, by address: read once, at
+    /// the first step without a marker (steps joined in one body wait for
+    /// the one read), and taken from as each step of the run begins (each
+    /// name begins once per run, so nothing read is consulted twice).
+    read: OnceCell<Mutex<HashMap<String, StepRow>>>,
 }
 
 enum Under {
@@ -120,11 +126,10 @@ struct Log {
     /// A step found cut off, or whose result could not be recorded: the
     /// body's failure must hold the claim, never release it.
     unknown: Option<String>,
-    /// The claim's steps as this run read them, by address: read once, at
-    /// the first step without a marker, and taken from as each step of
-    /// the run begins (each name begins once per run, so nothing read is
-    /// consulted twice).
-    read: Option<HashMap<String, StepRow>>,
+    /// A statement of a step found the claim no longer this holder's (on
+    /// the pool: taken over, or released): no step of the run runs from
+    /// then on, though a recorded one is still replayed.
+    lost: bool,
 }
 
 impl Ambient {
@@ -165,6 +170,7 @@ impl Ambient {
         Arc::new(Ambient {
             under,
             log: Mutex::default(),
+            read: OnceCell::new(),
         })
     }
 
@@ -279,10 +285,12 @@ impl<'f, F> Step<'f, F> {
     ///
     /// It costs one statement, its record: with nothing to guard against
     /// a second run, it writes no marker first. It is looked up in what
-    /// the run read of its claim's steps, once, at its first repeatable
-    /// step; it may therefore run in a holder whose claim was just taken
-    /// over (its call carries the downstream key), and its record never
-    /// goes in over the new holder's.
+    /// the run read of its claim's steps (and whether the claim is still
+    /// its holder's), once, at its first repeatable step; a later one may
+    /// therefore run in a holder whose claim was just taken over (its call
+    /// carries the downstream key). Its record never goes in over the new
+    /// holder's: it hands back the new holder's value, or is
+    /// [`Rejected::LeaseLost`].
     pub fn repeatable(mut self) -> Self {
         self.repeatable = true;
         self
@@ -399,7 +407,7 @@ where
     } else {
         match held.recorded_in_what_was_read(&ambient) {
             Some(json) => Ok(Begun::Replay(json)),
-            None => held.begin(&mut via).await,
+            None => held.begin(&ambient, &mut via).await,
         }
     };
     // Only a step that is not repeatable inserted a marker: only its
@@ -469,9 +477,10 @@ where
             if marked {
                 held.abandon(&mut via).await;
             }
-        } else {
+        } else if !step.repeatable {
             // A body still running (the step was polled inside another
-            // body, say) holds its claim should it fail.
+            // body, say) holds its claim should it fail; a repeatable
+            // step would simply run again.
             ambient.lock().unknown = Some(step.name.clone());
         }
         return Err(E::from(Rejected::NotGuarded {
@@ -481,12 +490,13 @@ where
     };
     match &output {
         Ok(value) => match recordable(value) {
-            Ok(json) => match held.record(&json, marked, &mut via).await {
+            Ok(json) => match held.record(&json, marked, &ambient, &mut via).await {
                 Ok(Recorded::Ours) => count(StepLabel::Recorded),
                 Ok(Recorded::Theirs(json)) => {
-                    // A holder cut off inside this repeatable step recorded
-                    // it after all, while this one ran it again: every run
-                    // goes on with the one value the record holds.
+                    // Another holder recorded the step while this one ran
+                    // it (one cut off inside it, whose record landed after
+                    // all; or the one that took this claim over): every
+                    // run goes on with the one value the record holds.
                     cut_off.disarm();
                     count(StepLabel::Recorded);
                     return serde_json::from_str(&json).map_err(|_| {
@@ -496,6 +506,19 @@ where
                                   the step's type",
                         })
                     });
+                }
+                Err(gone @ (Rejected::LeaseLost { .. } | Rejected::WrongConnection { .. })) => {
+                    // The claim is no longer this holder's (or the step
+                    // was given a connection that cannot see it): its value
+                    // is nobody's record, and the body is told so. A step
+                    // that is not repeatable leaves its marker, and this
+                    // body's failure holds nothing it does not hold.
+                    cut_off.disarm();
+                    count(StepLabel::Unrecorded);
+                    if !step.repeatable {
+                        ambient.lock().unknown = Some(step.name.clone());
+                    }
+                    return Err(E::from(gone));
                 }
                 Err(unrecorded) => {
                     // The step happened; what it did is not in the store.
@@ -534,8 +557,14 @@ where
                     action = facts.identity.action(),
                     step = step.name.as_str(),
                     error = %error,
-                    "a step's value could not be recorded as JSON that reads back as its type, \
-                     so it is not recorded: a later run will find the step in doubt"
+                    "{}",
+                    if step.repeatable {
+                        "a step's value could not be recorded as JSON that reads back as its \
+                         type, so it is not recorded: a later run runs the step again"
+                    } else {
+                        "a step's value could not be recorded as JSON that reads back as its \
+                         type, so it is not recorded: a later run will find the step in doubt"
+                    }
                 );
             }
         },
@@ -570,6 +599,11 @@ fn recordable<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, Stri
         )),
         _ => Ok(json),
     }
+}
+
+/// `mutex`, poisoned or not: what it guards is only ever replaced whole.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Marks the outcome of the body unknown when dropped armed: a step stopped
@@ -648,10 +682,20 @@ impl<'a> Held<'a> {
     /// The step's value, when what the run read of its claim's steps (if
     /// it read them) has it recorded.
     fn recorded_in_what_was_read(&self, ambient: &Ambient) -> Option<String> {
-        let mut log = ambient.lock();
-        let row = log.read.as_mut()?.remove(&self.address)?;
+        let row = lock(ambient.read.get()?).remove(&self.address)?;
         (row.state == StepState::Success && row.identity == self.canonical)
             .then(|| row.output.unwrap_or_else(|| "null".into()))
+    }
+
+    /// The claim is no longer this holder's: every later step of the run
+    /// is refused (on the pool; in a transaction it cannot be, and the
+    /// connection given was the wrong one, which another step may not
+    /// repeat).
+    fn lost(&self, ambient: &Ambient, via: &Via<'_>) -> Rejected {
+        if !via.in_transaction() {
+            ambient.lock().lost = true;
+        }
+        self.claim_gone(via)
     }
 
     /// Finds a step without a marker (a repeatable one) in what the run
@@ -663,44 +707,50 @@ impl<'a> Held<'a> {
         ambient: &Ambient,
         via: &mut Via<'_>,
     ) -> Result<Begun, Rejected> {
-        if ambient.lock().read.is_none() {
-            let scope = self.facts.slots.scope();
-            let claim = self.facts.address.as_str();
-            let rows: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
-                store::steps_for_replay(&mut *conn, scope, claim).await
-            });
-            let rows = rows.map_err(Rejected::from_store)?;
-            ambient
-                .lock()
-                .read
-                .get_or_insert_with(|| rows.into_iter().collect());
-        }
-        let row = ambient
-            .lock()
+        let read = ambient
             .read
-            .as_mut()
-            .and_then(|read| read.remove(&self.address));
+            .get_or_try_init(|| async {
+                let scope = self.facts.slots.scope();
+                let (claim, fence) = (self.facts.address.as_str(), self.facts.fence);
+                let read: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+                    store::steps_for_replay(&mut *conn, scope, claim, fence).await
+                });
+                let read = read.map_err(Rejected::from_store)?;
+                if !read.held {
+                    // In a transaction, a connection that does not see
+                    // the claim is the wrong one: what it read is not kept
+                    // for a step given the right one.
+                    let lost = self.lost(ambient, via);
+                    if via.in_transaction() {
+                        return Err(lost);
+                    }
+                }
+                Ok(Mutex::new(read.steps.into_iter().collect()))
+            })
+            .await?;
+        let row = lock(read).remove(&self.address);
         match row {
-            None => Ok(Begun::Run),
             Some(row) if row.identity != self.canonical => Err(Rejected::Collision {
                 address: self.address.clone(),
             }),
-            Some(row) => match row.state {
-                StepState::Success => {
-                    Ok(Begun::Replay(row.output.unwrap_or_else(|| "null".into())))
-                }
-                // A marker: a holder was cut off inside it (or an earlier
-                // version of the step was not repeatable). Its record goes
-                // over the marker.
-                StepState::Pending => Ok(Begun::Rerun),
-            },
+            Some(row) if row.state == StepState::Success => {
+                Ok(Begun::Replay(row.output.unwrap_or_else(|| "null".into())))
+            }
+            // Recorded steps are replayed to a holder that lost its claim
+            // (what the new holder recorded is what it finds); no step
+            // runs under a claim that is no longer its holder's.
+            _ if ambient.lock().lost => Err(self.claim_gone(via)),
+            None => Ok(Begun::Run),
+            // A marker: a holder was cut off inside it (or the step was not
+            // repeatable then). Its record goes over the marker.
+            Some(_) => Ok(Begun::Rerun),
         }
     }
 
     /// Inserts the step's marker, or finds its row: replays a recorded
     /// step, runs a new one, and refuses one whose holder was cut off
     /// inside it.
-    async fn begin(&self, via: &mut Via<'_>) -> Result<Begun, Rejected> {
+    async fn begin(&self, ambient: &Ambient, via: &mut Via<'_>) -> Result<Begun, Rejected> {
         let scope = self.facts.slots.scope();
         for _ in 0..BEGIN_ATTEMPTS {
             let began: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
@@ -719,7 +769,7 @@ impl<'a> Held<'a> {
                 if self.claim_still_ours(via).await? {
                     continue;
                 }
-                return Err(self.claim_gone(via));
+                return Err(self.lost(ambient, via));
             };
             if row.identity != self.canonical {
                 return Err(Rejected::Collision {
@@ -735,7 +785,7 @@ impl<'a> Held<'a> {
                 StepState::Pending if row.fence == self.facts.fence => return Ok(Begun::Run),
                 StepState::Pending => {
                     if !self.claim_still_ours(via).await? {
-                        return Err(self.claim_gone(via));
+                        return Err(self.lost(ambient, via));
                     }
                     return Err(Rejected::StepInDoubt {
                         step: self.name.to_owned(),
@@ -754,6 +804,7 @@ impl<'a> Held<'a> {
         &self,
         json: &str,
         marked: bool,
+        ambient: &Ambient,
         via: &mut Via<'_>,
     ) -> Result<Recorded, Rejected> {
         let scope = self.facts.slots.scope();
@@ -781,9 +832,10 @@ impl<'a> Held<'a> {
             return Ok(Recorded::Ours);
         }
         // Wrote nothing: recorded by an earlier attempt whose reply was
-        // lost; or the claim is no longer ours (a holder that took it over
-        // retook the step); or, for a step without a marker, a holder cut
-        // off inside it recorded it since this run read its row.
+        // lost; or recorded by another holder (one that took the claim
+        // over, or, for a step without a marker, one cut off inside it
+        // whose record landed since this run read its row); or the claim
+        // is no longer ours.
         let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
             store::lookup_step(&mut *conn, scope, &self.address, &self.facts.address).await
         });
@@ -791,17 +843,17 @@ impl<'a> Held<'a> {
             Some(row) if row.state == StepState::Success && row.fence == fence => {
                 Ok(Recorded::Ours)
             }
-            Some(row)
-                if !marked
-                    && row.state == StepState::Success
-                    && row.identity == self.canonical
-                    && self.claim_still_ours(via).await? =>
-            {
+            Some(row) if row.state == StepState::Success && row.identity == self.canonical => {
+                // One value per step: the recorded one. Recorded under a
+                // newer fence: the claim is no longer ours.
+                if row.fence > fence {
+                    self.lost(ambient, via);
+                }
                 Ok(Recorded::Theirs(
                     row.output.unwrap_or_else(|| "null".into()),
                 ))
             }
-            _ => Err(self.claim_gone(via)),
+            _ => Err(self.lost(ambient, via)),
         }
     }
 

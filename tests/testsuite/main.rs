@@ -34,6 +34,9 @@ mod steps_under_faults;
 mod steps_redteam;
 // A second red team of steps.
 mod steps_breaks;
+// A red team of repeatable steps, which write no marker: stale holders,
+// wrong connections, declarations that change between runs, joined steps.
+mod steps_repeatable_breaks;
 // Batch claims for message consumers.
 mod batches;
 // The tower layer and detached calls, through real servers.

@@ -1079,9 +1079,12 @@ async fn a_repeatable_step_never_records_over_a_marker_of_a_newer_fence() {
                 .await
         })
         .await;
-    // The step ran; its value is not its record (the body goes on with
-    // it, as with any value the store could not take).
-    assert_eq!(outcome.ok(), Some(1));
+    // The step ran; its value is nobody's record, and the body is told its
+    // claim is no longer its own.
+    assert!(
+        matches!(outcome, Err(Rejected::LeaseLost { .. })),
+        "{outcome:?}"
+    );
     let steps = steps_of(&gate, &id).await;
     assert_eq!(steps.len(), 1, "{steps:?}");
     assert_eq!(steps[0].state.as_str(), "pending", "not recorded over");

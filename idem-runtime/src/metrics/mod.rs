@@ -88,11 +88,13 @@
 //! |---|---|---|
 //! | `recorded` | it ran, and its value was recorded | ran |
 //! | `replayed` | an earlier run recorded it: its value was handed back | does not run |
-//! | `repeated` | its holder was cut off inside it, and it is repeatable | runs again |
+//! | `repeated` | it is repeatable, and an earlier run left its marker (cut off inside it while the step was not declared repeatable) | runs again |
 //! | `failed` | it returned `Err`: nothing recorded, a later run runs it again | ran |
 //! | `in_doubt` | its holder was cut off inside it: refused (`StepInDoubt`) | does not run |
-//! | `unrecorded` | it ran, and the store failed to record its value: a later run finds it in doubt | ran |
+//! | `unrecorded` | it ran, and the store failed to record its value: a later run finds it in doubt (or, repeatable, runs it again) | ran |
 //!
+//! A repeatable step writes no marker, so one cut off leaves no trace: the
+//! run that runs it again counts it `recorded`.
 //! So `won + taken_over + ungated + failed_open` is how many bodies ran,
 //! and the refusals are how many duplicates were stopped. What to alert
 //! on is in the operations guide: `idem_claims_in_doubt > 0`, any

@@ -251,7 +251,7 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
         per_row(
             "steps for replay",
             &steps::STEPS_FOR_REPLAY,
-            &[],
+            &[Int(1)],
             Expect::StepsOfClaim,
         ),
         // The same for the reconciler's steps in doubt.

@@ -202,21 +202,42 @@ pub(super) const RECORD_UNMARKED_STEP: PerCommit<SplitOnNamespace> = per_commit!
 macro_rules! steps_for_replay {
     ($namespace_test:literal) => {
         concat!(
-            "SELECT address, state, fence, identity, output_json AS output FROM idem_records \
+            "SELECT NULL::text AS address, NULL::text AS state, NULL::int8 AS fence, \
+                    NULL::bytea AS identity, NULL::text AS output, \
+                    (state = 'pending' AND fence = $4) AS held \
+             FROM idem_records \
+             WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
+            $namespace_test,
+            " UNION ALL \
+             SELECT address, state, fence, identity, output_json, NULL::boolean \
+             FROM idem_records \
              WHERE account = $1 AND kind = 'step' AND claim_address = $2 AND ",
             $namespace_test
         )
     };
 }
 
-/// Every step of the claim at `$2`, with its value: what a run reads once,
-/// at its first step without a marker, to replay what is recorded without a
-/// statement per step. Index: `idem_records_steps_of_claim` (account,
-/// claim_address) over step rows.
+/// Every step of the claim at `$2`, with its value, and whether the claim
+/// is still pending under the holder's fence `$4` (a row with `held` set,
+/// absent when the claim is gone): what a run reads once, at its first step
+/// without a marker, to replay what is recorded without a statement per
+/// step, and to know before running one that its claim is still its own.
+/// Index: the claim's row, the partial unique index of its form; its
+/// steps, `idem_records_steps_of_claim` (account, claim_address) over step
+/// rows.
 pub(super) const STEPS_FOR_REPLAY: SplitOnNamespace = SplitOnNamespace {
     without_namespace: steps_for_replay!("namespace IS NULL AND $3::text IS NULL"),
     within_namespace: steps_for_replay!("namespace = $3"),
 };
+
+/// What a run read of its claim ([`STEPS_FOR_REPLAY`]).
+#[derive(Debug)]
+pub(crate) struct StepsRead {
+    /// The claim is still pending under the holder's fence.
+    pub held: bool,
+    /// Its steps, by address.
+    pub steps: Vec<(String, StepRow)>,
+}
 
 /// What a step's new row carries besides its scope and address.
 #[derive(Debug, Clone, Copy)]
@@ -320,20 +341,32 @@ pub(crate) async fn record_unmarked_step<'e>(
     Ok(written.is_some())
 }
 
-/// Every step of the claim at `claim_address`, by address
-/// ([`STEPS_FOR_REPLAY`]).
+/// Every step of the claim at `claim_address`, by address, and whether
+/// the claim is still pending under `fence` ([`STEPS_FOR_REPLAY`]).
 pub(crate) async fn steps_for_replay<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     claim_address: &str,
-) -> Result<Vec<(String, StepRow)>, sqlx::Error> {
+    fence: i64,
+) -> Result<StepsRead, sqlx::Error> {
     let rows = STEPS_FOR_REPLAY
         .for_row(scope, claim_address)
+        .bind(fence)
         .fetch_all(executor)
         .await?;
-    rows.iter()
-        .map(|row| Ok((row.try_get("address")?, StepRow::from_row(row)?)))
-        .collect()
+    let mut read = StepsRead {
+        held: false,
+        steps: Vec::with_capacity(rows.len()),
+    };
+    for row in &rows {
+        match row.try_get::<Option<bool>, _>("held")? {
+            Some(held) => read.held = held,
+            None => read
+                .steps
+                .push((row.try_get("address")?, StepRow::from_row(row)?)),
+        }
+    }
+    Ok(read)
 }
 
 /// A step begun and never recorded, as the reconciler reads it.
