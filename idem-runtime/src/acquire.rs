@@ -5,6 +5,7 @@
 //! out, which is then taken over with a compare-and-swap on its fence. A
 //! duplicate told to wait polls until the slot is decided or its wait is over.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::claim::{Claim, Lease, WonSlot};
@@ -353,7 +354,7 @@ impl<'a> Contender<'a> {
             address: self.address.clone(),
             fence,
             lineage,
-            lease: Lease::from_now(mode.lease_duration()),
+            lease: Arc::new(Lease::from_now(mode.lease_duration())),
             won: Stopwatch::start(),
             in_transaction,
             // Never under a lease or in the caller's transaction: see

@@ -977,7 +977,9 @@ async fn record<R>(
                 continue;
             }
         };
-        if !claim.is_gated() {
+        // A success after a step refused to run for a lost claim is not
+        // recorded: alone, it is answered with that refusal.
+        if !claim.is_gated() || steps.refused().is_some() {
             alone.push((index, claim, output, Some(steps)));
             continue;
         }

@@ -7,7 +7,7 @@
 //! while the holder is told what became of its claim.
 
 use std::fmt;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sqlx::{PgConnection, PgPool};
@@ -54,7 +54,7 @@ pub(crate) struct WonSlot {
     /// The fence the claim began with: ours, or the one of the claim we took
     /// over. A row that still carries it was taken over, not released.
     pub(crate) lineage: i64,
-    pub(crate) lease: Lease,
+    pub(crate) lease: Arc<Lease>,
     /// Since the claim was won (or its body's turn came, in a batch): how
     /// long the body ran.
     pub(crate) won: Stopwatch,
@@ -97,7 +97,7 @@ impl Lease {
             .map(|ends| ends.saturating_duration_since(Instant::now()))
     }
 
-    fn ran_out(&self) -> bool {
+    pub(crate) fn ran_out(&self) -> bool {
         self.ends
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -418,6 +418,29 @@ impl Claim {
     /// record and nothing to warn about as it goes.
     pub(crate) fn forget(mut self) {
         self.held = None;
+    }
+
+    /// Lets go of a claim whose body succeeded after one of its steps found
+    /// the claim no longer this holder's (`lost`), without recording the
+    /// success: the body went on without the steps that were refused, so
+    /// its success is not the action's, and writing it over whoever holds
+    /// the slot now would end that holder's run for it.
+    pub(crate) fn let_go_lost(mut self, lost: &Rejected) {
+        if let Some(held) = self.held.take() {
+            Decision::Unrecorded(lost).recorded(
+                &held.slots,
+                &held.identity,
+                &held.won,
+                &Stopwatch::start(),
+            );
+            held.event(
+                tracing::Level::WARN,
+                "the body returned Ok after one of its steps found the claim no longer this \
+                 holder's: its success is not recorded, since it went on without the steps \
+                 that were refused",
+                Some(lost),
+            );
+        }
     }
 
     /// The body of this claim starts now: a batch's body may wait for its

@@ -173,7 +173,9 @@ impl<'a, R> OutcomeOf<'a, R> {
     /// commit.
     ///
     /// `steps`: what the body's steps saw, when it could run any: a step
-    /// whose outcome nobody knows turns any failure into a hold in doubt.
+    /// whose outcome nobody knows turns any failure into a hold in doubt,
+    /// and a success of a body one of whose steps refused to run for a
+    /// lost claim is not recorded (it is returned as that refusal).
     pub(crate) async fn record(
         &self,
         claim: Claim,
@@ -204,6 +206,10 @@ impl<'a, R> OutcomeOf<'a, R> {
             }
             Recording::Settled(json) => json,
         };
+        if let Some(lost) = steps.and_then(Ambient::refused) {
+            claim.let_go_lost(&lost);
+            return (self.rejected)(lost);
+        }
         let in_transaction = via.in_transaction();
         match claim.settle_with(json.as_deref(), via).await {
             Err(

@@ -39,7 +39,7 @@ use sqlx::PgConnection;
 use tokio::sync::OnceCell;
 use tokio::task::futures::TaskLocalFuture;
 
-use crate::claim::WonSlot;
+use crate::claim::{Lease, WonSlot};
 use crate::error::Rejected;
 use crate::identity::{self, Identity};
 use crate::measure::{self, StepLabel};
@@ -104,6 +104,9 @@ struct ClaimFacts {
     address: String,
     fence: i64,
     commit: Commit,
+    /// The claim's lease by this process's clock, renewed with it: a claim
+    /// found gone is `LeaseLost` once it ran out, `ClaimLost` before.
+    lease: Arc<Lease>,
 }
 
 impl ClaimFacts {
@@ -114,6 +117,7 @@ impl ClaimFacts {
             address: held.address.clone(),
             fence: held.fence,
             commit: held.commit,
+            lease: Arc::clone(&held.lease),
         }
     }
 }
@@ -126,10 +130,19 @@ struct Log {
     /// A step found cut off, or whose result could not be recorded: the
     /// body's failure must hold the claim, never release it.
     unknown: Option<String>,
-    /// A statement of a step found the claim no longer this holder's (on
-    /// the pool: taken over, or released): no step of the run runs from
-    /// then on, though a recorded one is still replayed.
-    lost: bool,
+    /// What a statement of a step found when the claim was no longer this
+    /// holder's (on the pool: taken over, or released): no step of the run
+    /// runs from then on, though a recorded one is still replayed.
+    lost: Option<Rejected>,
+    /// A step told the body its claim was lost, and did not run: a success
+    /// of the body after that went on without it, and is not recorded over
+    /// whoever holds the slot now.
+    refused: Option<Rejected>,
+    /// The connection, by address, that read the claim as its holder's
+    /// inside the caller's transaction: a later step given another one is
+    /// checked before it runs. (Two live connections never share an
+    /// address, and the claim's transaction outlives its body.)
+    verified: Option<usize>,
 }
 
 impl Ambient {
@@ -187,6 +200,27 @@ impl Ambient {
         match self.lock().unknown {
             Some(_) => Disposition::InDoubt,
             None => wanted,
+        }
+    }
+
+    /// The refusal a step gave the body when it found the claim no longer
+    /// this holder's, if one did: a success of the body is then not
+    /// recorded over whoever holds the slot now, since the body went on
+    /// without the step that was refused. (A step refused for the wrong
+    /// connection leaves the claim its holder's: a body that goes on
+    /// without it is like one that ignores a step's error.)
+    pub(crate) fn refused(&self) -> Option<Rejected> {
+        self.lock().refused.clone()
+    }
+
+    /// Notes `rejected`, about to be returned by a step to the body, if it
+    /// says the claim was lost.
+    fn refusing(&self, rejected: &Rejected) {
+        if matches!(
+            rejected,
+            Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. }
+        ) {
+            self.lock().refused.get_or_insert_with(|| rejected.clone());
         }
     }
 
@@ -289,8 +323,9 @@ impl<'f, F> Step<'f, F> {
     /// its holder's), once, at its first repeatable step; a later one may
     /// therefore run in a holder whose claim was just taken over (its call
     /// carries the downstream key). Its record never goes in over the new
-    /// holder's: it hands back the new holder's value, or is
-    /// [`Rejected::LeaseLost`].
+    /// holder's: it hands back the recorded value, or is
+    /// [`Rejected::LeaseLost`] ([`Rejected::ClaimLost`] for a claim
+    /// released under it), and no later step of the body runs.
     pub fn repeatable(mut self) -> Self {
         self.repeatable = true;
         self
@@ -373,6 +408,12 @@ where
             why,
         }))
     };
+    // Which connection the step was given, to tell a later step given
+    // another one (`Log::verified`); compared, never dereferenced.
+    let connection = step
+        .connection
+        .as_deref()
+        .map(|connection| std::ptr::from_ref(connection) as usize);
     let (facts, mut via) = match (&ambient.under, step.connection) {
         (Under::Claim(facts), None) => (facts, Via::Pool(facts.slots.pool())),
         (Under::TxClaim(facts), Some(connection)) => (facts, Via::Transaction(connection)),
@@ -403,7 +444,7 @@ where
         armed: !step.repeatable,
     };
     let begun = if step.repeatable {
-        held.begin_unmarked(&ambient, &mut via).await
+        held.begin_unmarked(&ambient, connection, &mut via).await
     } else {
         match held.recorded_in_what_was_read(&ambient) {
             Some(json) => Ok(Begun::Replay(json)),
@@ -450,7 +491,7 @@ where
                 {
                     ambient.lock().unknown = Some(step.name.clone());
                 }
-                _ => {}
+                _ => ambient.refusing(&refused),
             }
             return Err(E::from(refused));
         }
@@ -507,7 +548,11 @@ where
                         })
                     });
                 }
-                Err(gone @ (Rejected::LeaseLost { .. } | Rejected::WrongConnection { .. })) => {
+                Err(
+                    gone @ (Rejected::LeaseLost { .. }
+                    | Rejected::ClaimLost { .. }
+                    | Rejected::WrongConnection { .. }),
+                ) => {
                     // The claim is no longer this holder's (or the step
                     // was given a connection that cannot see it): its value
                     // is nobody's record, and the body is told so. A step
@@ -518,6 +563,7 @@ where
                     if !step.repeatable {
                         ambient.lock().unknown = Some(step.name.clone());
                     }
+                    ambient.refusing(&gone);
                     return Err(E::from(gone));
                 }
                 Err(unrecorded) => {
@@ -692,10 +738,11 @@ impl<'a> Held<'a> {
     /// connection given was the wrong one, which another step may not
     /// repeat).
     fn lost(&self, ambient: &Ambient, via: &Via<'_>) -> Rejected {
+        let gone = self.claim_gone(via);
         if !via.in_transaction() {
-            ambient.lock().lost = true;
+            ambient.lock().lost.get_or_insert_with(|| gone.clone());
         }
-        self.claim_gone(via)
+        gone
     }
 
     /// Finds a step without a marker (a repeatable one) in what the run
@@ -705,6 +752,7 @@ impl<'a> Held<'a> {
     async fn begin_unmarked(
         &self,
         ambient: &Ambient,
+        connection: Option<usize>,
         via: &mut Via<'_>,
     ) -> Result<Begun, Rejected> {
         let read = ambient
@@ -724,10 +772,21 @@ impl<'a> Held<'a> {
                     if via.in_transaction() {
                         return Err(lost);
                     }
+                } else if via.in_transaction() {
+                    ambient.lock().verified = connection;
                 }
                 Ok(Mutex::new(read.steps.into_iter().collect()))
             })
             .await?;
+        // In a transaction, a step given another connection than the one
+        // that read the claim as its holder's is checked before it runs (a
+        // wrong one would run it with nothing to record it on).
+        if via.in_transaction() && ambient.lock().verified != connection {
+            if !self.claim_still_ours(via).await? {
+                return Err(self.claim_gone(via));
+            }
+            ambient.lock().verified = connection;
+        }
         let row = lock(read).remove(&self.address);
         match row {
             Some(row) if row.identity != self.canonical => Err(Rejected::Collision {
@@ -739,7 +798,7 @@ impl<'a> Held<'a> {
             // Recorded steps are replayed to a holder that lost its claim
             // (what the new holder recorded is what it finds); no step
             // runs under a claim that is no longer its holder's.
-            _ if ambient.lock().lost => Err(self.claim_gone(via)),
+            _ if ambient.lock().lost.is_some() => Err(self.claim_gone(via)),
             None => Ok(Begun::Run),
             // A marker: a holder was cut off inside it (or the step was not
             // repeatable then). Its record goes over the marker.
@@ -840,13 +899,21 @@ impl<'a> Held<'a> {
             store::lookup_step(&mut *conn, scope, &self.address, &self.facts.address).await
         });
         match row.map_err(Rejected::from_store)? {
-            Some(row) if row.state == StepState::Success && row.fence == fence => {
+            Some(row)
+                if row.state == StepState::Success
+                    && row.fence == fence
+                    && row.output.as_deref() == Some(json) =>
+            {
                 Ok(Recorded::Ours)
             }
             Some(row) if row.state == StepState::Success && row.identity == self.canonical => {
-                // One value per step: the recorded one. Recorded under a
-                // newer fence: the claim is no longer ours.
-                if row.fence > fence {
+                // One value per step: the recorded one. Recorded by a
+                // newer holder, or by a reconciler or an operator (under
+                // this holder's fence, with another value): the claim is
+                // most likely no longer ours, and no later step runs if
+                // it is not.
+                let ours = row.fence <= fence && self.claim_still_ours(via).await.unwrap_or(false);
+                if !ours {
                     self.lost(ambient, via);
                 }
                 Ok(Recorded::Theirs(
@@ -905,8 +972,11 @@ impl<'a> Held<'a> {
                           idem::step(name, future).on(&mut *tx); the step did not run",
             };
         }
-        Rejected::LeaseLost {
-            address: self.facts.address.clone(),
+        let address = self.facts.address.clone();
+        if self.facts.lease.ran_out() {
+            Rejected::LeaseLost { address }
+        } else {
+            Rejected::ClaimLost { address }
         }
     }
 }

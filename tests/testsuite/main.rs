@@ -37,6 +37,10 @@ mod steps_breaks;
 // A red team of repeatable steps, which write no marker: stale holders,
 // wrong connections, declarations that change between runs, joined steps.
 mod steps_repeatable_breaks;
+// A red team of what a body's steps do once one finds the claim lost: a
+// stale or released holder's later steps, one value per step, a success
+// that went on without its steps, wrong connections in a transaction.
+mod steps_lost_breaks;
 // Batch claims for message consumers.
 mod batches;
 // The tower layer and detached calls, through real servers.

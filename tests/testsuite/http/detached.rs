@@ -85,7 +85,11 @@ async fn a_client_that_disconnects_mid_body_gets_its_response_on_retry() {
     assert!(retry.replayed(), "the retry is the stored response");
     assert_eq!(retry.body, "charge 1 of amount=500");
     let again = send(address, charge("gone-1", "amount=500")).await;
-    assert_eq!(again, retry, "every replay is byte-identical");
+    assert_eq!(
+        again.as_stored(),
+        retry.as_stored(),
+        "every replay is byte-identical"
+    );
     assert_eq!(effects.started(), 1, "the retries never ran the handler");
 }
 

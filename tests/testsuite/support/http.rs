@@ -124,7 +124,7 @@ pub(crate) async fn serve(router: Router) -> (SocketAddr, tokio::task::JoinHandl
 }
 
 /// A response as an HTTP/1.1 client read it: trailers included.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Read {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
@@ -133,6 +133,18 @@ pub(crate) struct Read {
 }
 
 impl Read {
+    /// The response as stored and replayed: without the `Date` header the
+    /// server adds to every response as it sends it (two replays a second
+    /// apart differ by it, and by nothing else).
+    pub(crate) fn as_stored(&self) -> Read {
+        let mut headers = self.headers.clone();
+        headers.remove(axum::http::header::DATE);
+        Read {
+            headers,
+            ..self.clone()
+        }
+    }
+
     pub(crate) fn replayed(&self) -> bool {
         self.headers
             .get("idempotent-replayed")
