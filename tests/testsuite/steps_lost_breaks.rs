@@ -168,7 +168,7 @@ async fn a_later_repeatable_step_given_the_wrong_connection_is_refused_before_it
                 Ok::<u64, Rejected>(2)
             })
             .repeatable()
-            .on(&mut *other)
+            .on(&mut other)
             .await;
             *saw.lock().unwrap() = Some(b.clone());
             Ok::<u64, Rejected>(a + b?)
@@ -207,7 +207,7 @@ async fn a_later_unrepeatable_step_given_the_wrong_connection_does_not_run() {
                 ran.fetch_add(1, Ordering::SeqCst);
                 Ok::<u64, Rejected>(2)
             })
-            .on(&mut *other)
+            .on(&mut other)
             .await?;
             Ok::<u64, Rejected>(a + b)
         })
@@ -257,7 +257,7 @@ async fn a_wrong_connection_first_leaks_nothing_into_the_right_connection_s_step
                 Ok::<u64, Rejected>(100)
             })
             .repeatable()
-            .on(&mut *other)
+            .on(&mut other)
             .await;
             *wrong.lock().unwrap() = Some(a);
             let b: u64 = idem::step("b", async {

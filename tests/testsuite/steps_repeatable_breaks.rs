@@ -17,41 +17,13 @@ use idem::{Gate, Identity, Rejected};
 use idem_test_support::fault_proxy::Proxy;
 
 use crate::support::doubt::state_of;
-use crate::support::steps::{LEASE, cut_off_inside, past_the_lease, pending_of, steps_of};
+use crate::support::steps::{
+    LEASE, cut_off_inside, cut_off_inside_repeatable, past_the_lease, pending_of, steps_of,
+};
 
 /// A gate on a pool of 4 connections, in an account of its own.
 async fn small_gate() -> Gate {
     testing::gate_on(testing::pool_with(4).await).await
-}
-
-/// Runs `id` once under `lease`, its repeatable step `name` counting into
-/// `ran` and then never finishing, and drops the run once the step began:
-/// its holder is cut off inside a repeatable step (which leaves no marker).
-async fn cut_off_inside_repeatable(
-    gate: &Gate,
-    id: &Identity,
-    name: &str,
-    lease: Duration,
-    ran: &Arc<AtomicUsize>,
-) {
-    let began = Arc::new(tokio::sync::Notify::new());
-    let run = gate.guard(id).lease(lease).run({
-        let (began, ran, name) = (Arc::clone(&began), Arc::clone(ran), name.to_owned());
-        async move {
-            idem::step(name, async move {
-                ran.fetch_add(1, Ordering::SeqCst);
-                began.notify_one();
-                std::future::pending::<()>().await;
-                Ok::<u64, Rejected>(1)
-            })
-            .repeatable()
-            .await
-        }
-    });
-    tokio::select! {
-        _ = run => panic!("the step never finishes"),
-        () = began.notified() => {}
-    }
 }
 
 /// The recorded value (JSON) of `id`'s step at `address`.
@@ -759,7 +731,7 @@ async fn a_repeatable_step_given_a_connection_other_than_its_claim_s_transaction
                     Ok::<u64, Rejected>(5)
                 });
                 let step = if repeatable { step.repeatable() } else { step };
-                step.on(&mut *other).await
+                step.on(&mut other).await
             })
             .await;
         tx.commit().await.expect("commit");

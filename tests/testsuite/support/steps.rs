@@ -48,17 +48,43 @@ pub(crate) async fn cut_off_inside(
     lease: Duration,
     ran: &Arc<AtomicUsize>,
 ) {
+    cut_off_inside_step(gate, id, name, lease, ran, false).await;
+}
+
+/// The same, the step declared repeatable: it leaves no marker.
+pub(crate) async fn cut_off_inside_repeatable(
+    gate: &Gate,
+    id: &Identity,
+    name: &str,
+    lease: Duration,
+    ran: &Arc<AtomicUsize>,
+) {
+    cut_off_inside_step(gate, id, name, lease, ran, true).await;
+}
+
+async fn cut_off_inside_step(
+    gate: &Gate,
+    id: &Identity,
+    name: &str,
+    lease: Duration,
+    ran: &Arc<AtomicUsize>,
+    repeatable: bool,
+) {
     let began = Arc::new(tokio::sync::Notify::new());
     let run = gate.guard(id).lease(lease).run({
         let (began, ran, name) = (Arc::clone(&began), Arc::clone(ran), name.to_owned());
         async move {
-            idem::step(name, async move {
+            let step = idem::step(name, async move {
                 ran.fetch_add(1, Ordering::SeqCst);
                 began.notify_one();
                 std::future::pending::<()>().await;
                 Ok::<u64, Rejected>(1)
-            })
-            .await
+            });
+            if repeatable {
+                step.repeatable().await
+            } else {
+                step.await
+            }
         }
     });
     tokio::select! {
