@@ -82,8 +82,13 @@
 //! for (message, result) in messages.iter().zip(results) {
 //!     match result {
 //!         Ok(()) | Err(Rejected::AlreadyDone) => { /* acknowledge */ }
-//!         Err(rejected) if rejected.is_retryable() => { /* redeliver later */ }
-//!         Err(_) => { /* dead-letter */ }
+//!         // Refused the same way forever: a kept failure, another payload.
+//!         Err(Rejected::AlreadyFailed | Rejected::KeyReused) => { /* dead-letter */ }
+//!         // Everything else, later: in flight, in doubt, a store down, a
+//!         // claim lost after its body ran (its effect may have happened),
+//!         // a store that refused a statement. The redelivery asks the gate
+//!         // again, and its answer is what the slot holds then.
+//!         Err(_) => { /* redeliver later */ }
 //!     }
 //! }
 //! # }
