@@ -107,6 +107,14 @@ pub enum Verdict {
     /// did not happen either (their markers are removed, so the next
     /// invocation runs them); its recorded steps are replayed, as on any
     /// retry.
+    ///
+    /// Answer it only once the holder's effect can no longer land: a probe
+    /// that finds no trace of an effect still on its way (a holder paused,
+    /// a statement still running on the server) would let the next
+    /// invocation make it a second time. Bound the effect well inside the
+    /// lease (a `statement_timeout`, a client timeout), or look again after
+    /// that bound; a batch starts each body with at least half its lease
+    /// left for this reason. `examples/consumer/` shows one way.
     NotHappened,
     /// The step in doubt (one of [`Doubt::steps_in_doubt`]) happened, and
     /// returned `replay`: it is recorded, and the claim released, so the
