@@ -97,7 +97,20 @@ impl Lease {
             .map(|ends| ends.saturating_duration_since(Instant::now()))
     }
 
-    pub(crate) fn ran_out(&self) -> bool {
+    /// Why the claim at `address` is no longer its holder's, when it was
+    /// found gone: `LeaseLost` once its lease ran out by this clock (it was
+    /// taken over, then perhaps released), `ClaimLost` before (someone
+    /// released or removed it under a live lease, or one it never had).
+    pub(crate) fn lost(&self, address: &str) -> Rejected {
+        let address = address.to_owned();
+        if self.ran_out() {
+            Rejected::LeaseLost { address }
+        } else {
+            Rejected::ClaimLost { address }
+        }
+    }
+
+    fn ran_out(&self) -> bool {
         self.ends
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -754,10 +767,8 @@ impl WonSlot {
         let removed = || {
             if releasing {
                 Ok(())
-            } else if self.lease_ran_out() {
-                Err(self.lease_lost())
             } else {
-                Err(self.claim_lost())
+                Err(self.lease.lost(&self.address))
             }
         };
         let Some(row) = row.filter(|row| row.identity == self.identity.canonical()) else {
@@ -800,8 +811,7 @@ impl WonSlot {
             let (seen, lost) = match self.look(via).await? {
                 // Released under us while the body ran, by the holder that
                 // took it over or by someone else.
-                None if self.lease_ran_out() => (None, self.lease_lost()),
-                None => (None, self.claim_lost()),
+                None => (None, self.lease.lost(&self.address)),
                 // A colliding identity claimed the vacant slot: the success
                 // cannot be written there. Said loudly by `finish`.
                 Some(row) if row.identity != self.identity.canonical() => {
@@ -944,11 +954,6 @@ impl WonSlot {
             store::lookup(&mut *conn, scope, address, false).await
         });
         row.map_err(Rejected::from_store)
-    }
-
-    /// Whether the lease has run out by this process's clock.
-    fn lease_ran_out(&self) -> bool {
-        self.lease.ran_out()
     }
 
     fn lease_lost(&self) -> Rejected {

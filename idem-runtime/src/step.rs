@@ -232,7 +232,7 @@ impl Ambient {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
-        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.log)
     }
 }
 
@@ -458,23 +458,10 @@ where
         Ok(Begun::Replay(json)) => {
             cut_off.disarm();
             count(StepLabel::Replayed);
-            // Not a doubt: the step happened, under a type that wrote what
-            // this one cannot read. The claim follows the body's failure;
-            // only code that reads the record can go on.
-            return serde_json::from_str(&json).map_err(|_| {
-                E::from(Rejected::StepInDoubt {
-                    step: step.name.clone(),
-                    why: "it happened, and its recorded value no longer reads back as the \
-                          step's type: make the type read what an earlier version recorded",
-                })
-            });
+            return read_back(&step.name, &json);
         }
         Ok(Begun::Run) => {}
         Ok(Begun::Rerun) => count(StepLabel::Repeated),
-        Err(Rejected::Collision { address }) => {
-            cut_off.disarm();
-            return Err(E::from(Rejected::Collision { address }));
-        }
         Err(refused) => {
             cut_off.disarm();
             match refused {
@@ -540,13 +527,7 @@ where
                     // run goes on with the one value the record holds.
                     cut_off.disarm();
                     count(StepLabel::Recorded);
-                    return serde_json::from_str(&json).map_err(|_| {
-                        E::from(Rejected::StepInDoubt {
-                            step: step.name.clone(),
-                            why: "it happened, and its recorded value does not read back as \
-                                  the step's type",
-                        })
-                    });
+                    return read_back(&step.name, &json);
                 }
                 Err(
                     gone @ (Rejected::LeaseLost { .. }
@@ -647,6 +628,20 @@ fn recordable<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, Stri
     }
 }
 
+/// The recorded value `json` of step `name`, as the step's type. Not a
+/// doubt when it does not read back: the step happened, under a type that
+/// wrote what this one cannot read. The claim follows the body's failure;
+/// only code that reads the record can go on.
+fn read_back<T: DeserializeOwned, E: From<Rejected>>(name: &str, json: &str) -> Result<T, E> {
+    serde_json::from_str(json).map_err(|_| {
+        E::from(Rejected::StepInDoubt {
+            step: name.to_owned(),
+            why: "it happened, and its recorded value no longer reads back as the step's type: \
+                  make the type read what an earlier version recorded",
+        })
+    })
+}
+
 /// `mutex`, poisoned or not: what it guards is only ever replaced whole.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -692,8 +687,9 @@ enum Begun {
 enum Recorded {
     /// This holder's value is the step's record.
     Ours,
-    /// Another holder's is (as JSON): one cut off inside the step recorded
-    /// it while this one ran it again.
+    /// Another's is (as JSON): a holder cut off inside the step whose
+    /// record landed after all, the holder that took the claim over, or a
+    /// reconciler's or an operator's verdict.
     Theirs(String),
 }
 
@@ -729,8 +725,7 @@ impl<'a> Held<'a> {
     /// it read them) has it recorded.
     fn recorded_in_what_was_read(&self, ambient: &Ambient) -> Option<String> {
         let row = lock(ambient.read.get()?).remove(&self.address)?;
-        (row.state == StepState::Success && row.identity == self.canonical)
-            .then(|| row.output.unwrap_or_else(|| "null".into()))
+        (row.state == StepState::Success && row.identity == self.canonical).then(|| row.value())
     }
 
     /// The claim is no longer this holder's: every later step of the run
@@ -792,9 +787,7 @@ impl<'a> Held<'a> {
             Some(row) if row.identity != self.canonical => Err(Rejected::Collision {
                 address: self.address.clone(),
             }),
-            Some(row) if row.state == StepState::Success => {
-                Ok(Begun::Replay(row.output.unwrap_or_else(|| "null".into())))
-            }
+            Some(row) if row.state == StepState::Success => Ok(Begun::Replay(row.value())),
             // Recorded steps are replayed to a holder that lost its claim
             // (what the new holder recorded is what it finds); no step
             // runs under a claim that is no longer its holder's.
@@ -837,7 +830,7 @@ impl<'a> Held<'a> {
             }
             match row.state {
                 StepState::Success => {
-                    return Ok(Begun::Replay(row.output.unwrap_or_else(|| "null".into())));
+                    return Ok(Begun::Replay(row.value()));
                 }
                 // Ours: an earlier begin of this very step whose reply was
                 // lost (a name begun twice in one run was refused above).
@@ -916,9 +909,7 @@ impl<'a> Held<'a> {
                 if !ours {
                     self.lost(ambient, via);
                 }
-                Ok(Recorded::Theirs(
-                    row.output.unwrap_or_else(|| "null".into()),
-                ))
+                Ok(Recorded::Theirs(row.value()))
             }
             _ => Err(self.lost(ambient, via)),
         }
@@ -972,11 +963,6 @@ impl<'a> Held<'a> {
                           idem::step(name, future).on(&mut *tx); the step did not run",
             };
         }
-        let address = self.facts.address.clone();
-        if self.facts.lease.ran_out() {
-            Rejected::LeaseLost { address }
-        } else {
-            Rejected::ClaimLost { address }
-        }
+        self.facts.lease.lost(&self.facts.address)
     }
 }

@@ -38,6 +38,13 @@ pub(crate) struct StepRow {
     pub output: Option<String>,
 }
 
+impl StepRow {
+    /// The recorded value, as JSON (`null` for a row that has none).
+    pub fn value(self) -> String {
+        self.output.unwrap_or_else(|| "null".into())
+    }
+}
+
 impl FromRow<'_, sqlx::postgres::PgRow> for StepRow {
     fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
         Ok(StepRow {
