@@ -13,13 +13,16 @@
 //!   randomized tests ([`history`]), a seeded generator ([`rng`]);
 //! - what guarded test functions return ([`JobError`], and [`ChargeError`]
 //!   for a payment with a disposition) and what `tracing` printed
-//!   ([`Captured`]).
+//!   ([`Captured`]);
+//! - a real browser for the operator console's pages: headless Chromium
+//!   over WebDriver, and screenshots for the docs ([`browser`]).
 //!
 //! The examples' own guarded code stays in the examples, with their tests
 //! (`examples/quickstart/`, `examples/payments/`).
 
 pub mod answer;
 pub mod binaries;
+pub mod browser;
 pub mod capture;
 pub mod citus;
 pub mod cluster;
