@@ -178,6 +178,10 @@ pub use idem_runtime::cache;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use idem_runtime::metrics;
 
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub use idem_runtime::console;
+
 // The module's first name, kept so that code written against it compiles;
 // `idem::http` is the one the docs name.
 #[doc(hidden)]

@@ -66,6 +66,42 @@ pub enum Command {
     /// Example: idem prune --settled-before 2024-05-01 --dry-run, then
     /// idem prune --settled-before 2024-05-01 --yes --pause 20ms
     Prune(PruneArgs),
+    /// Serve the operator console: the claims in a browser.
+    ///
+    /// Pages: the overview (open claims by account, state and action;
+    /// pending past a threshold; in doubt, oldest first; the schema), the
+    /// claims filtered and paged, each claim (identity, fence, lineage,
+    /// steps), and idem audit's findings. Read-only unless --allow-writes,
+    /// which lets operators resolve and release claims, each after a
+    /// confirmation, through the same operation as `idem claims resolve`.
+    ///
+    /// It listens on loopback only unless given a token: --listen
+    /// 0.0.0.0:8080 --token SECRET (or IDEM_CONSOLE_TOKEN); open the
+    /// console once at /?token=SECRET and the browser keeps it. Writes are
+    /// logged to stderr with who made them. Stops at Ctrl-C.
+    Console(ConsoleArgs),
+}
+
+/// `idem console`.
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// The address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+    /// Let operators resolve and release claims (each asks to confirm).
+    #[arg(long)]
+    pub allow_writes: bool,
+    /// The token every request must present: required to listen beyond
+    /// loopback. Prefer the environment variable: a flag shows in `ps`.
+    #[arg(
+        long,
+        env = "IDEM_CONSOLE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
 }
 
 /// `--database-url`, on every subcommand.

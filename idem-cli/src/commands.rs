@@ -140,6 +140,18 @@ pub async fn run(command: Command) -> Result<Done, CliError> {
                 args.format.format,
             )?))
         }
+        Command::Console(args) => {
+            crate::console::check(&args)?;
+            let pool = crate::connect::connect_with(
+                args.table.database.database_url.as_deref(),
+                args.table.schema.as_deref(),
+                crate::console::POOL_SIZE,
+            )
+            .await?;
+            claims::ensure_table(&pool).await?;
+            crate::console::serve(pool, &args).await?;
+            Ok(Done::clean(String::new()))
+        }
         Command::Prune(args) => {
             let outcome =
                 on_table(&args.table, async |pool| prune::prune(pool, &args).await).await?;

@@ -17,6 +17,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// One connection: every command runs its statements one after another, and
 /// a pool is what the runtime's schema functions take.
 pub async fn connect(url: Option<&str>, schema: Option<&str>) -> Result<PgPool, CliError> {
+    connect_with(url, schema, 1).await
+}
+
+/// [`connect`], with a pool of up to `max_connections`: for `idem console`,
+/// which answers several browsers' requests at once.
+pub async fn connect_with(
+    url: Option<&str>,
+    schema: Option<&str>,
+    max_connections: u32,
+) -> Result<PgPool, CliError> {
     let url = url.ok_or(CliError::NoDatabaseUrl)?;
     let shown = redact_password(url);
     let mut options =
@@ -44,7 +54,7 @@ pub async fn connect(url: Option<&str>, schema: Option<&str>) -> Result<PgPool, 
         Err(_) => return Err(connect_error(sqlx::Error::PoolTimedOut)),
     }
     PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(max_connections)
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect_with(options)
         .await

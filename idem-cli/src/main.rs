@@ -15,6 +15,7 @@ mod claims;
 mod cli;
 mod commands;
 mod connect;
+mod console;
 mod error;
 mod migrate;
 mod output;
@@ -29,6 +30,17 @@ use clap::Parser as _;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    if matches!(cli.command, cli::Command::Console(_)) {
+        // The console's audit lines (who resolved what), and warnings, on
+        // stderr; RUST_LOG overrides. The other commands say what they
+        // have to say themselves.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,idem::console=info"));
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     // One thread: every command runs its statements one after another.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -52,6 +52,9 @@ mod cache;
 // Outcome metrics through the `metrics` facade.
 #[cfg(feature = "metrics")]
 mod metrics;
+// The operator console's pages, access and writes (feature `console`).
+#[cfg(feature = "console")]
+mod console;
 // Usage metering by address.
 mod metering;
 // Establishing an outcome in doubt: the reconciler, resolving by hand, and

@@ -39,11 +39,7 @@ pub async fn ensure_table(pool: &PgPool) -> Result<(), CliError> {
 
 /// Refuses text that cannot be a claim address, before asking the database.
 pub fn check_address(address: &str) -> Result<(), CliError> {
-    let valid = !address.is_empty()
-        && address
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if valid {
+    if operations::is_address(address) {
         Ok(())
     } else {
         Err(CliError::Usage(format!(

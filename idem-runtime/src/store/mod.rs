@@ -10,6 +10,7 @@
 //! | `batch` | the claim path for many slots at once: claim, look up, and one statement per kind of outcome |
 //! | `metering` | usage events: record a batch, total a meter |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
+//! | `browse` | what the operator console reads (re-exported by [`operations`]): open claims counted, pages of claims by keyset, one claim described |
 //! | `gauges` | the claim gauges of feature `metrics`: pending past an age, in doubt, the oldest of each |
 //! | `prune` | pruning settled claims, and their steps with them: counted, and deleted in batches (heap page ranges on PostgreSQL 14+, a keyset walk of the partial unique indexes before that and on Citus; re-exported by [`operations`]); steps whose claim is gone, by the same age rule |
 //! | `steps` | steps inside one claim (`idem::step`): begin, look up, record, abandon, retake |
@@ -49,6 +50,7 @@
 //!   import this.
 
 mod batch;
+mod browse;
 pub(crate) mod catalog;
 pub(crate) mod citus;
 mod claims;
@@ -278,9 +280,10 @@ mod tests {
     /// The source of every module of the store, by file name: what the
     /// tests below read to find every pair, so that a pair added without
     /// being listed in [`pairs`] is seen.
-    const SOURCES: [(&str, &str); 16] = [
+    const SOURCES: [(&str, &str); 17] = [
         ("mod.rs", include_str!("mod.rs")),
         ("batch.rs", include_str!("batch.rs")),
+        ("browse.rs", include_str!("browse.rs")),
         ("catalog.rs", include_str!("catalog.rs")),
         ("citus.rs", include_str!("citus.rs")),
         ("claims.rs", include_str!("claims.rs")),

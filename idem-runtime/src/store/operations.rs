@@ -40,6 +40,10 @@ use sqlx::{AssertSqlSafe, FromRow, PgPool, Postgres};
 
 use super::{Scope, SplitOnNamespace, per_row};
 
+pub use super::browse::{
+    BrowseFilter, ClaimPage, ClaimView, OpenCount, PageCursor, StoredValues, browse, describe,
+    open_counts, row_estimate, stored_values,
+};
 pub use super::prune::{
     DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_prunable, count_prunable_by_account, prune,
 };
@@ -260,6 +264,14 @@ pub struct Slot<'a> {
 }
 
 impl<'a> Slot<'a> {
+    /// Its account and namespace, as the statements over one row take them.
+    pub(super) fn scope(&self) -> Scope<'a> {
+        Scope {
+            account: self.account,
+            namespace: self.namespace,
+        }
+    }
+
     /// The claim at `address` in `account`, in `namespace` (`None` for a
     /// claim without one).
     pub fn new(account: &'a str, namespace: Option<&'a str>, address: &'a str) -> Self {
@@ -269,6 +281,18 @@ impl<'a> Slot<'a> {
             address,
         }
     }
+}
+
+/// `text` could be the address of a row of `idem_records`: what the
+/// schema's CHECK lets in (`[a-z0-9_]+`, of any length; idem's own claims
+/// are `claim_` and 24 hex digits, a row written by hand may be longer).
+/// Checked before a statement is sent, so that a mistyped address is told
+/// apart from a claim that is not there.
+pub fn is_address(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 /// One claim row, as operators see it (decoded by column name).
@@ -344,7 +368,7 @@ macro_rules! claim_columns {
 /// (`r.namespace IS NULL`, `r.namespace = $2`), so that a statement which
 /// also names the kind and address can be served by the partial unique
 /// index whose predicate that implies.
-fn scope_test(scope: &ScopeFilter<'_>) -> &'static str {
+pub(super) fn scope_test(scope: &ScopeFilter<'_>) -> &'static str {
     match (scope.account.is_some(), scope.namespace) {
         (true, NamespaceFilter::Any) => "r.account = $1 AND $2::text IS NULL",
         (true, NamespaceFilter::Without) => {
@@ -361,7 +385,7 @@ fn scope_test(scope: &ScopeFilter<'_>) -> &'static str {
 
 impl ScopeFilter<'_> {
     /// The values of `$1` and `$2` in [`scope_test`].
-    fn params(&self) -> (Option<&str>, Option<&str>) {
+    pub(super) fn params(&self) -> (Option<&str>, Option<&str>) {
         let namespace = match self.namespace {
             NamespaceFilter::Named(name) => Some(name),
             NamespaceFilter::Any | NamespaceFilter::Without => None,
@@ -653,10 +677,7 @@ pub(super) const STEPS_OF_CLAIM: SplitOnNamespace = SplitOnNamespace {
 /// its steps (its retry replays the finished ones), so the steps of a
 /// `slot` with no claim can be listed too.
 pub async fn steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<ClaimStep>, Error> {
-    let scope = Scope {
-        account: slot.account,
-        namespace: slot.namespace,
-    };
+    let scope = slot.scope();
     Ok(
         sqlx::query_as(STEPS_OF_CLAIM.for_namespace(scope.namespace))
             .bind(scope.account)
@@ -754,7 +775,7 @@ const LONGEST_AGE_SECONDS: f64 = 1e10;
 /// `age` in seconds for `make_interval`, at most [`LONGEST_AGE_SECONDS`]:
 /// an age beyond any claim's (`Duration::MAX`, `--older-than 100000years`)
 /// matches none, rather than failing the statement.
-fn age_in_seconds(age: Duration) -> f64 {
+pub(super) fn age_in_seconds(age: Duration) -> f64 {
     age.as_secs_f64().min(LONGEST_AGE_SECONDS)
 }
 
@@ -861,10 +882,7 @@ pub async fn find(
 /// gone. Its [`steps`] are kept: the retry replays the finished ones, and
 /// runs only what is left.
 pub async fn release_pending(pool: &PgPool, slot: Slot<'_>) -> Result<Option<ClaimRow>, Error> {
-    let scope = Scope {
-        account: slot.account,
-        namespace: slot.namespace,
-    };
+    let scope = slot.scope();
     let row = RELEASE_PENDING
         .for_row(scope, slot.address)
         .fetch_optional(pool)
@@ -1027,10 +1045,7 @@ pub async fn resolve_as(
     resolution: Resolution<'_>,
     resolver: Resolver<'_>,
 ) -> Result<Resolved, Error> {
-    let scope = Scope {
-        account: slot.account,
-        namespace: slot.namespace,
-    };
+    let scope = slot.scope();
     let mut tx = pool.begin().await?;
     let found = LOCK_FOR_RESOLVE
         .for_row(scope, slot.address)
@@ -1130,10 +1145,7 @@ pub struct PendingStep {
 /// A step whose stored identity no longer reads back as a step's is left
 /// out, with a warning.
 pub async fn pending_steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<PendingStep>, Error> {
-    let scope = Scope {
-        account: slot.account,
-        namespace: slot.namespace,
-    };
+    let scope = slot.scope();
     let rows = super::pending_steps(pool, scope, slot.address).await?;
     Ok(rows
         .into_iter()
@@ -1166,10 +1178,7 @@ pub async fn resolve_step(
     step: &PendingStep,
     output_json: &str,
 ) -> Result<bool, Error> {
-    let scope = Scope {
-        account: slot.account,
-        namespace: slot.namespace,
-    };
+    let scope = slot.scope();
     let claim = slot.address;
     Ok(super::resolve_step(pool, scope, &step.address, step.fence, claim, output_json).await?)
 }
@@ -1179,10 +1188,7 @@ pub async fn resolve_step(
 /// runs it. `false`: it is no longer pending under the fence it was begun
 /// with.
 pub async fn forget_step(pool: &PgPool, slot: Slot<'_>, step: &PendingStep) -> Result<bool, Error> {
-    let scope = Scope {
-        account: slot.account,
-        namespace: slot.namespace,
-    };
+    let scope = slot.scope();
     let commit = super::Commit::Durable;
     let claim = slot.address;
     Ok(super::abandon_step(pool, scope, &step.address, step.fence, claim, commit).await?)

@@ -1,0 +1,128 @@
+//! `idem console`: serves the runtime's console
+//! ([`idem_runtime::console`]) until Ctrl-C, with `idem audit` behind its
+//! audit page and every write's audit line on stderr.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+
+use axum::extract::{ConnectInfo, Request};
+use axum::middleware::Next;
+use axum::response::Response;
+use idem_runtime::console::{Audit, Console, Operator};
+use sqlx::PgPool;
+
+use crate::audit;
+use crate::cli::ConsoleArgs;
+use crate::error::CliError;
+
+/// How many connections the console's pool may open: a page's few
+/// statements run at once, and a few browsers may look at once.
+pub const POOL_SIZE: u32 = 4;
+
+/// `idem audit`'s findings, as the command prints them.
+struct CommandAudit;
+
+impl Audit for CommandAudit {
+    fn findings<'a>(
+        &'a self,
+        pool: &'a PgPool,
+    ) -> Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>> {
+        Box::pin(async move {
+            audit::audit(pool, &[])
+                .await
+                .map(|report| audit::render::text(&report))
+                .map_err(|error| error.to_string())
+        })
+    }
+}
+
+/// Refuses to listen beyond loopback without a token.
+pub fn check(args: &ConsoleArgs) -> Result<(), CliError> {
+    let token = args.token.as_deref().filter(|t| !t.is_empty());
+    if !args.listen.ip().is_loopback() && token.is_none() {
+        return Err(CliError::Usage(format!(
+            "--listen {} is beyond loopback: anyone who reaches it could read (and with \
+             --allow-writes, resolve) claims. Give a token: IDEM_CONSOLE_TOKEN=<a long random \
+             secret> idem console --listen {}, then open it once at /?token=<the secret>",
+            args.listen, args.listen
+        )));
+    }
+    if args.token.as_deref() == Some("") {
+        return Err(CliError::Usage(
+            "the token is empty: give a long random secret, or none to listen on loopback only"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Serves the console on `args.listen` over `pool` until Ctrl-C.
+pub async fn serve(pool: PgPool, args: &ConsoleArgs) -> Result<(), CliError> {
+    check(args)?;
+    let mut console = Console::new(pool.clone())
+        .allow_writes(args.allow_writes)
+        .audit(CommandAudit);
+    let how = match args.token.as_deref() {
+        Some(token) => {
+            console = console.token(token);
+            "token holder"
+        }
+        None => "loopback user",
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|error| {
+            CliError::Usage(format!(
+                "cannot listen on {}: {error} (is another program on that port? pick another \
+                 with --listen)",
+                args.listen
+            ))
+        })?;
+    let address = listener.local_addr().unwrap_or(args.listen);
+    let router = console
+        .router()
+        .layer(axum::middleware::from_fn(move |request, next| {
+            name_operator(how, request, next)
+        }));
+    eprintln!(
+        "idem console: http://{address}/{} ({}); Ctrl-C stops it",
+        if args.token.is_some() {
+            "?token=<your token>"
+        } else {
+            ""
+        },
+        if args.allow_writes {
+            "writes allowed"
+        } else {
+            "read-only"
+        },
+    );
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .map_err(|error| CliError::Usage(format!("the console stopped: {error}")))?;
+    pool.close().await;
+    Ok(())
+}
+
+/// Names who made a request, for the console's audit lines: how they got
+/// in, and from where.
+async fn name_operator(how: &'static str, mut request: Request, next: Next) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| *peer);
+    let name = match peer {
+        Some(peer) => format!("{how} at {peer}"),
+        None => how.to_owned(),
+    };
+    request.extensions_mut().insert(Operator(name));
+    next.run(request).await
+}

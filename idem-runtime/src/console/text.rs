@@ -1,0 +1,240 @@
+//! How values read on a page: attacker-chosen names made visible and cut
+//! to size, identities decoded, instants and ages, durations parsed.
+//!
+//! Nothing here escapes HTML: the pages interpolate these strings through
+//! maud, which does. This module makes sure that what is escaped is also
+//! legible: a control or bidirectional character, which HTML-escaping
+//! leaves in place, would hide or reorder text.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::Identity;
+
+/// How many characters of a name a page shows before cutting it.
+pub(super) const SHOWN_CHARS: usize = 80;
+
+/// `text` as a page shows it: every control character, and every
+/// character that reorders or hides text (bidirectional controls,
+/// zero-width ones), as a `\u{..}` escape; cut after [`SHOWN_CHARS`]
+/// characters, saying how long it was.
+pub(super) fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(4 * SHOWN_CHARS));
+    for (count, ch) in text.chars().enumerate() {
+        if count == SHOWN_CHARS {
+            let _ = write!(out, "… ({} characters)", text.chars().count());
+            return out;
+        }
+        if is_hidden(ch) {
+            let _ = write!(out, "\\u{{{:x}}}", ch as u32);
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// `text` whole, each hidden character as a `\u{..}` escape ([`shown`]
+/// without the cut): for a stored value shown on asking.
+pub(super) fn visible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for ch in text.chars() {
+        if is_hidden(ch) {
+            let _ = write!(out, "\\u{{{:x}}}", ch as u32);
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// Characters that do not show as themselves.
+fn is_hidden(ch: char) -> bool {
+    ch.is_control()
+        || matches!(ch,
+            '\u{200b}'..='\u{200f}' // zero-width, left-to-right and right-to-left marks
+            | '\u{202a}'..='\u{202e}' // embeddings and overrides
+            | '\u{2060}'..='\u{2069}' // word joiner, invisible operators, isolates
+            | '\u{061c}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
+}
+
+/// A claim's identity, decoded: its action and parts, or why it cannot be.
+pub(super) struct Decoded {
+    /// The action; `None` when the identity is not in idem's format.
+    pub action: Option<String>,
+    /// `["ord_1", 4999]`, or what is wrong with the bytes.
+    pub parts: String,
+    /// The address is the digest of the stored identity.
+    pub address_matches: bool,
+}
+
+pub(super) fn decode(identity: &[u8], address: &str) -> Decoded {
+    match Identity::from_canonical(identity) {
+        Ok(identity) => Decoded {
+            action: Some(identity.action().to_owned()),
+            parts: identity.parts_debug(),
+            address_matches: identity.address() == address,
+        },
+        Err(error) => Decoded {
+            action: None,
+            parts: format!("<{error}; {} bytes>", identity.len()),
+            address_matches: false,
+        },
+    }
+}
+
+/// `2h 03m`: an age in seconds, to the two largest units.
+pub(super) fn age(seconds: i64) -> String {
+    let s = seconds.max(0);
+    let (d, h, m, s) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s:02}s"),
+        (0, _, _) => format!("{h}h {m:02}m"),
+        _ => format!("{d}d {h:02}h"),
+    }
+}
+
+/// `2026-12-04 21:07:09.123456 UTC`: microseconds since the Unix epoch.
+pub(super) fn instant(micros: i64) -> String {
+    let seconds = micros.div_euclid(1_000_000);
+    let fraction = micros.rem_euclid(1_000_000);
+    let days = seconds.div_euclid(86_400);
+    let of_day = seconds.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{fraction:06} UTC",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60
+    )
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// A duration as the filters write it: `90s`, `5m`, `2h`, `7d`, `1w`, or
+/// several (`1h30m`); a bare number is seconds.
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let bad = || {
+        format!(
+            "{:?} is not a duration: write a number and a unit, s, m, h, d or w (90s, 5m, 2h, \
+             7d), or several (1h30m)",
+            shown(text)
+        )
+    };
+    if text.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    let mut total: u64 = 0;
+    let mut number = String::new();
+    for ch in text.chars() {
+        if ch.is_ascii_digit() {
+            number.push(ch);
+            continue;
+        }
+        let unit = match ch {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            'w' => 604_800,
+            _ => return Err(bad()),
+        };
+        let value: u64 = number.parse().map_err(|_| bad())?;
+        number.clear();
+        total = value
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(bad)?;
+    }
+    if !number.is_empty() {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(total))
+}
+
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut out, byte| {
+        let _ = write!(out, "{byte:02x}");
+        out
+    })
+}
+
+pub(super) fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| {
+            text.get(i..i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hidden_characters_show_as_escapes_and_long_names_are_cut() {
+        assert_eq!(shown("acme"), "acme");
+        assert_eq!(shown("a\u{202e}b\0c\n"), "a\\u{202e}b\\u{0}c\\u{a}");
+        let long = "x".repeat(1000);
+        let cut = shown(&long);
+        assert!(cut.starts_with(&"x".repeat(SHOWN_CHARS)));
+        assert!(cut.ends_with("(1000 characters)"), "{cut}");
+        // Not escaped here: maud escapes the markup.
+        assert_eq!(shown("<script>"), "<script>");
+    }
+
+    #[test]
+    fn instants_and_ages_read_as_people_write_them() {
+        assert_eq!(instant(0), "1970-01-01 00:00:00.000000 UTC");
+        assert_eq!(
+            instant(1_796_425_629_123_456),
+            "2026-12-04 22:27:09.123456 UTC"
+        );
+        assert_eq!(instant(-1), "1969-12-31 23:59:59.999999 UTC");
+        assert_eq!(age(59), "59s");
+        assert_eq!(age(61), "1m 01s");
+        assert_eq!(age(7380), "2h 03m");
+        assert_eq!(age(90_000), "1d 01h");
+    }
+
+    #[test]
+    fn durations_parse_or_say_how_to_write_them() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        for bad in ["", "m", "5x", "1h30", "-5m", "99999999999999999999w"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hex_round_trips() {
+        assert_eq!(unhex(&hex(b"a\0\xff")), Some(b"a\0\xff".to_vec()));
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("zz"), None);
+    }
+}

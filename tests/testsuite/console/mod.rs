@@ -1,0 +1,10 @@
+//! The operator console (`idem::console`, feature `console`), through its
+//! router, request by request: what each page shows, what it hides, who
+//! gets in, and that a write changes a claim once, fenced, or not at all.
+//! The same pages in a real browser: `idem-cli/tests/console_browser.rs`.
+
+mod access;
+mod pages;
+mod redteam;
+mod support;
+mod writes;
