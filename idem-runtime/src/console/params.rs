@@ -363,12 +363,16 @@ mod tests {
         for namespace in [None, Some(""), Some("a.b\u{202e}<x>")] {
             let cursor = PageCursor {
                 created_micros: -5,
-                account: "acme.\0\"".into(),
+                account: "acme.\u{1}\"".into(),
                 address: "claim_0123".into(),
                 namespace: namespace.map(str::to_owned),
             };
             assert_eq!(decode_cursor(&encode_cursor(&cursor)), Ok(cursor));
         }
+        // A NUL no name can hold, and an instant beyond any timestamp.
+        let nul = format!("1.{}.claim_1.-", hex(b"a\0"));
+        assert!(decode_cursor(&nul).is_err());
+        assert!(decode_cursor(&format!("{}.61.claim_1.-", i64::MAX)).is_err());
         for bad in [
             "",
             "1.2.3",
