@@ -191,7 +191,7 @@ pub(super) async fn claims(State(state): Shared, ctx: Ctx) -> Response {
         Err(bad) => return ctx.bad(bad),
     };
     match operations::browse(&state.pool, &list.filter()).await {
-        Ok(page) => pages::list(&ctx.frame, &list, &page.claims, page.next.as_ref(), None),
+        Ok(page) => pages::list(&ctx.frame, &list, &page.claims, page.next.as_ref()),
         Err(error) => ctx.failed(&error),
     }
 }

@@ -311,7 +311,6 @@ pub(super) fn list(
     params: &ListParams,
     claims: &[ClaimView],
     next: Option<&PageCursor>,
-    matching: Option<i64>,
 ) -> Response {
     let state = params.state;
     let oldest_first = matches!(
@@ -343,7 +342,6 @@ pub(super) fn list(
             button type="submit" { "Filter" }
         }
         p.note {
-            @if let Some(n) = matching { (n) " match. " }
             @if oldest_first {
                 "Oldest first" @if state == Some(ClaimState::InDoubt) { " (age: since it went in doubt)" } "."
             } @else {

@@ -1,7 +1,6 @@
 //! Who gets in, what every response forbids, and the CSRF token of a
 //! write. The rules are in the [module docs](super#security).
 
-use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
@@ -11,6 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha1::{Digest, Sha1};
 
+use super::text::hex;
 use super::{Access, State as ConsoleState, pages};
 
 /// The cookie that carries a browser's CSRF nonce.
@@ -49,13 +49,6 @@ pub(super) fn new_secret() -> [u8; 32] {
         }
     }
     secret
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut out, byte| {
-        let _ = write!(out, "{byte:02x}");
-        out
-    })
 }
 
 /// The token of `nonce`: a digest of the console's secret around it (the

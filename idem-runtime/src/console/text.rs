@@ -25,11 +25,7 @@ pub(super) fn shown(text: &str) -> String {
             let _ = write!(out, "… ({} characters)", text.chars().count());
             return out;
         }
-        if is_hidden(ch) {
-            let _ = write!(out, "\\u{{{:x}}}", ch as u32);
-        } else {
-            out.push(ch);
-        }
+        push_visible(&mut out, ch);
     }
     out
 }
@@ -39,13 +35,18 @@ pub(super) fn shown(text: &str) -> String {
 pub(super) fn visible(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for ch in text.chars() {
-        if is_hidden(ch) {
-            let _ = write!(out, "\\u{{{:x}}}", ch as u32);
-        } else {
-            out.push(ch);
-        }
+        push_visible(&mut out, ch);
     }
     out
+}
+
+/// `ch`, or its `\u{..}` escape when it does not show as itself.
+fn push_visible(out: &mut String, ch: char) {
+    if is_hidden(ch) {
+        let _ = write!(out, "\\u{{{:x}}}", ch as u32);
+    } else {
+        out.push(ch);
+    }
 }
 
 /// Characters that do not show as themselves.
