@@ -24,6 +24,8 @@ use idem_test_support::browser::{self, Browser};
 struct Served {
     child: Child,
     url: String,
+    /// Every line it wrote to stderr so far.
+    said: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Served {
@@ -49,13 +51,18 @@ fn serve(args: &[&str]) -> Served {
     let mut served = Served {
         child,
         url: String::new(),
+        said: Default::default(),
     };
     let stderr = served.child.stderr.take().expect("its stderr");
     let (tx, rx) = std::sync::mpsc::channel();
+    let said = served.said.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             // Everything it says goes on to the test's own output.
             eprintln!("idem console: {line}");
+            said.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(line.clone());
             let _ = tx.send(line);
         }
     });
@@ -215,6 +222,23 @@ async fn an_operator_finds_a_claim_in_doubt_resolves_it_and_the_row_changes() {
     browser.submit("form.resolve").await;
     assert!(browser.text("main").await.contains("deleted (released)"));
     assert_eq!(state(&gate, &refund).await, None);
+
+    // Each write's audit line says who made it, and from where.
+    let said = served
+        .said
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .join("\n");
+    let audit: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("idem::console::audit") && l.contains(&refund.address()))
+        .collect();
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("loopback user at 127.0.0.1:") && l.contains("release")),
+        "no audit line names the operator and where they were: {said}"
+    );
 
     // Resolving the same claim again from a stale page changes nothing.
     browser.client().back().await.expect("back");
