@@ -24,8 +24,16 @@ END
 $$;
 
 -- A claim's steps, for `idem claims show` and prune: only step rows are in it.
-CREATE INDEX IF NOT EXISTS idem_records_steps_of_claim
-    ON idem_records (account, claim_address) WHERE kind = 'step';
+-- Created through EXECUTE: when Citus already distributes the table, it
+-- sends a CREATE INDEX on to every shard as the text of the statement that
+-- holds it, and a script of several statements is refused there ("cannot
+-- insert multiple commands into a prepared statement").
+DO $$
+BEGIN
+    EXECUTE 'CREATE INDEX IF NOT EXISTS idem_records_steps_of_claim '
+            'ON idem_records (account, claim_address) WHERE kind = ''step''';
+END
+$$;
 
 INSERT INTO idem_schema_version (version, description)
 VALUES (7, 'steps inside one claim: kind step, claim_address')

@@ -19,8 +19,9 @@ use crate::store::gauges::{ClaimGauges, claim_gauges};
 /// The counters tell what happened; these tell what is stuck now: claims
 /// pending longer than any body should run (a holder that crashed without
 /// a lease) and claims in doubt (refused until resolved). The query reads
-/// the claims of one account, or of the whole table (no index serves it: a
-/// pass over the rows, as the reconciler's listing makes), so sample every
+/// every open claim of one account, or of every account, through the index
+/// of open claims (schema version 9), never the successes; that is still a
+/// pass over every claim pending, in doubt or kept failed, so sample every
 /// minute or so, not per request, and from one process, not from each
 /// replica.
 ///

@@ -13,9 +13,13 @@
 //! - **Oldest first**, for a list of one open state (`pending`,
 //!   `in_doubt`, `failed`): `(created_at, account, address, namespace)`,
 //!   over the index of open claims (`idem_records_open_claims`, `(account,
-//!   state, created_at, address) WHERE kind = 'claim' AND state <>
-//!   'success'`). The state is written into the statement, never bound, so
-//!   that the planner sees it implies that index's predicate.
+//!   state, created_at, address) WHERE kind = 'claim' AND state IS DISTINCT
+//!   FROM 'success'`), whose predicate the statement spells out
+//!   (`open_claims!`). The state is written into the statement, never
+//!   bound, so that the index's `state` column narrows the scan. Of one
+//!   account it is returned sorted; of every account, the open claims of
+//!   that state are read from the index and sorted (they are few: the
+//!   successes are not in it).
 //! - **By address**, for every other list (successes, or every state):
 //!   `(account, address, namespace)`, over the two partial unique indexes,
 //!   one branch each, merged. Addresses are digests, so this order says
@@ -25,8 +29,8 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, PgPool, Row};
 
-use super::SplitOnNamespace;
 use super::operations::{ClaimState, NamespaceFilter, ScopeFilter, Slot, age_in_seconds};
+use super::{SplitOnNamespace, open_claims};
 use crate::Error;
 
 /// The action of a claim's canonical identity, as bytes (`NULL` when the
@@ -60,15 +64,16 @@ macro_rules! age_since {
 /// oldest; `$1` the most groups returned, `$2` one account or NULL for
 /// every one. Index: the index of open claims (its predicate is written
 /// out), so successes are never read.
-const OPEN_COUNTS: &str = concat!(
+pub(super) const OPEN_COUNTS: &str = concat!(
     "SELECT r.account, r.state, ",
     action_of_identity!(),
     " AS action, count(*)::int8 AS claims, \
      floor(extract(epoch FROM now() - min(",
     age_since!(),
     ")))::int8 AS oldest_age_seconds \
-     FROM idem_records r WHERE r.kind = 'claim' AND r.state <> 'success' \
-       AND ($2::text IS NULL OR r.account = $2::text) \
+     FROM idem_records r WHERE ",
+    open_claims!("r."),
+    " AND ($2::text IS NULL OR r.account = $2::text) \
      GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 LIMIT $1"
 );
 
@@ -386,7 +391,7 @@ fn page_filters(scope: &ScopeFilter<'_>) -> String {
 /// its own statement, so that a cursor's comparison is an index condition
 /// in every plan, generic or not (an `$n IS NULL OR ...` is not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Start {
+pub(super) enum Start {
     /// From the first claim; the cursor's parameters are NULL.
     First,
     /// After a claim without a namespace.
@@ -417,7 +422,11 @@ const NO_CURSOR: &str =
 /// `$9` the limit. The state is `state`, written in (one of three fixed
 /// words), so that the planner uses the index of open claims. The
 /// namespace sorts after the address, none first.
-fn oldest_first_page(scope: &ScopeFilter<'_>, state: &'static str, start: Start) -> String {
+pub(super) fn oldest_first_page(
+    scope: &ScopeFilter<'_>,
+    state: &'static str,
+    start: Start,
+) -> String {
     let cursor = match start {
         Start::First => NO_CURSOR,
         Start::AfterWithout | Start::AfterWithin => {
@@ -429,12 +438,13 @@ fn oldest_first_page(scope: &ScopeFilter<'_>, state: &'static str, start: Start)
     };
     format!(
         "SELECT {columns} FROM idem_records r \
-         WHERE r.kind = 'claim' AND r.state <> 'success' AND r.state = '{state}' AND {filters} \
+         WHERE {open} AND r.state = '{state}' AND {filters} \
            AND {cursor} \
          ORDER BY r.created_at, r.account, r.address, r.namespace IS NOT NULL, \
                   coalesce(r.namespace, '') \
          LIMIT $9",
         columns = view_columns!(),
+        open = open_claims!("r."),
         filters = page_filters(scope),
     )
 }

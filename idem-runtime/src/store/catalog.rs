@@ -29,11 +29,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../../sql/v7.sql"),
     "\n",
-    include_str!("../../sql/v8.sql")
+    include_str!("../../sql/v8.sql"),
+    "\n",
+    include_str!("../../sql/v9.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 8;
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +62,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(6, include_str!("../../sql/v6.sql")),
     Migration::new(7, include_str!("../../sql/v7.sql")),
     Migration::new(8, include_str!("../../sql/v8.sql")),
+    Migration::new(9, include_str!("../../sql/v9.sql")),
 ];
 
 /// Serialises concurrent set-ups across processes ("idemschm" in ASCII).

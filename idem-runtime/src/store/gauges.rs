@@ -23,25 +23,26 @@ macro_rules! gauges_over {
                  extract(epoch FROM now() - min(CASE WHEN state = 'in_doubt' \
                      THEN coalesce(in_doubt_since, created_at) END)) \
                      ::float8 AS oldest_in_doubt_seconds \
-             FROM idem_records \
-             WHERE kind = 'claim' AND state IN ('pending', 'in_doubt')",
+             FROM idem_records WHERE ",
+            $crate::store::open_claims!(""),
+            " AND state IN ('pending', 'in_doubt')",
             $scope
         )
     };
 }
 
 /// The gauges over every account. `$1` the pending age in seconds. Index:
-/// none; a pass over the table, as the reconciler's listing makes (no
-/// index leads with the state). Its cost is why the gauges are sampled on
-/// an interval the application picks, never per call.
-const GAUGES_EVERY_ACCOUNT: &str = gauges_over!("");
+/// the index of open claims (`open_claims!`), read whole: only the claims
+/// not settled, never the successes. It is still a pass over every open
+/// claim, which is why the gauges are sampled on an interval the
+/// application picks, never per call.
+pub(super) const GAUGES_EVERY_ACCOUNT: &str = gauges_over!("");
 
 /// The gauges of one account. `$1` the pending age in seconds, `$2` the
-/// account. Index: none either (the partial unique indexes each hold only
-/// the rows with, or without, a namespace, so neither can answer for all
-/// of an account's); on the partitioned layout it reads the account's one
-/// partition, on Citus the one shard holding it.
-const GAUGES_ONE_ACCOUNT: &str = gauges_over!(" AND account = $2");
+/// account. Index: the index of open claims, from its leading column, the
+/// account; on the partitioned layout in the account's one partition, on
+/// Citus in the one shard holding it.
+pub(super) const GAUGES_ONE_ACCOUNT: &str = gauges_over!(" AND account = $2");
 
 /// What [`GAUGES_EVERY_ACCOUNT`] or [`GAUGES_ONE_ACCOUNT`] read.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -5,6 +5,12 @@
 //! runs `EXPLAIN` on each, with a NULL and with a named namespace (and on
 //! the metering totals, which read a range and must not scan the table).
 //!
+//! Every statement that lists or counts claims of an open state must be
+//! served by the index of open claims (schema v9), whatever scope it is
+//! given: without it, each reads every success in the table. Those are
+//! checked on a table of settled claims with a few open ones, analyzed, with
+//! the planner free to scan, as a production table would be.
+//!
 //! It needs a PostgreSQL (`DATABASE_URL`, or the local default) and fails
 //! when none answers: a skipped check would let a scan ship. It sets the
 //! schema up through [`catalog`] in a schema of its own, and drops it after.
@@ -13,7 +19,8 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
 
-use super::operations::{self, NamespaceFilter, ScopeFilter};
+use super::browse::{self, Start};
+use super::operations::{self, ClaimState, NamespaceFilter, ScopeFilter};
 use super::scratch::Scratch;
 use super::{SplitOnNamespace, catalog, claims, metering, prune, steps};
 
@@ -25,7 +32,12 @@ const ADDRESS: &str = "claim_0123456789abcdef01234567";
 enum Param {
     Text(Option<&'static str>),
     Bytes,
+    /// A `bytea` bound NULL.
+    NullBytes,
     Int(i64),
+    /// An `int8` bound NULL.
+    NullInt,
+    Float(Option<f64>),
     Bool(bool),
     TextArray,
     /// A `text[]` bound NULL.
@@ -51,7 +63,14 @@ enum Expect {
     /// partial unique index; no other index, never a scan of the table. A
     /// release is one: it stamps its claim's steps.
     StepsOfClaim,
+    /// It lists or counts open claims: through the index of open claims
+    /// ([`OPEN_CLAIMS_INDEX`]), never a scan of the table.
+    OpenClaims,
 }
+
+/// The index of open claims (schema v9): `(account, state, created_at,
+/// address) WHERE kind = 'claim' AND state IS DISTINCT FROM 'success'`.
+const OPEN_CLAIMS_INDEX: &str = "idem_records_open_claims";
 
 /// The index of a claim's steps (schema v7): `(account, claim_address)
 /// WHERE kind = 'step'`.
@@ -457,6 +476,131 @@ fn lane_cases(lane: &prune::Lane, namespace: Option<&'static str>, expect: Expec
     cases
 }
 
+/// Every statement that lists or counts claims of an open state, in the
+/// form for `namespace`: of one account, and (`namespace` `None`) of every
+/// account and every namespace too.
+fn open_claims_cases(namespace: Option<&'static str>) -> Vec<Case> {
+    use Param::{BytesArray, Float, Int, NullBytes, NullInt, Text};
+    let scopes = {
+        let of_account = ScopeFilter {
+            account: Some(ACCOUNT),
+            namespace: namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named),
+        };
+        let mut scopes = vec![(of_account, Text(Some(ACCOUNT)))];
+        if namespace.is_none() {
+            scopes.push((
+                ScopeFilter {
+                    account: None,
+                    namespace: NamespaceFilter::Any,
+                },
+                Text(None),
+            ));
+        }
+        scopes
+    };
+    let case = |name, text: String, params: Vec<Param>| Case {
+        name,
+        namespace,
+        text,
+        params,
+        expect: Expect::OpenClaims,
+    };
+    let mut cases = Vec::new();
+    for (scope, account) in scopes {
+        let scope_params = vec![account, Text(namespace)];
+        let age = Float(Some(60.0));
+        let cursor = vec![Text(Some(ACCOUNT)), Text(Some(ADDRESS)), Text(namespace)];
+        cases.extend([
+            case(
+                "reconciler's listing",
+                operations::reconcile_statement(&scope),
+                [
+                    scope_params.clone(),
+                    vec![BytesArray, age, Text(None)],
+                    vec![Text(None), Text(None), Text(None), Int(100)],
+                ]
+                .concat(),
+            ),
+            case(
+                "claims list --state in_doubt",
+                operations::list_statement(&scope, Some(ClaimState::InDoubt)),
+                [
+                    scope_params.clone(),
+                    vec![Text(Some("in_doubt")), Float(None), Int(100)],
+                ]
+                .concat(),
+            ),
+            case(
+                "claims list --count --state pending",
+                operations::count_statement(&scope, Some(ClaimState::Pending)),
+                [scope_params.clone(), vec![Text(Some("pending")), age]].concat(),
+            ),
+            case(
+                "console: first page of claims in doubt",
+                browse::oldest_first_page(&scope, "in_doubt", Start::First),
+                [
+                    scope_params.clone(),
+                    vec![NullBytes, Float(None), NullInt],
+                    vec![Text(None), Text(None), Text(None), Int(51)],
+                ]
+                .concat(),
+            ),
+            case(
+                "console: a later page of failed claims",
+                browse::oldest_first_page(&scope, "failed", Start::AfterWithout),
+                [
+                    scope_params.clone(),
+                    vec![NullBytes, age, Int(1_000_000)],
+                    cursor.clone(),
+                    vec![Int(51)],
+                ]
+                .concat(),
+            ),
+        ]);
+    }
+    if namespace.is_none() {
+        cases.extend([
+            case(
+                "console: open claims counted",
+                browse::OPEN_COUNTS.to_owned(),
+                vec![Int(500), Text(None)],
+            ),
+            case(
+                "console: open claims of an account counted",
+                browse::OPEN_COUNTS.to_owned(),
+                vec![Int(500), Text(Some(ACCOUNT))],
+            ),
+        ]);
+        #[cfg(feature = "metrics")]
+        cases.extend([
+            case(
+                "gauges of every account",
+                super::gauges::GAUGES_EVERY_ACCOUNT.to_owned(),
+                vec![Float(Some(60.0))],
+            ),
+            case(
+                "gauges of an account",
+                super::gauges::GAUGES_ONE_ACCOUNT.to_owned(),
+                vec![Float(Some(60.0)), Text(Some(ACCOUNT))],
+            ),
+        ]);
+    }
+    cases
+}
+
+/// Settled claims of a few accounts, some in a namespace, with a few open
+/// ones among them, analyzed, for [`open_claims_cases`]: the proportions of
+/// a table in use, where the successes are nearly every row.
+const PLANT_CLAIMS: &str = "\
+    INSERT INTO idem_records (account, kind, address, namespace, state, identity, created_at) \
+    SELECT CASE WHEN g % 4 = 0 THEN 'acme' ELSE 'tenant_' || (g % 40) END, 'claim', \
+           'claim_' || lpad(to_hex(g), 24, '0'), CASE WHEN g % 5 = 0 THEN 'live' END, \
+           CASE WHEN g % 1000 = 1 THEN 'in_doubt' WHEN g % 1000 = 2 THEN 'pending' \
+                WHEN g % 1000 = 3 THEN 'failed' ELSE 'success' END, \
+           '\\x00', now() - g * interval '1 second' \
+    FROM generate_series(10000, 60000) AS g; \
+    ANALYZE idem_records";
+
 fn bind<'q>(
     mut query: Query<'q, Postgres, PgArguments>,
     params: &[Param],
@@ -465,7 +609,10 @@ fn bind<'q>(
         query = match *param {
             Param::Text(text) => query.bind(text),
             Param::Bytes => query.bind(&b"\x00"[..]),
+            Param::NullBytes => query.bind(None::<Vec<u8>>),
             Param::Int(n) => query.bind(n),
+            Param::NullInt => query.bind(None::<i64>),
+            Param::Float(x) => query.bind(x),
             Param::Bool(b) => query.bind(b),
             Param::TextArray => query.bind(vec![ADDRESS.to_owned()]),
             Param::NullTextArray => query.bind(None::<Vec<String>>),
@@ -494,7 +641,9 @@ fn read_plan(lines: &[String]) -> Plan {
         plan.on_conflict |= line.contains("Conflict Resolution:");
         for marker in [
             "Index Scan using ",
+            "Index Scan Backward using ",
             "Index Only Scan using ",
+            "Index Only Scan Backward using ",
             "Bitmap Index Scan on ",
         ] {
             if let Some((_, rest)) = line.split_once(marker) {
@@ -537,6 +686,12 @@ async fn shortfall(conn: &mut PgConnection, case: &Case) -> Option<String> {
             return Some(format!("{what} uses no index:\n{shown}"));
         }
         Expect::SomeIndex => return None,
+        Expect::OpenClaims if plan.indexes.iter().any(|i| i == OPEN_CLAIMS_INDEX) => {
+            return None;
+        }
+        Expect::OpenClaims => {
+            return Some(format!("{what} does not use {OPEN_CLAIMS_INDEX}:\n{shown}"));
+        }
         Expect::StepsOfClaim if !plan.indexes.iter().any(|i| i == STEPS_OF_CLAIM_INDEX) => {
             return Some(format!(
                 "{what} does not use {STEPS_OF_CLAIM_INDEX}:\n{shown}"
@@ -628,6 +783,22 @@ async fn every_statement_that_finds_a_row_by_address_uses_a_partial_unique_index
                 Ok(_) => {
                     for namespace in [None, Some("live")] {
                         for case in step_cases(namespace) {
+                            failures.extend(shortfall(&mut *conn, &case).await);
+                        }
+                    }
+                }
+            }
+            // The planner may scan here: the index must be its own choice.
+            match conn
+                .execute(AssertSqlSafe(format!(
+                    "RESET enable_seqscan; {PLANT_CLAIMS}"
+                )))
+                .await
+            {
+                Err(error) => failures.push(format!("plant claims: {error}")),
+                Ok(_) => {
+                    for namespace in [None, Some("live")] {
+                        for case in open_claims_cases(namespace) {
                             failures.extend(shortfall(&mut *conn, &case).await);
                         }
                     }

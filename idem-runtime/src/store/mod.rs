@@ -40,6 +40,12 @@
 //!   turns a lookup into a scan of the whole table. The `index_use` test
 //!   runs `EXPLAIN` on each of them and fails on a plan that does not use
 //!   one of the two indexes.
+//! - **Open claims listed through their index.** A statement that lists or
+//!   counts claims of an open state (the reconciler's listing, `claims list
+//!   --state`, the gauges, the console's lists) says `open_claims!`, the
+//!   predicate of the index of open claims, so it reads only the claims not
+//!   settled, never the millions that are. The `index_use` test checks those
+//!   too.
 //! - **Decoded by column name.** Rows are read with `row.try_get("fence")`,
 //!   never by position, so a select list can be reordered, or a row shared
 //!   by two statements, without shifting one field into another.
@@ -152,6 +158,28 @@ macro_rules! async_commit {
     };
 }
 use async_commit;
+
+/// The test that a row of `idem_records` (aliased `$alias`, with its dot:
+/// `"r."`, or `""`) is an open claim: pending, in doubt, or kept failed.
+/// It is the predicate of the index of open claims (schema v9,
+/// `idem_records_open_claims`, `(account, state, created_at, address)`),
+/// word for word: PostgreSQL reads a partial index only for a statement
+/// whose `WHERE` implies its predicate, and it cannot prove `state IS
+/// DISTINCT FROM 'success'` from `state = 'in_doubt'`, only from the
+/// predicate itself. That is the point of spelling it so: nor can it from a
+/// settle's `state = 'pending'`, so no settle is ever planned on this index
+/// (with `state <> 'success'` one was, on a small table).
+macro_rules! open_claims {
+    ($alias:literal) => {
+        concat!(
+            $alias,
+            "kind = 'claim' AND ",
+            $alias,
+            "state IS DISTINCT FROM 'success'"
+        )
+    };
+}
+use open_claims;
 
 /// The end of a statement that deletes one claim (it opens with
 /// `WITH released AS (DELETE FROM idem_records`, and its `WHERE` finds the

@@ -38,7 +38,7 @@ use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgTypeInfo, PgValueRef};
 use sqlx::{AssertSqlSafe, FromRow, PgPool, Postgres};
 
-use super::{Scope, SplitOnNamespace, per_row};
+use super::{Scope, SplitOnNamespace, open_claims, per_row};
 
 pub use super::browse::{
     BrowseFilter, ClaimPage, ClaimView, OpenCount, PageCursor, StoredValues, browse, describe,
@@ -399,9 +399,21 @@ impl ScopeFilter<'_> {
 /// or NULL; `$4` the minimum age in seconds or NULL: for a claim in doubt,
 /// since it went in doubt (`in_doubt_since`, or `created_at` for a row that
 /// turned before that column existed), else since it was created.
-fn list_conditions(scope: &ScopeFilter<'_>) -> String {
+///
+/// Index: for a list of an open `state` (`$3` then binds it), the index of
+/// open claims, whose predicate is written in (`open_claims!`), so that the
+/// successes are never read; otherwise none serves the order, and within
+/// an account the partial unique indexes' leading `(account, kind)`
+/// narrows the rows read.
+fn list_conditions(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
+    let kind = match state {
+        Some(ClaimState::Success) | None => "r.kind = 'claim'",
+        Some(ClaimState::Pending | ClaimState::InDoubt | ClaimState::Failed) => {
+            open_claims!("r.")
+        }
+    };
     format!(
-        "r.kind = 'claim' AND {scope} \
+        "{kind} AND {scope} \
          AND ($3::text IS NULL OR r.state = $3) \
          AND ($4::float8 IS NULL \
               OR CASE WHEN r.state = 'in_doubt' THEN coalesce(r.in_doubt_since, r.created_at) \
@@ -412,24 +424,23 @@ fn list_conditions(scope: &ScopeFilter<'_>) -> String {
 }
 
 /// Lists the claims of a scope, newest first ([`list_conditions`]); `$5`
-/// the limit. Index: none serves the order; within an account, the partial
-/// unique indexes' leading `(account, kind)` narrows the rows read.
-fn list_statement(scope: &ScopeFilter<'_>) -> String {
+/// the limit. Index: as [`list_conditions`] says.
+pub(super) fn list_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
     format!(
         "SELECT {columns} FROM idem_records r WHERE {conditions} \
          ORDER BY r.created_at DESC, r.account, r.namespace NULLS FIRST, r.address \
          LIMIT $5",
         columns = claim_columns!(),
-        conditions = list_conditions(scope),
+        conditions = list_conditions(scope, state),
     )
 }
 
 /// Counts the claims [`list_statement`] would list without a limit
 /// ([`list_conditions`]). Index: as [`list_statement`].
-fn count_statement(scope: &ScopeFilter<'_>) -> String {
+pub(super) fn count_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
     format!(
         "SELECT count(*) FROM idem_records r WHERE {conditions}",
-        conditions = list_conditions(scope),
+        conditions = list_conditions(scope, state),
     )
 }
 
@@ -504,19 +515,17 @@ pub(crate) fn action_pattern(action_alone: &[u8]) -> Vec<u8> {
 /// without a lease can never show its holder gone, so only `$4` lists it.
 /// `lease_ran_out` says which kind of pending claim a row is.
 ///
-/// Index: no index serves the order (there is none on `created_at`, and
-/// adding one to every installation for the reconciler's sake is a schema
-/// change of its own); within an account, the partial unique indexes'
-/// leading `(account, kind)` narrows the rows read, and the cursor and the
-/// limit bound what is sorted and sent. It finds no row by address, so it
-/// is not among the `index_use` cases, like [`list_statement`].
-fn reconcile_statement(scope: &ScopeFilter<'_>) -> String {
+/// Index: the index of open claims (`open_claims!`), so a pass reads the
+/// claims not settled and never the successes, of every account or of
+/// one (its leading column); the cursor and the limit bound what is
+/// sorted and sent.
+pub(super) fn reconcile_statement(scope: &ScopeFilter<'_>) -> String {
     format!(
         "SELECT {columns}, r.created_at::text AS cursor_created_at, \
                 coalesce(r.state = 'pending' AND r.lease_expires_at <= now(), false) \
                   AS lease_ran_out \
          FROM idem_records r \
-         WHERE r.kind = 'claim' AND {scope} \
+         WHERE {open} AND {scope} \
            AND r.identity LIKE ANY ($3::bytea[]) \
            AND (r.state = 'in_doubt' \
                 OR (r.state = 'pending' AND r.lease_expires_at <= now()) \
@@ -529,6 +538,7 @@ fn reconcile_statement(scope: &ScopeFilter<'_>) -> String {
          ORDER BY r.created_at, r.account, r.address, coalesce(r.namespace, '') \
          LIMIT $9",
         columns = claim_columns!(),
+        open = open_claims!("r."),
         scope = scope_test(scope),
     )
 }
@@ -783,7 +793,7 @@ pub(super) fn age_in_seconds(age: Duration) -> f64 {
 /// them: [`count`] says how many match in all.
 pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow>, Error> {
     let (account, namespace) = filter.scope.params();
-    let statement = list_statement(&filter.scope);
+    let statement = list_statement(&filter.scope, filter.state);
     Ok(sqlx::query_as(AssertSqlSafe(statement))
         .bind(account)
         .bind(namespace)
@@ -798,13 +808,14 @@ pub async fn list(pool: &PgPool, filter: &ListFilter<'_>) -> Result<Vec<ClaimRow
 /// would return without one.
 pub async fn count(pool: &PgPool, filter: &ListFilter<'_>) -> Result<u64, Error> {
     let (account, namespace) = filter.scope.params();
-    let count: i64 = sqlx::query_scalar(AssertSqlSafe(count_statement(&filter.scope)))
-        .bind(account)
-        .bind(namespace)
-        .bind(filter.state.map(ClaimState::as_str))
-        .bind(filter.older_than.map(age_in_seconds))
-        .fetch_one(pool)
-        .await?;
+    let count: i64 =
+        sqlx::query_scalar(AssertSqlSafe(count_statement(&filter.scope, filter.state)))
+            .bind(account)
+            .bind(namespace)
+            .bind(filter.state.map(ClaimState::as_str))
+            .bind(filter.older_than.map(age_in_seconds))
+            .fetch_one(pool)
+            .await?;
     Ok(u64::try_from(count).unwrap_or(0))
 }
 

@@ -73,6 +73,28 @@ async fn every_partition_carries_both_partial_unique_indexes() {
     }
 }
 
+/// Version 9's index of open claims is on the partitioned table, so on
+/// every partition, and valid on each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_partition_carries_the_index_of_open_claims() {
+    let (_name, pool, _gate) = partitioned(8, 2).await;
+    let rows: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT c.relname::text, i.indisvalid \
+         FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid \
+         JOIN pg_index i ON i.indrelid = c.oid \
+         WHERE h.inhparent = to_regclass('idem_records') \
+           AND pg_get_indexdef(i.indexrelid) LIKE \
+               '%(account, state, created_at, address) WHERE ((kind = ''claim''::text) \
+AND (state IS DISTINCT FROM ''success''::text))' \
+         ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read the partitions' indexes");
+    assert_eq!(rows.len(), 8, "{rows:#?}");
+    assert!(rows.iter().all(|(_, valid)| *valid), "{rows:#?}");
+}
+
 /// Columns (name, type, NOT NULL, default) and constraints (name,
 /// definition) of `idem_records` in the pool's schema.
 async fn shape(

@@ -387,3 +387,86 @@ async fn the_current_migration_runs_again_without_changing_anything() {
             .expect("the row is still there");
     assert_eq!(state, "in_doubt");
 }
+
+/// The definition of the index of open claims in the pool's schema, and
+/// whether it is valid; `None` when there is none.
+async fn open_claims_index(pool: &PgPool) -> Option<(String, bool)> {
+    sqlx::query_as(
+        "SELECT pg_get_indexdef(i.indexrelid), i.indisvalid FROM pg_index i \
+         WHERE i.indexrelid = to_regclass('idem_records_open_claims')",
+    )
+    .fetch_optional(pool)
+    .await
+    .expect("read the index of open claims")
+}
+
+/// Version 9's index of open claims, which the statements that list open
+/// claims read: created as they spell its predicate. An operator who built
+/// it ahead with `CREATE INDEX CONCURRENTLY` (as docs/operations.md says to
+/// on a large table) and saw the build fail is left with an invalid index
+/// of that name, which `CREATE INDEX IF NOT EXISTS` alone would take for
+/// the index; one written by hand may have another predicate. The
+/// migration builds either again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_of_open_claims_is_built_and_one_of_its_name_that_is_not_it_built_again() {
+    const DEFINED: &str = "USING btree (account, state, created_at, address) \
+         WHERE ((kind = 'claim'::text) AND (state IS DISTINCT FROM 'success'::text))";
+    let pool = set_up().await;
+    let (definition, valid) = open_claims_index(&pool).await.expect("the index is there");
+    assert!(definition.ends_with(DEFINED), "{definition}");
+    assert!(valid);
+
+    // A concurrent build that fails (here on duplicates) leaves its index
+    // behind, invalid: what an interrupted or failed build leaves.
+    exec(&pool, "DROP INDEX idem_records_open_claims").await;
+    for address in ["claim_a", "claim_b"] {
+        insert_claim(&pool, address, "in_doubt")
+            .await
+            .expect("an open claim");
+    }
+    let failed = sqlx::raw_sql(
+        "CREATE UNIQUE INDEX CONCURRENTLY idem_records_open_claims ON idem_records (state)",
+    )
+    .execute(&pool)
+    .await;
+    assert!(failed.is_err(), "the build must fail: {failed:?}");
+    assert_eq!(
+        open_claims_index(&pool).await.map(|(_, valid)| valid),
+        Some(false),
+        "a failed concurrent build leaves an invalid index"
+    );
+    exec(&pool, "DELETE FROM idem_schema_version WHERE version = 9").await;
+
+    Gate::connect(pool.clone())
+        .await
+        .expect("connect migrates to version 9 again");
+    let (definition, valid) = open_claims_index(&pool).await.expect("the index is there");
+    assert!(definition.ends_with(DEFINED), "built again: {definition}");
+    assert!(valid, "built again, valid");
+
+    // One written by hand with `<>` for the predicate is not this index
+    // either: settles would be planned on it.
+    exec(
+        &pool,
+        "DROP INDEX idem_records_open_claims; \
+         CREATE INDEX idem_records_open_claims ON idem_records (account, state, created_at, address) \
+         WHERE kind = 'claim' AND state <> 'success'; \
+         DELETE FROM idem_schema_version WHERE version = 9",
+    )
+    .await;
+    Gate::connect(pool.clone())
+        .await
+        .expect("connect migrates to version 9 again");
+    let (definition, valid) = open_claims_index(&pool).await.expect("the index is there");
+    assert!(definition.ends_with(DEFINED), "built again: {definition}");
+    assert!(valid);
+
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM idem_records WHERE kind = 'claim' \
+         AND state IS DISTINCT FROM 'success'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count the open claims");
+    assert_eq!(open, 2, "no row was lost");
+}
