@@ -5,3 +5,6 @@ mod partitioned;
 mod previous_release;
 mod privileges;
 mod setup;
+// It reads the open claims through the gauges and the console too.
+#[cfg(all(feature = "metrics", feature = "console"))]
+mod v9_redteam;
