@@ -13,6 +13,10 @@ use idem_test_support::schemas::{create_schemas, drop_schemas, ident, run_sql};
 use serde_json::Value;
 use sqlx::PgConnection;
 
+/// The index of open claims (schema version 9), as `idem migrate` prints it.
+const OPEN_CLAIMS_INDEX: &str = "INDEX idem_records_open_claims (account, state, created_at, address) \
+     WHERE kind = 'claim' AND state IS DISTINCT FROM 'success'";
+
 #[tokio::test]
 async fn migrate_sets_up_verifies_and_reports_what_is_missing() {
     let mut conn = connect().await;
@@ -29,7 +33,8 @@ async fn migrate_sets_up_verifies_and_reports_what_is_missing() {
     let expected = format!(
         "idem schema version {SCHEMA_VERSION} is in place: {schema}.idem_records\n  \
          layout: plain (not partitioned)\n  \
-         present: {INDEX_WITHOUT_NAMESPACE}\n  present: {INDEX_WITHIN_NAMESPACE}\n"
+         present: {INDEX_WITHOUT_NAMESPACE}\n  present: {INDEX_WITHIN_NAMESPACE}\n  \
+         present: {OPEN_CLAIMS_INDEX}\n"
     );
     assert_eq!(idem_in(&schema, "migrate").expect_code(0).stdout, expected);
     assert_eq!(
@@ -44,6 +49,18 @@ async fn migrate_sets_up_verifies_and_reports_what_is_missing() {
     assert_eq!(report["table"], format!("{schema}.idem_records"));
     assert_eq!(report["layout"], "plain (not partitioned)");
     assert_eq!(report["problems"], serde_json::json!([]));
+    assert_eq!(report["open_claims_index_present"], true);
+
+    // Without the index of open claims the schema still passes, and the
+    // report says it is absent and what that costs.
+    run_sql(
+        &mut conn,
+        &format!("DROP INDEX {}.idem_records_open_claims", ident(&schema)),
+    )
+    .await;
+    let run = idem_in(&schema, "migrate --check").expect_code(0);
+    assert_contains(&run.stdout, &format!("  absent: {OPEN_CLAIMS_INDEX}\n"));
+    assert_contains(&run.stdout, "read the whole table");
 
     // A plain table is never re-partitioned: refused, nothing changed.
     let run = idem_in(&schema, "migrate --partitions 16").expect_code(1);

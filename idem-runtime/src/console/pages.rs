@@ -270,6 +270,17 @@ fn schema(status: &Status) -> Markup {
                     }
                 }
             }
+            dt { "index of open claims" }
+            dd {
+                @if status.open_claims_index_present {
+                    span.ok { "present" }
+                } @else {
+                    span.refusal { "absent" }
+                    ": the lists of one open state, these counts and the reconciler read the \
+                     whole table. Build it (docs/operations.md): "
+                    code { (status.open_claims_index) }
+                }
+            }
         }
     }
 }

@@ -370,3 +370,29 @@ async fn the_audit_page_shows_what_the_given_audit_finds_and_says_when_there_is_
         given.body
     );
 }
+
+/// The overview says whether the index of open claims (schema version 9)
+/// is there and, when it is not, what reads the whole table instead and
+/// what to build; the schema still passes, since the gate does not need it.
+#[tokio::test]
+async fn the_overview_says_whether_the_index_of_open_claims_is_there() {
+    let (_, pool) = idem_test_support::schemas::fresh_schema(2).await;
+    let gate = idem::Gate::connect(pool.clone()).await.expect("set up");
+    let console = writable(&gate);
+    let page = get(&console, "/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains("index of open claims") && page.body.contains(">present<"),
+        "{}",
+        page.body
+    );
+    sqlx::raw_sql("DROP INDEX idem_records_open_claims")
+        .execute(&pool)
+        .await
+        .expect("drop the index");
+    let page = get(&console, "/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains(">absent<"), "{}", page.body);
+    assert!(page.body.contains("read the whole table"), "{}", page.body);
+    assert!(page.body.contains("passes: the gate starts on this schema"));
+}

@@ -470,3 +470,35 @@ async fn the_index_of_open_claims_is_built_and_one_of_its_name_that_is_not_it_bu
     .expect("count the open claims");
     assert_eq!(open, 2, "no row was lost");
 }
+
+/// `schema::status` says whether the index of open claims is there; its
+/// absence is not a problem (the gate does not need it), so the schema is
+/// still current and a gate still starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_whether_the_index_of_open_claims_is_there() {
+    let pool = set_up().await;
+    let status = idem::schema::status(&pool).await.expect("status");
+    assert!(status.open_claims_index_present, "{status:?}");
+    assert!(
+        status
+            .open_claims_index
+            .contains("state IS DISTINCT FROM 'success'"),
+        "{status:?}"
+    );
+    exec(&pool, "DROP INDEX idem_records_open_claims").await;
+    let status = idem::schema::status(&pool).await.expect("status");
+    assert!(!status.open_claims_index_present, "{status:?}");
+    assert!(status.is_current(), "{status:?}");
+    Gate::connect(pool.clone())
+        .await
+        .expect("a gate starts without it");
+    // One of that name with another predicate is not it.
+    exec(
+        &pool,
+        "CREATE INDEX idem_records_open_claims ON idem_records (account, state, created_at, address) \
+         WHERE kind = 'claim' AND state <> 'success'",
+    )
+    .await;
+    let status = idem::schema::status(&pool).await.expect("status");
+    assert!(!status.open_claims_index_present, "{status:?}");
+}

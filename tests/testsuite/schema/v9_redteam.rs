@@ -14,6 +14,8 @@ use idem::sqlx::{self, AssertSqlSafe, PgPool};
 use idem::{Gate, Identity, Rejected};
 use idem_test_support::{ChargeError, schemas};
 
+use crate::support::doubt::in_doubt as hold_in_doubt;
+
 /// The definition the migration builds, as `pg_get_indexdef` ends it.
 const DEFINED: &str = "USING btree (account, state, created_at, address) \
      WHERE ((kind = 'claim'::text) AND (state IS DISTINCT FROM 'success'::text))";
@@ -106,16 +108,6 @@ async fn seed(pool: &PgPool, account: &str, prefix: &str, n: i64, state: &str) {
     .execute(pool)
     .await
     .expect("seed rows");
-}
-
-/// Holds `identity` in doubt through the gate.
-async fn hold_in_doubt(gate: &Gate, identity: &Identity) {
-    let outcome: Result<(), ChargeError> = gate
-        .guard(identity)
-        .disposition(ChargeError::disposition)
-        .run(async { Err(ChargeError::Timeout) })
-        .await;
-    assert!(matches!(outcome, Err(ChargeError::Timeout)), "{outcome:?}");
 }
 
 // ---------------------------------------------------------------------
@@ -536,36 +528,52 @@ async fn partitioned_v8(partitions: u16) -> (String, PgPool) {
 
 /// The recipe as docs/operations.md writes it, step by step, on a
 /// partitioned table; the migration then keeps that index.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitioned_recipe_as_written_then_migration_keeps_it() {
-    const N: u16 = 4;
-    let (schema, pool) = partitioned_v8(N).await;
-    seed(&pool, "acme", "s", 2_000, "success").await;
-    seed(&pool, "other", "d", 20, "in_doubt").await;
+/// The partitioned recipe of docs/operations.md: the index `ON ONLY` the
+/// partitioned table (what `after_parent` then sees), then each of
+/// `partitions` built concurrently and attached.
+async fn partitioned_recipe<T, F: std::future::Future<Output = T>>(
+    pool: &PgPool,
+    partitions: std::ops::Range<u16>,
+    after_parent: impl FnOnce() -> F,
+) -> T {
     exec(
-        &pool,
+        pool,
         &format!(
             "CREATE INDEX idem_records_open_claims ON ONLY idem_records {COLUMNS_AND_PREDICATE}"
         ),
     )
     .await;
-    let parent = open_index_on_idem_records(&pool).await;
-    assert_eq!(parent.len(), 1);
-    assert!(!parent[0].2, "ON ONLY: invalid, and empty");
-    for p in 0..N {
+    let seen = after_parent().await;
+    for p in partitions {
         exec(
-            &pool,
+            pool,
             &format!(
                 "CREATE INDEX CONCURRENTLY idem_records_p{p}_open_claims ON idem_records_p{p} {COLUMNS_AND_PREDICATE}"
             ),
         )
         .await;
         exec(
-            &pool,
+            pool,
             &format!("ALTER INDEX idem_records_open_claims ATTACH PARTITION idem_records_p{p}_open_claims"),
         )
         .await;
     }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_recipe_as_written_then_migration_keeps_it() {
+    const N: u16 = 4;
+    let (schema, pool) = partitioned_v8(N).await;
+    seed(&pool, "acme", "s", 2_000, "success").await;
+    seed(&pool, "other", "d", 20, "in_doubt").await;
+    let parent = partitioned_recipe(&pool, 0..N, || async {
+        let parent = open_index_on_idem_records(&pool).await;
+        assert_eq!(parent.len(), 1);
+        assert!(!parent[0].2, "ON ONLY: invalid, and empty");
+        parent
+    })
+    .await;
     let attached = open_index_on_idem_records(&pool).await;
     assert!(
         attached[0].2,
@@ -598,27 +606,7 @@ async fn partitioned_recipe_half_done_is_built_again() {
     const N: u16 = 4;
     let (schema, pool) = partitioned_v8(N).await;
     seed(&pool, "other", "d", 20, "in_doubt").await;
-    exec(
-        &pool,
-        &format!(
-            "CREATE INDEX idem_records_open_claims ON ONLY idem_records {COLUMNS_AND_PREDICATE}"
-        ),
-    )
-    .await;
-    for p in 0..2 {
-        exec(
-            &pool,
-            &format!(
-                "CREATE INDEX CONCURRENTLY idem_records_p{p}_open_claims ON idem_records_p{p} {COLUMNS_AND_PREDICATE}"
-            ),
-        )
-        .await;
-        exec(
-            &pool,
-            &format!("ALTER INDEX idem_records_open_claims ATTACH PARTITION idem_records_p{p}_open_claims"),
-        )
-        .await;
-    }
+    partitioned_recipe(&pool, 0..2, || async {}).await;
     Gate::connect(pool_in(&schema, 1).await)
         .await
         .expect("migrate");
