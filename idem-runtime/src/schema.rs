@@ -74,10 +74,8 @@ pub async fn status(pool: &PgPool) -> Result<Status, Error> {
     let version = catalog::current_version(&mut *pool.acquire().await?).await?;
     let layout = layout(pool).await?;
     let problems = verify(pool).await?;
-    let open_claims_index_present = catalog::indexes(&mut *pool.acquire().await?)
-        .await?
-        .iter()
-        .any(Index::is_open_claims_index);
+    let open_claims_index_present =
+        catalog::open_claims_index_present(&mut *pool.acquire().await?).await?;
     Ok(Status {
         table: location.qualified,
         search_path: location.search_path,
@@ -89,7 +87,7 @@ pub async fn status(pool: &PgPool) -> Result<Status, Error> {
             __internal::INDEX_WITHIN_NAMESPACE,
         ],
         problems,
-        open_claims_index: OPEN_CLAIMS_INDEX.definition,
+        open_claims_index: catalog::OPEN_CLAIMS_DEFINITION,
         open_claims_index_present,
     })
 }
@@ -173,39 +171,8 @@ pub(super) const REQUIRED_INDEXES: [RequiredIndex; 2] = [
     },
 ];
 
-/// The index of open claims (schema version 9, `sql/v9.sql`): what
-/// [`Status`] reports, not what the gate needs.
-struct OpenClaimsIndex {
-    name: &'static str,
-    /// Its key columns, in order.
-    columns: [&'static str; 4],
-    /// As PostgreSQL prints it, compared by [`normalize_predicate`].
-    predicate: &'static str,
-    definition: &'static str,
-}
-
-const OPEN_CLAIMS_INDEX: OpenClaimsIndex = OpenClaimsIndex {
-    name: "idem_records_open_claims",
-    columns: ["account", "state", "created_at", "address"],
-    predicate: "((kind = 'claim'::text) AND (state IS DISTINCT FROM 'success'::text))",
-    definition: "INDEX idem_records_open_claims (account, state, created_at, address) \
-                 WHERE kind = 'claim' AND state IS DISTINCT FROM 'success'",
-};
-
 /// What an index the catalog describes does for the gate.
 impl Index {
-    /// It is the index of open claims, valid and as `sql/v9.sql` defines it.
-    fn is_open_claims_index(&self) -> bool {
-        let wanted = &OPEN_CLAIMS_INDEX;
-        self.name == wanted.name
-            && self.is_valid
-            && !self.is_unique
-            && !self.has_expressions
-            && self.columns.iter().map(String::as_str).eq(wanted.columns)
-            && self.predicate.as_deref().map(normalize_predicate)
-                == Some(normalize_predicate(wanted.predicate))
-    }
-
     pub(super) fn covers(&self, required: &RequiredIndex) -> bool {
         self.columns.len() == required.columns.len()
             && required

@@ -65,6 +65,28 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(9, include_str!("../../sql/v9.sql")),
 ];
 
+/// The index of open claims (schema version 9, `sql/v9.sql`).
+pub(crate) const OPEN_CLAIMS_INDEX: &str = "idem_records_open_claims";
+
+/// How `pg_get_indexdef` ends the definition of the index of open claims:
+/// an index of that name on `idem_records` is the index when it is valid,
+/// not unique and its definition ends so. `sql/v9.sql` holds the same text
+/// (a test compares them), and rebuilds whatever fails the same rule.
+pub(crate) const OPEN_CLAIMS_DEFINED: &str = "USING btree (account, state, created_at, address) \
+     WHERE ((kind = 'claim'::text) AND (state IS DISTINCT FROM 'success'::text))";
+
+/// The index of open claims as `idem migrate` and the console show it.
+pub(crate) const OPEN_CLAIMS_DEFINITION: &str = "INDEX idem_records_open_claims \
+     (account, state, created_at, address) WHERE kind = 'claim' AND state IS DISTINCT FROM 'success'";
+
+/// Whether the index of open claims is on `idem_records`, by the rule of
+/// [`OPEN_CLAIMS_DEFINED`]. `$1` its name, `$2` that definition's end.
+const OPEN_CLAIMS_INDEX_PRESENT: &str = "SELECT EXISTS ( \
+         SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE i.indrelid = to_regclass('idem_records') AND c.relname = $1 \
+           AND i.indisvalid AND NOT i.indisunique \
+           AND right(pg_get_indexdef(i.indexrelid), length($2)) = $2) AS present";
+
 /// Serialises concurrent set-ups across processes ("idemschm" in ASCII).
 const SETUP_LOCK: i64 = 0x6964_656d_7363_686d;
 
@@ -227,6 +249,19 @@ pub(crate) struct TableLocation {
     pub search_path: String,
 }
 
+/// Whether the index of open claims is on `idem_records`
+/// ([`OPEN_CLAIMS_INDEX_PRESENT`]).
+pub(crate) async fn open_claims_index_present(
+    conn: &mut PgConnection,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query(OPEN_CLAIMS_INDEX_PRESENT)
+        .bind(OPEN_CLAIMS_INDEX)
+        .bind(OPEN_CLAIMS_DEFINED)
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get("present")
+}
+
 /// Where the `search_path` finds `idem_records` ([`LOCATE_TABLE`]).
 pub(crate) async fn locate_table(conn: &mut PgConnection) -> Result<TableLocation, sqlx::Error> {
     let row = sqlx::query(LOCATE_TABLE).fetch_one(&mut *conn).await?;
@@ -322,4 +357,22 @@ pub(crate) async fn hash_partition_bounds(
         .iter()
         .map(|row| row.try_get("bound"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `sql/v9.sql` decides whether an index is the index of open claims
+    /// by the text `status` reports it present by.
+    #[test]
+    fn the_migration_and_the_status_know_the_index_of_open_claims_by_one_definition() {
+        let v9 = include_str!("../../sql/v9.sql").replace("''", "'");
+        let defined = OPEN_CLAIMS_DEFINED.replace("address) WHERE", "address) '\n        'WHERE");
+        assert!(
+            v9.contains(&defined),
+            "sql/v9.sql no longer defines {OPEN_CLAIMS_DEFINED}"
+        );
+        assert!(v9.contains(OPEN_CLAIMS_INDEX));
+    }
 }

@@ -20,6 +20,7 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
 
 use super::browse::{self, Start};
+use super::catalog::OPEN_CLAIMS_INDEX;
 use super::operations::{self, ClaimState, NamespaceFilter, ScopeFilter};
 use super::scratch::Scratch;
 use super::{SplitOnNamespace, catalog, claims, metering, prune, steps};
@@ -67,10 +68,6 @@ enum Expect {
     /// ([`OPEN_CLAIMS_INDEX`]), never a scan of the table.
     OpenClaims,
 }
-
-/// The index of open claims (schema v9): `(account, state, created_at,
-/// address) WHERE kind = 'claim' AND state IS DISTINCT FROM 'success'`.
-const OPEN_CLAIMS_INDEX: &str = "idem_records_open_claims";
 
 /// The index of a claim's steps (schema v7): `(account, claim_address)
 /// WHERE kind = 'step'`.
