@@ -293,24 +293,7 @@ async fn distributed_set_up_is_concurrent_safe_and_never_moves_rows() {
 #[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
 async fn a_distributed_table_of_an_earlier_version_migrates_on_every_shard() {
     let _ = coordinator(1).await;
-    let (schema_name, pool) = schemas::fresh_schema(2).await;
-    for migration in idem::__internal::MIGRATIONS
-        .iter()
-        .filter(|m| m.version <= 6)
-    {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(migration.sql))
-            .execute(&pool)
-            .await
-            .unwrap_or_else(|e| panic!("version {}: {e}", migration.version));
-    }
-    sqlx::raw_sql(
-        "SELECT create_distributed_table('idem_records', 'account'); \
-         INSERT INTO idem_records (account, kind, address, state, identity) \
-         VALUES ('acme', 'claim', 'claim_0', 'in_doubt', '\\x00')",
-    )
-    .execute(&pool)
-    .await
-    .expect("distribute the version 6 table, and a claim in doubt in it");
+    let (schema_name, pool) = distributed_at_version(6).await;
 
     schema::set_up_distributed(&pool)
         .await
@@ -326,12 +309,43 @@ async fn a_distributed_table_of_an_earlier_version_migrates_on_every_shard() {
         .await
         .expect("the claim is still there");
     assert_eq!(state, "in_doubt");
+    assert_open_claims_index_on_every_placement(&pool).await;
+    drop_schemas(&[&schema_name], [pool]).await;
+}
+
+/// A schema of its own whose `idem_records`, at schema version `version`,
+/// Citus distributes by account, with a claim in doubt in it.
+async fn distributed_at_version(version: i32) -> (String, PgPool) {
+    let (schema_name, pool) = schemas::fresh_schema(2).await;
+    for migration in idem::__internal::MIGRATIONS
+        .iter()
+        .filter(|m| m.version <= version)
+    {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(migration.sql))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("version {}: {e}", migration.version));
+    }
+    sqlx::raw_sql(
+        "SELECT create_distributed_table('idem_records', 'account'); \
+         INSERT INTO idem_records (account, kind, address, state, identity) \
+         VALUES ('acme', 'claim', 'claim_0', 'in_doubt', '\\x00')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_or_else(|e| panic!("distribute the version {version} table, with a claim: {e}"));
+    (schema_name, pool)
+}
+
+/// Every shard placement of `idem_records` has a valid index of open
+/// claims.
+async fn assert_open_claims_index_on_every_placement(pool: &PgPool) {
     let placements: Vec<(bool, String)> = sqlx::query_as(
         "SELECT success, result FROM run_command_on_placements('idem_records', \
            $$SELECT count(*) FROM pg_index WHERE indrelid = to_regclass('%s') AND indisvalid \
                AND strpos(pg_get_expr(indpred, indrelid), 'DISTINCT FROM') > 0$$)",
     )
-    .fetch_all(&pool)
+    .fetch_all(pool)
     .await
     .expect("the indexes of every placement");
     assert!(!placements.is_empty());
@@ -339,6 +353,55 @@ async fn a_distributed_table_of_an_earlier_version_migrates_on_every_shard() {
         placements.iter().all(|(ok, count)| *ok && count == "1"),
         "each placement has the index of open claims: {placements:?}"
     );
+}
+
+/// docs/operations.md's recipe on Citus: `CREATE INDEX CONCURRENTLY` on
+/// the coordinator builds the index of open claims on every shard, and the
+/// migration to version 9 then keeps it (the same index) and records its
+/// version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn the_concurrent_recipe_on_the_coordinator_builds_every_shard_s_and_the_migration_keeps_it()
+{
+    let _ = coordinator(1).await;
+    let (schema_name, pool) = distributed_at_version(8).await;
+    sqlx::raw_sql(
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS idem_records_open_claims
+            ON idem_records (account, state, created_at, address)
+            WHERE kind = 'claim' AND state IS DISTINCT FROM 'success';",
+    )
+    .execute(&pool)
+    .await
+    .expect("the recipe, as docs/operations.md gives it");
+    assert_open_claims_index_on_every_placement(&pool).await;
+    let index_oid = || async {
+        sqlx::query_scalar::<_, i64>("SELECT to_regclass('idem_records_open_claims')::oid::int8")
+            .fetch_one(&pool)
+            .await
+            .expect("the index's oid")
+    };
+    let built = index_oid().await;
+
+    schema::set_up_distributed(&pool)
+        .await
+        .expect("the migration");
+    let version: i32 = sqlx::query_scalar("SELECT max(version) FROM idem_schema_version")
+        .fetch_one(&pool)
+        .await
+        .expect("the version");
+    assert_eq!(version, schema::SCHEMA_VERSION);
+    assert_eq!(
+        index_oid().await,
+        built,
+        "the index built by the recipe is kept"
+    );
+    assert!(
+        schema::status(&pool)
+            .await
+            .expect("status")
+            .open_claims_index_present
+    );
+    assert_open_claims_index_on_every_placement(&pool).await;
     drop_schemas(&[&schema_name], [pool]).await;
 }
 

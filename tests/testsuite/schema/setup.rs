@@ -3,16 +3,11 @@
 //! start without both partial unique indexes.
 
 use idem::schema::{SCHEMA_SQL, SCHEMA_VERSION};
-use idem::sqlx::{self, AssertSqlSafe, PgPool};
+use idem::sqlx::{self, PgPool};
 use idem::{Error, Gate, SchemaProblem};
 use idem_test_support::schemas;
 
-async fn exec(pool: &PgPool, sql: &str) {
-    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-        .execute(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
+use super::{DEFINED, exec, open_claims_indexes};
 
 async fn unique_indexes(pool: &PgPool) -> Vec<(String, String)> {
     sqlx::query_as(
@@ -391,13 +386,11 @@ async fn the_current_migration_runs_again_without_changing_anything() {
 /// The definition of the index of open claims in the pool's schema, and
 /// whether it is valid; `None` when there is none.
 async fn open_claims_index(pool: &PgPool) -> Option<(String, bool)> {
-    sqlx::query_as(
-        "SELECT pg_get_indexdef(i.indexrelid), i.indisvalid FROM pg_index i \
-         WHERE i.indexrelid = to_regclass('idem_records_open_claims')",
-    )
-    .fetch_optional(pool)
-    .await
-    .expect("read the index of open claims")
+    let indexes = open_claims_indexes(pool).await;
+    indexes
+        .into_iter()
+        .next()
+        .map(|(_, definition, valid, _)| (definition, valid))
 }
 
 /// Version 9's index of open claims, which the statements that list open
@@ -409,8 +402,6 @@ async fn open_claims_index(pool: &PgPool) -> Option<(String, bool)> {
 /// migration builds either again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_of_open_claims_is_built_and_one_of_its_name_that_is_not_it_built_again() {
-    const DEFINED: &str = "USING btree (account, state, created_at, address) \
-         WHERE ((kind = 'claim'::text) AND (state IS DISTINCT FROM 'success'::text))";
     let pool = set_up().await;
     let (definition, valid) = open_claims_index(&pool).await.expect("the index is there");
     assert!(definition.ends_with(DEFINED), "{definition}");

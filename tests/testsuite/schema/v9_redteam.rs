@@ -14,23 +14,13 @@ use idem::sqlx::{self, AssertSqlSafe, PgPool};
 use idem::{Gate, Identity, Rejected};
 use idem_test_support::{ChargeError, schemas};
 
+use super::{DEFINED, exec, open_claims_indexes};
 use crate::support::doubt::in_doubt as hold_in_doubt;
-
-/// The definition the migration builds, as `pg_get_indexdef` ends it.
-const DEFINED: &str = "USING btree (account, state, created_at, address) \
-     WHERE ((kind = 'claim'::text) AND (state IS DISTINCT FROM 'success'::text))";
 
 /// The statement docs/operations.md gives, character for character.
 const DOC_RECIPE: &str = "CREATE INDEX CONCURRENTLY IF NOT EXISTS idem_records_open_claims
     ON idem_records (account, state, created_at, address)
     WHERE kind = 'claim' AND state IS DISTINCT FROM 'success';";
-
-async fn exec(pool: &PgPool, sql: &str) {
-    sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-        .execute(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
 
 fn options(search_path: &str) -> PgConnectOptions {
     schemas::options_in(search_path)
@@ -77,21 +67,6 @@ async fn max_version(pool: &PgPool) -> i32 {
         .expect("read the version")
 }
 
-/// (oid, definition, valid, unique, table) of every index named
-/// `idem_records_open_claims` on `idem_records` of the pool's current
-/// schema.
-async fn open_index_on_idem_records(pool: &PgPool) -> Vec<(i64, String, bool, bool)> {
-    sqlx::query_as(
-        "SELECT i.indexrelid::oid::int8, pg_get_indexdef(i.indexrelid), i.indisvalid, i.indisunique \
-         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-         WHERE i.indrelid = to_regclass(quote_ident(current_schema()) || '.idem_records') \
-           AND c.relname = 'idem_records_open_claims'",
-    )
-    .fetch_all(pool)
-    .await
-    .expect("read the index")
-}
-
 /// `n` settled claims of account `account`, made by hand (addresses
 /// `claim_<prefix><i>`).
 async fn seed(pool: &PgPool, account: &str, prefix: &str, n: i64, state: &str) {
@@ -123,14 +98,14 @@ async fn recipe_then_connect_keeps_the_index_and_records_9() {
     seed(&pool, "acme", "s", 5_000, "success").await;
     seed(&pool, "acme", "d", 20, "in_doubt").await;
     exec(&pool, DOC_RECIPE).await;
-    let before = open_index_on_idem_records(&pool).await;
+    let before = open_claims_indexes(&pool).await;
     assert_eq!(before.len(), 1, "{before:?}");
     assert!(before[0].1.ends_with(DEFINED), "{before:?}");
 
     Gate::connect(pool_in(&schema, 1).await)
         .await
         .expect("migrate to 9");
-    let after = open_index_on_idem_records(&pool).await;
+    let after = open_claims_indexes(&pool).await;
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].0, before[0].0, "the index was built again");
     assert!(after[0].2, "valid");
@@ -242,13 +217,13 @@ async fn a_cancelled_concurrent_build_is_built_again() {
         .await;
         assert!(failed.is_err());
     }
-    let left = open_index_on_idem_records(&pool).await;
+    let left = open_claims_indexes(&pool).await;
     assert_eq!(left.len(), 1);
     assert!(!left[0].2, "an invalid index is left: {left:?}");
     Gate::connect(pool_in(&schema, 1).await)
         .await
         .expect("migrate");
-    let after = open_index_on_idem_records(&pool).await;
+    let after = open_claims_indexes(&pool).await;
     assert_eq!(after.len(), 1, "{after:?}");
     assert!(
         after[0].1.ends_with(DEFINED) && after[0].2 && !after[0].3,
@@ -278,7 +253,7 @@ async fn every_other_definition_of_that_name_is_built_again() {
         Gate::connect(pool_in(&schema, 1).await)
             .await
             .unwrap_or_else(|e| panic!("{definition}: {e}"));
-        let after = open_index_on_idem_records(&pool).await;
+        let after = open_claims_indexes(&pool).await;
         assert_eq!(after.len(), 1, "{definition}: {after:?}");
         assert!(
             after[0].1.ends_with(DEFINED) && after[0].2 && !after[0].3,
@@ -312,7 +287,7 @@ async fn an_index_of_that_name_on_another_table_is_not_taken_for_it() {
         Ok(_) => String::new(),
     };
     let version = max_version(&pool).await;
-    let on_table = open_index_on_idem_records(&pool).await;
+    let on_table = open_claims_indexes(&pool).await;
     assert!(
         version < 9 || on_table.len() == 1,
         "version {version} is recorded, yet idem_records has no index of open claims: \
@@ -333,7 +308,7 @@ async fn an_index_of_that_name_on_another_table_is_not_taken_for_it() {
         .await
         .expect("migrates once the name is free");
     assert_eq!(max_version(&pool).await, 9);
-    assert_eq!(open_index_on_idem_records(&pool).await.len(), 1);
+    assert_eq!(open_claims_indexes(&pool).await.len(), 1);
 }
 
 /// Two schemas on one search_path ("app, then the shared one"): migrating
@@ -354,7 +329,7 @@ async fn another_schema_s_index_on_the_search_path_is_left_alone() {
          WHERE kind = 'claim' AND state <> 'success'",
     )
     .await;
-    let other_before = open_index_on_idem_records(&other_pool).await;
+    let other_before = open_claims_indexes(&other_pool).await;
     assert_eq!(other_before.len(), 1);
 
     // This schema, at version 8, migrated through a search_path that also
@@ -363,9 +338,9 @@ async fn another_schema_s_index_on_the_search_path_is_left_alone() {
     let both = pool_in(&format!("{mine},{other}"), 1).await;
     Gate::connect(both.clone()).await.expect("migrate mine");
 
-    let mine_after = open_index_on_idem_records(&pool_in(&mine, 1).await).await;
+    let mine_after = open_claims_indexes(&pool_in(&mine, 1).await).await;
     assert_eq!(mine_after.len(), 1, "{mine_after:?}");
-    let other_after = open_index_on_idem_records(&other_pool).await;
+    let other_after = open_claims_indexes(&other_pool).await;
     assert_eq!(
         other_after.iter().map(|r| r.0).collect::<Vec<_>>(),
         other_before.iter().map(|r| r.0).collect::<Vec<_>>(),
@@ -449,7 +424,7 @@ async fn gates_work_through_a_migration_each_body_once() {
             "key {key}: {again:?}"
         );
     }
-    let index = open_index_on_idem_records(&pool).await;
+    let index = open_claims_indexes(&pool).await;
     assert!(
         index.len() == 1 && index[0].2 && index[0].1.ends_with(DEFINED),
         "{index:?}"
@@ -489,7 +464,7 @@ async fn many_processes_migrate_8_to_9_at_once() {
     while let Some(started) = starts.join_next().await {
         started.expect("no panic").expect("every process migrates");
     }
-    let index = open_index_on_idem_records(&pool).await;
+    let index = open_claims_indexes(&pool).await;
     assert!(index.len() == 1 && index[0].2, "{index:?}");
     let nines: i64 =
         sqlx::query_scalar("SELECT count(*) FROM idem_schema_version WHERE version = 9")
@@ -568,13 +543,13 @@ async fn partitioned_recipe_as_written_then_migration_keeps_it() {
     seed(&pool, "acme", "s", 2_000, "success").await;
     seed(&pool, "other", "d", 20, "in_doubt").await;
     let parent = partitioned_recipe(&pool, 0..N, || async {
-        let parent = open_index_on_idem_records(&pool).await;
+        let parent = open_claims_indexes(&pool).await;
         assert_eq!(parent.len(), 1);
         assert!(!parent[0].2, "ON ONLY: invalid, and empty");
         parent
     })
     .await;
-    let attached = open_index_on_idem_records(&pool).await;
+    let attached = open_claims_indexes(&pool).await;
     assert!(
         attached[0].2,
         "valid once the last is attached: {attached:?}"
@@ -583,7 +558,7 @@ async fn partitioned_recipe_as_written_then_migration_keeps_it() {
     Gate::connect(pool_in(&schema, 1).await)
         .await
         .expect("migrate");
-    let after = open_index_on_idem_records(&pool).await;
+    let after = open_claims_indexes(&pool).await;
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].0, parent[0].0, "built again: {after:?}");
     assert!(after[0].2);
@@ -610,7 +585,7 @@ async fn partitioned_recipe_half_done_is_built_again() {
     Gate::connect(pool_in(&schema, 1).await)
         .await
         .expect("migrate");
-    let after = open_index_on_idem_records(&pool).await;
+    let after = open_claims_indexes(&pool).await;
     assert!(
         after.len() == 1 && after[0].2 && after[0].1.ends_with(DEFINED),
         "{after:?}"
@@ -667,7 +642,7 @@ async fn dropped_index_every_reader_still_answers_and_nothing_rebuilds_it() {
         .expect("connect again");
     idem::schema::set_up(&pool).await.expect("idem migrate");
     assert!(
-        open_index_on_idem_records(&pool).await.is_empty(),
+        open_claims_indexes(&pool).await.is_empty(),
         "a later migration built it again"
     );
 
@@ -741,7 +716,7 @@ async fn dropped_index_is_not_built_again_by_schema_sql() {
     exec(&pool, "DROP INDEX idem_records_open_claims").await;
     exec(&pool, idem::schema::SCHEMA_SQL).await; // the next deploy's migration run
     assert!(
-        open_index_on_idem_records(&pool).await.is_empty(),
+        open_claims_indexes(&pool).await.is_empty(),
         "applying SCHEMA_SQL again built the dropped index again (a blocking CREATE INDEX)"
     );
 }
@@ -871,6 +846,73 @@ async fn no_statement_by_address_reads_the_index_of_open_claims() {
 /// Each reader the docs name reads the index, on a table of successes
 /// with statistics taken: the reconciler's pass, `idem claims list
 /// --state` (and --count), the gauges, the console's list of one state.
+/// A reader the docs say reads the index of open claims, over five claims
+/// in doubt of the account `acme`.
+#[derive(Debug, Clone, Copy)]
+enum Reader {
+    /// `claims list --state in_doubt`, every account.
+    ListInDoubt,
+    /// `claims list --state in_doubt --count --account acme`.
+    CountInDoubtOfAcme,
+    /// The gauges of every account.
+    Gauges,
+    /// The gauges of `acme`.
+    GaugesOfAcme,
+    /// A reconciler's pass.
+    ReconcilerPass,
+    /// The console's `/claims?state=in_doubt`.
+    ConsoleList,
+}
+
+impl Reader {
+    const ALL: [Reader; 6] = [
+        Reader::ListInDoubt,
+        Reader::CountInDoubtOfAcme,
+        Reader::Gauges,
+        Reader::GaugesOfAcme,
+        Reader::ReconcilerPass,
+        Reader::ConsoleList,
+    ];
+
+    /// Reads, and checks it read the five claims in doubt.
+    async fn read(self, pool: PgPool) {
+        match self {
+            Reader::ListInDoubt => {
+                let f = ListFilter::new().state(ClaimState::InDoubt);
+                assert_eq!(operations::list(&pool, &f).await.unwrap().len(), 5);
+            }
+            Reader::CountInDoubtOfAcme => {
+                let f = ListFilter::new()
+                    .scope(ScopeFilter::new().account("acme"))
+                    .state(ClaimState::InDoubt);
+                assert_eq!(operations::count(&pool, &f).await.unwrap(), 5);
+            }
+            Reader::Gauges | Reader::GaugesOfAcme => {
+                let gauges = idem::metrics::Gauges::new(pool, Duration::from_secs(600));
+                let gauges = match self {
+                    Reader::GaugesOfAcme => gauges.account("acme"),
+                    _ => gauges,
+                };
+                assert_eq!(gauges.sample_once().await.unwrap().in_doubt, 5);
+            }
+            Reader::ReconcilerPass => {
+                let r = idem::reconcile::Reconciler::new(pool).probe("charge", |_| {
+                    std::future::ready(idem::reconcile::Verdict::Unknown)
+                });
+                let pass = r.reconcile_once().await.unwrap();
+                assert_eq!(pass.probed, 5, "{pass:?}");
+            }
+            Reader::ConsoleList => {
+                let router = idem::console::Console::new(pool)
+                    .behind_your_auth()
+                    .router();
+                let (status, _) = console_get(&router, "/claims?state=in_doubt").await;
+                assert_eq!(status, 200);
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_named_reader_reads_the_index() {
     let admin = idem::testing::pool_with(1).await;
@@ -887,85 +929,12 @@ async fn every_named_reader_reads_the_index() {
     exec(&setup, "ANALYZE idem_records").await;
     setup.close().await;
 
-    type Reader =
-        Box<dyn Fn(PgPool) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>;
-    let readers: Vec<(&str, Reader)> = vec![
-        (
-            "claims list --state in_doubt (all accounts)",
-            Box::new(|pool| {
-                Box::pin(async move {
-                    let f = ListFilter::new().state(ClaimState::InDoubt);
-                    assert_eq!(operations::list(&pool, &f).await.unwrap().len(), 5);
-                })
-            }),
-        ),
-        (
-            "claims list --state in_doubt --count --account acme",
-            Box::new(|pool| {
-                Box::pin(async move {
-                    let f = ListFilter::new()
-                        .scope(ScopeFilter::new().account("acme"))
-                        .state(ClaimState::InDoubt);
-                    assert_eq!(operations::count(&pool, &f).await.unwrap(), 5);
-                })
-            }),
-        ),
-        (
-            "gauges (all accounts)",
-            Box::new(|pool| {
-                Box::pin(async move {
-                    let s = idem::metrics::Gauges::new(pool, Duration::from_secs(600))
-                        .sample_once()
-                        .await
-                        .unwrap();
-                    assert_eq!(s.in_doubt, 5);
-                })
-            }),
-        ),
-        (
-            "gauges (one account)",
-            Box::new(|pool| {
-                Box::pin(async move {
-                    let s = idem::metrics::Gauges::new(pool, Duration::from_secs(600))
-                        .account("acme")
-                        .sample_once()
-                        .await
-                        .unwrap();
-                    assert_eq!(s.in_doubt, 5);
-                })
-            }),
-        ),
-        (
-            "reconciler pass",
-            Box::new(|pool| {
-                Box::pin(async move {
-                    let r = idem::reconcile::Reconciler::new(pool).probe("charge", |_| {
-                        std::future::ready(idem::reconcile::Verdict::Unknown)
-                    });
-                    let pass = r.reconcile_once().await.unwrap();
-                    assert_eq!(pass.probed, 5, "{pass:?}");
-                })
-            }),
-        ),
-        (
-            "console /claims?state=in_doubt",
-            Box::new(|pool| {
-                Box::pin(async move {
-                    let router = idem::console::Console::new(pool)
-                        .behind_your_auth()
-                        .router();
-                    let (status, _) = console_get(&router, "/claims?state=in_doubt").await;
-                    assert_eq!(status, 200);
-                })
-            }),
-        ),
-    ];
     let mut not_using = Vec::new();
-    for (label, reader) in readers {
+    for reader in Reader::ALL {
         settle_stats(&admin, &schema).await;
         let before = idx_scan(&admin, &schema, "idem_records_open_claims").await;
         let pool = pool_in(&schema, 1).await;
-        reader(pool.clone()).await;
+        reader.read(pool.clone()).await;
         pool.close().await;
         // Wait for the reader's backend's statistics.
         let mut after = before;
@@ -977,7 +946,7 @@ async fn every_named_reader_reads_the_index() {
             }
         }
         if after == before {
-            not_using.push(label);
+            not_using.push(reader);
         }
     }
     assert!(
