@@ -4,12 +4,15 @@
 //! cargo run --example quickstart
 //! ```
 //!
-//! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else the tests'
-//! throwaway server when it runs, else a throwaway one started from the
-//! local PostgreSQL binaries (see `idem-test-support/src/database.rs`). The
-//! guarded `charge` is in `billing.rs` beside this file; `races.rs` races it
-//! with `idem::race_test!`, as you would race yours (`cargo test --example
-//! quickstart`). `RUST_LOG=idem=debug` shows every claim, settle and release.
+//! Finds its PostgreSQL as idem's tests do: `DATABASE_URL` when set, else a
+//! server on 127.0.0.1:5432 that lets user `postgres` in, else a throwaway
+//! one started from the machine's server binaries or, with none installed,
+//! from a pinned build fetched once (`IDEM_THROWAWAY=1` skips the local
+//! server). It works in a database of its own, dropped on exit. The guarded
+//! `charge` is in `billing.rs` beside this file; `races.rs` races it with
+//! `idem::race_test!`, as you would race yours (`cargo test -p
+//! idem-quickstart`). `RUST_LOG=idem=debug` shows every claim, settle and
+//! release.
 
 mod billing;
 #[cfg(test)]
@@ -19,27 +22,46 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
+use idem::sqlx::postgres::PgPoolOptions;
+use idem::testing::server::databases::OwnDatabase;
 use idem::{Gate, Rejected};
+use tracing::Level;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::prelude::*;
 
 use billing::{ChargeError, Order, Provider, charge};
-use idem_test_support::database;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+    // `RUST_LOG=idem=debug`: targets and levels only (`Targets`), which
+    // needs no regex engine to build.
+    let filter: Targets = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|directives| directives.parse().ok())
+        .unwrap_or_else(|| Targets::new().with_default(Level::WARN));
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer())
+        .with(filter)
         .init();
-    // Errors are returned, not `exit`ed on, so a throwaway server is removed.
-    database::exit_code(run().await)
+    // Errors are returned, not `exit`ed on, so the database is dropped.
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run() -> Result<(), Box<dyn Error>> {
-    // Held to the end: dropping it stops a throwaway server, if one was started.
-    let database = database::find().await?;
+    // Held to the end: dropping it drops the database it created.
+    let database = tokio::task::spawn_blocking(OwnDatabase::create).await??;
+    println!("database: {}", database.describe());
     // One connection per racer, so all 16 claims reach PostgreSQL at once.
-    let pool = database.pool(16).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect(database.url())
+        .await?;
     // `Gate::connect` creates idem's table if needed and verifies its unique
     // indexes. A fresh account per run starts with no claims, so the output
     // is the same every time.

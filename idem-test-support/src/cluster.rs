@@ -2,8 +2,7 @@
 //! start` on a port, trust authentication for `postgres` on 127.0.0.1.
 //!
 //! One implementation for every use: a test that restarts and crashes its
-//! own server ([`Cluster::start`]), an example on a machine with no server
-//! running ([`crate::database::find`]), and the `pg-cluster` tool behind
+//! own server ([`Cluster::start`]), and the `pg-cluster` tool behind
 //! `scripts/ensure-postgres` and `scripts/pg-matrix`, which leaves its
 //! cluster running ([`Cluster::keep_running`]).
 
@@ -73,10 +72,10 @@ pub struct Setup {
 }
 
 impl Setup {
-    /// The machine's binaries, a fresh temporary directory, a free port,
-    /// `fsync` off.
+    /// The machine's binaries (else the pinned build, fetched once), a
+    /// fresh temporary directory, a free port, `fsync` off.
     pub fn throwaway() -> Result<Setup, ClusterError> {
-        let binaries = Binaries::local()?;
+        let binaries = Binaries::find()?;
         let dir = std::env::temp_dir().join(idem::testing::unique_name("idem-cluster"));
         Ok(Setup {
             binaries,

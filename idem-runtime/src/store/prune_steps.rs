@@ -212,10 +212,7 @@ const PRUNED: &[&str] = &[
 
 /// A pool of two connections in `schema`.
 async fn pool_in(schema: &str) -> PgPool {
-    let url = match crate::test_server::resolved() {
-        Ok(url) => url,
-        Err(why) => panic!("{why}"),
-    };
+    let url = crate::test_server::url_or_exit();
     let options = PgConnectOptions::from_str(url)
         .expect("the tests' URL")
         .options([("search_path", schema)]);

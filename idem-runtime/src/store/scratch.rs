@@ -18,10 +18,7 @@ impl Scratch {
     /// A fresh, empty schema named after `prefix`. Fails (never skips) when
     /// no PostgreSQL answers.
     pub(super) async fn new(prefix: &str) -> Scratch {
-        let url = match crate::test_server::resolved() {
-            Ok(url) => url,
-            Err(why) => panic!("{why}"),
-        };
+        let url = crate::test_server::url_or_exit();
         let mut conn = PgConnection::connect(url).await.unwrap_or_else(|error| {
             panic!(
                 "this test could not connect to the PostgreSQL at {} ({error}); set \

