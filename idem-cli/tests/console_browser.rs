@@ -6,6 +6,11 @@
 //! nothing. With `IDEM_WRITE_SCREENSHOTS=1` it also writes the pictures in
 //! docs/operations.md (docs/screenshots/).
 //!
+//! The two browser tests are ignored by `cargo test`, which needs nothing
+//! but PostgreSQL, and listed there as ignored with the command that runs
+//! them: `scripts/test-browser` (it installs Chromium and chromedriver when
+//! missing, then runs `-- --ignored`).
+//!
 //! The request by request tests of the same pages (access, CSRF, races,
 //! paging) are in the facade's `tests/testsuite/console/`.
 
@@ -119,6 +124,7 @@ async fn state(gate: &Gate, id: &Identity) -> Option<(String, Option<String>, Op
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: run scripts/test-browser"]
 async fn an_operator_finds_a_claim_in_doubt_resolves_it_and_the_row_changes() {
     let gate = testing::gate().await;
     let account = gate.account_name().to_owned();
@@ -251,6 +257,7 @@ async fn an_operator_finds_a_claim_in_doubt_resolves_it_and_the_row_changes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium and chromedriver: run scripts/test-browser"]
 async fn a_hostile_name_renders_as_text_and_runs_nothing() {
     let base = testing::gate().await;
     let name = format!(

@@ -21,7 +21,11 @@
 //!   installs them): the same version of both, from a registry the machines
 //!   reach; nothing downloads a browser build at run time. When
 //!   `chromedriver` is missing, [`Browser::start`] panics saying to run
-//!   `scripts/ensure-chromium`: a browser test never skips silently.
+//!   `scripts/ensure-chromium`: a browser test never skips silently. The
+//!   tests that start one are `#[ignore]`d with the reason
+//!   `needs Chromium and chromedriver: run scripts/test-browser`, so the
+//!   README's `cargo test` needs no browser and says what it left out;
+//!   `scripts/test-browser` installs both and runs exactly those tests.
 //! - **One chromedriver per browser**, started with `--port=0` (it picks a
 //!   free port and prints it, so no port is raced for) and waited for until
 //!   `/status` says ready. Tests run in parallel, as threads of one test

@@ -7,6 +7,10 @@
 //!
 //! Each run has its own stream, subject, durable consumer, ledger table
 //! and idem account, so it can run beside any other test.
+//!
+//! It needs a NATS server, so `cargo test` lists it as ignored, with the
+//! command that runs it: `scripts/test-consumer` (it installs Debian's
+//! nats-server when missing, then runs `-- --ignored`).
 
 mod nats_server;
 
@@ -17,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
 use idem::sqlx::PgPool;
+use idem::testing;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -36,15 +41,13 @@ const KILLS: usize = 5;
 const DRAIN_LIMIT: Duration = Duration::from_secs(45);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs nats-server (NATS with JetStream): run scripts/test-consumer"]
 async fn each_order_is_entered_exactly_once_under_kills_and_duplicates() {
     let server = NatsServer::ensure();
-    let database_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let pool = PgPool::connect(&database_url)
-        .await
-        .unwrap_or_else(|error| {
-            panic!("no PostgreSQL at {database_url} ({error}): run scripts/ensure-postgres")
-        });
+    // The tests' PostgreSQL, found the one way every test finds it; the
+    // consumer processes get the same URL.
+    let database_url = testing::database_url();
+    let pool = testing::pool().await;
 
     let guarded = run_workload(&server.url, &database_url, &pool, true).await;
     guarded.print("with idem");

@@ -1,6 +1,10 @@
 //! The browser harness end to end: a page served by axum on 127.0.0.1,
 //! read, a form filled and posted, a link followed, screenshots decoded;
 //! and nothing left running when a test panics.
+//!
+//! The tests that start a browser are ignored by `cargo test` (which needs
+//! nothing but PostgreSQL) and run by `scripts/test-browser`; the others
+//! start none and always run.
 
 use std::collections::HashMap;
 use std::fs;
@@ -92,6 +96,7 @@ fn processes_in_group(group: u32) -> Vec<String> {
 }
 
 #[tokio::test]
+#[ignore = "needs Chromium and chromedriver: run scripts/test-browser"]
 async fn a_page_is_read_a_form_posted_and_a_screenshot_taken() {
     let site = serve().await;
     let browser = Browser::start().await;
@@ -124,6 +129,7 @@ async fn a_page_is_read_a_form_posted_and_a_screenshot_taken() {
 }
 
 #[tokio::test]
+#[ignore = "needs Chromium and chromedriver: run scripts/test-browser"]
 async fn a_url_is_rendered_to_a_png() {
     let site = serve().await;
     let (_scratch, path) = scratch_png("page");
@@ -149,6 +155,7 @@ async fn the_docs_screenshot_is_written_only_when_asked() {
 }
 
 #[test]
+#[ignore = "needs Chromium and chromedriver: run scripts/test-browser"]
 fn a_panicking_test_leaves_no_browser_running() {
     let (pid, scratch) = (std::sync::Mutex::new(None), std::sync::Mutex::new(None));
     let test = std::panic::catch_unwind(|| {

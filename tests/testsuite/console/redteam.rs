@@ -979,7 +979,7 @@ async fn a_write_during_an_outage_is_503_and_trying_again_applies_it_once() {
     let pool = idem::sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_millis(500))
-        .connect(&std::env::var("DATABASE_URL").expect("DATABASE_URL"))
+        .connect(&testing::database_url())
         .await
         .expect("a pool");
     let console = Console::new(pool.clone()).allow_writes(true).router();

@@ -3,6 +3,8 @@
 //! `nats-server -js` on a free port with a store directory of its own,
 //! stopped and removed when the guard drops. No server binary: the test
 //! fails and says how to get one (`scripts/ensure-nats`), never skips.
+//! (`cargo test` lists the test as ignored; `scripts/test-consumer`
+//! installs the binary and runs it.)
 
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
