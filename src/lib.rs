@@ -128,9 +128,11 @@ pub use idem_runtime::GateEvent;
 #[doc(hidden)]
 pub use idem_runtime::__internal;
 
-/// Test helpers (feature `testing`): a real database, isolated gates, and
-/// invocations fired at the same instant with a report of what the gate
-/// decided. See also [`race_test!`].
+/// Test helpers (feature `testing`, for your dev-dependencies): a real
+/// database, isolated gates, and invocations fired at the same instant
+/// with a report of what the gate decided; [`race_test!`] makes one such
+/// race a whole test.
+///
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub use idem_runtime::testing;
@@ -139,6 +141,9 @@ pub use idem_runtime::testing;
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub use idem_runtime::cache;
 
+/// Counters, histograms and gauges of what the gates decide (feature
+/// `metrics`), for a dashboard and alerts.
+///
 /// Scraped by Prometheus, for example:
 ///
 /// ```
@@ -174,6 +179,7 @@ pub use idem_runtime::cache;
 /// # #[cfg(not(feature = "metrics"))]
 /// # fn main() {}
 /// ```
+///
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use idem_runtime::metrics;
@@ -189,6 +195,8 @@ pub use idem_runtime::console;
 pub use idem_runtime::http as axum;
 
 #[doc = include_str!("http.md")]
+// A blank line: the runtime's module docs follow as a paragraph of their own.
+#[doc = ""]
 #[cfg(any(feature = "axum", feature = "tower"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
 pub use idem_runtime::http;
