@@ -3,10 +3,13 @@
 //! on it, and a duplicate (concurrent or later) is refused instead of run.
 //! For payment, webhook, job and metering code on PostgreSQL.
 //!
-//! The package is `idem-pg` (`cargo add idem-pg`); its library is `idem`,
-//! which is what code and the generated paths name.
+//! The package is `idem-pg`; its library is `idem`, which is what code and
+//! the generated paths name. It is not on crates.io yet: depend on a clone
+//! by path, `cargo add idem-pg --path path/to/idem` (the README says what
+//! else its first example needs).
 //!
-//! ```
+//! ```no_run
+//! use idem::sqlx::PgPool;
 //! use idem::{idempotent, Gate, Rejected};
 //!
 //! #[derive(Debug, thiserror::Error)]
@@ -25,20 +28,21 @@
 //!     Ok(format!("charged {amount_cents} for {}", order.id))
 //! }
 //!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! # let url = idem::testing::database_url();
-//! let pool = idem::sqlx::PgPool::connect(&url).await?;
-//! let gate = Gate::connect(pool).await?.account(idem::testing::unique_name("docs"));
-//! let order = Order { id: "ord_1001".into() };
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let pool = PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
+//!     let gate = Gate::connect(pool).await?; // sets up and verifies idem's schema
+//!     let order = Order { id: "ord_1001".into() };
 //!
-//! assert_eq!(charge(&gate, &order, 4_999).await?, "charged 4999 for ord_1001");
-//! // The retry is refused: the charge already happened.
-//! assert!(matches!(
-//!     charge(&gate, &order, 4_999).await,
-//!     Err(ChargeError::Rejected(Rejected::AlreadyDone))
-//! ));
-//! # Ok(()) }
+//!     assert_eq!(charge(&gate, &order, 4_999).await?, "charged 4999 for ord_1001");
+//!     // A retry after the success is refused: the charge already happened.
+//!     // (One that arrives while the first still runs is refused `InFlight`.)
+//!     assert!(matches!(
+//!         charge(&gate, &order, 4_999).await,
+//!         Err(ChargeError::Rejected(Rejected::AlreadyDone))
+//!     ));
+//!     Ok(())
+//! }
 //! ```
 //!
 //! ## By hand
@@ -82,6 +86,11 @@
 //! | the `Idempotency-Key` protocol, per axum handler or one layer per service | `http` (features `axum`, `tower`) |
 //! | answering duplicates of settled outcomes with no round trip | `cache` (feature `cache`) |
 //! | counters, histograms and gauges for a dashboard | `metrics` (feature `metrics`) |
+//! | the operator console, mounted in your axum service | `console` (feature `console`) |
+//!
+//! The last five are there only with their feature: from a clone,
+//! `cargo doc -p idem-pg --all-features --open` shows them all (a plain
+//! `cargo doc --open` leaves them out).
 //!
 //! ## The insert is the lock
 //!
@@ -96,8 +105,8 @@
 //!
 //! ## Features
 //!
-//! `uuid` (`Uuid` key parts); `axum`, `tower`, `cache`, `metrics` and
-//! `testing`, as the table above says (`testing` pulls tokio's
+//! `uuid` (`Uuid` key parts); `axum`, `tower`, `cache`, `metrics`,
+//! `console` and `testing`, as the table above says (`testing` pulls tokio's
 //! multi-threaded runtime: enable it in dev-dependencies only). The default
 //! set pulls no test-only dependency. The repository's `docs/` holds what is
 //! not API (operations, the `idem` command, reliability, design decisions,
@@ -128,9 +137,11 @@ pub use idem_runtime::GateEvent;
 #[doc(hidden)]
 pub use idem_runtime::__internal;
 
-/// Test helpers (feature `testing`): a real database, isolated gates, and
-/// invocations fired at the same instant with a report of what the gate
-/// decided. See also [`race_test!`].
+/// Test helpers (feature `testing`, for your dev-dependencies): a real
+/// database, isolated gates, and invocations fired at the same instant
+/// with a report of what the gate decided; [`race_test!`] makes one such
+/// race a whole test.
+///
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub use idem_runtime::testing;
@@ -139,6 +150,9 @@ pub use idem_runtime::testing;
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub use idem_runtime::cache;
 
+/// Counters, histograms and gauges of what the gates decide (feature
+/// `metrics`), for a dashboard and alerts.
+///
 /// Scraped by Prometheus, for example:
 ///
 /// ```
@@ -174,6 +188,7 @@ pub use idem_runtime::cache;
 /// # #[cfg(not(feature = "metrics"))]
 /// # fn main() {}
 /// ```
+///
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use idem_runtime::metrics;
@@ -189,9 +204,17 @@ pub use idem_runtime::console;
 pub use idem_runtime::http as axum;
 
 #[doc = include_str!("http.md")]
+// A blank line: the runtime's module docs follow as a paragraph of their own.
+#[doc = ""]
 #[cfg(any(feature = "axum", feature = "tower"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "axum", feature = "tower"))))]
 pub use idem_runtime::http;
+
+/// The README's Rust snippets, compiled as doctests (`cargo test --doc`):
+/// what a newcomer pastes first must compile as shown.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 /// What `#[idempotent]` and `race_test!` expand to call. Not a stable API.
 #[doc(hidden)]

@@ -14,10 +14,12 @@
 //! --features axum,metrics`). `GET /metrics` shows what idem counted, in
 //! Prometheus' text format, with the gauges of stuck claims sampled beside
 //! the service every 15 seconds. The card network it calls takes a second, declines
-//! charges above 1,000.00, and one call in four times out, alternately
-//! before and after charging: such a charge is held in doubt (retries get
-//! 409 and are never charged twice) until the reconciler running beside the
-//! service asks the network's lookup, within seconds.
+//! charges above 1,000.00, and times out its first call after charging,
+//! then one call in five (the 6th, the 11th, ...), alternately before and
+//! after charging: such a charge is held in doubt (retries get 409 and are
+//! never charged twice) until the reconciler running beside the service
+//! asks the network's lookup, within five seconds. The same calls time out
+//! on every start, so a session goes as the READMEs show.
 //!
 //! Uses `DATABASE_URL`, else a PostgreSQL on 127.0.0.1:5432, else the tests'
 //! throwaway server when it runs, else a throwaway one (see
@@ -72,8 +74,9 @@ async fn run() -> Result<(), Box<dyn Error>> {
     service::create_charges_table(gate.pool()).await?;
     let pool = gate.pool().clone();
     let payments = Arc::new(Payments::new(gate, Duration::from_secs(1)));
-    // One call in four times out, alternately before and after charging.
-    payments.network.time_out_every(4);
+    // The first call times out after charging, then one in five,
+    // alternately before and after charging.
+    payments.network.time_out_every(service::TIME_OUT_EVERY);
     // Beside the service, until it stops: establishes the charges whose
     // call timed out, from the card network's lookup.
     let reconciler = service::reconciler(Arc::clone(&payments)).interval(Duration::from_secs(5));

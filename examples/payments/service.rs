@@ -33,6 +33,12 @@ use serde::{Deserialize, Serialize};
 /// The stand-in card network declines any charge above this (1,000.00).
 pub const LIMIT_CENTS: i64 = 100_000;
 
+/// The example binary's card network times out its first call (after
+/// charging), then one call in this many after it, alternately before and
+/// after charging ([`CardNetwork::time_out_every`]): the sixth call times
+/// out before charging, the eleventh after, ...
+pub const TIME_OUT_EVERY: u32 = 5;
+
 /// The table the charges are written to. No unique constraint on
 /// `(account, idempotency_key)`: idem alone keeps one charge per key here,
 /// and the tests count the rows to prove it.
@@ -140,8 +146,9 @@ pub struct CardNetwork {
     pub failures: AtomicU32,
     /// The timeouts of the next calls, in order.
     timeouts: Mutex<VecDeque<Timeout>>,
-    /// Every how many calls one times out (0: never), alternately before
-    /// and after charging: for the example binary.
+    /// 0: no call times out unless planned. Else the first call times out
+    /// after charging, then one call in this many after it, alternately
+    /// before and after charging: for the example binary.
     time_out_every: AtomicU32,
     calls: AtomicU64,
     timeout_calls: AtomicU64,
@@ -174,7 +181,12 @@ impl CardNetwork {
         self.lock_timeouts().push_back(timeout);
     }
 
-    /// One call in `every` times out (0: none).
+    /// Times out the first call (after charging: the charge is made and its
+    /// answer lost), then one call in `every` after it (calls `1 + every`,
+    /// `1 + 2 * every`, ...), alternately before and after charging; 0: none.
+    /// Deterministic, so that a session against the example binary goes as
+    /// its README shows: every call counts, declined ones too, and a call
+    /// planned with `time_out_next` does not.
     pub fn time_out_every(&self, every: u32) {
         self.time_out_every.store(every, Ordering::SeqCst);
     }
@@ -226,12 +238,13 @@ impl CardNetwork {
             return Some(planned);
         }
         let every = u64::from(self.time_out_every.load(Ordering::SeqCst));
-        let call = self.timeout_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        // Counted from 0: calls 0, every, 2 * every, ... time out.
+        let call = self.timeout_calls.fetch_add(1, Ordering::SeqCst);
         match every {
             0 => None,
             _ if !call.is_multiple_of(every) => None,
-            _ if (call / every).is_multiple_of(2) => Some(Timeout::BeforeCharging),
-            _ => Some(Timeout::AfterCharging),
+            _ if (call / every).is_multiple_of(2) => Some(Timeout::AfterCharging),
+            _ => Some(Timeout::BeforeCharging),
         }
     }
 
@@ -558,4 +571,38 @@ fn problem(status: StatusCode, slug: &str, title: &'static str, detail: String) 
         title,
         detail,
     )
+}
+
+#[cfg(test)]
+mod timeouts {
+    use super::{CardNetwork, TIME_OUT_EVERY, Timeout};
+    use std::time::Duration;
+
+    #[test]
+    fn the_first_call_times_out_after_charging_then_one_in_every_alternately() {
+        let network = CardNetwork::new(Duration::ZERO);
+        network.time_out_every(TIME_OUT_EVERY);
+        let timeouts: Vec<(usize, Timeout)> = (1..=16)
+            .filter_map(|call| network.next_timeout().map(|timeout| (call, timeout)))
+            .collect();
+        assert_eq!(
+            timeouts,
+            [
+                (1, Timeout::AfterCharging),
+                (6, Timeout::BeforeCharging),
+                (11, Timeout::AfterCharging),
+                (16, Timeout::BeforeCharging),
+            ]
+        );
+        // A planned timeout comes first and does not count.
+        network.time_out_next(Timeout::BeforeCharging);
+        assert_eq!(network.next_timeout(), Some(Timeout::BeforeCharging));
+        assert_eq!(network.next_timeout(), None);
+    }
+
+    #[test]
+    fn no_call_times_out_unless_asked() {
+        let network = CardNetwork::new(Duration::ZERO);
+        assert!((0..20).all(|_| network.next_timeout().is_none()));
+    }
 }

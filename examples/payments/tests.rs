@@ -526,6 +526,158 @@ async fn a_timeout_before_the_charge_is_released_by_the_reconciler_and_charged_o
     assert_eq!(service.charge_rows("k-unsent").await, 1);
 }
 
+/// The session the repository's README shows against this example (its
+/// `text` block that starts `$ cargo run --example payments`): the request
+/// its `charge` shell function sends, and each answer as shown.
+struct ReadmeSession {
+    /// The curl line's `-H` headers, as written.
+    headers: Vec<(String, String)>,
+    /// The curl line's `-d` body, as written.
+    body: String,
+    /// Each answer, as shown.
+    answers: Vec<ShownAnswer>,
+}
+
+/// An answer as the README shows it.
+struct ShownAnswer {
+    status: StatusCode,
+    /// The headers shown (not every one the service sends).
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+impl ReadmeSession {
+    fn read() -> ReadmeSession {
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("$ cargo run --example payments")
+            .expect("the README shows a session against the payments example");
+        let block = &readme[start..];
+        let block = &block[..block.find("```").expect("the end of the session")];
+        // What follows each `flag '` up to the closing quote.
+        let quoted = |flag: &str| -> Vec<&str> {
+            block
+                .split(flag)
+                .skip(1)
+                .map(|rest| rest.split('\'').next().unwrap_or_default())
+                .collect()
+        };
+        let headers = quoted("-H '")
+            .into_iter()
+            .map(|header| {
+                let (name, value) = header.split_once(": ").expect("a header `name: value`");
+                (name.to_owned(), value.to_owned())
+            })
+            .collect();
+        let [body] = quoted("-d '")[..] else {
+            panic!("one `-d` in the README's session:\n{block}");
+        };
+        let mut answers = Vec::new();
+        let mut lines = block.lines();
+        while let Some(line) = lines.next() {
+            let Some(status) = line.strip_prefix("HTTP/1.1 ") else {
+                continue;
+            };
+            let status = status.split(' ').next().and_then(|code| code.parse().ok());
+            let status = StatusCode::from_u16(status.expect("a status code")).expect("a status");
+            let headers = lines
+                .by_ref()
+                .take_while(|line| !line.is_empty())
+                .map(|line| {
+                    let (name, value) = line.split_once(": ").expect("a header `name: value`");
+                    (name.to_owned(), value.to_owned())
+                })
+                .collect();
+            let body = lines.next().expect("a body after the headers");
+            let body = serde_json::from_str(body).expect("a JSON body");
+            answers.push(ShownAnswer {
+                status,
+                headers,
+                body,
+            });
+        }
+        ReadmeSession {
+            headers,
+            body: body.to_owned(),
+            answers,
+        }
+    }
+}
+
+/// The README's session, literally (but in an account of this test's own,
+/// since the rows persist): a card network set up as the example binary's
+/// times out its first charge after charging (504, `Retry-After: 30`), the
+/// same request at once is held (409 `outcome-in-doubt`), and after the
+/// reconciler's pass the same request gets the first charge, replayed (201,
+/// `Idempotent-Replayed: true`). Statuses, every header shown and every
+/// body are as the README shows them; only the charge's id is this run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_session_goes_as_shown_504_then_409_then_the_first_charge_replayed() {
+    let session = ReadmeSession::read();
+    assert_eq!(session.answers.len(), 3, "three answers in the README");
+    let service = Service::start().await;
+    // As `main` sets the example binary's network up.
+    service
+        .payments
+        .network
+        .time_out_every(payments::TIME_OUT_EVERY);
+    let send = || {
+        let mut request = service.post().body(session.body.clone());
+        for (name, value) in &session.headers {
+            request = match name.as_str() {
+                "Authorization" => request.bearer_auth(&service.account),
+                _ => request.header(name, value),
+            };
+        }
+        Answer::of(request)
+    };
+    let key = session
+        .headers
+        .iter()
+        .find_map(|(name, value)| (name == "Idempotency-Key").then_some(value.as_str()))
+        .expect("the README's curl sends a key");
+
+    let timed_out = send().await;
+    let held = send().await;
+    assert_eq!(service.charge_rows(key).await, 0, "not booked yet");
+    // The README's `sleep`: the reconciler's pass, which books the charge
+    // the network made and settles the claim with its response.
+    let reconciler = payments::reconciler(service.payments.clone()).account(&service.account);
+    assert_eq!(
+        reconciler.reconcile_once().await.expect("a pass").resolved,
+        1
+    );
+    let replayed = send().await;
+    assert_eq!(service.charge_rows(key).await, 1, "charged once");
+
+    let id: i64 = sqlx::query_scalar(
+        "SELECT id FROM card_charges WHERE account = $1 AND idempotency_key = $2",
+    )
+    .bind(&service.account)
+    .bind(key)
+    .fetch_one(service.gate.pool())
+    .await
+    .expect("the charge");
+    let (id, shown_id) = (format!("ch_{id}"), &session.answers[2].body["id"]);
+    let shown_id = shown_id.as_str().expect("the README shows the charge's id");
+    for (answer, shown) in [timed_out, held, replayed].iter().zip(&session.answers) {
+        assert_eq!(answer.status, shown.status, "{answer:?}");
+        for (name, value) in &shown.headers {
+            let value = value.replace(shown_id, &id);
+            assert_eq!(
+                answer.header(name),
+                Some(value.as_str()),
+                "{name}: {answer:?}"
+            );
+        }
+        let mut body = shown.body.clone();
+        if body.get("id").is_some() {
+            body["id"] = json!(id);
+        }
+        assert_eq!(answer.json(), body, "{answer:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_or_malformed_key_is_a_400_that_says_what_is_wrong_and_runs_nothing() {
     let service = Service::start_with(Duration::ZERO).await;

@@ -1,6 +1,6 @@
-//! The runtime of [idem](https://docs.rs/idem): identities, the PostgreSQL
-//! record store and the [`Gate`]. Use it through the `idem` crate, which adds
-//! the `#[idempotent]` attribute; this crate is its engine room.
+//! The runtime of idem: identities, the PostgreSQL record store and the
+//! [`Gate`]. Use it through the `idem-pg` package (its library is `idem`),
+//! which adds the `#[idempotent]` attribute; this crate is its engine room.
 //!
 //! **The insert is the lock.** Each guarded invocation inserts a claim row
 //! whose address is derived from its [`Identity`]; a unique index that

@@ -1,7 +1,8 @@
-//! Test helpers: a real database, an isolated gate, and race reports.
-//!
 //! A guarded function is only proven by firing duplicate invocations at the
-//! same instant against a real PostgreSQL. [`race`] does that and returns a
+//! same instant against a real PostgreSQL: these test helpers (feature
+//! `testing`) do that, with a real database and an isolated gate.
+//!
+//! [`race`] fires the invocations and returns a
 //! [`RaceReport`] whose [`assert_exactly_once`](RaceReport::assert_exactly_once)
 //! names the likely cause when the guard does not hold; the facade's
 //! `idem::race_test!` wraps it into a whole `#[tokio::test]`.

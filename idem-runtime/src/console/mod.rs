@@ -1,5 +1,5 @@
-//! The operator console: idem's claims in a browser, as an axum
-//! [`Router`] (feature `console`).
+//! The operator console (feature `console`): idem's claims in a browser,
+//! as an axum `Router`.
 //!
 //! The `idem console` command serves it; an axum service can mount the same
 //! pages behind its own authentication:

@@ -1,9 +1,10 @@
 //! Most clients meet idempotency as Stripe's `Idempotency-Key` header on a
 //! `POST`: the client sends a value unique to the request, the same value on
 //! every retry of it, and the server runs the request once. This module
-//! (`idem::http` in the facade) speaks that protocol,
-//! following the IETF draft *The Idempotency-Key HTTP Header Field*, two
-//! ways with the same refusals:
+//! (`idem::http` in the facade) speaks that protocol, following the IETF
+//! draft *The Idempotency-Key HTTP Header Field*.
+//!
+//! It does so two ways, with the same refusals:
 //!
 //! - **per handler** (feature `axum`): an axum handler guarded by
 //!   `#[idempotent]` takes the [`IdempotencyKey`] extractor and returns a

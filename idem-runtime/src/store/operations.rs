@@ -1,7 +1,8 @@
 //! What operators do to claims, outside any gate: list them, show one (and
 //! its [`steps`]), release a pending one, resolve one in doubt, prune
-//! settled ones (with their steps). The
-//! `idem` command (`idem claims list | show | release | resolve`, `idem
+//! settled ones (with their steps).
+//!
+//! The `idem` command (`idem claims list | show | release | resolve`, `idem
 //! prune`) is built on these, and writes no SQL of its own.
 //!
 //! Every deletion and every resolution is guarded in its own `WHERE`:
