@@ -98,16 +98,22 @@ async fn an_outer_timeout_does_not_cancel_the_guarded_body() {
     use axum::error_handling::HandleErrorLayer;
     use tower::ServiceBuilder;
 
+    // The timeout must fall inside the body, after the claim: on a loaded
+    // machine a claim has taken longer than 100 ms, the timeout then fell
+    // before it, nothing was claimed, and the test failed though the layer
+    // was right. A second of margin for the claim, three for the body.
+    const OUTER_TIMEOUT: Duration = Duration::from_secs(1);
+    const LONG_BODY: Duration = Duration::from_secs(3);
     let (gate, account) = gate().await;
     let effects = Effects::default();
-    let app = charges(&effects, BODY_TIME)
+    let app = charges(&effects, LONG_BODY)
         .layer(IdempotencyLayer::new(gate).single_tenant())
         .layer(
             ServiceBuilder::new()
                 .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
                     StatusCode::GATEWAY_TIMEOUT
                 }))
-                .timeout(Duration::from_millis(100)),
+                .timeout(OUTER_TIMEOUT),
         );
     let (address, _server) = serve(app).await;
 
@@ -116,6 +122,11 @@ async fn an_outer_timeout_does_not_cancel_the_guarded_body() {
         first.status,
         StatusCode::GATEWAY_TIMEOUT,
         "the outer timeout answered"
+    );
+    assert_eq!(
+        effects.started(),
+        1,
+        "the timeout fell inside the body (it began before the answer)"
     );
 
     let pool = idem::testing::pool().await;
