@@ -306,9 +306,11 @@ async fn hyper_fifty_concurrent_identical_posts_run_once_and_the_rest_are_409_or
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hyper_service_without_a_route_is_not_guarded_as_documented() {
+async fn a_hyper_service_without_a_route_refuses_keyed_requests_and_never_runs_them() {
     // No route templates in a bare service: without `.route(..)` the layer
-    // guards nothing (and says so once, as a warning).
+    // has nothing to keep a key under. A keyed request is refused (404
+    // no-route, naming the fix), never run unguarded: before, each retry
+    // ran its effect again. A request without a key still passes.
     let effects = Effects::default();
     let base = serve_hyper(
         IdempotencyLayer::new(gate().await).single_tenant(),
@@ -320,10 +322,23 @@ async fn a_hyper_service_without_a_route_is_not_guarded_as_documented() {
         post_at_once(&format!("{base}/jobs"), 1, "unrouted", "a job").await,
     ];
     for answer in answers.iter().flatten() {
-        assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:?}");
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{answer:?}");
+        let body = String::from_utf8_lossy(&answer.body);
+        assert!(
+            body.contains("no-route") && body.contains("IdempotencyLayer::route"),
+            "the refusal names the fix: {body}"
+        );
         assert!(!answer.replayed(), "{answer:?}");
     }
-    assert_eq!(effects.count(), 2, "passed through twice, unguarded");
+    assert_eq!(effects.count(), 0, "a keyed request without a route never runs");
+    let unkeyed = reqwest::Client::new()
+        .post(format!("{base}/jobs"))
+        .body("a job")
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(unkeyed.status(), StatusCode::ACCEPTED);
+    assert_eq!(effects.count(), 1, "a request without a key passes through");
 }
 
 // ------------------------------------------------- refusals and passes

@@ -699,10 +699,11 @@ async fn an_inner_service_error_releases_the_key_so_the_retry_runs() {
 
 // ------------------------------------------------------------- routes
 
-/// "A request that matched no axum route (the router's 404, a fallback)
-/// passes through and is not stored": a nested router's fallback.
+/// A keyed request that matched no axum route is refused 404 `no-route`
+/// and not stored: a nested router's fallback (which may have effects) is
+/// never called with it.
 #[tokio::test]
-async fn a_nested_routers_fallback_is_not_guarded_nor_stored() {
+async fn a_nested_routers_fallback_never_runs_a_keyed_request_nor_stores_it() {
     let (gate, account) = gate().await;
     let effects = Effects::default();
     let fallback_hits = Arc::new(AtomicUsize::new(0));
@@ -748,8 +749,8 @@ async fn a_nested_routers_fallback_is_not_guarded_nor_stored() {
     assert!(stored.is_empty(), "made-up paths were stored: {stored:?}");
     assert_eq!(
         fallback_hits.load(Ordering::SeqCst),
-        2,
-        "the nested fallback answered both /api paths"
+        0,
+        "the layer answered the keyed requests; the fallback never ran"
     );
     // The real route is guarded.
     let real = send(

@@ -53,7 +53,7 @@ use crate::mode::Mode;
 /// | a duplicate, the first still running | 409 `in-flight`, `Retry-After: 1` |
 /// | the same key on the same endpoint, another path, query or body | 422 `key-reused` |
 /// | a key, but no caller the [scope](IdempotencyLayer::scope) can name | 401 `unidentified-caller`; the service is not called |
-/// | a key, but no route (with axum: matched none) | passes through untouched, not stored |
+/// | a key, but no route (with axum: matched none) | 404 `no-route`; the service is not called, nothing is stored |
 /// | the store unreachable | 503 `store-unavailable`; the service is not called |
 ///
 /// **Whose keys.** Every layer says whose keys it guards, or it does not
@@ -86,14 +86,17 @@ use crate::mode::Mode;
 /// refused 422, never run again and never answered with the other
 /// request's response.
 ///
-/// **A request with no route is not guarded.** With axum, a request that
-/// matched no route (the router's 404, a fallback) passes through,
-/// unguarded and not stored, so made-up paths neither fill the table nor
-/// the metrics. Without axum (a bare hyper service, a layer wrapped
-/// around a whole router, idem's `axum` feature off) the layer finds no
-/// template in any request: give it one with
-/// [`route`](IdempotencyLayer::route), or **nothing is guarded** (the
-/// layer says so once, as a `tracing` warning).
+/// **A keyed request with no route is refused, never run unguarded.**
+/// With axum, a request that matched no route (the router's 404, a
+/// fallback) and carries a key is answered 404 `no-route` by the layer:
+/// the fallback is not called and nothing is stored, so made-up paths
+/// neither fill the table nor the metrics, and a fallback with effects
+/// never runs a keyed request twice. Without axum (a bare hyper service, a
+/// layer wrapped around a whole router, idem's `axum` feature off) the
+/// layer finds no template in any request: give it one with
+/// [`route`](IdempotencyLayer::route), or every keyed request is refused
+/// so (the layer also says so once, as a `tracing` warning). A request
+/// without a key passes through as always.
 ///
 /// **gRPC.** A request whose content type is `application/grpc*` is
 /// refused with a gRPC status in a trailers-only response (`ABORTED` in
@@ -233,7 +236,8 @@ pub(super) struct Config {
     /// `None`: [`single_tenant`](IdempotencyLayer::single_tenant), the
     /// gate's account for everyone (the type says it was chosen).
     pub(super) scope: Option<FromParts<Option<String>>>,
-    /// Whether the layer has said that it found no route, once.
+    /// Whether the layer has said that it refused a keyed request for want
+    /// of a route, once.
     pub(super) unrouted_warned: Arc<AtomicBool>,
     pub(super) status_policy: Arc<dyn Fn(StatusCode) -> ResponseOutcome + Send + Sync>,
     pub(super) kept_headers: Vec<HeaderName>,
@@ -328,7 +332,8 @@ impl<Scope> IdempotencyLayer<Scope> {
     /// instead of its method and route template. Needed where the layer
     /// finds no template: a bare hyper service, a layer wrapped around a
     /// whole router, idem's `axum` feature off; without it such a service
-    /// is **not guarded at all**. Return a template, never the raw path
+    /// refuses **every keyed request** (404 `no-route`, never run
+    /// unguarded). Return a template, never the raw path
     /// (one route per id is one metrics series and one probe per id); the
     /// path and query as sent are part of the fingerprint anyway. Every
     /// request of a guarded method with a key is guarded under what it

@@ -1,6 +1,7 @@
 //! The answers the layer gives without the inner service's: the gate's
 //! refusals and a malformed key (the same [`Problem`]s as the extractor's),
-//! and the layer's own three, in problem+json or, for gRPC, as a status.
+//! and the layer's own (too large, unreadable, no caller, no route, a
+//! response that failed), in problem+json or, for gRPC, as a status.
 
 use http::{Response, StatusCode};
 
@@ -55,6 +56,21 @@ pub(super) fn unidentified_caller() -> Problem {
         "This request carries an Idempotency-Key, but the server could not tell who sent it, \
          and keys are kept per caller, so it was not run. Authenticate, and send it again with \
          the same key.",
+    )
+}
+
+/// A request with a key that no route matched (or a layer never given
+/// routes): there is nothing to keep its key under, and running it
+/// unguarded would run every retry again, so it is not run.
+pub(super) fn no_route() -> Problem {
+    Problem::idem(
+        StatusCode::NOT_FOUND,
+        "no-route",
+        "No route for this request",
+        "This request carries an Idempotency-Key, but no route of this server matched it, so \
+         its key cannot be kept and it was not run. Check the method and path. (A service that \
+         has no route templates, such as a bare hyper service, names its routes with \
+         IdempotencyLayer::route.)",
     )
 }
 

@@ -152,7 +152,13 @@ where
     }
     let grpc = grpc::is_grpc(&parts.headers);
     let Some(route) = route_of(&config, &parts, grpc) else {
-        warn_unrouted(&config, &parts);
+        // A key with nothing to keep it under: refused, never run
+        // unguarded (a fallback with effects, or a service whose layer was
+        // never given routes, would otherwise run every retry again).
+        if parts.headers.contains_key(&config.header) {
+            say_unrouted(&config, &parts);
+            return Ok(refuse(&refusal::no_route(), grpc));
+        }
         return pass_through(inner, parts, body).await;
     };
     let key = match IdempotencyKey::from_header_named(&parts.headers, &config.header) {
@@ -316,8 +322,8 @@ fn gate_of(config: &Config, parts: &Parts) -> Option<Gate> {
 /// template, so that actions (metrics labels, probes) are bounded by the
 /// service's routes, not by the ids in paths. For gRPC the path is the
 /// template: it names a method, and a made-up one is `UNIMPLEMENTED`,
-/// which releases the key. `None`: no route (with axum, it matched none),
-/// so not guarded.
+/// which releases the key. `None`: no route (with axum, it matched none):
+/// a keyed request is then refused, never run.
 fn route_of(config: &Config, parts: &Parts, grpc: bool) -> Option<String> {
     if let Some(route) = &config.route {
         return Some(route(parts));
@@ -355,25 +361,23 @@ fn original_uri(parts: &Parts) -> &Uri {
     &parts.uri
 }
 
-/// A request of a guarded method passed through for want of a route:
-/// said at debug level each time, and once as a warning, as a layer that
-/// never finds one guards nothing.
-fn warn_unrouted(config: &Config, parts: &Parts) {
-    if !parts.headers.contains_key(&config.header) {
-        return;
-    }
+/// A keyed request of a guarded method refused for want of a route: said
+/// at debug level each time, and once as a warning, as a layer that never
+/// finds one refuses every keyed request.
+fn say_unrouted(config: &Config, parts: &Parts) {
     let path = original_uri(parts).path();
     if config.unrouted_warned.swap(true, Ordering::Relaxed) {
-        tracing::debug!(target: "idem", method = %parts.method, path, "a request with an idempotency key matched no route: passed through, not guarded");
+        tracing::debug!(target: "idem", method = %parts.method, path, "a request with an idempotency key matched no route: refused 404 no-route, not run");
     } else {
         tracing::warn!(
             target: "idem",
             method = %parts.method,
             path,
-            "a request with an idempotency key passed through NOT GUARDED: the layer found no route \
-             template. Expected for a path that matched no axum route; otherwise apply the layer \
-             with axum's Router::layer (with idem's `axum` feature on), or name routes with \
-             IdempotencyLayer::route (a hyper service). Said once per layer; later ones at debug level"
+            "a request with an idempotency key was refused (404 no-route, not run): the layer \
+             found no route template. Expected for a path that matched no axum route; otherwise \
+             apply the layer with axum's Router::layer (with idem's `axum` feature on), or name \
+             routes with IdempotencyLayer::route (a hyper service). Said once per layer; later \
+             ones at debug level"
         );
     }
 }
