@@ -277,6 +277,87 @@ mod tests {
         );
     }
 
+    /// Whether database `name` exists on the server at `server_url`.
+    fn exists(server_url: &str, name: &str) -> bool {
+        let options = PgConnectOptions::from_str(server_url).expect("the server's URL");
+        let name = name.to_owned();
+        block_on(async move {
+            let mut conn = options.connect().await.expect("connect to the server");
+            let found: Option<i32> =
+                sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                    .bind(&name)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .expect("read pg_database");
+            found.is_some()
+        })
+        .expect("a runtime")
+    }
+
+    /// The tests' server, as every test finds it.
+    fn the_server() -> Server {
+        super::super::url_or_exit();
+        super::super::server().clone().expect("resolved above")
+    }
+
+    #[test]
+    fn an_example_works_in_a_database_of_its_own_that_is_gone_when_it_ends() {
+        let server = the_server();
+        let own = OwnDatabase::create().expect("a database of its own");
+        let Some(name) = own.name.clone() else {
+            // DATABASE_URL names the database: used as it is, nothing made.
+            assert_eq!(server.found, Found::Named);
+            assert_eq!(own.url(), server.url);
+            return;
+        };
+        assert_ne!(server.found, Found::Named);
+        assert!(own.url().ends_with(&format!("/{name}")), "{}", own.url());
+        assert!(exists(&server.url, &name), "{name} was created");
+        drop(own);
+        assert!(!exists(&server.url, &name), "{name} is dropped when it ends");
+    }
+
+    #[test]
+    fn what_ended_runs_left_is_dropped_and_nothing_else() {
+        let server = the_server();
+        if server.found == Found::Named {
+            // Nothing is created or dropped on a server DATABASE_URL names
+            // (`for_this_run` is never called for it): see the test above.
+            return;
+        }
+        // A pid that ran and ended; pid 1 runs as long as the machine does.
+        let mut ended = Command::new("true").spawn().expect("run true");
+        let ended_pid = ended.id();
+        ended.wait().expect("true ends");
+        let left = name(TEST_PREFIX, ended_pid);
+        let live = name(EXAMPLE_PREFIX, 1);
+        let users = "idem_test_of_a_user";
+        let options = PgConnectOptions::from_str(&server.url).expect("the server's URL");
+        let planted = [left.clone(), live.clone(), users.to_owned()];
+        block_on(async move {
+            let mut conn = options.connect().await.expect("connect");
+            for name in &planted {
+                conn.execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .await
+                    .expect("plant a database");
+            }
+        })
+        .expect("a runtime");
+        let url = for_this_run(&server).expect("this run's database");
+        let (left_kept, live_kept, users_kept) = (
+            exists(&server.url, &left),
+            exists(&server.url, &live),
+            exists(&server.url, users),
+        );
+        for name in [&live, users] {
+            drop_database(&server.url, name).expect("clean up");
+        }
+        assert!(url.ends_with(&format!("/{}", name(TEST_PREFIX, run_id()))), "{url}");
+        assert!(!left_kept, "an ended run's database is dropped");
+        assert!(live_kept, "a live process's database is kept");
+        assert!(users_kept, "a database not named as idem's is never dropped");
+    }
+
     #[test]
     fn this_process_is_alive_and_an_unused_pid_is_not() {
         assert_eq!(alive(std::process::id()), Some(true));
