@@ -59,7 +59,7 @@ pub const THROWAWAY_VAR: &str = "IDEM_THROWAWAY";
 
 /// What to do when there is no server to be had, said at the end of every
 /// such error.
-pub(crate) const REMEDY: &str = "install PostgreSQL (Debian/Ubuntu: apt-get install postgresql; macOS: brew \
+const REMEDY: &str = "install PostgreSQL (Debian/Ubuntu: apt-get install postgresql; macOS: brew \
                       install postgresql) or set DATABASE_URL=postgres://USER@HOST:PORT/DATABASE";
 
 /// The server settings of the shared throwaway server: enough connections
@@ -426,7 +426,9 @@ pub fn free_port() -> io::Result<u16> {
 pub fn binaries() -> Result<PathBuf, String> {
     match local_binaries() {
         Some(bin) => Ok(bin),
-        None => fetch::binaries(fetch::DEFAULT_MAJOR),
+        None => fetch::binaries(fetch::DEFAULT_MAJOR).map_err(|why| {
+            format!("no PostgreSQL server binaries are installed, and {why}: {REMEDY}")
+        }),
     }
 }
 

@@ -314,7 +314,10 @@ mod tests {
         assert!(own.url().ends_with(&format!("/{name}")), "{}", own.url());
         assert!(exists(&server.url, &name), "{name} was created");
         drop(own);
-        assert!(!exists(&server.url, &name), "{name} is dropped when it ends");
+        assert!(
+            !exists(&server.url, &name),
+            "{name} is dropped when it ends"
+        );
     }
 
     #[test]
@@ -352,10 +355,16 @@ mod tests {
         for name in [&live, users] {
             drop_database(&server.url, name).expect("clean up");
         }
-        assert!(url.ends_with(&format!("/{}", name(TEST_PREFIX, run_id()))), "{url}");
+        assert!(
+            url.ends_with(&format!("/{}", name(TEST_PREFIX, run_id()))),
+            "{url}"
+        );
         assert!(!left_kept, "an ended run's database is dropped");
         assert!(live_kept, "a live process's database is kept");
-        assert!(users_kept, "a database not named as idem's is never dropped");
+        assert!(
+            users_kept,
+            "a database not named as idem's is never dropped"
+        );
     }
 
     #[test]

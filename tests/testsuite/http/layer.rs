@@ -330,7 +330,11 @@ async fn a_hyper_service_without_a_route_refuses_keyed_requests_and_never_runs_t
         );
         assert!(!answer.replayed(), "{answer:?}");
     }
-    assert_eq!(effects.count(), 0, "a keyed request without a route never runs");
+    assert_eq!(
+        effects.count(),
+        0,
+        "a keyed request without a route never runs"
+    );
     let unkeyed = reqwest::Client::new()
         .post(format!("{base}/jobs"))
         .body("a job")
