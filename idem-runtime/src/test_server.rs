@@ -1180,4 +1180,146 @@ mod tests {
             assert!(found.is_absolute(), "{}", found.display());
         }
     }
+
+    /// Set in the environment of a child test process started by
+    /// [`a_database_url_where_postgresql_never_answers_stops_the_tests_in_one_line`].
+    const CHILD_VAR: &str = "IDEM_TEST_SERVER_CHILD";
+
+    /// What every test process does first, in a child process of the test
+    /// below (a no-op otherwise, since it may end its process): ask for the
+    /// tests' URL.
+    #[test]
+    fn the_tests_url_asked_for_in_a_child_process() {
+        if env::var_os(CHILD_VAR).is_none() {
+            return;
+        }
+        let url = url_or_exit();
+        panic!("the tests were handed {url}, where no PostgreSQL answers");
+    }
+
+    /// `DATABASE_URL` naming a port where something accepts connections
+    /// and never answers PostgreSQL's startup (a port forward to nothing, a
+    /// hung server, another service): nothing answers there, so the test
+    /// process must say so in one line and exit, as for a closed port. It
+    /// was handed the URL, and each test then failed on its own after 10 s
+    /// (the quickstart after 30 s, "pool timed out", naming no URL).
+    #[test]
+    fn a_database_url_where_postgresql_never_answers_stops_the_tests_in_one_line() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let port = listener.local_addr().expect("its address").port();
+        // Accepts, holds every connection open, and says nothing.
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for connection in listener.incoming() {
+                held.push(connection);
+            }
+        });
+        let started = std::time::Instant::now();
+        let child = Command::new(env::current_exe().expect("this test binary"))
+            .args([
+                "--exact",
+                "test_server::tests::the_tests_url_asked_for_in_a_child_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_VAR, "1")
+            .env(
+                "DATABASE_URL",
+                format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            )
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the child test process");
+        let said = String::from_utf8_lossy(&child.stderr);
+        let stopping: Vec<&str> = said
+            .lines()
+            .filter(|line| line.contains("stopping"))
+            .collect();
+        assert_eq!(
+            child.status.code(),
+            Some(1),
+            "the test process went on with a URL where nothing answers: {said}"
+        );
+        assert!(
+            stopping.len() == 1 && stopping[0].contains("DATABASE_URL"),
+            "{said}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "{said}");
+    }
+
+    /// The binaries of a real server for the test below: the machine's, else
+    /// the pinned build when it is in the cache (none is fetched here).
+    fn real_binaries() -> Option<PathBuf> {
+        local_binaries().or_else(|| {
+            fetch::pinned(fetch::DEFAULT_MAJOR)
+                .ok()
+                .and_then(|pin| fetch::cached_in(&fetch::cache_dir(), pin))
+        })
+    }
+
+    /// A run in a PID namespace of its own that shares the machine's
+    /// network and `TMPDIR` (a container with host networking, a sandbox)
+    /// cannot see the shared server's postmaster, though the server
+    /// answers on the port its `postmaster.pid` records. Such a run took
+    /// the server for one killed and removed its `postmaster.pid`: its
+    /// own start then failed ("pre-existing shared memory block is still
+    /// in use"), the live server shut itself down within a minute ("data
+    /// directory lock file is invalid") under every run using it, and the
+    /// printed stop command no longer worked. A server that runs is reused
+    /// ("later runs reuse it while it runs"), and left alone.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_running_server_whose_postmaster_is_not_visible_here_is_reused_and_left_alone() {
+        let Some(bin) = real_binaries() else {
+            eprintln!("no PostgreSQL server binaries here: nothing to check");
+            return;
+        };
+        let dir = scratch("hidden");
+        let as_postgres = is_root();
+        let owner = if as_postgres {
+            postgres_uid().expect("a postgres user to run the server as root")
+        } else {
+            uid().expect("this process's uid")
+        };
+        let server_dir = dir.join("idem-test");
+        let server = Shared {
+            data: server_dir.join("data"),
+            dir: server_dir,
+            bin,
+            owner,
+            as_postgres,
+        };
+        server.make_dir().expect("the server's directory");
+        let port = server.start().expect("a real server starts");
+        let pid_file = server.data.join("postmaster.pid");
+        let recorded = fs::read_to_string(&pid_file).expect("postmaster.pid");
+        // What the run in the other PID namespace reads: the same file,
+        // whose PID names no process it can see.
+        let (_, rest) = recorded.split_once('\n').expect("more than the PID");
+        fs::write(&pid_file, format!("{}\n{rest}", 4_194_304 + 1)).expect("hide the PID");
+        let reused = server.port_running();
+        let running = server.running("a test");
+        let kept = pid_file.is_file();
+        // Put the file back as the server wrote it, and stop the server.
+        fs::write(&pid_file, &recorded).expect("restore postmaster.pid");
+        let _ = server.run(
+            server
+                .server_command("pg_ctl")
+                .arg("-D")
+                .arg(&server.data)
+                .args(["-m", "immediate", "-w", "stop"]),
+        );
+        let _ = fs::remove_dir_all(&dir);
+        assert_eq!(
+            reused,
+            Some(port),
+            "a server that runs and answers is reused"
+        );
+        assert_eq!(
+            running,
+            Ok(url_on(port)),
+            "the tests are handed the server that runs"
+        );
+        assert!(kept, "the live server's postmaster.pid was removed");
+    }
 }

@@ -509,13 +509,10 @@ mod tests {
         assert_eq!(within_native("lib/x"), None);
     }
 
-    /// A package made here: a gzipped tar with `package/native/bin/*` and
-    /// a link list, unpacked as a fetched one is.
+    /// A package made here: a gzipped tar with `package/native/bin/*`, a
+    /// library and its link list, and a file outside `native/`.
     #[cfg(unix)]
-    #[test]
-    fn a_package_unpacks_whole_with_its_links_and_is_found_in_the_cache() {
-        let scratch = env::temp_dir().join(format!("idem-fetch-unpack-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&scratch);
+    fn fake_package() -> Vec<u8> {
         let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
             Vec::new(),
             flate2::Compression::fast(),
@@ -538,13 +535,26 @@ mod tests {
             "package/native/pg-symlinks.json",
             br#"[{"source":"native/lib/libpq.so.5.18","target":"native/lib/libpq.so.5"}]"#,
         );
-        let tarball = builder.into_inner().expect("tar").finish().expect("gzip");
-        let pin = Pin {
-            major: 99,
-            platform: "test",
-            version: "99.0.0",
-            integrity: "unchecked here",
-        };
+        builder.into_inner().expect("tar").finish().expect("gzip")
+    }
+
+    /// The build [`fake_package`] stands for: not one of [`PINS`].
+    #[cfg(unix)]
+    const FAKE_PIN: Pin = Pin {
+        major: 99,
+        platform: "test",
+        version: "99.0.0",
+        integrity: "unchecked here",
+    };
+
+    /// A package made here ([`fake_package`]), unpacked as a fetched one is.
+    #[cfg(unix)]
+    #[test]
+    fn a_package_unpacks_whole_with_its_links_and_is_found_in_the_cache() {
+        let scratch = env::temp_dir().join(format!("idem-fetch-unpack-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&scratch);
+        let tarball = fake_package();
+        let pin = FAKE_PIN;
         let bin = unpack(&tarball, &scratch, &pin).expect("unpacks");
         let found = cached_in(&scratch, &pin);
         let link = fs::read_link(bin.parent().expect("entry").join("lib/libpq.so.5"));
@@ -557,5 +567,68 @@ mod tests {
         assert_eq!(found, Some(bin));
         assert_eq!(link.expect("a link"), PathBuf::from("libpq.so.5.18"));
         assert_eq!(leftovers, ["test-99.0.0"], "nothing half-made is left");
+    }
+
+    /// A fetch killed (SIGKILL, a closed terminal) while it unpacks leaves
+    /// its half-made copy, named for its process, beside the entry: up to
+    /// the whole build's 60 MB. The next fetch, which finishes, must not
+    /// leave it there for good: nothing half-made stays in the cache.
+    #[cfg(unix)]
+    #[test]
+    fn a_fetch_killed_while_unpacking_leaves_nothing_once_the_next_one_finishes() {
+        let scratch = env::temp_dir().join(format!("idem-fetch-killed-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&scratch);
+        // Above Linux's largest pid_max: a process that has ended.
+        let ended = 4_194_304 + 1;
+        let half_made = scratch
+            .join(format!("test-99.0.0.partial-{ended}"))
+            .join("package/native/lib");
+        fs::create_dir_all(&half_made).expect("create the half-made copy");
+        fs::write(half_made.join("libpq.so.5.18"), vec![0_u8; 4096]).expect("a half-made file");
+        let unpacked = unpack(&fake_package(), &scratch, &FAKE_PIN);
+        let leftovers: Vec<String> = fs::read_dir(&scratch)
+            .expect("the cache")
+            .filter_map(Result::ok)
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        fs::remove_dir_all(&scratch).expect("remove the scratch");
+        unpacked.expect("unpacks");
+        assert_eq!(
+            leftovers,
+            ["test-99.0.0"],
+            "a killed fetch's half-made copy is left in the cache for good"
+        );
+    }
+
+    /// A cache idem cannot use says what to set, as one it cannot create
+    /// does. On a machine: `IDEM_PG_CACHE` naming a directory of another
+    /// user's, where opening the lock failed with only "Permission denied".
+    /// Here (root may write anywhere) its lock cannot be opened for
+    /// another reason: it is a directory.
+    #[cfg(unix)]
+    #[test]
+    fn a_cache_it_cannot_write_in_says_to_set_idem_pg_cache() {
+        let cache = env::temp_dir().join(format!("idem-fetch-locked-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&cache);
+        fs::create_dir_all(cache.join("lock")).expect("a lock that cannot be opened");
+        // Not cached: the lock comes before any download.
+        let failed = binaries_in(&cache, &FAKE_PIN);
+        fs::remove_dir_all(&cache).expect("remove the scratch");
+        let why = failed.expect_err("the cache cannot be locked");
+        assert!(why.contains(CACHE_VAR), "{why}");
+        assert!(!why.contains('\n'), "{why}");
+    }
+
+    /// With no build pinned for this machine (a platform with none, or a
+    /// major with none), there is nothing to fetch, and the one line that
+    /// says so must say what to install or set, as every other way of
+    /// having no PostgreSQL does.
+    #[test]
+    fn with_no_build_pinned_the_error_says_what_to_install_or_set() {
+        let why = binaries(11).expect_err("PostgreSQL 11 is pinned for no platform");
+        assert!(
+            why.contains("install PostgreSQL") && why.contains("DATABASE_URL"),
+            "{why}"
+        );
     }
 }
