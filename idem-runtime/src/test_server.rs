@@ -59,7 +59,7 @@ pub const THROWAWAY_VAR: &str = "IDEM_THROWAWAY";
 
 /// What to do when there is no server to be had, said at the end of every
 /// such error.
-const REMEDY: &str = "install PostgreSQL (Debian/Ubuntu: apt-get install postgresql; macOS: brew \
+pub(crate) const REMEDY: &str = "install PostgreSQL (Debian/Ubuntu: apt-get install postgresql; macOS: brew \
                       install postgresql) or set DATABASE_URL=postgres://USER@HOST:PORT/DATABASE";
 
 /// The server settings of the shared throwaway server: enough connections
@@ -148,14 +148,23 @@ pub fn resolve() -> Result<Server, String> {
     // Set but empty (`DATABASE_URL= cargo test`) reads as unset.
     if let Some(url) = env::var("DATABASE_URL").ok().filter(|url| !url.is_empty()) {
         // Asked for by name: no fallback, which would hide a typo.
-        return match answers(&url) {
+        // The login too, not only the socket: a port where something
+        // accepts and never answers PostgreSQL's startup (a forward to
+        // nothing, a hung server) otherwise hands every test a URL that
+        // fails each on its own.
+        return match logs_in(&url) {
             Ok(()) => Ok(Server {
                 url,
                 found: Found::Named,
             }),
-            Err(why) => Err(format!(
+            Err(Login::NoAnswer(why)) => Err(format!(
                 "DATABASE_URL={} does not answer ({why}): start that server, or unset \
                  DATABASE_URL to let the tests start a throwaway PostgreSQL",
+                redacted(&url)
+            )),
+            Err(Login::Refused(why)) => Err(format!(
+                "DATABASE_URL={} does not let the tests in ({why}): fix its user, password or \
+                 database, or unset DATABASE_URL to let the tests start a throwaway PostgreSQL",
                 redacted(&url)
             )),
         };
@@ -426,9 +435,8 @@ pub fn free_port() -> io::Result<u16> {
 pub fn binaries() -> Result<PathBuf, String> {
     match local_binaries() {
         Some(bin) => Ok(bin),
-        None => fetch::binaries(fetch::DEFAULT_MAJOR).map_err(|why| {
-            format!("no PostgreSQL server binaries are installed, and {why}: {REMEDY}")
-        }),
+        None => fetch::binaries(fetch::DEFAULT_MAJOR)
+            .map_err(|why| format!("no PostgreSQL server binaries are installed, and {why}")),
     }
 }
 
@@ -652,10 +660,46 @@ impl Shared {
         let port: u16 = lines.get(3)?.parse().ok()?;
         // The eighth line, from PostgreSQL 10 on, is the server's state.
         let ready = lines.get(7).is_none_or(|state| *state == "ready");
-        (postmaster_alive(pid, &self.data) != Some(false)
-            && ready
-            && answers(&url_on(port)).is_ok())
-        .then_some(port)
+        if !ready {
+            return None;
+        }
+        match postmaster_alive(pid, &self.data) {
+            Some(true) | None => answers(&url_on(port)).is_ok().then_some(port),
+            // Not visible here as this server's postmaster: gone, or running
+            // in another PID namespace that shares this TMPDIR (a container
+            // with the host's network). The server on its port says which:
+            // taking a live one for dead would remove its lock file and
+            // start a second server on its data.
+            Some(false) => self.serves_here(port).then_some(port),
+        }
+    }
+
+    /// Whether the server on `port` lets us in and runs from this data
+    /// directory.
+    fn serves_here(&self, port: u16) -> bool {
+        use sqlx::{ConnectOptions as _, Connection as _};
+        if answers(&url_on(port)).is_err() {
+            return false;
+        }
+        let Ok(ours) = fs::canonicalize(&self.data) else {
+            return false;
+        };
+        let Ok(options) = PgConnectOptions::from_str(&url_on(port)) else {
+            return false;
+        };
+        block_on(async move {
+            let connected = tokio::time::timeout(Duration::from_secs(10), options.connect()).await;
+            let Ok(Ok(mut connection)) = connected else {
+                return false;
+            };
+            let directory: Result<String, _> = sqlx::query_scalar("SHOW data_directory")
+                .fetch_one(&mut connection)
+                .await;
+            let _ = connection.close().await;
+            directory
+                .is_ok_and(|directory| fs::canonicalize(directory).ok().as_ref() == Some(&ours))
+        })
+        .unwrap_or(false)
     }
 
     /// Creates the cluster unless the data directory holds one of the

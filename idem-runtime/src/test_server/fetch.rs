@@ -19,6 +19,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use sha2::{Digest as _, Sha512};
 
+use super::REMEDY;
+
 /// Where fetched binaries are kept, when set; see [`cache_dir`].
 pub const CACHE_VAR: &str = "IDEM_PG_CACHE";
 
@@ -201,8 +203,12 @@ pub fn cached_in(cache: &Path, pin: &Pin) -> Option<PathBuf> {
 /// The directory holding `major`'s server binaries, fetched into
 /// [`cache_dir`] unless they are there already. Blocks; says on stderr, in
 /// one line, when it downloads.
+///
+/// Every error says, in one line, what to install or set instead.
 pub fn binaries(major: u32) -> Result<PathBuf, String> {
-    binaries_in(&cache_dir(), pinned(major)?)
+    pinned(major)
+        .and_then(|pin| binaries_in(&cache_dir(), pin))
+        .map_err(|why| format!("{why}: {REMEDY}"))
 }
 
 /// [`binaries`] with the cache and the build given.
@@ -224,14 +230,19 @@ pub fn binaries_in(cache: &Path, pin: &Pin) -> Result<PathBuf, String> {
     }
     // Processes starting at once: one fetches, the others wait and find it.
     let lock_path = cache.join("lock");
+    let unusable = |what: &str, e: io::Error| {
+        format!(
+            "{what} {}: {e}; set {CACHE_VAR} to a directory you can write in",
+            lock_path.display()
+        )
+    };
     let lock = File::options()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .map_err(|e| format!("open {}: {e}", lock_path.display()))?;
-    lock.lock()
-        .map_err(|e| format!("lock {}: {e}", lock_path.display()))?;
+        .map_err(|e| unusable("open", e))?;
+    lock.lock().map_err(|e| unusable("lock", e))?;
     if let Some(bin) = cached_in(cache, pin) {
         return Ok(bin);
     }
@@ -325,6 +336,20 @@ pub fn verify(tarball: &[u8], pin: &Pin) -> Result<(), String> {
 /// run killed midway leaves no entry that looks whole.
 fn unpack(tarball: &[u8], cache: &Path, pin: &Pin) -> Result<PathBuf, String> {
     let entry = entry(cache, pin);
+    // What a fetch killed while unpacking left (the lock is held by now, so
+    // no other fetch is unpacking): gone before this one begins.
+    let prefix = format!(
+        "{}.partial-",
+        entry
+            .file_name()
+            .map(|name| name.to_string_lossy())
+            .unwrap_or_default()
+    );
+    for leftover in fs::read_dir(cache).into_iter().flatten().flatten() {
+        if leftover.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = fs::remove_dir_all(leftover.path());
+        }
+    }
     let partial = cache.join(format!(
         "{}.partial-{}",
         entry
