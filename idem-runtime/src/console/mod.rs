@@ -26,7 +26,7 @@
 //! | `GET /claims` | a list: `state`, `account`, `namespace` (or `without_namespace=1`), `action`, `older_than` (`90s`, `2h`, `7d`), `limit`; `after` is the next page's cursor |
 //! | `GET /claim` | one claim (`account`, `address`, `namespace` when it has one): its identity decoded, fence and lineage, state and reason, timestamps, steps, its stored output's size; the values themselves with `values=shown` |
 //! | `GET /claim/resolve` | the confirmation of a resolution (`as=succeeded`, `failed` or `release`), naming what will change |
-//! | `POST /claim/resolve` | the resolution, through [`operations::resolve_as`](crate::operations::resolve_as), as `idem claims resolve` does: only a claim pending or in doubt, under the fence shown, never a pending one whose lease is live; exactly once |
+//! | `POST /claim/resolve` | the resolution, through [`operations::resolve_as`](crate::operations::resolve_as), as `idem claims resolve` does: only a claim pending or in doubt, in the state and under the fence the confirmation showed (its form carries both), never a pending one whose lease is live; exactly once |
 //! | `GET /audit` | what `idem audit` finds in the database, when a [`Console::audit`] is given (the command gives its own) |
 //!
 //! Every link starts where the request found the router (read from the

@@ -461,7 +461,7 @@ pub(super) fn claim(frame: &Frame, c: &ClaimView, extras: &ClaimExtras<'_>) -> R
                 p.note { "Find out first what happened to its effect (the provider's dashboard, its API). Each choice asks you to confirm." }
                 @for asked in [Asked::Succeeded, Asked::Failed, Asked::Release] {
                     a class={ "button " (asked.as_str()) }
-                      href=(frame.link("claim/resolve", &format!("{}&fence={}&as={}", extras.slot.query(), c.fence, asked.as_str()))) {
+                      href=(frame.link("claim/resolve", &format!("{}&fence={}&state={}&as={}", extras.slot.query(), c.fence, c.state.as_str(), asked.as_str()))) {
                         (button_label(asked, c.state))
                     }
                 }
@@ -539,6 +539,7 @@ pub(super) fn confirm(
             @if let Some(n) = &slot.namespace { input type="hidden" name="namespace" value=(n); }
             input type="hidden" name="address" value=(slot.address);
             input type="hidden" name="fence" value=(c.fence);
+            input type="hidden" name="state" value=(c.state.as_str());
             input type="hidden" name="as" value=(asked.as_str());
             input type="hidden" name="csrf" value=(frame.csrf);
             @if asked == Asked::Succeeded {

@@ -106,6 +106,8 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
     let lookup = Expect::PartialUniqueIndex;
     let output = Text(Some("{}"));
     let reason = Text(Some("operator"));
+    // The state the resolution read under its lock.
+    let open_state = Text(Some("in_doubt"));
     let scope = ScopeFilter {
         account: Some(ACCOUNT),
         namespace: namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named),
@@ -241,19 +243,19 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
         per_row(
             "operations resolve succeeded",
             &operations::RESOLVE_SUCCEEDED,
-            &[Int(1), output, reason],
+            &[Int(1), open_state, output, reason],
             lookup,
         ),
         per_row(
             "operations resolve failed",
             &operations::RESOLVE_FAILED,
-            &[Int(1), reason],
+            &[Int(1), open_state, reason],
             lookup,
         ),
         per_row(
             "operations resolve release",
             &operations::RESOLVE_RELEASE,
-            &[Int(1)],
+            &[Int(1), open_state],
             Expect::StepsOfClaim,
         ),
         // `$2` is the claim's address here.
