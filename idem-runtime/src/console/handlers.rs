@@ -122,7 +122,8 @@ impl Ctx {
 
 /// How many claims each of the overview's lists shows.
 const OVERVIEW_LIST: u32 = 20;
-/// How many groups of open claims the overview shows.
+/// How many groups of open claims the overview shows (its totals count
+/// every open claim, whatever this cuts).
 const OVERVIEW_GROUPS: u32 = 500;
 
 pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
@@ -142,6 +143,7 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
     let scope = operations::ScopeFilter::new().account(account);
     let pool = &state.pool;
     let open = operations::open_counts(pool, account, OVERVIEW_GROUPS + 1);
+    let totals = operations::open_totals(pool, account);
     let estimate = operations::row_estimate(pool);
     let pending_filter = operations::BrowseFilter::new()
         .scope(scope)
@@ -154,13 +156,22 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
         .state(ClaimState::InDoubt)
         .limit(OVERVIEW_LIST);
     let in_doubt = operations::browse(pool, &in_doubt_filter);
-    let (open, estimate, pending, in_doubt) =
-        match (open.await, estimate.await, pending.await, in_doubt.await) {
-            (Ok(o), Ok(e), Ok(p), Ok(d)) => (o, e, p, d),
-            (Err(error), ..) | (_, Err(error), ..) | (.., Err(error), _) | (.., Err(error)) => {
-                return ctx.failed(&error);
-            }
-        };
+    let (open, totals, estimate, pending, in_doubt) = match (
+        open.await,
+        totals.await,
+        estimate.await,
+        pending.await,
+        in_doubt.await,
+    ) {
+        (Ok(o), Ok(t), Ok(e), Ok(p), Ok(d)) => (o, t, e, p, d),
+        (Err(error), ..)
+        | (_, Err(error), ..)
+        | (_, _, Err(error), ..)
+        | (.., Err(error), _)
+        | (.., Err(error)) => {
+            return ctx.failed(&error);
+        }
+    };
     let status = crate::schema::status(pool)
         .await
         .map_err(|error| error.to_string());
@@ -171,6 +182,7 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
         &Overview {
             open,
             open_cut,
+            totals,
             rows_estimate: estimate,
             account,
             pending_threshold: threshold,

@@ -22,7 +22,7 @@
 //!
 //! | path | what |
 //! |---|---|
-//! | `GET /` | the overview, of every account or one (`?account=`): open claims (pending, in doubt, kept failures) by account, state and action; pending past a threshold (`?pending_older_than=5m`); in doubt, oldest first; the schema's version, layout and verification |
+//! | `GET /` | the overview, of every account or one (`?account=`): open claims (pending, in doubt, kept failures) counted exactly in each state, and by account, state and action (the first 500 groups); pending past a threshold (`?pending_older_than=5m`); in doubt, oldest first; the schema's version, layout and verification |
 //! | `GET /claims` | a list: `state`, `account`, `namespace` (or `without_namespace=1`), `action`, `older_than` (`90s`, `2h`, `7d`), `limit`; `after` is the next page's cursor |
 //! | `GET /claim` | one claim (`account`, `address`, `namespace` when it has one): its identity decoded, fence and lineage, state and reason, timestamps, steps, its stored output's size; the values themselves with `values=shown` |
 //! | `GET /claim/resolve` | the confirmation of a resolution (`as=succeeded`, `failed` or `release`), naming what will change |

@@ -569,6 +569,16 @@ fn open_claims_cases(namespace: Option<&'static str>) -> Vec<Case> {
                 browse::OPEN_COUNTS.to_owned(),
                 vec![Int(500), Text(Some(ACCOUNT))],
             ),
+            case(
+                "console: open claims totalled",
+                browse::OPEN_TOTALS.to_owned(),
+                vec![Text(None)],
+            ),
+            case(
+                "console: open claims of an account totalled",
+                browse::OPEN_TOTALS.to_owned(),
+                vec![Text(Some(ACCOUNT))],
+            ),
         ]);
         #[cfg(feature = "metrics")]
         cases.extend([

@@ -42,8 +42,8 @@ use sqlx::{AssertSqlSafe, FromRow, PgPool, Postgres};
 use super::{Scope, SplitOnNamespace, open_claims, per_row};
 
 pub use super::browse::{
-    BrowseFilter, ClaimPage, ClaimView, OpenCount, PageCursor, StoredValues, browse, describe,
-    open_counts, row_estimate, stored_values,
+    BrowseFilter, ClaimPage, ClaimView, OpenCount, OpenTotals, PageCursor, StoredValues, browse,
+    describe, open_counts, open_totals, row_estimate, stored_values,
 };
 pub use super::prune::{
     DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_prunable, count_prunable_by_account, prune,
