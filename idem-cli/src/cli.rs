@@ -94,7 +94,8 @@ pub struct ConsoleArgs {
     #[arg(long)]
     pub allow_writes: bool,
     /// The token every request must present: required to listen beyond
-    /// loopback. Prefer the environment variable: a flag shows in `ps`.
+    /// loopback; at least 128 random bits (openssl rand -hex 32). Prefer
+    /// the environment variable: a flag shows in `ps`.
     #[arg(
         long,
         env = "IDEM_CONSOLE_TOKEN",

@@ -38,8 +38,10 @@
 //! - **Who may look** ([`Access`]): by default only requests addressed to
 //!   a loopback name (`127.0.0.1`, `localhost`, `[::1]`), which also stops
 //!   a page elsewhere from reaching it through DNS rebinding; with
-//!   [`Console::token`], whoever presents the token (a bearer header, or the
-//!   cookie that opening `?token=...` once sets); with
+//!   [`Console::token`], whoever presents the token (a bearer header, its
+//!   scheme in any case, or the cookie that opening `?token=...` once
+//!   sets), which must resist guessing ([`check_token`]: at least
+//!   [`TOKEN_MIN_BITS`], e.g. `openssl rand -hex 32`); with
 //!   [`Console::behind_your_auth`], whoever the mounting service lets
 //!   through.
 //! - **Read-only** unless [`Console::allow_writes`]: no form is shown and
@@ -65,6 +67,7 @@ mod pages;
 mod params;
 mod security;
 mod text;
+mod token;
 
 use std::fmt;
 use std::sync::Arc;
@@ -74,6 +77,7 @@ use axum::routing::get;
 use sqlx::PgPool;
 
 pub use security::Operator;
+pub use token::{TOKEN_MIN_BITS, WeakToken, check_token, token_bits};
 
 /// Who may use the console. See the [module docs](self#security).
 #[derive(Clone, PartialEq, Eq)]
@@ -83,8 +87,9 @@ pub enum Access {
     /// checked: a page on another site cannot reach the console by making
     /// its own name resolve to 127.0.0.1).
     Loopback,
-    /// Requests that present this token: `Authorization: Bearer TOKEN`, or
-    /// the cookie set by opening any page with `?token=TOKEN` once.
+    /// Requests that present this token: `Authorization: Bearer TOKEN` (the
+    /// scheme in any case), or the cookie set by opening any page with
+    /// `?token=TOKEN` once. It must resist guessing: [`check_token`].
     Token(String),
     /// Whoever the service mounting the router lets through: its own
     /// middleware authenticates (and may say who, with [`Operator`]).
@@ -185,10 +190,16 @@ impl Console {
     }
 
     /// Only requests that present `token` ([`Access::Token`]): what a
-    /// console listening beyond loopback must have. An empty token lets
-    /// nobody in.
+    /// console listening beyond loopback must have. Give one of at least
+    /// [`TOKEN_MIN_BITS`] random bits (`openssl rand -hex 32`): a shorter
+    /// one is taken, with a warning, and [`check_token`] says why (the
+    /// `idem` command refuses it). An empty token lets nobody in.
     pub fn token(self, token: impl Into<String>) -> Console {
-        self.access(Access::Token(token.into()))
+        let token = token.into();
+        if let Err(weak) = check_token(&token) {
+            tracing::warn!(target: "idem::console", "console token: {weak}");
+        }
+        self.access(Access::Token(token))
     }
 
     /// Whoever the service mounting the router lets through

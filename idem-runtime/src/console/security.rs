@@ -142,13 +142,22 @@ fn presents(headers: &HeaderMap, secret: &[u8; 32], token: &str) -> bool {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer_credentials);
     if bearer.is_some_and(|presented| same(presented.as_bytes(), token.as_bytes())) {
         return true;
     }
     cookie(headers, TOKEN_COOKIE)
         .is_some_and(|digest| same(digest.as_bytes(), token_cookie(secret, token).as_bytes()))
+}
+
+/// The credentials of an `Authorization` header value of the Bearer
+/// scheme: the scheme's name in any case, then one or more spaces (RFC
+/// 9110, 11.1 and 11.4); `None` for any other scheme.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credentials.trim())
 }
 
 /// What the token's cookie holds.
