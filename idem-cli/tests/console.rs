@@ -39,6 +39,27 @@ impl Served {
     fn said(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
+
+    /// Its audit lines (target `idem::console::audit`) so far.
+    fn audit_lines(&self) -> Vec<String> {
+        self.said()
+            .lines()
+            .filter(|line| line.contains("idem::console::audit"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits until it wrote `count` audit lines (or more), and returns them.
+    fn wait_for_audit_lines(&self, count: usize) -> Vec<String> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let lines = self.audit_lines();
+            if lines.len() >= count || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// How `idem console` came out of its start-up.
@@ -179,5 +200,73 @@ fn a_token_of_128_random_bits_starts_it_beyond_loopback_and_any_case_of_bearer_p
             );
             assert_eq!(got, status, "{scheme} {token}: {}", served.said());
         }
+    }
+}
+
+#[test]
+fn audit_lines_written_to_a_file_carry_no_colour_codes() {
+    let served = listening(&["--listen", "127.0.0.1:0"], None);
+    // A write to a read-only console: refused, and audited.
+    let status = request(
+        &served.address,
+        &format!(
+            "POST /claim/resolve HTTP/1.1\r\nHost: {}\r\n\
+             Content-Type: application/x-www-form-urlencoded",
+            served.address
+        ),
+        "account=acme&address=claim_0123456789abcdef01234567&fence=1&state=in_doubt&as=release&csrf=x",
+    );
+    assert_eq!(status, 403);
+    let lines = served.wait_for_audit_lines(1);
+    assert_eq!(lines.len(), 1, "{}", served.said());
+    let said = served.said();
+    assert!(
+        !said.contains('\u{1b}'),
+        "stderr is a file, and it holds terminal escape codes: {said:?}"
+    );
+    let line = &lines[0];
+    assert!(
+        line.contains(r#"operator="loopback user at 127.0.0.1:"#),
+        "grep 'operator=\"...\"' finds nothing: {line:?}"
+    );
+    assert!(
+        line.contains(r#"address=Some("claim_0123456789abcdef01234567")"#),
+        "{line:?}"
+    );
+}
+
+#[test]
+fn a_write_refused_at_the_door_leaves_one_audit_line() {
+    // A page on evil.example whose name now resolves to 127.0.0.1 (DNS
+    // rebinding) posts a resolution: refused before the console reads it,
+    // and the attempt is on record.
+    let served = listening(&["--listen", "127.0.0.1:0", "--allow-writes"], None);
+    let status = request(
+        &served.address,
+        "POST /claim/resolve HTTP/1.1\r\nHost: evil.example\r\n\
+         Origin: http://evil.example\r\nContent-Type: application/x-www-form-urlencoded",
+        "account=acme&address=claim_0123456789abcdef01234567&fence=1&state=in_doubt&as=release",
+    );
+    assert_eq!(status, 403);
+    // A read refused at the door is no write: no line.
+    let read = request(
+        &served.address,
+        "GET /claims HTTP/1.1\r\nHost: evil.example",
+        "",
+    );
+    assert_eq!(read, 403);
+    let lines = served.wait_for_audit_lines(1);
+    std::thread::sleep(Duration::from_millis(300));
+    let lines_now = served.audit_lines();
+    assert_eq!(lines_now, lines, "{}", served.said());
+    assert_eq!(lines.len(), 1, "{}", served.said());
+    let line = &lines[0];
+    for part in [
+        "refused",
+        r#"host="evil.example""#,
+        r#"path="/claim/resolve""#,
+        "127.0.0.1:",
+    ] {
+        assert!(line.contains(part), "no {part:?} in {line:?}");
     }
 }

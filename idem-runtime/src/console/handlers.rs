@@ -438,7 +438,15 @@ fn refused(ctx: &Ctx, form: &[(String, String)], why: &str) {
     );
 }
 
-pub(super) async fn resolve(State(state): Shared, ctx: Ctx, body: String) -> Response {
+/// The resolution: [`resolve_and_audit`], its response marked as audited
+/// (the guard writes no second line).
+pub(super) async fn resolve(state: Shared, ctx: Ctx, body: String) -> Response {
+    super::audit_log::audited(resolve_and_audit(state, ctx, body).await)
+}
+
+/// The resolution asked for by `body`, and its one audit line, whatever the
+/// answer.
+async fn resolve_and_audit(State(state): Shared, ctx: Ctx, body: String) -> Response {
     // Read leniently for the audit line alone: every write asked for is
     // logged, the refused ones too.
     let form: Vec<(String, String)> = serde_urlencoded::from_str(&body).unwrap_or_default();

@@ -53,15 +53,19 @@
 //!   control and bidirectional characters are shown as escapes, and long
 //!   names are cut on the page (the links keep them whole). Stored outputs
 //!   and fingerprints are not read unless asked for.
-//! - **Audit**: every write is logged (`tracing`, target
-//!   `idem::console::audit`) with who did it ([`Operator`], set by the
-//!   mounting service's middleware, or how the request got in), what was
-//!   asked and what happened.
+//! - **Audit**: every write attempt leaves exactly one line (`tracing`,
+//!   target `idem::console::audit`), whether refused at the door (not
+//!   admitted: its method, path, `Host` and `Origin`, and why), refused
+//!   later, or applied: who did it ([`Operator`], set by the mounting
+//!   service's middleware, or how the request got in), what was asked and
+//!   what happened. Every value a request chose is recorded with `Debug`,
+//!   so none can end a line and forge another.
 //! - Every response is `no-store`, framed by nobody, sends no referrer to
 //!   another site, and
 //!   runs no script but the console's own (a content security policy).
 
 mod assets;
+mod audit_log;
 mod handlers;
 mod pages;
 mod params;
