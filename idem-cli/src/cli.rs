@@ -75,10 +75,12 @@ pub enum Command {
     /// which lets operators resolve and release claims, each after a
     /// confirmation, through the same operation as `idem claims resolve`.
     ///
-    /// It listens on loopback only unless given a token: --listen
-    /// 0.0.0.0:8080 --token SECRET (or IDEM_CONSOLE_TOKEN); open the
-    /// console once at /?token=SECRET and the browser keeps it. Writes are
-    /// logged to stderr with who made them. Stops at Ctrl-C.
+    /// It listens on loopback only unless given a token of at least 128
+    /// random bits (32 hex digits, or 22 letters and digits): export
+    /// IDEM_CONSOLE_TOKEN=$(openssl rand -hex 32), then --listen
+    /// 0.0.0.0:8080; open the console once at /?token=SECRET and the
+    /// browser keeps it. Every write attempt, refused or not, is logged to
+    /// stderr with who made it. Stops at Ctrl-C.
     Console(ConsoleArgs),
 }
 
@@ -94,7 +96,8 @@ pub struct ConsoleArgs {
     #[arg(long)]
     pub allow_writes: bool,
     /// The token every request must present: required to listen beyond
-    /// loopback. Prefer the environment variable: a flag shows in `ps`.
+    /// loopback; at least 128 random bits (openssl rand -hex 32). Prefer
+    /// the environment variable: a flag shows in `ps`.
     #[arg(
         long,
         env = "IDEM_CONSOLE_TOKEN",

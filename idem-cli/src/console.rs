@@ -9,7 +9,7 @@ use std::pin::Pin;
 use axum::extract::{ConnectInfo, Request};
 use axum::middleware::Next;
 use axum::response::Response;
-use idem_runtime::console::{Audit, Console, Operator};
+use idem_runtime::console::{Audit, Console, Operator, TOKEN_MIN_BITS, check_token};
 use sqlx::PgPool;
 
 use crate::audit;
@@ -37,22 +37,32 @@ impl Audit for CommandAudit {
     }
 }
 
-/// Refuses to listen beyond loopback without a token.
+/// Refuses to listen beyond loopback without a token, and to take a token
+/// too short to resist guessing (on loopback too: with a token, the token
+/// is all that keeps a page elsewhere out).
 pub fn check(args: &ConsoleArgs) -> Result<(), CliError> {
     let token = args.token.as_deref().filter(|t| !t.is_empty());
     if !args.listen.ip().is_loopback() && token.is_none() {
         return Err(CliError::Usage(format!(
             "--listen {} is beyond loopback: anyone who reaches it could read (and with \
-             --allow-writes, resolve) claims. Give a token: IDEM_CONSOLE_TOKEN=<a long random \
-             secret> idem console --listen {}, then open it once at /?token=<the secret>",
+             --allow-writes, resolve) claims. Give it a token of at least {TOKEN_MIN_BITS} random \
+             bits: export IDEM_CONSOLE_TOKEN=$(openssl rand -hex 32), then idem console --listen \
+             {}, and open it once at /?token=<that token>",
             args.listen, args.listen
         )));
     }
-    if args.token.as_deref() == Some("") {
-        return Err(CliError::Usage(
-            "the token is empty: give a long random secret, or none to listen on loopback only"
-                .into(),
-        ));
+    if let Some(token) = args.token.as_deref()
+        && let Err(weak) = check_token(token)
+    {
+        return Err(CliError::Usage(format!(
+            "{weak}, e.g. export IDEM_CONSOLE_TOKEN=$(openssl rand -hex 32) before starting \
+             idem console again{}",
+            if args.listen.ip().is_loopback() {
+                " (or give no token, to answer loopback names only)"
+            } else {
+                ""
+            }
+        )));
     }
     Ok(())
 }

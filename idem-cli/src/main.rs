@@ -31,15 +31,7 @@ use clap::Parser as _;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     if matches!(cli.command, cli::Command::Console(_)) {
-        // The console's audit lines (who resolved what), and warnings, on
-        // stderr; RUST_LOG overrides. The other commands say what they
-        // have to say themselves.
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,idem::console=info"));
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init();
+        log_to_stderr();
     }
     // One thread: every command runs its statements one after another.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -69,4 +61,35 @@ fn main() -> ExitCode {
             ExitCode::from(error.exit_code())
         }
     }
+}
+
+/// The console's audit lines (who resolved what), and warnings, on stderr;
+/// RUST_LOG overrides the levels. The other commands say what they have to
+/// say themselves.
+///
+/// Colours (the level, the target, the time) only when stderr is a terminal
+/// and `NO_COLOR` is not set: a file or a pipe gets plain text. The fields
+/// are plain `name=value` even on a terminal, so that `grep
+/// 'operator="..."'` finds them in whatever was captured.
+fn log_to_stderr() {
+    use std::io::IsTerminal as _;
+    use tracing_subscriber::field::MakeExt as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,idem::console=info"));
+    let colours = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
+    let fields = tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        if field.name() == "message" {
+            write!(writer, "{value:?}")
+        } else {
+            write!(writer, "{field}={value:?}")
+        }
+    })
+    .delimited(" ");
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colours)
+        .fmt_fields(fields)
+        .init();
 }

@@ -787,10 +787,10 @@ impl Reconciler {
             // definite answer) releases, as "nothing happened" does.
             _ => Resolution::Release,
         };
-        let by = Resolver {
-            reason: "reconciled",
-            expected_fence: Some(row.fence),
-        };
+        // The fence, not the state: a probe's answer is about the effect of
+        // the action under that fence, whether the claim is still pending or
+        // has gone in doubt since it was listed.
+        let by = Resolver::new("reconciled").expected_fence(row.fence);
         let mut attempt = 1;
         let resolved = loop {
             match operations::resolve_as(&self.pool, row.slot(), resolution, by).await {

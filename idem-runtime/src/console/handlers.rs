@@ -122,7 +122,8 @@ impl Ctx {
 
 /// How many claims each of the overview's lists shows.
 const OVERVIEW_LIST: u32 = 20;
-/// How many groups of open claims the overview shows.
+/// How many groups of open claims the overview shows (its totals count
+/// every open claim, whatever this cuts).
 const OVERVIEW_GROUPS: u32 = 500;
 
 pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
@@ -142,6 +143,7 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
     let scope = operations::ScopeFilter::new().account(account);
     let pool = &state.pool;
     let open = operations::open_counts(pool, account, OVERVIEW_GROUPS + 1);
+    let totals = operations::open_totals(pool, account);
     let estimate = operations::row_estimate(pool);
     let pending_filter = operations::BrowseFilter::new()
         .scope(scope)
@@ -154,13 +156,22 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
         .state(ClaimState::InDoubt)
         .limit(OVERVIEW_LIST);
     let in_doubt = operations::browse(pool, &in_doubt_filter);
-    let (open, estimate, pending, in_doubt) =
-        match (open.await, estimate.await, pending.await, in_doubt.await) {
-            (Ok(o), Ok(e), Ok(p), Ok(d)) => (o, e, p, d),
-            (Err(error), ..) | (_, Err(error), ..) | (.., Err(error), _) | (.., Err(error)) => {
-                return ctx.failed(&error);
-            }
-        };
+    let (open, totals, estimate, pending, in_doubt) = match (
+        open.await,
+        totals.await,
+        estimate.await,
+        pending.await,
+        in_doubt.await,
+    ) {
+        (Ok(o), Ok(t), Ok(e), Ok(p), Ok(d)) => (o, t, e, p, d),
+        (Err(error), ..)
+        | (_, Err(error), ..)
+        | (_, _, Err(error), ..)
+        | (.., Err(error), _)
+        | (.., Err(error)) => {
+            return ctx.failed(&error);
+        }
+    };
     let status = crate::schema::status(pool)
         .await
         .map_err(|error| error.to_string());
@@ -171,6 +182,7 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
         &Overview {
             open,
             open_cut,
+            totals,
             rows_estimate: estimate,
             account,
             pending_threshold: threshold,
@@ -272,8 +284,14 @@ pub(super) async fn claim(State(state): Shared, ctx: Ctx) -> Response {
     )
 }
 
-/// Why `claim` cannot be resolved now, as a page; `None`: it can.
-fn unresolvable(ctx: &Ctx, claim: &operations::ClaimView, fence: i64) -> Option<Response> {
+/// Why `claim` cannot be resolved now, as a page; `None`: it can. `state`:
+/// the state the page that led here showed, if it said.
+fn unresolvable(
+    ctx: &Ctx,
+    claim: &operations::ClaimView,
+    fence: i64,
+    state: Option<ClaimState>,
+) -> Option<Response> {
     let (title, message) = if !matches!(claim.state, ClaimState::Pending | ClaimState::InDoubt) {
         (
             "Nothing to resolve",
@@ -290,6 +308,17 @@ fn unresolvable(ctx: &Ctx, claim: &operations::ClaimView, fence: i64) -> Option<
                 "Its fence is {} now, not {fence}: it was taken over, or released and claimed \
                  anew. Look at it again before deciding.",
                 claim.fence
+            ),
+        )
+    } else if let Some(shown) = state
+        && shown != claim.state
+    {
+        (
+            "It changed",
+            format!(
+                "It is {} now, not {shown}: {} Look at it again before deciding.",
+                claim.state,
+                changed_state(claim.state)
             ),
         )
     } else if claim.lease_live {
@@ -316,22 +345,50 @@ fn read_fence(params: &Params) -> Result<i64, BadParam> {
         .map_err(|_| BadParam(format!("fence is a number, not {:?}", shown(text))))
 }
 
+/// The state a page showed the claim in (`state`), if it said.
+fn read_state(params: &Params) -> Result<Option<ClaimState>, BadParam> {
+    params
+        .get("state")
+        .map(|text| {
+            ClaimState::parse(text).ok_or_else(|| {
+                BadParam(format!(
+                    "state is pending or in_doubt, not {:?}",
+                    shown(text)
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// What it means that a claim is in `now`, when it was shown in the other
+/// state a resolution starts from.
+fn changed_state(now: ClaimState) -> &'static str {
+    match now {
+        ClaimState::InDoubt => {
+            "its outcome became unknown (its body said so, or its lease ran out and a retry \
+             turned it in doubt), so what was decided for it pending may not hold."
+        }
+        _ => "it is not what the page showed.",
+    }
+}
+
 pub(super) async fn confirm(State(state): Shared, ctx: Ctx) -> Response {
     if !state.writes {
         return ctx.read_only();
     }
     let read = Params::parse(
         ctx.query.as_deref(),
-        &["account", "namespace", "address", "fence", "as"],
+        &["account", "namespace", "address", "fence", "as", "state"],
     )
     .and_then(|params| {
         Ok((
             SlotParams::read(&params)?,
             read_fence(&params)?,
             Asked::read(&params)?,
+            read_state(&params)?,
         ))
     });
-    let (slot, fence, asked) = match read {
+    let (slot, fence, asked, shown_state) = match read {
         Ok(read) => read,
         Err(bad) => return ctx.bad(bad),
     };
@@ -339,18 +396,20 @@ pub(super) async fn confirm(State(state): Shared, ctx: Ctx) -> Response {
         Ok(claim) => claim,
         Err(response) => return response,
     };
-    if let Some(refusal) = unresolvable(&ctx, &claim, fence) {
+    if let Some(refusal) = unresolvable(&ctx, &claim, fence, shown_state) {
         return refusal;
     }
     pages::confirm(&ctx.frame, &claim, &slot, asked, None)
 }
 
-/// The form a resolution posts.
+/// The form a resolution posts: the claim, and the fence and state its
+/// confirmation showed (the write is matched on both).
 const RESOLVE_FORM: &[&str] = &[
     "account",
     "namespace",
     "address",
     "fence",
+    "state",
     "as",
     "output",
     "csrf",
@@ -372,13 +431,22 @@ fn refused(ctx: &Ctx, form: &[(String, String)], why: &str) {
         namespace = ?field("namespace"),
         address = ?field("address"),
         fence = ?field("fence"),
+        state = ?field("state"),
         asked = ?field("as"),
         why,
         "resolution refused"
     );
 }
 
-pub(super) async fn resolve(State(state): Shared, ctx: Ctx, body: String) -> Response {
+/// The resolution: [`resolve_and_audit`], its response marked as audited
+/// (the guard writes no second line).
+pub(super) async fn resolve(state: Shared, ctx: Ctx, body: String) -> Response {
+    super::audit_log::audited(resolve_and_audit(state, ctx, body).await)
+}
+
+/// The resolution asked for by `body`, and its one audit line, whatever the
+/// answer.
+async fn resolve_and_audit(State(state): Shared, ctx: Ctx, body: String) -> Response {
     // Read leniently for the audit line alone: every write asked for is
     // logged, the refused ones too.
     let form: Vec<(String, String)> = serde_urlencoded::from_str(&body).unwrap_or_default();
@@ -403,13 +471,21 @@ pub(super) async fn resolve(State(state): Shared, ctx: Ctx, body: String) -> Res
         );
     }
     let read = (|| {
+        let shown_state = read_state(&params)?.ok_or_else(|| {
+            BadParam(
+                "parameter state is required: the form says which state its confirmation \
+                 showed (a page of an older console says nothing: open the claim again)"
+                    .into(),
+            )
+        })?;
         Ok::<_, BadParam>((
             SlotParams::read(&params)?,
             read_fence(&params)?,
+            shown_state,
             Asked::read(&params)?,
         ))
     })();
-    let (slot, fence, asked) = match read {
+    let (slot, fence, shown_state, asked) = match read {
         Ok(read) => read,
         Err(bad) => {
             refused(&ctx, &form, &bad.0);
@@ -424,15 +500,19 @@ pub(super) async fn resolve(State(state): Shared, ctx: Ctx, body: String) -> Res
         && let Err(error) = serde_json::from_str::<serde::de::IgnoredAny>(output)
     {
         refused(&ctx, &form, "the output is not JSON");
-        // Nothing lost: the form comes back with the output as typed.
+        // Nothing lost: the form comes back with the output as typed,
+        // unless the claim changed since its confirmation was shown.
         return match find(&state, &ctx, &slot).await {
-            Ok(claim) => pages::confirm(
-                &ctx.frame,
-                &claim,
-                &slot,
-                asked,
-                Some((&format!("The output is not JSON: {error}."), output)),
-            ),
+            Ok(claim) => match unresolvable(&ctx, &claim, fence, Some(shown_state)) {
+                Some(refusal) => refusal,
+                None => pages::confirm(
+                    &ctx.frame,
+                    &claim,
+                    &slot,
+                    asked,
+                    Some((&format!("The output is not JSON: {error}."), output)),
+                ),
+            },
             Err(response) => response,
         };
     }
@@ -443,7 +523,11 @@ pub(super) async fn resolve(State(state): Shared, ctx: Ctx, body: String) -> Res
         Asked::Failed => Resolution::Failed,
         Asked::Release => Resolution::Release,
     };
-    let resolver = Resolver::new("operator").expected_fence(fence);
+    // Everything the confirmation showed: a claim shown pending that went in
+    // doubt at the same fence is not what the operator decided about.
+    let resolver = Resolver::new("operator")
+        .expected_fence(fence)
+        .expected_state(shown_state);
     let outcome = operations::resolve_as(&state.pool, slot.slot(), resolution, resolver).await;
     let audit = |result: &str| {
         tracing::info!(
@@ -453,6 +537,7 @@ pub(super) async fn resolve(State(state): Shared, ctx: Ctx, body: String) -> Res
             namespace = ?slot.namespace,
             address = %slot.address,
             fence,
+            state = shown_state.as_str(),
             asked = asked.as_str(),
             result,
             "resolution"
@@ -499,6 +584,18 @@ pub(super) async fn resolve(State(state): Shared, ctx: Ctx, body: String) -> Res
                     "Its fence is {} now, not {fence}: it was taken over, or released and \
                      claimed anew. Look at it again before deciding.",
                     current.fence
+                ),
+            )
+        }
+        Ok(Resolved::StateChanged { current, .. }) => {
+            audit("state changed");
+            conflict(
+                "Nothing changed: its state changed",
+                format!(
+                    "It is {} now, not {shown_state} as the confirmation showed, at the same \
+                     fence {fence}: {} Look at it again before deciding.",
+                    current.state,
+                    changed_state(current.state)
                 ),
             )
         }

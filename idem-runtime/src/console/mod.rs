@@ -22,11 +22,11 @@
 //!
 //! | path | what |
 //! |---|---|
-//! | `GET /` | the overview, of every account or one (`?account=`): open claims (pending, in doubt, kept failures) by account, state and action; pending past a threshold (`?pending_older_than=5m`); in doubt, oldest first; the schema's version, layout and verification |
+//! | `GET /` | the overview, of every account or one (`?account=`): open claims (pending, in doubt, kept failures) counted exactly in each state, and by account, state and action (the first 500 groups); pending past a threshold (`?pending_older_than=5m`); in doubt, oldest first; the schema's version, layout and verification |
 //! | `GET /claims` | a list: `state`, `account`, `namespace` (or `without_namespace=1`), `action`, `older_than` (`90s`, `2h`, `7d`), `limit`; `after` is the next page's cursor |
 //! | `GET /claim` | one claim (`account`, `address`, `namespace` when it has one): its identity decoded, fence and lineage, state and reason, timestamps, steps, its stored output's size; the values themselves with `values=shown` |
 //! | `GET /claim/resolve` | the confirmation of a resolution (`as=succeeded`, `failed` or `release`), naming what will change |
-//! | `POST /claim/resolve` | the resolution, through [`operations::resolve_as`](crate::operations::resolve_as), as `idem claims resolve` does: only a claim pending or in doubt, under the fence shown, never a pending one whose lease is live; exactly once |
+//! | `POST /claim/resolve` | the resolution, through [`operations::resolve_as`](crate::operations::resolve_as), as `idem claims resolve` does: only a claim pending or in doubt, in the state and under the fence the confirmation showed (its form carries both), never a pending one whose lease is live; exactly once |
 //! | `GET /audit` | what `idem audit` finds in the database, when a [`Console::audit`] is given (the command gives its own) |
 //!
 //! Every link starts where the request found the router (read from the
@@ -38,8 +38,10 @@
 //! - **Who may look** ([`Access`]): by default only requests addressed to
 //!   a loopback name (`127.0.0.1`, `localhost`, `[::1]`), which also stops
 //!   a page elsewhere from reaching it through DNS rebinding; with
-//!   [`Console::token`], whoever presents the token (a bearer header, or the
-//!   cookie that opening `?token=...` once sets); with
+//!   [`Console::token`], whoever presents the token (a bearer header, its
+//!   scheme in any case, or the cookie that opening `?token=...` once
+//!   sets), which must resist guessing ([`check_token`]: at least
+//!   [`TOKEN_MIN_BITS`], e.g. `openssl rand -hex 32`); with
 //!   [`Console::behind_your_auth`], whoever the mounting service lets
 //!   through.
 //! - **Read-only** unless [`Console::allow_writes`]: no form is shown and
@@ -51,20 +53,25 @@
 //!   control and bidirectional characters are shown as escapes, and long
 //!   names are cut on the page (the links keep them whole). Stored outputs
 //!   and fingerprints are not read unless asked for.
-//! - **Audit**: every write is logged (`tracing`, target
-//!   `idem::console::audit`) with who did it ([`Operator`], set by the
-//!   mounting service's middleware, or how the request got in), what was
-//!   asked and what happened.
+//! - **Audit**: every write attempt leaves exactly one line (`tracing`,
+//!   target `idem::console::audit`), whether refused at the door (not
+//!   admitted: its method, path, `Host` and `Origin`, and why), refused
+//!   later, or applied: who did it ([`Operator`], set by the mounting
+//!   service's middleware, or how the request got in), what was asked and
+//!   what happened. Every value a request chose is recorded with `Debug`,
+//!   so none can end a line and forge another.
 //! - Every response is `no-store`, framed by nobody, sends no referrer to
 //!   another site, and
 //!   runs no script but the console's own (a content security policy).
 
 mod assets;
+mod audit_log;
 mod handlers;
 mod pages;
 mod params;
 mod security;
 mod text;
+mod token;
 
 use std::fmt;
 use std::sync::Arc;
@@ -74,6 +81,7 @@ use axum::routing::get;
 use sqlx::PgPool;
 
 pub use security::Operator;
+pub use token::{TOKEN_MIN_BITS, WeakToken, check_token, token_bits};
 
 /// Who may use the console. See the [module docs](self#security).
 #[derive(Clone, PartialEq, Eq)]
@@ -83,8 +91,9 @@ pub enum Access {
     /// checked: a page on another site cannot reach the console by making
     /// its own name resolve to 127.0.0.1).
     Loopback,
-    /// Requests that present this token: `Authorization: Bearer TOKEN`, or
-    /// the cookie set by opening any page with `?token=TOKEN` once.
+    /// Requests that present this token: `Authorization: Bearer TOKEN` (the
+    /// scheme in any case), or the cookie set by opening any page with
+    /// `?token=TOKEN` once. It must resist guessing: [`check_token`].
     Token(String),
     /// Whoever the service mounting the router lets through: its own
     /// middleware authenticates (and may say who, with [`Operator`]).
@@ -185,10 +194,16 @@ impl Console {
     }
 
     /// Only requests that present `token` ([`Access::Token`]): what a
-    /// console listening beyond loopback must have. An empty token lets
-    /// nobody in.
+    /// console listening beyond loopback must have. Give one of at least
+    /// [`TOKEN_MIN_BITS`] random bits (`openssl rand -hex 32`): a shorter
+    /// one is taken, with a warning, and [`check_token`] says why (the
+    /// `idem` command refuses it). An empty token lets nobody in.
     pub fn token(self, token: impl Into<String>) -> Console {
-        self.access(Access::Token(token.into()))
+        let token = token.into();
+        if let Err(weak) = check_token(&token) {
+            tracing::warn!(target: "idem::console", "console token: {weak}");
+        }
+        self.access(Access::Token(token))
     }
 
     /// Whoever the service mounting the router lets through

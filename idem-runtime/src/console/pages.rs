@@ -6,7 +6,9 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 
-use crate::operations::{ClaimState, ClaimStep, ClaimView, OpenCount, PageCursor, StoredValues};
+use crate::operations::{
+    ClaimState, ClaimStep, ClaimView, OpenCount, OpenTotals, PageCursor, StoredValues,
+};
 use crate::schema::{Layout, Status};
 
 use super::params::{Asked, ListParams, SlotParams, query};
@@ -145,8 +147,12 @@ fn identity_cell(decoded: &Decoded) -> Markup {
 
 /// What the overview shows.
 pub(super) struct Overview<'a> {
+    /// The groups of open claims the table has room for.
     pub open: &'a [OpenCount],
+    /// More groups than `open` holds exist.
     pub open_cut: bool,
+    /// Every open claim, counted: the totals, whatever `open` holds.
+    pub totals: OpenTotals,
     pub rows_estimate: Option<i64>,
     /// The one account the overview is of; `None`: every one.
     pub account: Option<&'a str>,
@@ -159,13 +165,9 @@ pub(super) struct Overview<'a> {
 }
 
 pub(super) fn overview(frame: &Frame, o: &Overview<'_>) -> Response {
-    let total = |state: ClaimState| -> i64 {
-        o.open
-            .iter()
-            .filter(|c| c.state == state)
-            .map(|c| c.claims)
-            .sum()
-    };
+    // Counted apart from the table, which may be cut: never a sum of the
+    // groups shown.
+    let total = |state: ClaimState| -> i64 { o.totals.of(state) };
     let body = html! {
         section.totals {
             @for state in [ClaimState::InDoubt, ClaimState::Pending, ClaimState::Failed] {
@@ -225,7 +227,7 @@ pub(super) fn overview(frame: &Frame, o: &Overview<'_>) -> Response {
                         }
                     }
                 }
-                @if o.open_cut { p.note { "Only the first groups are shown; filter the list by account to see the rest." } }
+                @if o.open_cut { p.note { "Only the first groups are shown; the totals above count every open claim, and each lists them all." } }
             }
         }
         section {
@@ -461,7 +463,7 @@ pub(super) fn claim(frame: &Frame, c: &ClaimView, extras: &ClaimExtras<'_>) -> R
                 p.note { "Find out first what happened to its effect (the provider's dashboard, its API). Each choice asks you to confirm." }
                 @for asked in [Asked::Succeeded, Asked::Failed, Asked::Release] {
                     a class={ "button " (asked.as_str()) }
-                      href=(frame.link("claim/resolve", &format!("{}&fence={}&as={}", extras.slot.query(), c.fence, asked.as_str()))) {
+                      href=(frame.link("claim/resolve", &format!("{}&fence={}&state={}&as={}", extras.slot.query(), c.fence, c.state.as_str(), asked.as_str()))) {
                         (button_label(asked, c.state))
                     }
                 }
@@ -539,6 +541,7 @@ pub(super) fn confirm(
             @if let Some(n) = &slot.namespace { input type="hidden" name="namespace" value=(n); }
             input type="hidden" name="address" value=(slot.address);
             input type="hidden" name="fence" value=(c.fence);
+            input type="hidden" name="state" value=(c.state.as_str());
             input type="hidden" name="as" value=(asked.as_str());
             input type="hidden" name="csrf" value=(frame.csrf);
             @if asked == Asked::Succeeded {

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use sha1::{Digest, Sha1};
 
 use super::text::hex;
-use super::{Access, State as ConsoleState, pages};
+use super::{Access, State as ConsoleState, audit_log, pages};
 
 /// The cookie that carries a browser's CSRF nonce.
 const CSRF_COOKIE: &str = "idem_console_csrf";
@@ -142,13 +142,22 @@ fn presents(headers: &HeaderMap, secret: &[u8; 32], token: &str) -> bool {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer_credentials);
     if bearer.is_some_and(|presented| same(presented.as_bytes(), token.as_bytes())) {
         return true;
     }
     cookie(headers, TOKEN_COOKIE)
         .is_some_and(|digest| same(digest.as_bytes(), token_cookie(secret, token).as_bytes()))
+}
+
+/// The credentials of an `Authorization` header value of the Bearer
+/// scheme: the scheme's name in any case, then one or more spaces (RFC
+/// 9110, 11.1 and 11.4); `None` for any other scheme.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credentials.trim())
 }
 
 /// What the token's cookie holds.
@@ -199,16 +208,29 @@ fn cookie_header(name: &str, value: &str, base: &str) -> Option<HeaderValue> {
 }
 
 /// Lets in only who [`Access`] allows, gives the request its CSRF nonce,
-/// and sets the headers every response carries.
+/// and sets the headers every response carries. Every write attempt leaves
+/// one audit line: this writes it for a write refused here, or answered
+/// without reaching the resolution's handler (which writes its own).
 pub(super) async fn guard(
     State(state): State<Arc<ConsoleState>>,
     mut request: Request,
     next: Next,
 ) -> Response {
     let base = mount(request.uri(), request.extensions());
+    let write = audit_log::is_write(request.method());
     if let Some(refusal) = admit(&state.access, &state.secret, &request, &base) {
+        if write {
+            let why = match state.access {
+                Access::Loopback => "not addressed to a loopback name",
+                Access::Token(_) => "no valid token presented",
+                Access::BehindYourAuth => "refused",
+            };
+            audit_log::refused_at_the_door(&request, refusal.status(), why);
+        }
         return secure(refusal);
     }
+    let attempt =
+        write.then(|| audit_log::Attempt::of(&request, who(&state.access, request.extensions())));
     let existing = cookie(request.headers(), CSRF_COOKIE)
         .filter(|nonce| is_nonce(nonce))
         .map(str::to_owned);
@@ -221,6 +243,9 @@ pub(super) async fn guard(
         from_request,
     });
     let mut response = next.run(request).await;
+    if let Some(attempt) = attempt {
+        attempt.unless_audited(&response);
+    }
     if !from_request && let Some(value) = cookie_header(CSRF_COOKIE, &nonce, &base) {
         response.headers_mut().append(header::SET_COOKIE, value);
     }

@@ -77,6 +77,16 @@ pub(super) const OPEN_COUNTS: &str = concat!(
      GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 LIMIT $1"
 );
 
+/// Claims in each open state, of every account or of one (`$1`, or NULL
+/// for every one): the exact totals, whatever [`OPEN_COUNTS`] has room
+/// for. Index: the index of open claims (its predicate is written out), so
+/// successes are never read.
+pub(super) const OPEN_TOTALS: &str = concat!(
+    "SELECT r.state, count(*)::int8 AS claims FROM idem_records r WHERE ",
+    open_claims!("r."),
+    " AND ($1::text IS NULL OR r.account = $1::text) GROUP BY r.state"
+);
+
 /// The planner's estimate of the rows in `idem_records` (of every kind),
 /// summed over its partitions when it has any: counting them exactly reads
 /// the whole table. `-1` (never analysed) counts as unknown.
@@ -252,6 +262,53 @@ pub async fn open_counts(
         })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(Error::from)
+}
+
+/// How many claims are in each open state: exact totals, however many
+/// groups [`open_counts`] returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OpenTotals {
+    /// Pending: in flight, or their holder vanished.
+    pub pending: i64,
+    /// In doubt: held until resolved.
+    pub in_doubt: i64,
+    /// Kept failures.
+    pub failed: i64,
+}
+
+impl OpenTotals {
+    /// The total of `state`: 0 for a success, which is never open.
+    pub fn of(&self, state: ClaimState) -> i64 {
+        match state {
+            ClaimState::Pending => self.pending,
+            ClaimState::InDoubt => self.in_doubt,
+            ClaimState::Failed => self.failed,
+            ClaimState::Success => 0,
+        }
+    }
+}
+
+/// The claims in each open state (pending, in doubt, kept failures), in
+/// `account` or every account, counted exactly. Reads only open claims,
+/// through their index, as [`open_counts`] does.
+pub async fn open_totals(pool: &PgPool, account: Option<&str>) -> Result<OpenTotals, Error> {
+    let rows = sqlx::query(OPEN_TOTALS)
+        .bind(account)
+        .fetch_all(pool)
+        .await?;
+    let mut totals = OpenTotals::default();
+    for row in &rows {
+        let claims: i64 = row.try_get("claims")?;
+        match row.try_get::<ClaimState, _>("state")? {
+            ClaimState::Pending => totals.pending = claims,
+            ClaimState::InDoubt => totals.in_doubt = claims,
+            ClaimState::Failed => totals.failed = claims,
+            // Not an open state: the statement reads none.
+            ClaimState::Success => {}
+        }
+    }
+    Ok(totals)
 }
 
 /// The planner's estimate of the rows in `idem_records`, of every kind

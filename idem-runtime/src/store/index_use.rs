@@ -106,6 +106,8 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
     let lookup = Expect::PartialUniqueIndex;
     let output = Text(Some("{}"));
     let reason = Text(Some("operator"));
+    // The state the resolution read under its lock.
+    let open_state = Text(Some("in_doubt"));
     let scope = ScopeFilter {
         account: Some(ACCOUNT),
         namespace: namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named),
@@ -241,19 +243,19 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
         per_row(
             "operations resolve succeeded",
             &operations::RESOLVE_SUCCEEDED,
-            &[Int(1), output, reason],
+            &[Int(1), open_state, output, reason],
             lookup,
         ),
         per_row(
             "operations resolve failed",
             &operations::RESOLVE_FAILED,
-            &[Int(1), reason],
+            &[Int(1), open_state, reason],
             lookup,
         ),
         per_row(
             "operations resolve release",
             &operations::RESOLVE_RELEASE,
-            &[Int(1)],
+            &[Int(1), open_state],
             Expect::StepsOfClaim,
         ),
         // `$2` is the claim's address here.
@@ -566,6 +568,16 @@ fn open_claims_cases(namespace: Option<&'static str>) -> Vec<Case> {
                 "console: open claims of an account counted",
                 browse::OPEN_COUNTS.to_owned(),
                 vec![Int(500), Text(Some(ACCOUNT))],
+            ),
+            case(
+                "console: open claims totalled",
+                browse::OPEN_TOTALS.to_owned(),
+                vec![Text(None)],
+            ),
+            case(
+                "console: open claims of an account totalled",
+                browse::OPEN_TOTALS.to_owned(),
+                vec![Text(Some(ACCOUNT))],
             ),
         ]);
         #[cfg(feature = "metrics")]

@@ -42,8 +42,8 @@ use sqlx::{AssertSqlSafe, FromRow, PgPool, Postgres};
 use super::{Scope, SplitOnNamespace, open_claims, per_row};
 
 pub use super::browse::{
-    BrowseFilter, ClaimPage, ClaimView, OpenCount, PageCursor, StoredValues, browse, describe,
-    open_counts, row_estimate, stored_values,
+    BrowseFilter, ClaimPage, ClaimView, OpenCount, OpenTotals, PageCursor, StoredValues, browse,
+    describe, open_counts, open_totals, row_estimate, stored_values,
 };
 pub use super::prune::{
     DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_prunable, count_prunable_by_account, prune,
@@ -740,40 +740,42 @@ const NO_LIVE_LEASE: &str =
     "(state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())";
 
 /// Every resolution is a compare-and-swap matched on `state IN ('pending',
-/// 'in_doubt') AND fence = $4`: still pending or in doubt (never a success,
-/// never a kept failure) under the fence that was read; and never a pending
-/// claim whose lease is live (`NO_LIVE_LEASE`).
+/// 'in_doubt') AND state = $5 AND fence = $4`: still pending or in doubt
+/// (never a success, never a kept failure), in the state and under the
+/// fence that were read; and never a pending claim whose lease is live
+/// (`NO_LIVE_LEASE`).
 ///
-/// Resolves a claim as a success: the slot keeps `$5` (the output to
-/// replay, as JSON text, or NULL) forever. `$4` the fence; `$6` how it got
-/// there (`state_reason`). Index: the partial unique index of its form.
+/// Resolves a claim as a success: the slot keeps `$6` (the output to
+/// replay, as JSON text, or NULL) forever. `$4` the fence, `$5` the state;
+/// `$7` how it got there (`state_reason`). Index: the partial unique index
+/// of its form.
 pub(super) const RESOLVE_SUCCEEDED: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), resolved_at = now(), lease_expires_at = NULL, \
-         output_json = $5, state_reason = $6",
-    "state IN ('pending', 'in_doubt') AND fence = $4 \
+         output_json = $6, state_reason = $7",
+    "state IN ('pending', 'in_doubt') AND state = $5::text AND fence = $4 \
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
 /// Resolves a claim as a definite failure, kept: duplicates are refused.
-/// `$4` the fence; `$5` how it got there (`state_reason`). Index: the
-/// partial unique index of its form.
+/// `$4` the fence, `$5` the state; `$6` how it got there (`state_reason`).
+/// Index: the partial unique index of its form.
 pub(super) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'failed', settled_at = now(), resolved_at = now(), lease_expires_at = NULL, \
-         state_reason = $5",
-    "state IN ('pending', 'in_doubt') AND fence = $4 \
+         state_reason = $6",
+    "state IN ('pending', 'in_doubt') AND state = $5::text AND fence = $4 \
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
 /// Resolves a claim by deleting it: nothing happened, and the next
 /// invocation runs the action. Its steps are stamped released
 /// ([`stamping_released_steps!`](super::stamping_released_steps)). `$4`
-/// the fence. Index: the partial unique index of its form; the steps', for
-/// the stamp.
+/// the fence, `$5` the state. Index: the partial unique index of its form;
+/// the steps', for the stamp.
 pub(super) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
     "WITH released AS (DELETE FROM idem_records",
-    "state IN ('pending', 'in_doubt') AND fence = $4 \
+    "state IN ('pending', 'in_doubt') AND state = $5::text AND fence = $4 \
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())";
     super::stamping_released_steps!("1", "")
 );
@@ -945,6 +947,10 @@ pub struct Resolver<'a> {
     /// Resolve only while the claim's fence is still this one (the fence
     /// the resolver saw when it decided); `None`: whatever its fence.
     pub expected_fence: Option<i64>,
+    /// Resolve only while the claim is still in this state (the state the
+    /// resolver saw when it decided: a claim shown pending may go in doubt
+    /// at the same fence); `None`: pending or in doubt, whichever it is.
+    pub expected_state: Option<ClaimState>,
 }
 
 impl Resolver<'static> {
@@ -953,16 +959,18 @@ impl Resolver<'static> {
     pub const OPERATOR: Resolver<'static> = Resolver {
         reason: "operator",
         expected_fence: None,
+        expected_state: None,
     };
 }
 
 impl<'a> Resolver<'a> {
     /// A resolver that writes `reason` to `state_reason` (`operator`,
-    /// `reconciled`, ...), whatever the claim's fence.
+    /// `reconciled`, ...), whatever the claim's fence and state.
     pub fn new(reason: &'a str) -> Self {
         Resolver {
             reason,
             expected_fence: None,
+            expected_state: None,
         }
     }
 
@@ -970,6 +978,16 @@ impl<'a> Resolver<'a> {
     /// fence seen when deciding), or whatever it is (`None`).
     pub fn expected_fence(mut self, fence: impl Into<Option<i64>>) -> Self {
         self.expected_fence = fence.into();
+        self
+    }
+
+    /// Resolve only while the claim is still in this state (`Some`: the
+    /// state seen when deciding), or pending or in doubt, whichever it is
+    /// (`None`). What an operator confirmed for a claim pending (its holder
+    /// gone) is not what they would confirm for it in doubt: a release of a
+    /// claim whose outcome became unknown lets a retry run it again.
+    pub fn expected_state(mut self, state: impl Into<Option<ClaimState>>) -> Self {
+        self.expected_state = state.into();
         self
     }
 }
@@ -1000,6 +1018,15 @@ pub enum Resolved {
         /// The fence the resolver expected.
         expected: i64,
     },
+    /// The claim is still under the fence the resolver expected, but no
+    /// longer in the state it expected (a pending claim went in doubt, say):
+    /// nothing was changed.
+    StateChanged {
+        /// The claim as it is now.
+        current: ClaimRow,
+        /// The state the resolver expected.
+        expected: ClaimState,
+    },
     /// The claim is pending and its lease is live: its holder is at work
     /// (it renews the lease, or still may) and can settle it at any moment,
     /// so nothing was changed. A claim whose holder is gone stops renewing:
@@ -1019,16 +1046,18 @@ pub async fn resolve(
 }
 
 /// Resolves the claim in `slot` as `resolution` says, only while it is
-/// `pending` or `in_doubt` (and, if `resolver` expects one, under that
-/// fence): exactly once, however many resolvers race, and never over a
-/// success or a kept failure. A pending claim whose lease is live has a
-/// living holder and is never changed ([`Resolved::LeaseLive`]).
+/// `pending` or `in_doubt` (and, if `resolver` expects them, under that
+/// fence and in that state): exactly once, however many resolvers race,
+/// and never over a success or a kept failure. A pending claim whose lease
+/// is live has a living holder and is never changed
+/// ([`Resolved::LeaseLive`]).
 ///
 /// The claim is locked and read, then changed by a statement matched on
 /// what was read (its state, its fence), in one transaction: what comes
 /// back is exactly what was there and what it became, and a racing
-/// resolver, or the original holder's late settle, waits for the lock and
-/// then finds the claim resolved.
+/// resolver, the original holder's late settle, or a retry turning it in
+/// doubt, waits for the lock and then finds the claim resolved (or the
+/// resolution finds it changed, and changes nothing).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
@@ -1077,19 +1106,33 @@ pub async fn resolve_as(
             expected,
         });
     }
+    if let Some(expected) = resolver.expected_state
+        && expected != before.state
+    {
+        return Ok(Resolved::StateChanged {
+            current: before,
+            expected,
+        });
+    }
+    // Matched on the state and fence just read, not on any open state: the
+    // statement itself changes nothing but what was checked.
+    let state = before.state.as_str();
     let statement = match resolution {
         Resolution::Succeeded { output_json } => RESOLVE_SUCCEEDED
             .for_row(scope, slot.address)
             .bind(before.fence)
+            .bind(state)
             .bind(output_json)
             .bind(resolver.reason),
         Resolution::Failed => RESOLVE_FAILED
             .for_row(scope, slot.address)
             .bind(before.fence)
+            .bind(state)
             .bind(resolver.reason),
         Resolution::Release => RESOLVE_RELEASE
             .for_row(scope, slot.address)
-            .bind(before.fence),
+            .bind(before.fence)
+            .bind(state),
     };
     // Under the lock, the row is the one just read, its state and fence
     // checked above: only a live lease makes the match miss (the statement

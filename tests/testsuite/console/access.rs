@@ -107,6 +107,38 @@ async fn with_a_token_only_its_holder_gets_in() {
     }
 }
 
+/// "send `Authorization: Bearer ...`": the scheme's name is
+/// case-insensitive, and one or more spaces may follow it (RFC 9110,
+/// 11.1 and 11.4); anything else is not the token presented.
+#[tokio::test]
+async fn the_bearer_scheme_is_read_whatever_its_case() {
+    let gate = testing::gate().await;
+    let token = "9f86d081884c7d659a2feaa0c55ad015";
+    let console = Console::new(gate.pool().clone()).token(token).router();
+    let host = ("host", "console.internal:8080");
+    for (header, status) in [
+        (format!("Bearer {token}"), StatusCode::OK),
+        (format!("bearer {token}"), StatusCode::OK),
+        (format!("BEARER {token}"), StatusCode::OK),
+        (format!("bEaReR   {token}"), StatusCode::OK),
+        (format!("Basic {token}"), StatusCode::UNAUTHORIZED),
+        (format!("Bearer{token}"), StatusCode::UNAUTHORIZED),
+        (format!("Bearers {token}"), StatusCode::UNAUTHORIZED),
+        (token.to_owned(), StatusCode::UNAUTHORIZED),
+        (format!("bearer {token}x"), StatusCode::UNAUTHORIZED),
+    ] {
+        let page = send(
+            &console,
+            "GET",
+            "/claims?limit=1",
+            &[host, ("authorization", &header)],
+            None,
+        )
+        .await;
+        assert_eq!(page.status, status, "Authorization: {header}");
+    }
+}
+
 #[tokio::test]
 async fn every_response_forbids_caching_framing_referrers_and_foreign_scripts() {
     let gate = testing::gate().await;

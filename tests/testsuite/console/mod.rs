@@ -4,6 +4,7 @@
 //! The same pages in a real browser: `idem-cli/tests/console_browser.rs`.
 
 mod access;
+mod audit;
 mod pages;
 mod redteam;
 mod support;

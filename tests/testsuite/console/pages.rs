@@ -313,6 +313,78 @@ async fn the_overview_counts_open_claims_and_shows_the_oldest_in_doubt() {
     assert!(page.body.contains("this build expects"));
 }
 
+/// The count at the top of the overview for `state`: the number in its
+/// total's link.
+fn overview_total(body: &str, state: &str) -> String {
+    let badge = format!(r#"<span class="state {state}">"#);
+    body.split(r#"<a class="total""#)
+        .skip(1)
+        .map(|total| &total[..total.find("</a>").expect("a closed link")])
+        .find(|total| total.contains(&badge))
+        .and_then(|total| {
+            let count = &total[total.find(r#"<span class="count">"#)? + 20..];
+            Some(count[..count.find("</span>")?].to_owned())
+        })
+        .unwrap_or_else(|| panic!("no total of {state} on the overview: {body}"))
+}
+
+/// "every open claim (pending, in doubt, kept failure) counted": the totals
+/// at the top count every open claim of the account, however many of their
+/// groups (account, state, action) the table below has room for: 1,200
+/// claims in doubt across 600 actions are 1,200, and the pending ones that
+/// sort after them are counted too.
+#[tokio::test]
+async fn the_overview_totals_count_every_open_claim_beyond_the_groups_it_lists() {
+    let gate = testing::gate().await;
+    let account = gate.account_name().to_owned();
+    let (mut states, mut addresses, mut identities) = (Vec::new(), Vec::new(), Vec::new());
+    let mut add = |state: &str, id: Identity| {
+        states.push(state.to_owned());
+        addresses.push(id.address());
+        identities.push(id.canonical().to_vec());
+    };
+    for group in 0..600 {
+        for i in 0..2 {
+            add(
+                "in_doubt",
+                Identity::new(format!("charge_{group:03}")).part(i),
+            );
+        }
+    }
+    for i in 0..3 {
+        add("pending", Identity::new("refund").part(i));
+    }
+    for i in 0..2 {
+        add("failed", Identity::new("payout").part(i));
+    }
+    sqlx::query(
+        "INSERT INTO idem_records (account, kind, address, state, identity, in_doubt_since) \
+         SELECT $1, 'claim', a, s, i, CASE WHEN s = 'in_doubt' THEN now() END \
+         FROM unnest($2::text[], $3::text[], $4::bytea[]) AS t(s, a, i)",
+    )
+    .bind(&account)
+    .bind(&states)
+    .bind(&addresses)
+    .bind(&identities)
+    .execute(gate.pool())
+    .await
+    .expect("plant the claims");
+    let console = writable(&gate);
+    let page = get(&console, &format!("/?account={account}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body.contains("Only the first groups are shown"),
+        "the table of groups is not cut: the test plants too few"
+    );
+    for (state, expected) in [("in_doubt", "1200"), ("pending", "3"), ("failed", "2")] {
+        assert_eq!(
+            overview_total(&page.body, state),
+            expected,
+            "the overview's total of {state}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn mounted_under_a_path_every_link_and_cookie_stays_under_it() {
     let gate = testing::gate().await;

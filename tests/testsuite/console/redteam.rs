@@ -58,10 +58,13 @@ async fn confirm(
     .await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let csrf = page.csrf_field().expect("the form carries a token");
+    let state = page
+        .hidden("state")
+        .expect("the form carries the state it shows");
     let cookie = page.csrf_cookie().expect("a cookie");
     (
         cookie,
-        format!("{slot}&fence={fence}&as={asked}&csrf={csrf}"),
+        format!("{slot}&fence={fence}&as={asked}&state={state}&csrf={csrf}"),
     )
 }
 
@@ -651,7 +654,7 @@ async fn settled_claims_and_fences_never_shown_are_not_resolved() {
             let forced = post(
                 &console,
                 &cookie,
-                &format!("{slot}&fence={fence}&as={asked}&csrf={csrf}&output=1"),
+                &format!("{slot}&fence={fence}&state=in_doubt&as={asked}&csrf={csrf}&output=1"),
             )
             .await;
             assert_eq!(forced.status, StatusCode::CONFLICT, "{state} {asked}");
@@ -663,7 +666,10 @@ async fn settled_claims_and_fences_never_shown_are_not_resolved() {
     let ahead = post(
         &console,
         &cookie,
-        &format!("{slot}&fence={}&as=release&csrf={csrf}", probe_fence + 1),
+        &format!(
+            "{slot}&fence={}&state=in_doubt&as=release&csrf={csrf}",
+            probe_fence + 1
+        ),
     )
     .await;
     assert_eq!(ahead.status, StatusCode::CONFLICT, "{}", ahead.body);
@@ -674,7 +680,7 @@ async fn settled_claims_and_fences_never_shown_are_not_resolved() {
     let missing = post(
         &console,
         &cookie,
-        &format!("{slot}&fence=1&as=succeeded&csrf={csrf}"),
+        &format!("{slot}&fence=1&state=in_doubt&as=succeeded&csrf={csrf}"),
     )
     .await;
     assert!(missing.status.is_client_error(), "{}", missing.status);

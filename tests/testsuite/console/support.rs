@@ -37,8 +37,15 @@ impl Page {
 
     /// The value of the hidden `csrf` field of the page's form.
     pub fn csrf_field(&self) -> Option<String> {
-        let at = self.body.find(r#"name="csrf" value=""#)?;
-        let rest = &self.body[at + r#"name="csrf" value=""#.len()..];
+        self.hidden("csrf")
+    }
+
+    /// The value of the page form's hidden field `name`, as written (for
+    /// fields whose values need no unescaping: tokens, states, numbers).
+    pub fn hidden(&self, name: &str) -> Option<String> {
+        let attribute = format!(r#"name="{name}" value=""#);
+        let at = self.body.find(&attribute)?;
+        let rest = &self.body[at + attribute.len()..];
         Some(rest[..rest.find('"')?].to_owned())
     }
 
