@@ -79,6 +79,12 @@ fn stderr_file() -> PathBuf {
 /// unset), its stderr written to a file (not a terminal), and waits until
 /// it listens or exits.
 fn start(args: &[&str], token: Option<&str>) -> Started {
+    // The tests' database is this run's own, made empty: the console
+    // refuses to start without idem's table, so it is set up once first.
+    static SCHEMA: std::sync::Once = std::sync::Once::new();
+    SCHEMA.call_once(|| {
+        common::idem(&["migrate"]).expect_code(0);
+    });
     let path = stderr_file();
     let file = std::fs::File::create(&path).expect("a file for its stderr");
     let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
