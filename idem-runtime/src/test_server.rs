@@ -127,12 +127,20 @@ pub(crate) fn url_or_exit() -> &'static str {
     match resolved() {
         Ok(url) => url,
         Err(why) => {
-            // Straight to the process's stderr: the test harness captures
-            // what `eprintln!` prints inside a test, and would lose it.
-            let _ = writeln!(
-                io::stderr(),
-                "idem tests: {why} (stopping: every test here needs a PostgreSQL)"
-            );
+            // Once: tests running in parallel threads all get here, and the
+            // first to say it ends the process while the others wait.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                // Straight to the process's stderr: the test harness
+                // captures what `eprintln!` prints inside a test.
+                let _ = writeln!(
+                    io::stderr(),
+                    "idem tests: {why} (stopping: every test here needs a PostgreSQL)"
+                );
+                std::process::exit(1)
+            });
+            // Not reached: `call_once` ended the process, or waits forever
+            // for the thread that is ending it.
             std::process::exit(1)
         }
     }
