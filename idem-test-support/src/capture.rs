@@ -29,6 +29,26 @@ impl Captured {
         })
     }
 
+    /// A capture of what `tracing` prints at INFO and above on this thread,
+    /// without colour codes, for as long as the guard lives.
+    pub fn scoped() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        (
+            captured.clone(),
+            tracing::subscriber::set_default(subscriber),
+        )
+    }
+
+    /// Everything captured, as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+
     /// The captured lines that mention `needle`.
     pub fn lines_with(&self, needle: &str) -> String {
         let bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner);

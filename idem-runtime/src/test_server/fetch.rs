@@ -591,15 +591,20 @@ mod tests {
         let bin = unpack(&tarball, &scratch, &pin).expect("unpacks");
         let found = cached_in(&scratch, &pin);
         let link = fs::read_link(bin.parent().expect("entry").join("lib/libpq.so.5"));
-        let leftovers: Vec<String> = fs::read_dir(&scratch)
-            .expect("the cache")
-            .filter_map(Result::ok)
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .collect();
+        let leftovers = names_in(&scratch);
         fs::remove_dir_all(&scratch).expect("remove the scratch");
         assert_eq!(found, Some(bin));
         assert_eq!(link.expect("a link"), PathBuf::from("libpq.so.5.18"));
         assert_eq!(leftovers, ["test-99.0.0"], "nothing half-made is left");
+    }
+
+    /// The names of what `dir` holds.
+    fn names_in(dir: &Path) -> Vec<String> {
+        fs::read_dir(dir)
+            .expect("the cache")
+            .filter_map(Result::ok)
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect()
     }
 
     /// A fetch killed (SIGKILL, a closed terminal) while it unpacks leaves
@@ -619,11 +624,7 @@ mod tests {
         fs::create_dir_all(&half_made).expect("create the half-made copy");
         fs::write(half_made.join("libpq.so.5.18"), vec![0_u8; 4096]).expect("a half-made file");
         let unpacked = unpack(&fake_package(), &scratch, &FAKE_PIN);
-        let leftovers: Vec<String> = fs::read_dir(&scratch)
-            .expect("the cache")
-            .filter_map(Result::ok)
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .collect();
+        let leftovers = names_in(&scratch);
         fs::remove_dir_all(&scratch).expect("remove the scratch");
         unpacked.expect("unpacks");
         assert_eq!(

@@ -24,13 +24,7 @@ fn audit_lines(captured: &Captured) -> Vec<String> {
 
 #[tokio::test]
 async fn every_write_attempt_leaves_exactly_one_audit_line() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = Captured::scoped();
 
     let gate = testing::gate().await;
     let id = Identity::new("charge").part("audited");
@@ -219,13 +213,7 @@ async fn every_write_attempt_leaves_exactly_one_audit_line() {
 /// is recorded as a quoted value, so it cannot end the line.
 #[tokio::test]
 async fn a_write_refused_at_the_door_is_on_record_with_where_it_was_addressed() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = Captured::scoped();
     let gate = testing::gate().await;
     let console = writable(&gate);
     let page = send(

@@ -4,7 +4,7 @@
 //! and rows an attacker chose, damaged cursors, odd mounts. Each asserts
 //! what the docs promise, so a break fails.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -818,43 +818,14 @@ async fn an_output_at_the_edges_of_json_is_kept_exactly_or_refused() {
 // Audit
 // ---------------------------------------------------------------------
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
+use idem_test_support::capture::Captured;
 
 /// "every write is logged ... with who did it ... what was asked and what
 /// happened": the audit line names the operator the service set, and a
 /// name chosen by whoever made the claim cannot add a line of its own.
 #[tokio::test]
 async fn an_audit_line_names_the_operator_and_no_name_forges_another() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = Captured::scoped();
 
     let base = testing::gate().await;
     let forged = format!(
@@ -917,13 +888,7 @@ async fn an_audit_line_names_the_operator_and_no_name_forges_another() {
 /// JSON) is a write asked for, and its line says which claim it was for.
 #[tokio::test]
 async fn every_write_asked_for_is_logged_with_the_claim_it_was_for() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = Captured::scoped();
     let gate = testing::gate().await;
     let console = writable(&gate);
     let mut ids = Vec::new();
