@@ -368,10 +368,16 @@ impl Claim {
     /// Records success keeping `value` (as JSON) for replay: a later
     /// duplicate guarded with [`replay`](crate::Guard::replay) is handed it
     /// ([`ClaimOrReplay::Replayed`](crate::ClaimOrReplay::Replayed)) instead
-    /// of [`Rejected::AlreadyDone`]. A value that fails to serialize never
-    /// loses the success: the claim is settled without one, and a tracing
-    /// error says so. Otherwise as [`settle`](Claim::settle).
-    pub async fn settle_value<T: serde::Serialize + ?Sized>(
+    /// of [`Rejected::AlreadyDone`].
+    ///
+    /// A duplicate gets exactly this value or nothing: one that would not
+    /// read back as itself (it fails to serialize, or JSON writes it as
+    /// something else: `Some(())`, `Some(None)` and a NaN are all `null`,
+    /// which reads back as `None`) is not kept. The success is never lost
+    /// to its value: the claim is settled without one, a tracing error
+    /// says so, and duplicates are refused `AlreadyDone`. Otherwise as
+    /// [`settle`](Claim::settle).
+    pub async fn settle_value<T: serde::Serialize + serde::de::DeserializeOwned>(
         self,
         value: &T,
     ) -> Result<(), Rejected> {
@@ -384,7 +390,7 @@ impl Claim {
         else {
             return Ok(());
         };
-        let json = replay_json(self.address(), value);
+        let json = crate::stored_value::for_replay(self.address(), value);
         self.settle_on(json.as_deref(), &mut Via::Pool(&pool)).await
     }
 
@@ -991,7 +997,7 @@ impl WonSlot {
 
 /// What `row` records, written by somebody other than the holder of its
 /// fence, as [`Rejected::NotRecorded`] says it.
-fn recorded_by_another(row: &store::Existing) -> &'static str {
+pub(crate) fn recorded_by_another(row: &store::Existing) -> &'static str {
     use store::ClaimState::{Failed, InDoubt, Pending, Success};
     match (row.state, row.resolved, row.reason.as_deref()) {
         (Success, true, _) => "was resolved as succeeded by a reconciler or an operator",
@@ -1007,27 +1013,6 @@ fn recorded_by_another(row: &store::Existing) -> &'static str {
         (Success, _, _) => "is settled as succeeded",
         (Failed, _, _) => "is kept as a definite failure",
         (Pending, _, _) => "records another outcome",
-    }
-}
-
-/// `value` as the JSON a replay hands back; `None`, with a tracing error,
-/// when it does not serialize (the success is then settled without it).
-pub(crate) fn replay_json<T: serde::Serialize + ?Sized>(
-    address: Option<&str>,
-    value: &T,
-) -> Option<String> {
-    match serde_json::to_string(value) {
-        Ok(json) => Some(json),
-        Err(error) => {
-            tracing::error!(
-                target: "idem",
-                address,
-                error = %error,
-                "the value could not be serialized for replay; settling without it, so \
-                 duplicates are refused as already done"
-            );
-            None
-        }
     }
 }
 

@@ -736,12 +736,12 @@ impl TxClaim {
 
     /// Records success keeping `value` for replay (see
     /// [`Claim::settle_value`]), on the claim's transaction.
-    pub async fn settle_value<T: serde::Serialize + ?Sized>(
+    pub async fn settle_value<T: serde::Serialize + serde::de::DeserializeOwned>(
         self,
         connection: &mut PgConnection,
         value: &T,
     ) -> Result<(), Rejected> {
-        let json = crate::claim::replay_json(self.0.address(), value);
+        let json = crate::stored_value::for_replay(self.0.address(), value);
         self.0
             .settle_on(json.as_deref(), &mut Via::Transaction(connection))
             .await

@@ -52,6 +52,7 @@ mod scoped_pool;
 mod settled;
 mod step;
 mod store;
+mod stored_value;
 // The tests' PostgreSQL: for `testing`, and for the store's unit tests,
 // which build without it. Much of it serves only `testing`'s users.
 #[cfg(any(test, feature = "testing"))]

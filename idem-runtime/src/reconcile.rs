@@ -39,7 +39,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::StreamExt;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 use crate::identity::Identity;
@@ -137,13 +139,17 @@ impl Verdict {
     }
 
     /// The effect happened, and `value` is the `Ok` value duplicates of a
-    /// `replay` function get back: it must read back as that function's
-    /// `Ok` type.
-    pub fn succeeded_with<T: serde::Serialize + ?Sized>(
+    /// `replay` function get back: give it as that function's `Ok` type.
+    ///
+    /// An error when `value` would not read back as itself (see
+    /// [`Claim::settle_value`](crate::Claim::settle_value)): say
+    /// [`Verdict::succeeded`] instead, and duplicates are refused
+    /// `AlreadyDone`.
+    pub fn succeeded_with<T: serde::Serialize + serde::de::DeserializeOwned>(
         value: &T,
     ) -> Result<Verdict, serde_json::Error> {
         Ok(Verdict::Succeeded {
-            replay: Some(serde_json::to_string(value)?),
+            replay: Some(stored(value)?),
         })
     }
 
@@ -151,15 +157,23 @@ impl Verdict {
     /// happened, and `value` is what it returned: it must read back as the
     /// step's `Ok` type. The step is recorded and the claim released; the
     /// next invocation replays it and runs on from there.
-    pub fn step_succeeded_with<T: serde::Serialize + ?Sized>(
+    pub fn step_succeeded_with<T: serde::Serialize + serde::de::DeserializeOwned>(
         step: &str,
         value: &T,
     ) -> Result<Verdict, serde_json::Error> {
         Ok(Verdict::StepSucceeded {
             step: step.to_owned(),
-            replay: serde_json::to_string(value)?,
+            replay: stored(value)?,
         })
     }
+}
+
+/// `value` as the JSON a verdict stores, under the rule every stored value
+/// follows: it reads back as itself, or it is refused.
+fn stored<T: serde::Serialize + serde::de::DeserializeOwned>(
+    value: &T,
+) -> Result<String, serde_json::Error> {
+    crate::stored_value::to_json(value).map_err(<serde_json::Error as serde::ser::Error>::custom)
 }
 
 /// What one [`Reconciler::reconcile_once`] did.
@@ -189,6 +203,28 @@ pub struct Pass {
     pub timed_out: usize,
 }
 
+impl Pass {
+    /// Adds what another part of the pass did.
+    fn add(&mut self, other: Pass) {
+        let Pass {
+            probed,
+            resolved,
+            unknown,
+            lost,
+            without_probe,
+            panicked,
+            timed_out,
+        } = other;
+        self.probed += probed;
+        self.resolved += resolved;
+        self.unknown += unknown;
+        self.lost += lost;
+        self.without_probe += without_probe;
+        self.panicked += panicked;
+        self.timed_out += timed_out;
+    }
+}
+
 type Probe = Arc<dyn Fn(Doubt) -> Pin<Box<dyn Future<Output = Verdict> + Send>> + Send + Sync>;
 
 /// Runs the application's probes over claims nobody knows the outcome of.
@@ -199,8 +235,12 @@ type Probe = Arc<dyn Fn(Doubt) -> Pin<Box<dyn Future<Output = Verdict> + Send>> 
 /// can answer is asked within one cycle (the claims with a probe, divided
 /// by the batch, plus one passes), whatever else is in doubt. Each probe
 /// runs in a task of its own, under [`probe_timeout`](Reconciler::probe_timeout):
-/// a panic or a probe that never answers counts as unknown, and holds up
-/// neither the other claims nor the shutdown.
+/// a panic or a probe that never answers counts as unknown, and never holds
+/// up the shutdown. A pass handles up to
+/// [`probe_concurrency`](Reconciler::probe_concurrency) claims at once
+/// (4 by default), so a probe that hangs delays only its own claim, until
+/// its timeout; a pass whose every probe hangs takes about
+/// `batch / probe_concurrency` timeouts.
 ///
 /// A pending claim whose lease ran out is listed as soon as it ran out,
 /// whatever [`pending_older_than`](Reconciler::pending_older_than) says:
@@ -252,6 +292,7 @@ pub struct Reconciler {
     batch: u32,
     interval: Duration,
     probe_timeout: Duration,
+    probe_concurrency: usize,
     /// Where the listing is, and what it remembers of the claims it saw.
     memory: Mutex<Memory>,
     /// How its `reconciled` outcomes are labelled.
@@ -375,11 +416,6 @@ impl<S: Future<Output = ()>> Stop<'_, S> {
             self.done = true;
         }
     }
-
-    /// Whether the shutdown has come, without waiting for it.
-    fn is_requested(&mut self) -> bool {
-        futures_util::FutureExt::now_or_never(self.requested()).is_some()
-    }
 }
 
 /// What a pass did, and what the loop makes of it.
@@ -403,6 +439,9 @@ impl Reconciler {
     /// long enough for a provider's API call and its retries, short enough
     /// that one stuck call costs a pass half a minute, not the loop.
     pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// How many probes a pass asks at once by default
+    /// ([`Reconciler::probe_concurrency`]).
+    pub const DEFAULT_PROBE_CONCURRENCY: usize = 4;
     /// How many times a pass tries to record a verdict the store refused
     /// before it ends (the verdict is kept for the next pass).
     const RESOLVE_ATTEMPTS: u32 = 3;
@@ -419,6 +458,7 @@ impl Reconciler {
             batch: 100,
             interval: Duration::from_secs(10),
             probe_timeout: Reconciler::DEFAULT_PROBE_TIMEOUT,
+            probe_concurrency: Reconciler::DEFAULT_PROBE_CONCURRENCY,
             memory: Mutex::new(Memory::default()),
             #[cfg(feature = "metrics")]
             metrics: MetricsOptions::new(),
@@ -474,6 +514,19 @@ impl Reconciler {
         self
     }
 
+    /// How many claims of a pass are handled at once, each probe in a task
+    /// of its own (default [`Reconciler::DEFAULT_PROBE_CONCURRENCY`], 4;
+    /// at least 1): a probe that hangs holds up its own claim for up to
+    /// the [`probe_timeout`](Reconciler::probe_timeout), while the others
+    /// go on `probes - 1` at a time. Each claim handled at once may hold a
+    /// connection of the pool while it is resolved, and asks your
+    /// provider once: size it for both.
+    #[must_use]
+    pub fn probe_concurrency(mut self, probes: usize) -> Reconciler {
+        self.probe_concurrency = probes.max(1);
+        self
+    }
+
     /// Also probes `pending` claims without a lease created longer than
     /// `age` ago, whose holder is presumed gone (crashed). (Pending claims
     /// whose lease ran out are probed whatever `age` is, as the type's docs
@@ -510,7 +563,8 @@ impl Reconciler {
     /// One pass: reads the next window of up to a batch of claims in doubt
     /// (and stale pending ones, if asked) of the actions that have a probe,
     /// oldest first, from where the last pass stopped; asks the probe of
-    /// each whose last unknown is not too recent, one after the other; and
+    /// each whose last unknown is not too recent, up to
+    /// [`probe_concurrency`](Reconciler::probe_concurrency) at once; and
     /// resolves each as its probe says. An error of the store ends the
     /// pass; a verdict it could not record is recorded by a later pass,
     /// without asking the probe again. Passes of one reconciler that
@@ -571,36 +625,76 @@ impl Reconciler {
         }
     }
 
-    /// One pass over the next window, watching `stop`.
+    /// One pass over the next window, watching `stop`: up to
+    /// [`probe_concurrency`](Reconciler::probe_concurrency) claims at a
+    /// time, so a probe that hangs holds up only its own claim. The cursor
+    /// moves past the claims handled in listing order, up to the first one
+    /// not handled (the shutdown or a store error came first), which the
+    /// next pass starts from.
     async fn window<S: Future<Output = ()>>(
         &self,
         stop: &mut Stop<'_, S>,
     ) -> Result<Window, Error> {
-        let mut pass = Pass::default();
         let rows = self.next_window().await?;
         let full = rows.len() >= self.batch as usize;
-        let mut last = None;
-        for ToReconcile {
-            claim: row,
-            lease_ran_out,
-            cursor,
-        } in rows
-        {
-            if stop.is_requested() {
-                self.advance(last, false);
-                return Ok(Window {
-                    pass,
-                    full,
-                    stopped: true,
-                });
+        // Every claim under way watches it: the shutdown, or a store error
+        // that ends the pass, cancels their probes (a resolution under way
+        // is finished), and no further claim starts.
+        let ending = CancellationToken::new();
+        let cursors: Vec<ReconcileCursor> = rows.iter().map(|row| row.cursor.clone()).collect();
+        let handled = futures_util::stream::iter(rows.into_iter().enumerate())
+            .map(|(index, to_reconcile)| {
+                let ending = &ending;
+                async move {
+                    let mut pass = Pass::default();
+                    if ending.is_cancelled() {
+                        return (index, pass, None);
+                    }
+                    let ToReconcile {
+                        claim: row,
+                        lease_ran_out,
+                        ..
+                    } = to_reconcile;
+                    let done = self.reconcile(&row, lease_ran_out, &mut pass, ending).await;
+                    (index, pass, Some(done))
+                }
+            })
+            .buffer_unordered(self.probe_concurrency);
+        tokio::pin!(handled);
+        let mut pass = Pass::default();
+        let mut finished = vec![false; cursors.len()];
+        let mut failed = None;
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = stop.requested(), if !ending.is_cancelled() => {
+                    ending.cancel();
+                    continue;
+                }
+                next = handled.next() => next,
+            };
+            let Some((index, done, result)) = next else {
+                break;
+            };
+            pass.add(done);
+            match result {
+                Some(Ok(())) => finished[index] = true,
+                None => {}
+                Some(Err(error)) => {
+                    ending.cancel();
+                    failed.get_or_insert(error);
+                }
             }
-            if let Err(error) = self.reconcile(&row, lease_ran_out, &mut pass, stop).await {
-                self.advance(last, false);
-                return Err(error);
-            }
-            last = Some(cursor);
         }
+        let handled_in_order = finished.iter().take_while(|&&finished| finished).count();
+        let last = handled_in_order
+            .checked_sub(1)
+            .and_then(|index| cursors.get(index).cloned());
         let stopped = stop.done;
+        if let Some(error) = failed {
+            self.advance(last, false);
+            return Err(error);
+        }
         self.advance(last, !full && !stopped);
         Ok(Window {
             pass,
@@ -648,12 +742,12 @@ impl Reconciler {
     /// Establishes and records the outcome of one listed claim: the verdict
     /// the store failed to record last time, or its probe's, unless its
     /// last unknown is too recent.
-    async fn reconcile<S: Future<Output = ()>>(
+    async fn reconcile(
         &self,
         row: &ClaimRow,
         lease_ran_out: bool,
         pass: &mut Pass,
-        stop: &mut Stop<'_, S>,
+        ending: &CancellationToken,
     ) -> Result<(), Error> {
         let key = ClaimKey::of(row);
         let remembered = {
@@ -694,7 +788,7 @@ impl Reconciler {
             Some(verdict) => verdict,
             None => {
                 pass.probed += 1;
-                match self.ask(action, probe, doubt, stop).await {
+                match self.ask(action, probe, doubt, ending).await {
                     Asked::Answered(Verdict::Unknown) => {
                         self.unknown(row, pass, &key, "the probe does not know yet");
                         return Ok(());
@@ -826,20 +920,20 @@ impl Reconciler {
     }
 
     /// Asks `probe` about `doubt`, in a task of its own, for at most the
-    /// probe timeout, unless the shutdown comes first.
-    async fn ask<S: Future<Output = ()>>(
+    /// probe timeout, unless the pass ends first (the shutdown came).
+    async fn ask(
         &self,
         action: &str,
         probe: &Probe,
         doubt: Doubt,
-        stop: &mut Stop<'_, S>,
+        ending: &CancellationToken,
     ) -> Asked {
         // Aborted when dropped: with the pass, should its caller drop it
         // mid-probe, the probe goes too, never left running unbounded.
         let mut task = AbortOnDrop(tokio::spawn(probe(doubt)));
         let joined = tokio::select! {
             biased;
-            () = stop.requested() => return Asked::Stopped,
+            () = ending.cancelled() => return Asked::Stopped,
             joined = tokio::time::timeout(self.probe_timeout, &mut task.0) => joined,
         };
         match joined {
@@ -903,6 +997,7 @@ impl fmt::Debug for Reconciler {
             .field("batch", &self.batch)
             .field("interval", &self.interval)
             .field("probe_timeout", &self.probe_timeout)
+            .field("probe_concurrency", &self.probe_concurrency)
             .finish_non_exhaustive()
     }
 }

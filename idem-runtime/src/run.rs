@@ -53,8 +53,10 @@ impl<T, E: From<Rejected>> Outcome for Result<T, E> {
     note = "derive `serde::Serialize` and `serde::Deserialize` for the `Ok` type, or drop `replay` (duplicates then get `Rejected::AlreadyDone`)"
 )]
 pub trait ReplayOutcome: Outcome {
-    /// The `Ok` value as JSON; `Ok(None)` for an `Err`.
-    fn encode(&self) -> Result<Option<String>, serde_json::Error>;
+    /// The `Ok` value as the JSON kept for replay; `None` for an `Err`,
+    /// and for a value that would not read back as itself (see
+    /// `stored_value`), which is settled without one.
+    fn encode(&self, address: Option<&str>) -> Option<String>;
     /// A stored `Ok` value, read back.
     fn decode(json: &str) -> Result<Self, serde_json::Error>;
 }
@@ -65,8 +67,9 @@ where
     T: serde::Serialize + serde::de::DeserializeOwned,
     E: From<Rejected>,
 {
-    fn encode(&self) -> Result<Option<String>, serde_json::Error> {
-        self.as_ref().ok().map(serde_json::to_string).transpose()
+    fn encode(&self, address: Option<&str>) -> Option<String> {
+        let value = self.as_ref().ok()?;
+        crate::stored_value::for_replay(address, value)
     }
 
     fn decode(json: &str) -> Result<Self, serde_json::Error> {
@@ -96,7 +99,7 @@ pub struct OutcomeOf<'a, R> {
 type Dispose<'a, R> = Box<dyn Fn(&R) -> Disposition + Send + Sync + 'a>;
 
 struct ReplayCodec<R> {
-    encode: fn(&R) -> Result<Option<String>, serde_json::Error>,
+    encode: fn(&R, Option<&str>) -> Option<String>,
     decode: fn(&str) -> Result<R, serde_json::Error>,
 }
 
@@ -239,20 +242,9 @@ impl<'a, R> OutcomeOf<'a, R> {
             );
         }
         Recording::Settled(
-            match self.replay.as_ref().map(|replay| (replay.encode)(output)) {
-                Some(Ok(json)) => json,
-                Some(Err(error)) => {
-                    tracing::error!(
-                        target: "idem",
-                        address,
-                        error = %error,
-                        "the Ok value could not be serialized for replay; settling without it, \
-                         so duplicates are refused as already done"
-                    );
-                    None
-                }
-                None => None,
-            },
+            self.replay
+                .as_ref()
+                .and_then(|replay| (replay.encode)(output, address)),
         )
     }
 

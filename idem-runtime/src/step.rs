@@ -47,6 +47,7 @@ use crate::mode::Disposition;
 use crate::retry;
 use crate::scoped_pool::ScopedPool;
 use crate::store::{self, Commit, StepRow, StepState};
+use crate::stored_value;
 use crate::via::Via;
 
 tokio::task_local! {
@@ -105,7 +106,8 @@ struct ClaimFacts {
     fence: i64,
     commit: Commit,
     /// The claim's lease by this process's clock, renewed with it: a claim
-    /// found gone is `LeaseLost` once it ran out, `ClaimLost` before.
+    /// found gone is `LeaseLost` once it ran out, `ClaimLost` before
+    /// (`NotRecorded` when somebody else decided its outcome).
     lease: Arc<Lease>,
 }
 
@@ -218,7 +220,7 @@ impl Ambient {
     fn refusing(&self, rejected: &Rejected) {
         if matches!(
             rejected,
-            Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. }
+            Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } | Rejected::NotRecorded { .. }
         ) {
             self.lock().refused.get_or_insert_with(|| rejected.clone());
         }
@@ -325,7 +327,8 @@ impl<'f, F> Step<'f, F> {
     /// carries the downstream key). Its record never goes in over the new
     /// holder's: it hands back the recorded value, or is
     /// [`Rejected::LeaseLost`] ([`Rejected::ClaimLost`] for a claim
-    /// released under it), and no later step of the body runs.
+    /// released under it, [`Rejected::NotRecorded`] for one a reconciler
+    /// or an operator resolved), and no later step of the body runs.
     pub fn repeatable(mut self) -> Self {
         self.repeatable = true;
         self
@@ -517,7 +520,7 @@ where
         }));
     };
     match &output {
-        Ok(value) => match recordable(value) {
+        Ok(value) => match stored_value::to_json(value) {
             Ok(json) => match held.record(&json, marked, &ambient, &mut via).await {
                 Ok(Recorded::Ours) => count(StepLabel::Recorded),
                 Ok(Recorded::Theirs(json)) => {
@@ -532,6 +535,7 @@ where
                 Err(
                     gone @ (Rejected::LeaseLost { .. }
                     | Rejected::ClaimLost { .. }
+                    | Rejected::NotRecorded { .. }
                     | Rejected::WrongConnection { .. }),
                 ) => {
                     // The claim is no longer this holder's (or the step
@@ -604,28 +608,6 @@ where
     }
     cut_off.disarm();
     output
-}
-
-/// `value` as the JSON text a step records, checked to read back as the
-/// same value: one that would not is refused now, while its run can still
-/// hold the claim, rather than handed to every later run changed, or
-/// found unreadable by it. JSON writes a NaN or an infinite float as
-/// `null`: as an `f64` that does not read back at all; inside an `Option`
-/// it reads back `None`, as `Some(())` does. The two are compared through
-/// `serde_value`, which keeps what JSON loses (and holds a NaN equal to
-/// itself); a type it cannot represent (`i128`) is only checked to read
-/// back.
-fn recordable<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, String> {
-    let json = serde_json::to_string(value).map_err(|error| error.to_string())?;
-    let back: T = serde_json::from_str(&json)
-        .map_err(|error| format!("it does not read back as its type: {error}"))?;
-    match (serde_value::to_value(value), serde_value::to_value(&back)) {
-        (Ok(before), Ok(after)) if before != after => Err(format!(
-            "it reads back as another value ({json}): JSON cannot say it \
-             (a NaN or infinite float, or Some(()), is written as null)"
-        )),
-        _ => Ok(json),
-    }
 }
 
 /// The recorded value `json` of step `name`, as the step's type. Not a
@@ -731,13 +713,48 @@ impl<'a> Held<'a> {
     /// The claim is no longer this holder's: every later step of the run
     /// is refused (on the pool; in a transaction it cannot be, and the
     /// connection given was the wrong one, which another step may not
-    /// repeat).
-    fn lost(&self, ambient: &Ambient, via: &Via<'_>) -> Rejected {
-        let gone = self.claim_gone(via);
-        if !via.in_transaction() {
-            ambient.lock().lost.get_or_insert_with(|| gone.clone());
+    /// repeat). Said once per run, as the first step to find it out
+    /// found it.
+    async fn lost(&self, ambient: &Ambient, via: &mut Via<'_>) -> Rejected {
+        if via.in_transaction() {
+            return self.claim_gone(via);
         }
-        gone
+        if let Some(known) = ambient.lock().lost.clone() {
+            return known;
+        }
+        let gone = self.what_became_of_the_claim(via).await;
+        ambient.lock().lost.get_or_insert(gone).clone()
+    }
+
+    /// Why a claim on the pool is no longer this holder's, as the run loop
+    /// would say it when recording the body's outcome: a success or a
+    /// failure somebody else recorded under its fence (a reconciler or an
+    /// operator resolved it, an earlier holder's late success) is
+    /// [`Rejected::NotRecorded`], since the slot is decided for good; a
+    /// claim taken over or released is `LeaseLost`/`ClaimLost`. One read,
+    /// on this rare path only.
+    async fn what_became_of_the_claim(&self, via: &mut Via<'_>) -> Rejected {
+        let scope = self.facts.slots.scope();
+        let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+            store::lookup(&mut *conn, scope, &self.facts.address, false).await
+        });
+        match row {
+            Ok(Some(row))
+                if row.fence == self.facts.fence
+                    && row.identity == self.facts.identity.canonical()
+                    && matches!(
+                        row.state,
+                        store::ClaimState::Success | store::ClaimState::Failed
+                    )
+                    && !row.written_by_its_holder() =>
+            {
+                Rejected::NotRecorded {
+                    address: self.facts.address.clone(),
+                    recorded: crate::claim::recorded_by_another(&row),
+                }
+            }
+            _ => self.claim_gone(via),
+        }
     }
 
     /// Finds a step without a marker (a repeatable one) in what the run
@@ -763,7 +780,7 @@ impl<'a> Held<'a> {
                     // In a transaction, a connection that does not see
                     // the claim is the wrong one: what it read is not kept
                     // for a step given the right one.
-                    let lost = self.lost(ambient, via);
+                    let lost = self.lost(ambient, via).await;
                     if via.in_transaction() {
                         return Err(lost);
                     }
@@ -791,7 +808,7 @@ impl<'a> Held<'a> {
             // Recorded steps are replayed to a holder that lost its claim
             // (what the new holder recorded is what it finds); no step
             // runs under a claim that is no longer its holder's.
-            _ if ambient.lock().lost.is_some() => Err(self.claim_gone(via)),
+            _ if ambient.lock().lost.is_some() => Err(self.lost(ambient, via).await),
             None => Ok(Begun::Run),
             // A marker: a holder was cut off inside it (or the step was not
             // repeatable then). Its record goes over the marker.
@@ -821,7 +838,7 @@ impl<'a> Held<'a> {
                 if self.claim_still_ours(via).await? {
                     continue;
                 }
-                return Err(self.lost(ambient, via));
+                return Err(self.lost(ambient, via).await);
             };
             if row.identity != self.canonical {
                 return Err(Rejected::Collision {
@@ -837,7 +854,7 @@ impl<'a> Held<'a> {
                 StepState::Pending if row.fence == self.facts.fence => return Ok(Begun::Run),
                 StepState::Pending => {
                     if !self.claim_still_ours(via).await? {
-                        return Err(self.lost(ambient, via));
+                        return Err(self.lost(ambient, via).await);
                     }
                     return Err(Rejected::StepInDoubt {
                         step: self.name.to_owned(),
@@ -846,7 +863,7 @@ impl<'a> Held<'a> {
                 }
             }
         }
-        Err(self.claim_gone(via))
+        Err(self.lost(ambient, via).await)
     }
 
     /// Records the step's value: over its marker (`marked`), or as its
@@ -907,11 +924,11 @@ impl<'a> Held<'a> {
                 // it is not.
                 let ours = row.fence <= fence && self.claim_still_ours(via).await.unwrap_or(false);
                 if !ours {
-                    self.lost(ambient, via);
+                    self.lost(ambient, via).await;
                 }
                 Ok(Recorded::Theirs(row.value()))
             }
-            _ => Err(self.lost(ambient, via)),
+            _ => Err(self.lost(ambient, via).await),
         }
     }
 

@@ -133,7 +133,10 @@ async fn claim_or_replay_hands_the_value_a_settled_claim_kept() {
     else {
         panic!("nothing was kept yet");
     };
-    claim.settle_value("receipt").await.expect("settled");
+    claim
+        .settle_value(&"receipt".to_owned())
+        .await
+        .expect("settled");
 
     match gate.guard(&id).replay().claim_or_replay::<String>().await {
         Ok(ClaimOrReplay::Replayed(value)) => assert_eq!(value, "receipt"),

@@ -593,7 +593,10 @@ async fn an_absent_identity_runs_ungated_on_every_end() {
     match gate.guard(&id).replay().claim_or_replay::<String>().await {
         Ok(ClaimOrReplay::Won(claim)) => {
             assert!(!claim.is_gated());
-            claim.settle_value("v").await.expect("does nothing");
+            claim
+                .settle_value(&"v".to_owned())
+                .await
+                .expect("does nothing");
         }
         other => panic!("an absent identity is never replayed: {other:?}"),
     }
@@ -1684,7 +1687,7 @@ async fn races_on_claim_or_replay_replayed_transactions_and_overlapping_batches(
     assert_eq!(won.len(), 1, "exactly one racer wins");
     won.pop()
         .expect("one")
-        .settle_value("kept")
+        .settle_value(&"kept".to_owned())
         .await
         .expect("settled");
     let replays = testing::race(RACERS, || async {

@@ -887,3 +887,87 @@ async fn a_batch_item_taken_over_runs_nothing_more_and_its_neighbour_is_untouche
     assert_eq!(recorded(&gate, &ids[0], "a").await.as_deref(), Some("99"));
     assert_eq!(recorded(&gate, &ids[1], "b").await.as_deref(), Some("20"));
 }
+
+// ---------------------------------------------------------------------
+// An operator resolving the claim while its body runs
+// ---------------------------------------------------------------------
+
+/// Rejected::NotRecorded, src/idempotent.md ("Fenced"): a holder whose
+/// claim an operator resolved while its body ran is told `NotRecorded`
+/// (the slot is decided for good), with steps as without them: never
+/// `ClaimLost`, which would tell it the action may run twice. Each kind of
+/// step, after a resolution as succeeded and as failed.
+#[tokio::test]
+async fn a_step_after_an_operator_resolved_the_claim_is_told_not_recorded() {
+    use operations::Resolution;
+    let gate = small_gate().await;
+    for repeatable in [false, true] {
+        for succeeded in [true, false] {
+            let id = Identity::new("lb_operator_resolved")
+                .part(repeatable)
+                .part(succeeded);
+            let second_ran = AtomicUsize::new(0);
+            let saw = Mutex::new(None::<Result<u64, Rejected>>);
+            let outcome: Result<u64, Rejected> = gate
+                .guard(&id)
+                .run(async {
+                    let step = |name: &'static str, value: u64| {
+                        let step = idem::step(name, async move { Ok::<u64, Rejected>(value) });
+                        if repeatable { step.repeatable() } else { step }
+                    };
+                    let first = step("first", 1).await?;
+                    let address = id.address();
+                    let resolution = if succeeded {
+                        Resolution::Succeeded { output_json: None }
+                    } else {
+                        Resolution::Failed
+                    };
+                    operations::resolve(
+                        gate.pool(),
+                        Slot::new(gate.account_name(), gate.namespace_name(), &address),
+                        resolution,
+                    )
+                    .await
+                    .expect("the operator resolves the claim");
+                    let second = idem::step("second", async {
+                        second_ran.fetch_add(1, Ordering::SeqCst);
+                        Ok::<u64, Rejected>(2)
+                    });
+                    let second = if repeatable {
+                        second.repeatable().await
+                    } else {
+                        second.await
+                    };
+                    *saw.lock().unwrap() = Some(second.clone());
+                    Ok(first + second?)
+                })
+                .await;
+            let saw = saw.into_inner().unwrap();
+            let case = format!("repeatable {repeatable}, resolved as succeeded {succeeded}");
+            assert!(
+                matches!(saw, Some(Err(Rejected::NotRecorded { .. }))),
+                "{case}: the step after the resolution was told {saw:?}, not NotRecorded"
+            );
+            assert!(
+                matches!(outcome, Err(Rejected::NotRecorded { .. })),
+                "{case}: the holder was told {outcome:?}, not NotRecorded"
+            );
+            if !repeatable {
+                assert_eq!(
+                    second_ran.load(Ordering::SeqCst),
+                    0,
+                    "{case}: no step runs after"
+                );
+            }
+            let expected = if succeeded { "success" } else { "failed" };
+            assert_eq!(
+                state_of(&gate, &id)
+                    .await
+                    .map(|(state, _)| state)
+                    .as_deref(),
+                Some(expected),
+                "{case}: the operator's resolution stands"
+            );
+        }
+    }
+}

@@ -172,11 +172,36 @@ pub(crate) fn partitioned_prelude(partitions: u16) -> String {
 /// transaction under the set-up lock; when the schema is already current,
 /// no DDL runs and no lock is taken.
 pub(crate) async fn set_up(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-    if current_version(&mut *conn).await? >= SCHEMA_VERSION {
-        return Ok(());
+    let mut attempt = 1;
+    loop {
+        if current_version(&mut *conn).await? >= SCHEMA_VERSION {
+            return Ok(());
+        }
+        let migrated = match begin_set_up(&mut *conn).await {
+            Ok(tx) => migrate_and_commit(tx).await,
+            Err(error) => Err(error),
+        };
+        match migrated {
+            // The set-up rolled back whole: another transaction's locks
+            // crossed its DDL's (seen once on a fresh database, with test
+            // binaries starting at once). Read where the schema stands,
+            // and go again.
+            Err(error) if attempt < SET_UP_ATTEMPTS && is_transient(&error) => attempt += 1,
+            done => return done,
+        }
     }
-    let tx = begin_set_up(conn).await?;
-    migrate_and_commit(tx).await
+}
+
+/// How many times a set-up that deadlocked or failed to serialize is tried.
+const SET_UP_ATTEMPTS: u32 = 3;
+
+/// A deadlock (`40P01`) or a serialization failure (`40001`): the
+/// transaction was rolled back whole, and trying it again is safe.
+fn is_transient(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .is_some_and(|code| code == "40P01" || code == "40001")
 }
 
 /// The set-up transaction, holding the advisory lock every set-up takes

@@ -130,7 +130,7 @@ async fn a_holder_whose_pending_claim_a_reconciler_resolved_is_told() {
         .account(gate.account_name())
         .pending_older_than(Duration::from_millis(1))
         .probe(action.as_str(), |_doubt| async {
-            Verdict::succeeded_with("probed").unwrap_or(Verdict::Unknown)
+            Verdict::succeeded_with(&"probed".to_owned()).unwrap_or(Verdict::Unknown)
         });
     tokio::time::sleep(Duration::from_millis(50)).await;
     let pass = reconciler.reconcile_once().await.expect("a pass");

@@ -111,3 +111,149 @@ async fn a_value_that_fails_to_serialize_never_loses_the_success() {
     );
     assert_eq!(provider.runs(), 1);
 }
+
+/// A stored `Ok` value of `replay`'s tests of every path: `Some(None)` is
+/// written `null`, which reads back `None`; `Some(Some(7))` and `None`
+/// read back as themselves.
+type Nested = Option<Option<u32>>;
+
+#[idempotent(key = "key", action = "stored_value_paths", replay)]
+async fn stored_by_the_attribute(
+    gate: &Gate,
+    key: &str,
+    value: Nested,
+) -> Result<Nested, JobError> {
+    Ok(value)
+}
+
+/// Every way a success keeps its value for replay.
+#[derive(Debug, Clone, Copy)]
+enum Keeps {
+    Attribute,
+    Guard,
+    ClaimSettleValue,
+    Transaction,
+    TxClaimSettleValue,
+    Detached,
+    Batch,
+}
+
+impl Keeps {
+    const ALL: [Keeps; 7] = [
+        Keeps::Attribute,
+        Keeps::Guard,
+        Keeps::ClaimSettleValue,
+        Keeps::Transaction,
+        Keeps::TxClaimSettleValue,
+        Keeps::Detached,
+        Keeps::Batch,
+    ];
+
+    /// Succeeds with `value` on `key` along this path; what the caller got.
+    async fn succeed(self, gate: &Gate, key: &str, value: Nested) -> Result<Nested, JobError> {
+        let id = Identity::new("stored_value_paths").part(key);
+        let body = async move { Ok::<_, JobError>(value) };
+        match self {
+            Keeps::Attribute => stored_by_the_attribute(gate, key, value).await,
+            Keeps::Guard => gate.guard(&id).replay().run(body).await,
+            Keeps::ClaimSettleValue => {
+                let claim = gate.guard(&id).claim().await?;
+                claim.settle_value(&value).await?;
+                Ok(value)
+            }
+            Keeps::Transaction => {
+                let mut tx = gate.pool().begin().await.expect("begin");
+                let result = gate
+                    .guard(&id)
+                    .tx(&mut tx)
+                    .replay()
+                    .run(async move |_: &mut idem::sqlx::PgConnection| Ok::<_, JobError>(value))
+                    .await;
+                tx.commit().await.expect("commit");
+                result
+            }
+            Keeps::TxClaimSettleValue => {
+                let mut tx = gate.pool().begin().await.expect("begin");
+                let claim = gate.guard(&id).tx(&mut tx).claim().await?;
+                claim.settle_value(&mut tx, &value).await?;
+                tx.commit().await.expect("commit");
+                Ok(value)
+            }
+            Keeps::Detached => {
+                let detached = idem::Detached::new();
+                let result = gate.guard(&id).replay().run_detached(&detached, body).await;
+                detached.shutdown(Duration::from_secs(10)).await;
+                result
+            }
+            Keeps::Batch => {
+                let batch: idem::batch::Batch<Nested> = [(value, id.clone())].into_iter().collect();
+                let mut results = gate
+                    .guard_batch(batch)
+                    .replay()
+                    .run(async |value| Ok::<_, JobError>(value))
+                    .await;
+                results.pop().expect("one result")
+            }
+        }
+    }
+}
+
+/// What a duplicate of `key` is told, asked for the stored value.
+async fn duplicate(gate: &Gate, key: &str) -> Result<Nested, JobError> {
+    let id = Identity::new("stored_value_paths").part(key);
+    gate.guard(&id)
+        .replay()
+        .run(async { panic!("a duplicate of a settled call never runs") })
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_path_replays_exactly_the_value_or_refuses_it() {
+    let gate = testing::gate().await;
+    for keeps in Keeps::ALL {
+        for (n, value) in [Some(Some(7)), None, Some(None)].into_iter().enumerate() {
+            let key = format!("{keeps:?}_{n}");
+            let first = keeps.succeed(&gate, &key, value).await;
+            assert_eq!(
+                first.ok(),
+                Some(value),
+                "{keeps:?}: the first caller's value"
+            );
+            let address = Identity::new("stored_value_paths").part(&key).address();
+            assert_eq!(
+                rows::row_state(&gate, &address).await.as_deref(),
+                Some("success"),
+                "{keeps:?} {value:?}: a success is never lost to its value"
+            );
+            let again = duplicate(&gate, &key).await;
+            if value == Some(None) {
+                // JSON says `null`, which reads back `None`: not the value
+                // the first caller got, so none is kept.
+                assert!(
+                    matches!(again, Err(JobError::Rejected(Rejected::AlreadyDone))),
+                    "{keeps:?}: a duplicate of Some(None) must be refused, not handed \
+                     {again:?}"
+                );
+            } else {
+                assert_eq!(again.ok(), Some(value), "{keeps:?}: replayed as it was");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_reconciler_s_verdict_keeps_only_a_value_that_reads_back() {
+    use idem::reconcile::Verdict;
+    for refused in [
+        Verdict::succeeded_with(&Some(())).map(|_| ()),
+        Verdict::succeeded_with(&Some(f64::NAN)).map(|_| ()),
+        Verdict::step_succeeded_with("charge", &Some(None::<u8>)).map(|_| ()),
+    ] {
+        let why = refused.expect_err("JSON writes it as null, which reads back as None");
+        assert!(
+            why.to_string().contains("reads back as another value"),
+            "{why}"
+        );
+    }
+    assert!(Verdict::succeeded_with(&Some(Some(3u8))).is_ok());
+}

@@ -342,7 +342,7 @@ async fn a_verdict_the_store_could_not_record_is_recorded_later_without_asking_a
                     asked.fetch_add(1, Ordering::SeqCst);
                     // The provider answered; then the store goes away.
                     proxy.lock().await.cut().await;
-                    Verdict::succeeded_with(&"receipt_13").expect("a JSON value")
+                    Verdict::succeeded_with(&"receipt_13".to_owned()).expect("a JSON value")
                 }
             }
         });
@@ -471,4 +471,67 @@ async fn a_claim_is_in_doubt_since_its_lease_ran_out_or_its_body_said_so() {
     let (after_claim, past) = since(&body).await.expect("read the claim");
     assert!(after_claim.is_some_and(|ms| ms >= 0), "{after_claim:?}");
     assert!(past);
+}
+
+/// `Reconciler`'s docs: "a probe that hangs delays only its own claim,
+/// until its timeout". Twelve claims listed after one whose probe never
+/// answers, under the 30 s default timeout: each is resolved while the
+/// hang still runs, not 30 s later each; one probe at a time (asked for)
+/// is the old behaviour, where the first hang holds up the pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_probe_holds_up_only_its_own_claim() {
+    let gate = testing::gate().await;
+    // Listed oldest first: the hang comes first.
+    in_doubt(&gate, &Identity::new("probe_hangs_first").part(0)).await;
+    many_in_doubt(&gate, "probe_knows_after", 12).await;
+    let knowing = Arc::new(AtomicUsize::new(0));
+    let reconciler = |probes: usize| {
+        Reconciler::new(gate.pool().clone())
+            .account(gate.account_name())
+            .probe("probe_hangs_first", |_| std::future::pending())
+            .probe(
+                "probe_knows_after",
+                counting(&knowing, Verdict::NotHappened),
+            )
+            .probe_concurrency(probes)
+    };
+
+    // One at a time: the hang holds up every claim after it.
+    let serial = reconciler(1);
+    let held_up = tokio::time::timeout(Duration::from_secs(2), serial.reconcile_once()).await;
+    assert!(held_up.is_err(), "one probe at a time waits on the hang");
+    assert_eq!(
+        knowing.load(Ordering::SeqCst),
+        0,
+        "nothing after the hang was asked"
+    );
+
+    // The default: the others go on beside it. (Ten seconds: far below the
+    // 30 s the hang is allowed, and a hang detector, not a speed bound.)
+    let concurrent = reconciler(Reconciler::DEFAULT_PROBE_CONCURRENCY);
+    let resolved = async {
+        loop {
+            let left = operations::count(
+                gate.pool(),
+                &operations::ListFilter::new()
+                    .scope(operations::ScopeFilter::new().account(gate.account_name()))
+                    .state(ClaimState::InDoubt),
+            )
+            .await
+            .expect("count");
+            if left == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        pass = concurrent.reconcile_once() => panic!("the pass ended before its hang timed out: {pass:?}"),
+        () = resolved => {}
+        () = tokio::time::sleep(Duration::from_secs(10)) => panic!(
+            "the claims after a hanging probe were not resolved beside it ({} asked)",
+            knowing.load(Ordering::SeqCst)
+        ),
+    }
+    assert_eq!(knowing.load(Ordering::SeqCst), 12, "each asked once");
 }

@@ -56,7 +56,9 @@ async fn two_reconcilers_at_once_resolve_each_claim_exactly_once() {
                 }
             })
     };
-    let a = Arc::new(make(Verdict::succeeded_with(&"a").expect("json")));
+    let a = Arc::new(make(
+        Verdict::succeeded_with(&"a".to_owned()).expect("json"),
+    ));
     let b = Arc::new(make(Verdict::Failed));
     let barrier = Arc::new(Barrier::new(2));
     let run = |r: Arc<Reconciler>, barrier: Arc<Barrier>| {
@@ -476,6 +478,7 @@ async fn shutdown_mid_probe_cancels_it_leaves_the_claim_held_and_is_polled_once(
     let after = Identity::new("rt_stop").part("b");
     in_doubt(&gate, &after).await;
     let started = Arc::new(tokio::sync::Notify::new());
+    let asked = Arc::new(AtomicUsize::new(0));
     let dropped = Arc::new(AtomicUsize::new(0));
     struct Dropped(Arc<AtomicUsize>);
     impl Drop for Dropped {
@@ -487,8 +490,9 @@ async fn shutdown_mid_probe_cancels_it_leaves_the_claim_held_and_is_polled_once(
         .account(gate.account_name())
         .probe_timeout(Duration::from_secs(60))
         .probe("rt_stop", {
-            let (started, dropped) = (started.clone(), dropped.clone());
+            let (started, asked, dropped) = (started.clone(), asked.clone(), dropped.clone());
             move |_| {
+                asked.fetch_add(1, Ordering::SeqCst);
                 let (started, guard) = (started.clone(), Dropped(dropped.clone()));
                 async move {
                     let _guard = guard;
@@ -509,7 +513,15 @@ async fn shutdown_mid_probe_cancels_it_leaves_the_claim_held_and_is_polled_once(
         .expect("run did not stop while a probe hung")
         .expect("run panicked (the shutdown polled again?)");
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the probe was cancelled");
+    // Both claims' probes run at once (probe_concurrency 4): every probe
+    // under way is cancelled, none is left running.
+    let asked = asked.load(Ordering::SeqCst);
+    assert!(asked >= 1, "a probe was asked");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        asked,
+        "every probe was cancelled"
+    );
     assert_eq!(state(&gate, &hang).await.as_deref(), Some("in_doubt"));
     assert_eq!(state(&gate, &after).await.as_deref(), Some("in_doubt"));
 }
@@ -583,7 +595,7 @@ async fn succeeded_with_is_what_every_retry_replays() {
     let reconciler = Reconciler::new(gate.pool().clone())
         .account(gate.account_name())
         .probe("rt_replay", |_| async {
-            Verdict::succeeded_with("receipt \u{202e} \"r_1\"").expect("json")
+            Verdict::succeeded_with(&"receipt \u{202e} \"r_1\"".to_owned()).expect("json")
         });
     let pass = reconciler.reconcile_once().await.expect("a pass");
     assert_eq!(pass.resolved, 1, "{pass:?}");
@@ -625,7 +637,7 @@ async fn a_kept_verdict_is_never_applied_to_a_claim_made_anew_at_its_address() {
                     if asked.fetch_add(1, Ordering::SeqCst) == 0 {
                         // The provider said it charged; then the store goes.
                         proxy.lock().await.cut().await;
-                        Verdict::succeeded_with(&"old").expect("json")
+                        Verdict::succeeded_with(&"old".to_owned()).expect("json")
                     } else {
                         Verdict::NotHappened
                     }
