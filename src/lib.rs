@@ -119,17 +119,12 @@
 #[doc = include_str!("idempotent.md")]
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
-    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, ClaimOrReplay, Detached, Disposed, Disposition,
-    Error, Fingerprint, Gate, Guard, Identity, KeyPart, Mode, NotCanonical, OnExpiry,
-    OnUnavailable, OutcomeCommit, PartValue, PartWriter, PartWritten, Rejected, SchemaProblem,
-    SchemaProblems, Shutdown, Step, TxClaim, batch, detach, downstream_key, guard, meter,
-    operations, reconcile, schema, sqlx, step,
+    ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, ClaimOrReplay, Detached, Disposition, Error,
+    Fingerprint, Gate, Guard, Identity, KeyPart, Mode, NotCanonical, OnExpiry, OnUnavailable,
+    OutcomeCommit, PartValue, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems,
+    Shutdown, Step, TxClaim, batch, detach, downstream_key, guard, meter, operations, reconcile,
+    schema, sqlx, step,
 };
-
-// Moved to `testing::GateEvent`; the old path warns for one release.
-#[doc(hidden)]
-#[allow(deprecated)]
-pub use idem_runtime::GateEvent;
 
 /// Not a stable API: what idem's own `idem` command, benchmarks and tests
 /// reach into (the migrations one by one, the index definitions, the batch
@@ -196,12 +191,6 @@ pub use idem_runtime::metrics;
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]
 pub use idem_runtime::console;
-
-// The module's first name, kept so that code written against it compiles;
-// `idem::http` is the one the docs name.
-#[doc(hidden)]
-#[cfg(feature = "axum")]
-pub use idem_runtime::http as axum;
 
 #[doc = include_str!("http.md")]
 // A blank line: the runtime's module docs follow as a paragraph of their own.

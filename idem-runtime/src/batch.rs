@@ -125,14 +125,13 @@ use futures_util::{FutureExt, StreamExt};
 use crate::acquire::{Acquired, Attempt, Concluded, Contender, Fenced, acquire};
 use crate::claim::Claim;
 use crate::error::Rejected;
-use crate::gate::Gate;
 use crate::identity::Identity;
 use crate::measure::Stopwatch;
-use crate::mode::{Disposed, Fingerprint, Mode, OnExpiry, OutcomeCommit};
+use crate::mode::{Fingerprint, Mode, OnExpiry, OutcomeCommit};
 use crate::observe::{self, GateEvent};
 use crate::recording::Recording;
 use crate::retry::{self, SERIALIZATION_BACKOFF};
-use crate::run::{OutcomeOf, disposition_by_trait, outcome_of, replayed_outcome_of};
+use crate::run::OutcomeOf;
 use crate::scoped_pool::ScopedPool;
 use crate::step::Ambient;
 use crate::store::{self, NewBatchItem, NewClaim};
@@ -279,69 +278,6 @@ impl<M> fmt::Debug for Batch<M> {
             .field("mode", &self.mode)
             .field("concurrency", &self.concurrency)
             .finish_non_exhaustive()
-    }
-}
-
-impl Gate {
-    /// Runs each item's `body` whose claim this batch wins, at most once
-    /// per identity, with one statement to claim the whole batch and one
-    /// per kind of outcome to record it (see [`batch`](crate::batch)).
-    ///
-    /// Returns, in the batch's order, what [`Gate::run`] would have
-    /// returned for each item: the body's output when it ran (a success
-    /// settles the slot, a failure releases it), or the [`Rejected`] that
-    /// refused it, converted into `E`. A later copy of an identity is
-    /// answered as a duplicate made after the earlier copy finished (see
-    /// [the module docs](crate::batch#the-same-identity-twice-in-a-batch)).
-    ///
-    /// # Panics
-    ///
-    /// When a body panics, once the other bodies have run and every
-    /// finished outcome is recorded, with that body's panic; its own claim
-    /// is left pending, as [`Gate::run`] leaves it.
-    #[deprecated(note = "use `gate.guard_batch(batch).run(body)`")]
-    pub async fn run_batch<M, T, E, F, Fut>(&self, batch: Batch<M>, body: F) -> Vec<Result<T, E>>
-    where
-        F: FnMut(M) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        E: From<Rejected>,
-    {
-        run(self.slots(), batch, outcome_of(), body).await
-    }
-
-    /// [`run_batch`](Gate::run_batch), recording each failure as its error
-    /// says ([`Disposed`]), as [`Gate::run_disposed`] does.
-    #[deprecated(note = "use `gate.guard_batch(batch).disposition(E::disposition).run(body)`")]
-    pub async fn run_batch_disposed<M, T, E, F, Fut>(
-        &self,
-        batch: Batch<M>,
-        body: F,
-    ) -> Vec<Result<T, E>>
-    where
-        F: FnMut(M) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        E: From<Rejected> + Disposed,
-    {
-        let outcome = outcome_of().disposed_by(disposition_by_trait::<T, E>);
-        run(self.slots(), batch, outcome, body).await
-    }
-
-    /// [`run_batch`](Gate::run_batch), keeping each `Ok` value so that a
-    /// later duplicate is handed it instead of running, as
-    /// [`Gate::run_replayed`] does.
-    #[deprecated(note = "use `gate.guard_batch(batch).replay().run(body)`")]
-    pub async fn run_batch_replayed<M, T, E, F, Fut>(
-        &self,
-        batch: Batch<M>,
-        body: F,
-    ) -> Vec<Result<T, E>>
-    where
-        F: FnMut(M) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        T: serde::Serialize + serde::de::DeserializeOwned,
-        E: From<Rejected>,
-    {
-        run(self.slots(), batch, replayed_outcome_of(), body).await
     }
 }
 

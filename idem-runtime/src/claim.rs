@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 
 use crate::decision::Decision;
 use crate::error::Rejected;
@@ -169,19 +169,9 @@ impl Claim {
     ///
     /// A claim made inside the caller's transaction is a
     /// [`TxClaim`](crate::TxClaim) ([`Guard::tx`](crate::Guard::tx)), which
-    /// records on that transaction. One made with the deprecated
-    /// `Gate::claim_in` is a `Claim` whose `settle` fails at once with
-    /// [`Rejected::WrongConnection`], sending no statement (through the pool
-    /// it would wait forever on the row the caller's own open transaction
-    /// holds).
+    /// records on that transaction.
     pub async fn settle(self) -> Result<(), Rejected> {
-        let Some(pool) = self.pool_for(
-            "Claim::settle",
-            "through the pool it would wait forever on the row your own open transaction holds: \
-             call Claim::settle_in(&mut tx) on that transaction (with the guard, \
-             gate.guard(&id).tx(&mut tx).claim() returns a TxClaim that records there)",
-        )?
-        else {
+        let Some(pool) = self.pool() else {
             return Ok(());
         };
         self.finish(Recording::Settled(None), &mut Via::Pool(&pool))
@@ -197,18 +187,8 @@ impl Claim {
     /// release whose reply was lost) counts as released. A claim somebody
     /// else recorded meanwhile is left as it is, with
     /// [`Rejected::NotRecorded`] (see [`dispose`](Claim::dispose)).
-    ///
-    /// On a claim made inside the caller's transaction (with the deprecated
-    /// `Gate::claim_in`) it fails at once with
-    /// [`Rejected::WrongConnection`], as [`settle`](Claim::settle) does.
     pub async fn release(self) -> Result<(), Rejected> {
-        let Some(pool) = self.pool_for(
-            "Claim::release",
-            "through the pool it would wait forever on the row your own open transaction holds: \
-             call Claim::release_in(&mut tx) on that transaction (with the guard, \
-             gate.guard(&id).tx(&mut tx).claim() returns a TxClaim that records there)",
-        )?
-        else {
+        let Some(pool) = self.pool() else {
             return Ok(());
         };
         self.finish(
@@ -238,63 +218,15 @@ impl Claim {
     /// settled it) is left as it is: the error is
     /// [`Rejected::NotRecorded`], saying what the slot records.
     ///
-    /// On a claim made inside the caller's transaction (with the deprecated
-    /// `Gate::claim_in`) it fails at once with
-    /// [`Rejected::WrongConnection`], as [`settle`](Claim::settle) does.
-    ///
     /// [`Release`]: Disposition::Release
     /// [`Keep`]: Disposition::Keep
     /// [`InDoubt`]: Disposition::InDoubt
     pub async fn dispose(self, disposition: Disposition) -> Result<(), Rejected> {
-        let Some(pool) = self.pool_for(
-            "Claim::dispose",
-            "through the pool it would wait forever on the row your own open transaction holds: \
-             call Claim::dispose_in(&mut tx, disposition) on that transaction (with the guard, \
-             gate.guard(&id).tx(&mut tx).claim() returns a TxClaim that records there)",
-        )?
-        else {
+        let Some(pool) = self.pool() else {
             return Ok(());
         };
         self.finish(Recording::Failed(disposition), &mut Via::Pool(&pool))
             .await
-    }
-
-    /// [`settle`](Claim::settle) inside the caller's transaction (for a claim
-    /// made with [`Gate::claim_in`](crate::Gate::claim_in)): it takes effect when that commits.
-    #[deprecated(
-        note = "claim inside the transaction with `gate.guard(&id).tx(&mut *tx).claim()`; its `TxClaim::settle(&mut *tx)` records on the transaction"
-    )]
-    pub async fn settle_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
-        self.finish(Recording::Settled(None), &mut Via::Transaction(connection))
-            .await
-    }
-
-    /// [`release`](Claim::release) inside the caller's transaction.
-    #[deprecated(
-        note = "claim inside the transaction with `gate.guard(&id).tx(&mut *tx).claim()`; its `TxClaim::release(&mut *tx)` records on the transaction"
-    )]
-    pub async fn release_in(self, connection: &mut PgConnection) -> Result<(), Rejected> {
-        self.finish(
-            Recording::Failed(Disposition::Release),
-            &mut Via::Transaction(connection),
-        )
-        .await
-    }
-
-    /// [`dispose`](Claim::dispose) inside the caller's transaction.
-    #[deprecated(
-        note = "claim inside the transaction with `gate.guard(&id).tx(&mut *tx).claim()`; its `TxClaim::dispose(&mut *tx, disposition)` records on the transaction"
-    )]
-    pub async fn dispose_in(
-        self,
-        connection: &mut PgConnection,
-        disposition: Disposition,
-    ) -> Result<(), Rejected> {
-        self.finish(
-            Recording::Failed(disposition),
-            &mut Via::Transaction(connection),
-        )
-        .await
     }
 
     /// Renews the lease to `lease` from now, for bodies that run long.
@@ -339,30 +271,11 @@ impl Claim {
     }
 
     /// The pool of the gate that made this claim, if anything was claimed,
-    /// for `called` to record its outcome through; a claim made inside the
-    /// caller's transaction is refused at once, naming `instead`: its row is
-    /// held by that open transaction, so a pooled connection would wait on
-    /// it forever.
-    fn pool_for(
-        &self,
-        called: &'static str,
-        instead: &'static str,
-    ) -> Result<Option<PgPool>, Rejected> {
-        let Some(held) = &self.held else {
-            return Ok(None);
-        };
-        if held.in_transaction {
-            let misused = Rejected::WrongConnection { called, instead };
-            held.event(
-                tracing::Level::ERROR,
-                "the outcome of a claim made inside the caller's transaction was recorded \
-                 through the pool; nothing was recorded",
-                Some(&misused),
-            );
-            Decision::Unrecorded(&misused).observed_only();
-            return Err(misused);
-        }
-        Ok(Some(held.slots.pool().clone()))
+    /// to record its outcome through. (A claim made inside the caller's
+    /// transaction is a [`TxClaim`](crate::TxClaim), which records on
+    /// that transaction instead.)
+    fn pool(&self) -> Option<PgPool> {
+        self.held.as_ref().map(|held| held.slots.pool().clone())
     }
 
     /// Records success keeping `value` (as JSON) for replay: a later
@@ -381,13 +294,7 @@ impl Claim {
         self,
         value: &T,
     ) -> Result<(), Rejected> {
-        let Some(pool) = self.pool_for(
-            "Claim::settle_value",
-            "through the pool it would wait forever on the row your own open transaction holds: \
-             claim with gate.guard(&id).tx(&mut tx).claim(), whose TxClaim::settle_value(&mut tx, \
-             value) records on that transaction",
-        )?
-        else {
+        let Some(pool) = self.pool() else {
             return Ok(());
         };
         let json = crate::stored_value::for_replay(self.address(), value);
@@ -706,10 +613,10 @@ impl WonSlot {
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
         let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
-        // A claim made on the pool may record its outcome inside the
-        // caller's transaction (`settle_in`): there `synchronous_commit =
-        // off` would hold for the caller's whole commit, so it commits
-        // durably, as OutcomeCommit::Async promises.
+        // Inside the caller's transaction `synchronous_commit = off` would
+        // hold for the caller's whole commit (the guard refuses the two
+        // together at compile time; this keeps the store honest), so it
+        // commits durably.
         let commit = if via.in_transaction() {
             Commit::Durable
         } else {

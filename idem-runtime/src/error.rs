@@ -193,14 +193,10 @@ pub enum Rejected {
 
     /// The outcome of a claim made inside the caller's transaction was
     /// recorded on another connection: a [`TxClaim`](crate::TxClaim) on
-    /// another transaction, or a claim of the deprecated `Gate::claim_in`
-    /// with a method that uses a pooled connection ([`Claim::settle`] and
-    /// its kin), which would wait forever on the row the caller's own open
-    /// transaction holds. Nothing was recorded, and nothing waited: the
+    /// another transaction, or a step given a connection other than its
+    /// claim's transaction. Nothing was recorded, and nothing waited: the
     /// claim is still pending inside that transaction: record its outcome
     /// there, as `instead` says.
-    ///
-    /// [`Claim::settle`]: crate::Claim::settle
     #[error(
         "{called} cannot record the outcome of a claim made inside a transaction: {instead}; \
          nothing was recorded and nothing waited, and the claim is still pending in its \

@@ -9,16 +9,11 @@ use std::fmt;
 
 use sqlx::PgPool;
 
-use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
-use crate::detach::{self, Detached};
 use crate::error::{Error, Rejected};
 use crate::identity::Identity;
-use crate::mode::{Disposed, Mode, OnUnavailable};
-use crate::run::{self, outcome_of, replayed_outcome_of};
 use crate::schema;
 use crate::scoped_pool::{self, ScopedPool};
-use crate::via::Via;
 
 /// Runs actions at most once per identity, with PostgreSQL as the arbiter.
 ///
@@ -203,67 +198,6 @@ impl Gate {
         self.guard(identity).claim().await
     }
 
-    /// [`claim`](Gate::claim) with the opt-in modes of `mode`: a lease, a
-    /// wait for an in-flight duplicate, a payload fingerprint, failing open.
-    /// A duplicate of a settled action is refused with
-    /// [`Rejected::AlreadyDone`]; to get its stored value instead, use
-    /// [`run_replayed`](Gate::run_replayed).
-    #[deprecated(
-        note = "use `gate.guard(&identity)`, the mode's options as its methods (`.lease(..)`, `.wait(..)`, ...), then `.claim()`"
-    )]
-    pub async fn claim_with(&self, identity: &Identity, mode: &Mode) -> Result<Claim, Rejected> {
-        match acquire(
-            &self.slots,
-            identity,
-            mode,
-            false,
-            &mut Via::Pool(self.pool()),
-        )
-        .await?
-        {
-            Acquired::Won(claim) => Ok(claim),
-            Acquired::Settled(_) => Err(Rejected::AlreadyDone),
-        }
-    }
-
-    /// [`claim_with`](Gate::claim_with) inside the caller's transaction on
-    /// `connection`: the claim, the body's own writes and the settle (with
-    /// [`Claim::settle_in`]) commit together or not at all.
-    ///
-    /// A concurrent duplicate in another transaction waits for this one to
-    /// finish, then is refused if it committed, or claims the slot if it
-    /// rolled back. Under `REPEATABLE READ` or `SERIALIZABLE`, such a
-    /// duplicate fails with a serialization error instead, reported as
-    /// [`Rejected::Unavailable`]: retry its whole transaction.
-    ///
-    /// A `mode` with a [lease](Mode::lease), a [wait](Mode::wait) or
-    /// [`OnUnavailable::Run`] is refused with [`Rejected::InvalidOption`]
-    /// before any statement (as `#[idempotent]` refuses them beside `tx` at
-    /// compile time): inside the transaction the claim is invisible until it
-    /// commits, so duplicates already wait for it, no lease can run out,
-    /// and a store that is down has taken the transaction with it.
-    ///
-    /// Record the outcome of such a claim inside the same transaction, with
-    /// [`Claim::settle_in`], [`Claim::release_in`] or [`Claim::dispose_in`]:
-    /// [`Claim::settle`] and its kin would wait on the row this open
-    /// transaction holds, so they fail at once, naming the method to call.
-    #[deprecated(
-        note = "use `gate.guard(&identity).tx(&mut *tx).claim()`: its `TxClaim` records on the transaction, and `tx` with a lease, a wait or fail-open does not compile"
-    )]
-    pub async fn claim_in(
-        &self,
-        connection: &mut sqlx::PgConnection,
-        identity: &Identity,
-        mode: &Mode,
-    ) -> Result<Claim, Rejected> {
-        refuse_outside_a_transaction(mode)?;
-        let via = &mut Via::Transaction(connection);
-        match acquire(&self.slots, identity, mode, false, via).await? {
-            Acquired::Won(claim) => Ok(claim),
-            Acquired::Settled(_) => Err(Rejected::AlreadyDone),
-        }
-    }
-
     /// Runs `body` if this call wins the claim on `identity`: settles the
     /// claim when the body returns `Ok`, releases it when the body returns
     /// `Err` (so a retry can run), and refuses duplicates with
@@ -298,126 +232,6 @@ impl Gate {
     {
         self.guard(identity).run(body).await
     }
-
-    /// [`run`](Gate::run) with the opt-in modes of `mode`.
-    #[deprecated(
-        note = "use `gate.guard(&identity)`, the mode's options as its methods (`.lease(..)`, `.wait(..)`, ...), then `.run(body)`"
-    )]
-    pub async fn run_with<T, E, F>(&self, identity: &Identity, mode: &Mode, body: F) -> Result<T, E>
-    where
-        F: Future<Output = Result<T, E>>,
-        E: From<Rejected>,
-    {
-        run::run(&self.slots, identity, mode, outcome_of(), body).await
-    }
-
-    /// [`run_with`](Gate::run_with), with a body that runs to completion
-    /// whatever its caller does: the claim, the body and the record run as
-    /// a task of `detached`'s, so dropping this future (a client that
-    /// disconnected, a timeout around it, a `select!` that chose another
-    /// branch) does not cancel the body wherever it was. Its outcome is
-    /// recorded as `run_with` records it, and a retry gets it (here:
-    /// [`Rejected::AlreadyDone`] after a success, a run after a failure).
-    ///
-    /// A body that runs on past [`detached.bound()`](Detached::bound)
-    /// after its caller left is stopped and its claim held in doubt
-    /// (`state_reason` [`detach::PAST_BOUND`](crate::detach::PAST_BOUND)),
-    /// never released; so are those still running when
-    /// [`Detached::shutdown`]'s grace runs out. A body that panics holds
-    /// its claim in doubt ([`detach::PANICKED`](crate::detach::PANICKED))
-    /// and the panic is resumed here if the caller is still waiting. The
-    /// body must be `'static + Send` (it outlives the call); it needs a
-    /// tokio runtime.
-    ///
-    /// Without it, a dropped [`run`](Gate::run) future cancels the body
-    /// at its next `.await` and leaves the claim `pending`: refusing every
-    /// retry until its lease runs out (or forever, without one).
-    ///
-    /// ```no_run
-    /// # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {
-    /// use idem_runtime::{Detached, Identity, Mode};
-    ///
-    /// let detached = Detached::new(); // one per service; await its shutdown
-    /// let id = Identity::new("charge").part("ord_1001");
-    /// let receipt: Result<String, idem_runtime::Rejected> = gate
-    ///     .run_detached(&id, &Mode::new(), &detached, async move { Ok("r_1".to_owned()) })
-    ///     .await;
-    /// # let _ = receipt?; Ok(()) }
-    /// ```
-    #[deprecated(note = "use `gate.guard(&identity).run_detached(&detached, body)`")]
-    pub async fn run_detached<T, E, F>(
-        &self,
-        identity: &Identity,
-        mode: &Mode,
-        detached: &Detached,
-        body: F,
-    ) -> Result<T, E>
-    where
-        F: Future<Output = Result<T, E>> + Send + 'static,
-        T: Send + 'static,
-        E: From<Rejected> + Send + 'static,
-    {
-        detach::run_detached(
-            detached,
-            self.slots.clone(),
-            identity.clone(),
-            mode.clone(),
-            outcome_of(),
-            body,
-        )
-        .await
-    }
-
-    /// [`run_with`](Gate::run_with), recording each failure as its error
-    /// says ([`Disposed`]): released (a retry runs), kept as a definite
-    /// failure (duplicates are refused [`Rejected::AlreadyFailed`]), or
-    /// held in doubt (duplicates are refused [`Rejected::InDoubt`] until a
-    /// reconciler or an operator resolves it). A panic or a dropped future
-    /// leaves the claim pending, which is in doubt too: retries are refused
-    /// until its lease (if any) runs out.
-    #[deprecated(note = "use `gate.guard(&identity).disposition(E::disposition).run(body)`")]
-    pub async fn run_disposed<T, E, F>(
-        &self,
-        identity: &Identity,
-        mode: &Mode,
-        body: F,
-    ) -> Result<T, E>
-    where
-        F: Future<Output = Result<T, E>>,
-        E: From<Rejected> + Disposed,
-    {
-        let outcome = outcome_of().disposed_by(run::disposition_by_trait::<T, E>);
-        run::run(&self.slots, identity, mode, outcome, body).await
-    }
-
-    /// [`run_with`](Gate::run_with), keeping the `Ok` value (as JSON, in the
-    /// same statement as the settle) so that a later duplicate returns it
-    /// without running the body. A duplicate while the first is in flight is
-    /// still refused (or waits, with [`Mode::wait`]).
-    ///
-    /// The value is kept as the text `serde_json` writes, so any value it can
-    /// write is kept (NUL characters too). A value that fails to serialize,
-    /// or that the store refuses (larger than PostgreSQL takes), never loses
-    /// the success: the claim is settled without a value, a tracing error
-    /// says so, and duplicates are refused with [`Rejected::AlreadyDone`].
-    /// So is a duplicate whose stored value no longer deserializes into `T`,
-    /// and one whose fingerprint differs in presence from the stored one (a
-    /// value goes only to a caller that gave the same fingerprint, or that
-    /// gave none when none was stored).
-    #[deprecated(note = "use `gate.guard(&identity).replay().run(body)`")]
-    pub async fn run_replayed<T, E, F>(
-        &self,
-        identity: &Identity,
-        mode: &Mode,
-        body: F,
-    ) -> Result<T, E>
-    where
-        F: Future<Output = Result<T, E>>,
-        T: serde::Serialize + serde::de::DeserializeOwned,
-        E: From<Rejected>,
-    {
-        run::run(&self.slots, identity, mode, replayed_outcome_of(), body).await
-    }
 }
 
 /// The identity of the store `slots` reach, keying the outcome cache's
@@ -446,31 +260,6 @@ async fn cached_store(slots: &ScopedPool) -> Result<String, Error> {
                 UNNAMED.fetch_add(1, Ordering::Relaxed)
             ))
         }
-    }
-}
-
-/// Refuses the options of `mode` a claim inside the caller's transaction
-/// cannot honour ([`Gate::claim_in`] says why), naming the first found.
-fn refuse_outside_a_transaction(mode: &Mode) -> Result<(), Rejected> {
-    let refused = if let Some(lease) = mode.lease_duration() {
-        Some(("lease", format!("{lease:?}")))
-    } else if let Some(wait) = mode.wait_duration() {
-        Some(("wait", format!("{wait:?}")))
-    } else if mode.on_unavailable_policy() == OnUnavailable::Run {
-        Some(("on_unavailable", "Run".to_owned()))
-    } else {
-        None
-    };
-    match refused {
-        Some((option, value)) => Err(Rejected::InvalidOption {
-            option,
-            value,
-            reason: "a claim inside the caller's transaction (claim_in) is invisible until the \
-                     transaction commits, so duplicates already wait for it, no lease can run \
-                     out, and a store that is down has taken the transaction with it; drop the \
-                     option, or claim outside the transaction with claim_with",
-        }),
-        None => Ok(()),
     }
 }
 

@@ -437,9 +437,8 @@ impl<'a, R, P> Guard<'a, R, ReleaseAll, P> {
     /// runs), kept as a definite failure (duplicates are refused
     /// [`Rejected::AlreadyFailed`]), or held in doubt (duplicates are
     /// refused [`Rejected::InDoubt`] until a reconciler or an operator
-    /// resolves it). The attribute's `disposition = path`; a type's
-    /// [`Disposed`](crate::Disposed) impl is
-    /// `.disposition(MyError::disposition)`.
+    /// resolves it). The attribute's `disposition = path`: any
+    /// `fn(&E) -> Disposition`, such as `.disposition(MyError::disposition)`.
     pub fn disposition<F>(self, classify: F) -> Guard<'a, R, Classified<F>, P> {
         Guard {
             gate: self.gate,

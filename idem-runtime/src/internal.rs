@@ -18,7 +18,7 @@ pub const INDEX_WITHOUT_NAMESPACE: &str = "UNIQUE (account, kind, address) WHERE
 pub const INDEX_WITHIN_NAMESPACE: &str =
     "UNIQUE (account, kind, address, namespace) WHERE namespace IS NOT NULL";
 
-/// The statement `Gate::run_batch` claims a batch with, for benchmarks that
+/// The statement a batch guard (`Gate::guard_batch`) claims a batch with, for benchmarks that
 /// send it by hand to measure the claim alone: `$1` account, `$2` addresses
 /// (no repeats), `$3` namespace, `$4` identities, `$5` fingerprints, `$6`
 /// lease in microseconds (or NULL); it returns the won addresses and their

@@ -72,13 +72,9 @@ pub use identity::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartValue, PartWriter,
     PartWritten,
 };
-pub use mode::{Disposed, Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
+pub use mode::{Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 pub use step::{Step, downstream_key, step};
 
-/// Moved to `testing::GateEvent` (feature `testing`): only a test observes
-/// the gate's decisions one by one; tracing and metrics report them too.
-#[deprecated(note = "moved to idem::testing::GateEvent (feature testing)")]
-pub type GateEvent = observe::GateEvent;
 pub use store::operations;
 
 /// The sqlx this crate was built with, so users need not match versions.

@@ -32,37 +32,6 @@ pub struct Mode {
 
 pub use crate::recording::Disposition;
 
-/// An error type that says, per value, what it means for its slot: the
-/// [`Disposition`] recorded when it is given as the classifier:
-/// `#[idempotent(disposition = MyError::disposition)]`, or
-/// `.disposition(MyError::disposition)` on a guard (either takes any
-/// `fn(&E) -> Disposition`).
-///
-/// ```
-/// use idem_runtime::{Disposed, Disposition};
-///
-/// enum ChargeError {
-///     Invalid,       // refused before the provider was called
-///     Declined,      // the provider said no: a definite failure
-///     Timeout,       // sent, no answer: it may have been charged
-/// }
-///
-/// impl Disposed for ChargeError {
-///     fn disposition(&self) -> Disposition {
-///         match self {
-///             ChargeError::Invalid => Disposition::Release,
-///             ChargeError::Declined => Disposition::Keep,
-///             ChargeError::Timeout => Disposition::InDoubt,
-///         }
-///     }
-/// }
-/// assert_eq!(ChargeError::Timeout.disposition(), Disposition::InDoubt);
-/// ```
-pub trait Disposed {
-    /// What this error means for the slot of the invocation that returned it.
-    fn disposition(&self) -> Disposition;
-}
-
 /// What a pending claim whose lease ran out becomes, when the next claim of
 /// its slot finds it (only with a lease).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

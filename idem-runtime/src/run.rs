@@ -11,7 +11,7 @@ use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
-use crate::mode::{Disposed, Disposition, Mode};
+use crate::mode::{Disposition, Mode};
 use crate::recording::Recording;
 use crate::scoped_pool::ScopedPool;
 use crate::step::Ambient;
@@ -287,12 +287,4 @@ where
     let steps = Ambient::of_claim(claim.held(), identity, slots);
     let output = steps.around(body).await;
     outcome.record(claim, output, Some(&steps), &mut via).await
-}
-
-/// What `output` means for its slot, by its error's [`Disposed`] impl.
-pub(crate) fn disposition_by_trait<T, E: Disposed>(output: &Result<T, E>) -> Disposition {
-    output
-        .as_ref()
-        .err()
-        .map_or(Disposition::Release, Disposed::disposition)
 }

@@ -3,7 +3,7 @@
 //! The schema is idem's own. Its version lives in `idem_schema_version`, never
 //! in sqlx's `_sqlx_migrations`, which belongs to your application.
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 
 use crate::error::{SchemaProblem, SchemaProblems};
 use crate::store::Engine;
@@ -92,41 +92,6 @@ pub async fn status(pool: &PgPool) -> Result<Status, Error> {
     })
 }
 
-// The names below were public until `status` gave the `idem` command what
-// it needs; the rest moved to the unstable `__internal`. They keep
-// compiling, with a warning, for one release.
-
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more: read idem::schema::status()'s unique_indexes")]
-pub const INDEX_WITHOUT_NAMESPACE: &str = __internal::INDEX_WITHOUT_NAMESPACE;
-
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more: read idem::schema::status()'s unique_indexes")]
-pub const INDEX_WITHIN_NAMESPACE: &str = __internal::INDEX_WITHIN_NAMESPACE;
-
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more: apply idem::schema::SCHEMA_SQL, or call set_up")]
-pub const MIGRATIONS: &[__internal::Migration] = __internal::MIGRATIONS;
-
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more: apply idem::schema::SCHEMA_SQL, or call set_up")]
-pub type Migration = __internal::Migration;
-
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more: read idem::schema::status()'s version")]
-pub async fn current_version(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
-    __internal::current_version(conn).await
-}
-
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more: read idem::schema::status()'s table")]
-pub type Location = __internal::Location;
-
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more: read idem::schema::status()'s table")]
-pub async fn locate(pool: &PgPool) -> Result<__internal::Location, sqlx::Error> {
-    __internal::locate(pool).await
-}
 /// A column the gate reads or writes, and whether it must be `NOT NULL`.
 const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("account", true),

@@ -38,12 +38,6 @@ pub const DEFAULT_DATABASE_URL: &str = crate::test_server::DEFAULT_DATABASE_URL;
 /// many tests in parallel stay under PostgreSQL's default 100 connections.
 pub const TEST_POOL_CONNECTIONS: u32 = 12;
 
-// Public until the benchmarks got the unstable `__internal`; it keeps
-// compiling, with a warning, for one release.
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more; idem's benchmarks read it from idem::__internal")]
-pub const BATCH_CLAIM_SQL: &str = crate::__internal::BATCH_CLAIM_SQL;
-
 pub use crate::observe::GateEvent;
 
 /// The URL of the tests' PostgreSQL, decided once per process: every way a

@@ -1,7 +1,7 @@
 //! The error types of the tests' guarded functions.
 
 use idem::sqlx;
-use idem::{Disposed, Disposition, Rejected};
+use idem::{Disposition, Rejected};
 
 /// What a guarded function in a test returns on failure: the gate's
 /// refusal, the failure the test planned, or the store's error from a body
@@ -47,11 +47,5 @@ impl ChargeError {
             ChargeError::Timeout => Disposition::InDoubt,
             ChargeError::Rejected(_) | ChargeError::Invalid => Disposition::Release,
         }
-    }
-}
-
-impl Disposed for ChargeError {
-    fn disposition(&self) -> Disposition {
-        ChargeError::disposition(self)
     }
 }

@@ -3,8 +3,7 @@
 //! attribute reference make, attacked against a real PostgreSQL: races at
 //! one instant, backends terminated and connections cut, futures dropped
 //! and bodies or classifiers panicking mid-call, misuse of every end, and
-//! hostile input. Then the attribute against the same guard by hand, and
-//! the deprecated entry points against what they did before.
+//! hostile input. Then the attribute against the same guard by hand.
 //!
 //! A test here that passes pins a promise that held; each test's doc
 //! comment quotes the promise it attacks.
@@ -20,7 +19,7 @@ use idem::sqlx::{self, PgConnection};
 use idem::sqlx::{Postgres, Transaction};
 use idem::testing;
 use idem::{
-    ClaimOrReplay, Detached, Disposed, Disposition, Fingerprint, Gate, Identity, Mode, OnExpiry,
+    ClaimOrReplay, Detached, Disposition, Fingerprint, Gate, Identity, Mode, OnExpiry,
     OnUnavailable, OutcomeCommit, Rejected, idempotent,
 };
 use idem_test_support::connections::{named_pool, terminate_backends};
@@ -45,12 +44,6 @@ enum Failure {
 impl From<Rejected> for Failure {
     fn from(rejected: Rejected) -> Self {
         Failure::Rejected(rejected)
-    }
-}
-
-impl Disposed for Failure {
-    fn disposition(&self) -> Disposition {
-        classify(self)
     }
 }
 
@@ -1397,164 +1390,6 @@ async fn every_attribute_combination_behaves_as_the_same_guard_by_hand() {
     );
 }
 
-/// The deprecated entry points "still compile, with a warning naming
-/// [their] replacement, for one release": and they still behave as
-/// before, on rows the guard reads the same way.
-#[allow(
-    deprecated,
-    reason = "the deprecated entry points, exercised on purpose"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_deprecated_entry_points_behave_as_before() {
-    let pool = testing::pool_with(RACERS as u32 + 2).await;
-    let gate = testing::gate_on(pool.clone()).await;
-    let runs = Arc::new(AtomicUsize::new(0));
-    let mode = Mode::new().lease(LEASE).fingerprint(fp(1));
-
-    // run_with: one of a race, then refusals by fingerprint.
-    let id = Identity::new("rt_deprecated").part("run_with");
-    let report = testing::race(RACERS, || gate.run_with(&id, &mode, counted(&runs, "v"))).await;
-    report.assert_exactly_once();
-    let dup = gate
-        .run_with(&id, &Mode::new().fingerprint(fp(2)), counted(&runs, "x"))
-        .await;
-    assert!(matches!(dup, Err(Rejected::KeyReused)), "{dup:?}");
-    let dup = gate
-        .guard(&id)
-        .fingerprint(fp(1))
-        .run(counted(&runs, "x"))
-        .await;
-    assert!(matches!(dup, Err(Rejected::AlreadyDone)), "{dup:?}");
-
-    // run_replayed keeps a value the guard replays, and the other way round.
-    let replayed = Identity::new("rt_deprecated").part("run_replayed");
-    let first = gate
-        .run_replayed(&replayed, &Mode::new(), counted(&runs, "kept"))
-        .await;
-    assert_eq!(first.expect("ran"), "kept");
-    let by_guard = gate
-        .guard(&replayed)
-        .replay()
-        .run(counted(&runs, "x"))
-        .await;
-    assert_eq!(by_guard.expect("replayed"), "kept");
-    let guarded = Identity::new("rt_deprecated").part("guarded");
-    gate.guard(&guarded)
-        .replay()
-        .run(counted(&runs, "by guard"))
-        .await
-        .expect("ran");
-    let old = gate
-        .run_replayed(&guarded, &Mode::new(), counted(&runs, "x"))
-        .await;
-    assert_eq!(old.expect("replayed"), "by guard");
-
-    // run_disposed: the type's disposition.
-    let disposed = Identity::new("rt_deprecated").part("run_disposed");
-    let failed = gate
-        .run_disposed(&disposed, &Mode::new(), async {
-            Err::<(), _>(Failure::Declined)
-        })
-        .await;
-    assert!(matches!(failed, Err(Failure::Declined)), "{failed:?}");
-    let again = gate
-        .guard(&disposed)
-        .run(async { Ok::<_, Rejected>(()) })
-        .await;
-    assert!(matches!(again, Err(Rejected::AlreadyFailed)), "{again:?}");
-
-    // claim_with, and claim_in with its settle_in; a claim_in claim settled
-    // the pool way is refused at once.
-    let with = Identity::new("rt_deprecated").part("claim_with");
-    let claim = gate.claim_with(&with, &mode).await.expect("won");
-    assert!(claim.fence().is_some());
-    claim.settle().await.expect("settled");
-    assert_eq!(state(&gate, &with).await.as_deref(), Some("success"));
-
-    let inside = Identity::new("rt_deprecated").part("claim_in");
-    let mut tx = pool.begin().await.expect("begin");
-    let claim = gate
-        .claim_in(&mut tx, &inside, &Mode::new())
-        .await
-        .expect("won");
-    let wrong = tokio::time::timeout(Duration::from_secs(5), claim.settle())
-        .await
-        .expect("refused at once, not waiting on the row");
-    assert!(
-        matches!(wrong, Err(Rejected::WrongConnection { .. })),
-        "{wrong:?}"
-    );
-    tx.rollback().await.expect("rollback");
-    let mut tx = pool.begin().await.expect("begin");
-    let claim = gate
-        .claim_in(&mut tx, &inside, &Mode::new())
-        .await
-        .expect("won after the rollback");
-    claim.settle_in(&mut tx).await.expect("settled");
-    tx.commit().await.expect("commit");
-    let dup = gate.guard(&inside).claim().await;
-    assert!(matches!(dup, Err(Rejected::AlreadyDone)), "{dup:?}");
-    let mut tx = pool.begin().await.expect("begin");
-    let leased = gate
-        .claim_in(&mut tx, &Identity::new("rt_deprecated").part("x"), &mode)
-        .await;
-    assert!(leased.is_err(), "claim_in refuses a lease: {leased:?}");
-    tx.rollback().await.expect("rollback");
-
-    // The batch entry points.
-    let batch = |tag: &str| -> Batch<u64> {
-        (1..=3)
-            .map(|n| (n, Identity::new("rt_deprecated_batch").part(tag).part(n)))
-            .collect()
-    };
-    let first = gate
-        .run_batch_replayed(batch("replayed"), |n| async move { Ok::<_, Rejected>(n) })
-        .await;
-    assert!(first.iter().all(Result::is_ok), "{first:?}");
-    let again = gate
-        .guard_batch(batch("replayed"))
-        .replay()
-        .run(|_| async { Ok::<u64, Rejected>(0) })
-        .await;
-    let values: Vec<u64> = again.into_iter().map(|a| a.expect("replayed")).collect();
-    assert_eq!(values, [1, 2, 3]);
-    let plain = gate
-        .run_batch(batch("replayed"), |_| async { Ok::<u64, Rejected>(0) })
-        .await;
-    assert!(
-        plain
-            .iter()
-            .all(|a| matches!(a, Err(Rejected::AlreadyDone))),
-        "{plain:?}"
-    );
-    let _ = gate
-        .run_batch_disposed(batch("disposed"), |_| async {
-            Err::<(), _>(Failure::Declined)
-        })
-        .await;
-    let again = gate
-        .guard_batch(batch("disposed"))
-        .run(|_| async { Ok::<(), Rejected>(()) })
-        .await;
-    assert!(
-        again
-            .iter()
-            .all(|a| matches!(a, Err(Rejected::AlreadyFailed))),
-        "{again:?}"
-    );
-
-    // Gate::run_detached.
-    let detached = Detached::new();
-    let away = Identity::new("rt_deprecated").part("detached");
-    let ran = gate
-        .run_detached(&away, &Mode::new(), &detached, counted(&runs, "d"))
-        .await;
-    assert_eq!(ran.expect("ran"), "d");
-    detached.shutdown(Duration::from_secs(5)).await;
-    let dup = gate.guard(&away).run(counted(&runs, "x")).await;
-    assert!(matches!(dup, Err(Rejected::AlreadyDone)), "{dup:?}");
-}
-
 /// The batch's own promise for a panicking body, beside R1: "every outcome
 /// that finished is recorded; then the panic resumes".
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1886,9 +1721,8 @@ async fn a_waiting_duplicate_takes_a_released_slot_and_gives_up_in_time() {
 
 /// A `TxClaim` recorded on another transaction is refused
 /// `WrongConnection` at once (pinned above); its message must name what
-/// the caller called and what to call instead. It names the deprecated
-/// `Claim::*_in` and `Gate::claim_in` no more (it did, and garbled the
-/// advice).
+/// the caller called and what to call instead, and no method that does
+/// not exist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tx_claim_on_the_wrong_transaction_is_told_what_to_call() {
     let pool = testing::pool_with(4).await;

@@ -15,8 +15,8 @@ mod modes;
 // transaction.
 mod guard;
 // The red team of the guard: each promise of its docs attacked (races,
-// faults, misuse, hostile input), the attribute against the same guard by
-// hand, and the deprecated entry points against what they did before.
+// faults, misuse, hostile input), and the attribute against the same guard
+// by hand.
 mod guard_redteam;
 // Guarding by hand: claims, what their holders are told, the connection
 // discipline (the outcome cache across stores is part of it).

@@ -50,14 +50,6 @@ pub use super::prune::{
 };
 use crate::error::Error;
 
-// Public until the prune benchmark got the unstable `__internal`; it keeps
-// compiling, with a warning, for one release.
-#[doc(hidden)]
-#[deprecated(note = "not a stable API any more: use prune, or Pruning for batches you pace")]
-pub async fn prune_in_one_statement(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
-    super::prune::prune_in_one_statement(pool, filter).await
-}
-
 /// Which claims, by account and namespace: every account and namespace
 /// unless narrowed.
 ///

@@ -156,13 +156,13 @@ impl Guard {
             }
             Guard::Stepped => guard.lease(SHORT_LEASE).run(body).await,
             // Its body writes through the transaction's connection.
-            Guard::Tx => panic!("a tx guard runs through `claim_in`, not on the pool"),
+            Guard::Tx => panic!("a tx guard runs on the caller's transaction, not on the pool"),
         }
     }
 
     /// Claims `id` on the pool with this guard's options (and the payload's
     /// fingerprint, if any). A replaying guard has no plain claim (it
-    /// would be `claim_or_replay`), nor has a tx one (`claim_in`).
+    /// would be `claim_or_replay`), nor has a tx one (its claim is made on the transaction).
     pub(super) async fn claim(
         self,
         gate: &Gate,

@@ -10,7 +10,7 @@ use idem::cache::OutcomeCache;
 use idem::operations::{self, Resolution, Resolved, Resolver, Slot};
 use idem::testing;
 use idem::testing::GateEvent;
-use idem::{Disposed, Disposition, Gate, Identity, Mode, OnExpiry, Rejected};
+use idem::{Disposition, Gate, Identity, Mode, OnExpiry, Rejected};
 use idem_test_support::rows;
 use tokio::sync::Notify;
 
@@ -1671,7 +1671,7 @@ impl From<Rejected> for BodyError {
     }
 }
 
-impl idem::Disposed for BodyError {
+impl BodyError {
     fn disposition(&self) -> Disposition {
         match self {
             BodyError::Declined => Disposition::Keep,

@@ -115,8 +115,8 @@ async fn the_runtime_api_records_failures_as_the_error_type_says() {
     let gate = testing::gate().await;
     let provider = Provider::new(|| Err(ChargeError::Timeout));
     let id = Identity::new("charge_by_hand").part("ord_4");
-    // The error type's own `Disposed` impl classifies.
-    let classify = <ChargeError as idem::Disposed>::disposition;
+    // The error type's own classifier.
+    let classify = ChargeError::disposition;
     let first = gate
         .guard(&id)
         .disposition(classify)

@@ -2,8 +2,7 @@
 //! `synchronous_commit = off`, for their own transaction only. A trigger
 //! records the setting each settle (UPDATE) and release (DELETE) commits
 //! under. With a lease or inside the caller's transaction the option does
-//! not compile; that the deprecated `Mode` entry points, which still accept
-//! it there, commit durably is in `hand_api::deprecated`.
+//! not compile (tests/ui).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
