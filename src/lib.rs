@@ -123,7 +123,7 @@ pub use idem_runtime::{
     Error, Fingerprint, Gate, Guard, Identity, KeyPart, Mode, NotCanonical, OnExpiry,
     OnUnavailable, OutcomeCommit, PartValue, PartWriter, PartWritten, Rejected, SchemaProblem,
     SchemaProblems, Shutdown, Step, TxClaim, batch, detach, downstream_key, guard, meter,
-    operations, reconcile, schema, sqlx, step,
+    operations, reconcile, schema, shown, sqlx, step,
 };
 
 // Moved to `testing::GateEvent`; the old path warns for one release.

@@ -50,6 +50,7 @@ mod run;
 pub mod schema;
 mod scoped_pool;
 mod settled;
+pub mod shown;
 mod step;
 mod store;
 // The tests' PostgreSQL: for `testing`, and for the store's unit tests,
