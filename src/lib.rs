@@ -123,7 +123,7 @@ pub use idem_runtime::{
     Fingerprint, Gate, Guard, Identity, KeyPart, Mode, NotCanonical, OnExpiry, OnUnavailable,
     OutcomeCommit, PartValue, PartWriter, PartWritten, Rejected, SchemaProblem, SchemaProblems,
     Shutdown, Step, TxClaim, batch, detach, downstream_key, guard, meter, operations, reconcile,
-    schema, sqlx, step,
+    schema, shown, sqlx, step,
 };
 
 /// Not a stable API: what idem's own `idem` command, benchmarks and tests

@@ -84,6 +84,41 @@ pub enum Command {
     Console(ConsoleArgs),
 }
 
+impl Command {
+    /// The database URL it was given (`--database-url` or `DATABASE_URL`):
+    /// what every message is cleared of passwords against.
+    pub fn database_url(&self) -> Option<&str> {
+        let database = match self {
+            Command::Audit(args) => &args.database,
+            Command::Migrate(args) => &args.table.database,
+            Command::Claims(ClaimsCommand::List(args)) => &args.table.database,
+            Command::Claims(
+                ClaimsCommand::Show(ShowArgs { claim, .. })
+                | ClaimsCommand::Release(ReleaseArgs { claim, .. })
+                | ClaimsCommand::Resolve(ResolveArgs { claim, .. }),
+            ) => &claim.table.database,
+            Command::Prune(args) => &args.table.database,
+            Command::Console(args) => &args.table.database,
+        };
+        database.database_url.as_deref()
+    }
+
+    /// The format its output is in: text, unless `--format json`.
+    pub fn format(&self) -> Format {
+        let format = match self {
+            Command::Audit(args) => &args.format,
+            Command::Migrate(args) => &args.format,
+            Command::Claims(ClaimsCommand::List(args)) => &args.format,
+            Command::Claims(ClaimsCommand::Show(args)) => &args.format,
+            Command::Claims(ClaimsCommand::Release(args)) => &args.format,
+            Command::Claims(ClaimsCommand::Resolve(args)) => &args.format,
+            Command::Prune(args) => &args.format,
+            Command::Console(_) => return Format::Text,
+        };
+        format.format
+    }
+}
+
 /// `idem console`.
 #[derive(Debug, Args)]
 pub struct ConsoleArgs {

@@ -3,6 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem_runtime::shown;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
@@ -28,7 +29,8 @@ pub async fn connect_with(
     max_connections: u32,
 ) -> Result<PgPool, CliError> {
     let url = url.ok_or(CliError::NoDatabaseUrl)?;
-    let shown = redact_password(url);
+    // Every password hidden (main hides any the errors echo).
+    let shown = shown::redacted(url).into_owned();
     let mut options =
         PgConnectOptions::from_str(url).map_err(|source| CliError::BadDatabaseUrl {
             url: shown.clone(),
@@ -61,22 +63,6 @@ pub async fn connect_with(
         .map_err(connect_error)
 }
 
-/// The URL with any password replaced by `***`, for messages.
-pub fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((credentials, host)) => match credentials.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 /// `name` as a double-quoted identifier, always: for a `search_path` value,
 /// where quoting is never wrong and keeps mixed case and spaces.
 pub fn quote_always(name: &str) -> String {
@@ -86,23 +72,6 @@ pub fn quote_always(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_are_hidden_and_everything_else_kept() {
-        assert_eq!(
-            redact_password("postgres://app:s3cr%40t@db:5432/app?sslmode=require"),
-            "postgres://app:***@db:5432/app?sslmode=require"
-        );
-        assert_eq!(
-            redact_password("postgres://postgres@127.0.0.1:5432/postgres"),
-            "postgres://postgres@127.0.0.1:5432/postgres"
-        );
-        assert_eq!(redact_password("not a url"), "not a url");
-        assert_eq!(
-            redact_password("postgresql://u:p@h/db/x@y"),
-            "postgresql://u:***@h/db/x@y"
-        );
-    }
 
     #[test]
     fn search_path_schemas_are_always_quoted() {

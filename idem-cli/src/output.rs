@@ -1,6 +1,16 @@
 //! Output shared by the commands: the `--format` choice, aligned text
 //! tables and JSON.
+//!
+//! How text the command did not write is shown (names of accounts,
+//! namespaces and actions, key parts) is [`idem_runtime::shown`]'s one
+//! rule, which the console follows too: a name goes through
+//! [`shown::escaped`] where it is put into a line, and everything printed
+//! in text goes through [`shown::escaped_lines`] on its way out (`main`),
+//! so that no hidden character reaches the terminal, whatever a message
+//! forgot. JSON output needs none of this: it carries names losslessly, as
+//! JSON strings, for scripts.
 
+use idem_runtime::shown;
 use serde::Serialize;
 
 use crate::error::CliError;
@@ -15,11 +25,18 @@ pub enum Format {
 }
 
 /// A table: a header row, then one row per entry, columns padded to line up,
-/// two spaces apart, no trailing spaces; every cell [`escape`]d.
+/// two spaces apart, no trailing spaces. Names in the cells are the
+/// caller's to [`shown::escaped`]; every cell is made one line free of
+/// hidden characters here ([`shown::escaped_rendering`], which leaves the
+/// backslashes of an escaped name or of a `Debug` rendering alone).
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|row| row.iter().map(|cell| escape(cell)).collect())
+        .map(|row| {
+            row.iter()
+                .map(|cell| shown::escaped_rendering(cell).into_owned())
+                .collect()
+        })
         .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in &rows {
@@ -42,29 +59,10 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// `text` safe to print on a terminal: control characters (a newline, an
-/// escape sequence's ESC, a carriage return that overwrites the line) and
-/// the Unicode controls that reorder text (bidirectional overrides and
-/// isolates) written as Rust escapes (`\n`, `\u{1b}`), everything else as
-/// it is. Names come from the database, where anyone who can make a claim
-/// chose them: printed raw, they could rewrite what the operator sees.
-/// JSON output needs none of this (its encoder escapes control characters).
-pub fn escape(text: &str) -> String {
-    let mut shown = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() || is_reordering(c) {
-            shown.extend(c.escape_default());
-        } else {
-            shown.push(c);
-        }
-    }
-    shown
-}
-
-/// The Unicode formatting characters that change the order in which text
-/// is displayed: embeddings, overrides, isolates, and the marks.
-fn is_reordering(c: char) -> bool {
-    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+/// A name (an account, a namespace, an action) as the command prints it:
+/// [`shown::escaped`], owned.
+pub fn name(text: &str) -> String {
+    shown::escaped(text).into_owned()
 }
 
 /// `text` cut to at most `max` characters, ending in `…` when cut.
@@ -106,13 +104,19 @@ mod tests {
     }
 
     #[test]
-    fn control_and_reordering_characters_are_escaped_and_the_rest_kept() {
+    fn hidden_characters_are_escaped_as_the_console_escapes_them() {
         assert_eq!(
-            escape("acme\u{1b}[2J\r\n\u{202e}é"),
-            r"acme\u{1b}[2J\r\n\u{202e}é"
+            name("acme\u{1b}[2J\r\n\u{202e}\u{61c}é\\"),
+            r"acme\u{1b}[2J\u{d}\u{a}\u{202e}\u{61c}é\\"
         );
-        assert_eq!(escape(r#"ord "1" \ é"#), r#"ord "1" \ é"#);
-        assert_eq!(table(&["A"], &[vec!["a\tb".to_owned()]]), "A\na\\tb\n");
+        assert_eq!(name(r#"ord "1" é"#), r#"ord "1" é"#);
+        // Every cell one line, free of hidden characters; an escaped name's
+        // backslashes are not doubled again.
+        assert_eq!(
+            table(&["A"], &[vec!["a\tb\u{200b}".to_owned()]]),
+            "A\na\\u{9}b\\u{200b}\n"
+        );
+        assert_eq!(table(&["A"], &[vec![name("c\\d")]]), "A\nc\\\\d\n");
     }
 
     #[test]

@@ -81,8 +81,11 @@ impl Progress {
         }
     }
 
-    /// Says `text` on its own line, above the bar if there is one.
+    /// Says `text` on its own line, above the bar if there is one; free of
+    /// hidden characters (a database error may quote a value).
     pub fn note(&self, text: &str) {
+        let text = idem_runtime::shown::escaped_lines(text);
+        let text = text.as_ref();
         match &self.shown {
             Shown::Bar(bar) => bar.println(format!("idem: {text}")),
             Shown::Lines { .. } => line(text),

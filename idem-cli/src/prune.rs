@@ -113,10 +113,7 @@ impl<'a> Target<'a> {
         Ok(Target {
             filter: PruneFilter::new(settled_before).account(account),
             before,
-            within: match account {
-                Some(account) => format!("in account {account}"),
-                None => "in every account".to_owned(),
-            },
+            within: describe_account(account),
         })
     }
 }
@@ -326,7 +323,7 @@ pub fn render(outcome: &Outcome, format: Format) -> Result<String, CliError> {
                 let rows: Vec<Vec<String>> = counted
                     .accounts
                     .iter()
-                    .map(|count| vec![count.account.clone(), count.claims.to_string()])
+                    .map(|count| vec![output::name(&count.account), count.claims.to_string()])
                     .collect();
                 text.push_str(&output::table(&["ACCOUNT", "CLAIMS"], &rows));
             }
@@ -335,10 +332,12 @@ pub fn render(outcome: &Outcome, format: Format) -> Result<String, CliError> {
     }
 }
 
+/// "in account acme" / "in every account"; the account as the command
+/// shows a name (it is the operator's text, or the database's).
 fn describe_account(account: Option<&str>) -> String {
     account.map_or_else(
         || "in every account".to_owned(),
-        |account| format!("in account {account}"),
+        |account| format!("in account {}", output::name(account)),
     )
 }
 

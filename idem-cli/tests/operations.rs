@@ -939,10 +939,10 @@ async fn names_with_control_characters_are_escaped_in_text_and_json_stays_json()
             assert!(raw.is_empty(), "{command}: raw {raw:?} in:\n{text}");
         }
         let said = format!("{}{}", run.stdout, run.stderr);
-        assert_contains(&said, r"acme\u{1b}[2J\rroot\u{202e}");
+        assert_contains(&said, r"acme\u{1b}[2J\u{d}root\u{202e}");
     }
     let run = idem_in(&schema, "claims list").expect_code(0);
-    assert_contains(&run.stdout, r"live\n");
+    assert_contains(&run.stdout, r"live\u{a}");
     assert_contains(&run.stdout, r"charge\u{7}\u{1b}]0;x");
 
     let listed = idem_in(&schema, "claims list --format json")

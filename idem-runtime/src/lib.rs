@@ -50,6 +50,7 @@ mod run;
 pub mod schema;
 mod scoped_pool;
 mod settled;
+pub mod shown;
 mod step;
 mod store;
 mod stored_value;

@@ -970,60 +970,10 @@ fn uid() -> Option<u32> {
 /// `url` with its passwords, if any, replaced by `***`: the user info's
 /// (up to the last `@`, as URL parsers read a raw `@` in a password), a
 /// `password` query parameter's, and in what is not a URL at all (libpq's
-/// `key=value` form) the value of `password`.
+/// `key=value` form) the value of `password`. The rule of
+/// [`crate::shown::redacted`], which the `idem` command follows too.
 pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return redacted_keywords(url);
-    };
-    let (before_query, query) = match rest.split_once('?') {
-        Some((before, query)) => (before, Some(query)),
-        None => (rest, None),
-    };
-    let mut shown = format!("{scheme}://");
-    match before_query.rsplit_once('@') {
-        Some((user_info, host)) => {
-            match user_info.split_once(':') {
-                Some((user, _)) => shown.push_str(&format!("{user}:***")),
-                None => shown.push_str(user_info),
-            }
-            shown.push('@');
-            shown.push_str(host);
-        }
-        None => shown.push_str(before_query),
-    }
-    if let Some(query) = query {
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
-                _ => pair.to_owned(),
-            })
-            .collect();
-        shown.push('?');
-        shown.push_str(&pairs.join("&"));
-    }
-    shown
-}
-
-/// `text` with the value after each `password` (and its `=`) replaced by
-/// `***`, a quoted value whole.
-fn redacted_keywords(text: &str) -> String {
-    let lower = text.to_ascii_lowercase();
-    let Some(at) = lower.find("password") else {
-        return text.to_owned();
-    };
-    let after = &text[at + "password".len()..];
-    let value = after.trim_start().strip_prefix('=').map(str::trim_start);
-    let Some(value) = value else {
-        return text.to_owned();
-    };
-    let rest = match value.strip_prefix('\'') {
-        Some(quoted) => quoted.split_once('\'').map_or("", |(_, rest)| rest),
-        None => value
-            .find(char::is_whitespace)
-            .map_or("", |end| &value[end..]),
-    };
-    format!("{}password=***{}", &text[..at], redacted_keywords(rest))
+    crate::shown::redacted(url).into_owned()
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 
 use crate::cli::ResolveArgs;
 use crate::error::CliError;
-use crate::output::escape;
+use crate::output::name;
 use crate::timestamps;
 
 pub use idem_runtime::operations::{ClaimRow, ListFilter, NamespaceFilter, ScopeFilter};
@@ -338,15 +338,15 @@ fn reason_in_parentheses(claim: &ClaimRow) -> String {
     claim
         .state_reason
         .as_deref()
-        .map(|reason| format!(" ({})", escape(reason)))
+        .map(|reason| format!(" ({})", name(reason)))
         .unwrap_or_default()
 }
 
 /// "account acme, no namespace" / "account acme, namespace live".
 pub(crate) fn describe_scope(account: &str, namespace: Option<&str>) -> String {
-    let account = escape(account);
+    let account = name(account);
     match namespace {
-        Some(namespace) => format!("account {account}, namespace {}", escape(namespace)),
+        Some(namespace) => format!("account {account}, namespace {}", name(namespace)),
         None => format!("account {account}, no namespace"),
     }
 }
@@ -354,12 +354,12 @@ pub(crate) fn describe_scope(account: &str, namespace: Option<&str>) -> String {
 fn describe_filter(account: Option<&str>, namespace: NamespaceFilter<'_>) -> String {
     let account = account.map_or_else(
         || "any account".to_owned(),
-        |a| format!("account {}", escape(a)),
+        |a| format!("account {}", name(a)),
     );
     match namespace {
         NamespaceFilter::Any => account,
         NamespaceFilter::Without => format!("{account}, no namespace"),
-        NamespaceFilter::Named(n) => format!("{account}, namespace {}", escape(n)),
+        NamespaceFilter::Named(n) => format!("{account}, namespace {}", name(n)),
     }
 }
 

@@ -12,6 +12,7 @@
 //! `state_reason` included, as PostgreSQL renders it in JSON).
 
 use idem_runtime::Identity;
+use idem_runtime::shown;
 use serde::Serialize;
 
 use idem_runtime::operations::{ClaimState, ClaimStep};
@@ -73,7 +74,7 @@ impl Decoded {
             .split_once("parts: ")
             .and_then(|(_, rest)| rest.rsplit_once(", absent: "))
             .map(|(parts, _)| parts);
-        let action = output::escape(action);
+        let action = output::name(action);
         match parts {
             Some(parts) => format!("{action} {parts}"),
             None => self.identity.clone(),
@@ -145,8 +146,10 @@ pub fn render_list(claims: &[ClaimRow], format: Format) -> Result<String, CliErr
                 .zip(&decoded)
                 .map(|(c, d)| {
                     vec![
-                        c.account.clone(),
-                        c.namespace.clone().unwrap_or_else(|| "-".to_owned()),
+                        output::name(&c.account),
+                        c.namespace
+                            .as_deref()
+                            .map_or_else(|| "-".to_owned(), output::name),
                         c.address.clone(),
                         c.state.to_string(),
                         timestamps::age(c.age_seconds),
@@ -214,10 +217,10 @@ fn render_steps(steps: &[ClaimStep]) -> String {
     for step in steps {
         // The name is the body's text, perhaps made from a request's:
         // quoted and escaped, so it can never pass for another field.
-        let name = step
-            .name
-            .as_deref()
-            .map_or_else(|| "(unreadable)".to_owned(), |name| format!("{name:?}"));
+        let name = step.name.as_deref().map_or_else(
+            || "(unreadable)".to_owned(),
+            |name| shown::escaped_rendering(&format!("{name:?}")).into_owned(),
+        );
         // Its claim's release, only when there was one: what keeps a
         // recorded step of a claim that is gone from prune.
         let released = step.released_micros.map_or_else(String::new, |micros| {
@@ -265,18 +268,27 @@ pub fn render_claim(
                 .collect(),
         });
     }
+    // Text of the row as the command shows a name (output::name); the
+    // identity as its `Debug` renders it. Every value is then made one line
+    // free of hidden characters below.
     let mut fields: Vec<(String, String)> = vec![
-        ("address".into(), claim.address.clone()),
-        ("account".into(), claim.account.clone()),
+        ("address".into(), output::name(&claim.address)),
+        ("account".into(), output::name(&claim.account)),
         (
             "namespace".into(),
-            claim.namespace.clone().unwrap_or_else(|| "(none)".into()),
+            claim
+                .namespace
+                .as_deref()
+                .map_or_else(|| "(none)".into(), output::name),
         ),
-        ("kind".into(), claim.kind.clone()),
+        ("kind".into(), output::name(&claim.kind)),
         ("state".into(), claim.state.to_string()),
         (
             "state_reason".into(),
-            claim.state_reason.clone().unwrap_or_else(|| "-".into()),
+            claim
+                .state_reason
+                .as_deref()
+                .map_or_else(|| "-".into(), output::name),
         ),
         ("fence".into(), claim.fence.to_string()),
         (
@@ -295,7 +307,10 @@ pub fn render_claim(
         ),
         (
             "action".into(),
-            decoded.action.clone().unwrap_or_else(|| "-".into()),
+            decoded
+                .action
+                .as_deref()
+                .map_or_else(|| "-".into(), output::name),
         ),
         ("identity".into(), decoded.identity.clone()),
         ("identity_hex".into(), hex(&claim.identity)),
@@ -316,16 +331,16 @@ pub fn render_claim(
         }
         let shown = match value {
             serde_json::Value::Null => "-".to_owned(),
-            serde_json::Value::String(text) => text.clone(),
+            serde_json::Value::String(text) => output::name(text),
             other => other.to_string(),
         };
-        fields.push((name.clone(), shown));
+        fields.push((output::name(name), shown));
     }
     let width = fields.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 1;
     let mut shown: String = fields
         .iter()
         .map(|(name, value)| {
-            let value = output::escape(value);
+            let value = shown::escaped_rendering(value);
             format!("{:<width$} {value}\n", format!("{name}:"))
         })
         .collect();

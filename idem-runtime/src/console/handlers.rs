@@ -131,15 +131,21 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
         Ok(params) => params,
         Err(bad) => return ctx.bad(bad),
     };
-    let threshold = params
-        .get("pending_older_than")
-        .filter(|t| !t.is_empty())
-        .unwrap_or("5m");
-    let threshold_age = match parse_duration(threshold) {
+    // As the overview's own form writes them (crate::shown::escaped).
+    let (threshold, account) = match (params.text("pending_older_than"), params.text("account")) {
+        (Ok(threshold), Ok(account)) => (
+            threshold
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| "5m".to_owned()),
+            account.filter(|a| !a.is_empty()),
+        ),
+        (Err(bad), _) | (_, Err(bad)) => return ctx.bad(bad),
+    };
+    let threshold_age = match parse_duration(&threshold) {
         Ok(age) => age,
         Err(message) => return ctx.bad(BadParam(message)),
     };
-    let account = params.get("account").filter(|a| !a.is_empty());
+    let account = account.as_deref();
     let scope = operations::ScopeFilter::new().account(account);
     let pool = &state.pool;
     let open = operations::open_counts(pool, account, OVERVIEW_GROUPS + 1);
@@ -185,7 +191,7 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
             totals,
             rows_estimate: estimate,
             account,
-            pending_threshold: threshold,
+            pending_threshold: &threshold,
             pending_past: &pending.claims,
             pending_past_more: pending.next.is_some(),
             in_doubt: &in_doubt.claims,
@@ -246,7 +252,7 @@ pub(super) async fn claim(State(state): Shared, ctx: Ctx) -> Response {
             Some("shown") => true,
             Some(other) => {
                 return Err(BadParam(format!(
-                    "values is shown or hidden, not {:?}",
+                    "values is shown or hidden, not \"{}\"",
                     shown(other)
                 )));
             }
@@ -342,7 +348,7 @@ fn unresolvable(
 fn read_fence(params: &Params) -> Result<i64, BadParam> {
     let text = params.required("fence")?;
     text.parse()
-        .map_err(|_| BadParam(format!("fence is a number, not {:?}", shown(text))))
+        .map_err(|_| BadParam(format!("fence is a number, not \"{}\"", shown(text))))
 }
 
 /// The state a page showed the claim in (`state`), if it said.
@@ -352,7 +358,7 @@ fn read_state(params: &Params) -> Result<Option<ClaimState>, BadParam> {
         .map(|text| {
             ClaimState::parse(text).ok_or_else(|| {
                 BadParam(format!(
-                    "state is pending or in_doubt, not {:?}",
+                    "state is pending or in_doubt, not \"{}\"",
                     shown(text)
                 ))
             })

@@ -49,10 +49,19 @@
 //! - **CSRF**: every write carries a token bound to a cookie of the
 //!   browser's and to a secret of the console's, and is refused from
 //!   another site (`Origin`, `Sec-Fetch-Site`).
-//! - **Escaping**: every value is HTML-escaped by construction ([maud]),
-//!   control and bidirectional characters are shown as escapes, and long
-//!   names are cut on the page (the links keep them whole). Stored outputs
-//!   and fingerprints are not read unless asked for.
+//! - **Escaping**: every value is HTML-escaped by construction ([maud]);
+//!   every control, bidirectional and invisible formatting character is
+//!   shown as a `\u{..}` escape, and a backslash in a name as `\\`, by the
+//!   rule the `idem` command follows too ([`crate::shown`]); long names are
+//!   cut on the page (the links keep them whole). No page holds such a
+//!   character, not even in a field's value or a link (the one exception:
+//!   the output an operator typed into a resolution, given back to them as
+//!   typed when it is not JSON): names travel in the pages' links and forms
+//!   as they are shown, and are read back so, so that a name in a filter
+//!   box, submitted unchanged (or copied from the page), filters on the
+//!   name itself. (A link made by hand may carry an ordinary name as it
+//!   is; a backslash in one is written `\\`.) Stored outputs and
+//!   fingerprints are not read unless asked for.
 //! - **Audit**: every write attempt leaves exactly one line (`tracing`,
 //!   target `idem::console::audit`), whether refused at the door (not
 //!   admitted: its method, path, `Host` and `Origin`, and why), refused

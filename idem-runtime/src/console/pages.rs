@@ -1,6 +1,9 @@
 //! The pages, as HTML. Every value goes in through maud's `( )`, which
-//! escapes it; names go through [`shown`] first, so that what is escaped
-//! is also legible. Nothing here reads the database.
+//! escapes it; names go through [`shown`] first (or [`escaped`], whole,
+//! where they are typed back: a filter box, a form's field), and every
+//! message and report through [`escaped_lines`], so that what is escaped is
+//! also legible and no page holds a hidden character ([`crate::shown`]).
+//! Nothing here reads the database.
 
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
@@ -10,9 +13,10 @@ use crate::operations::{
     ClaimState, ClaimStep, ClaimView, OpenCount, OpenTotals, PageCursor, StoredValues,
 };
 use crate::schema::{Layout, Status};
+use crate::shown::{escaped, escaped_lines};
 
 use super::params::{Asked, ListParams, SlotParams, query};
-use super::text::{Decoded, age, decode, instant, shown, visible};
+use super::text::{Decoded, age, decode, instant, shown, shown_rendering, visible};
 
 /// What every page of one request shares.
 pub(super) struct Frame {
@@ -109,7 +113,7 @@ pub(super) fn refusal(status: StatusCode, title: &str, message: &str) -> Respons
             (DOCTYPE)
             html lang="en" {
                 head { meta charset="utf-8"; title { "idem · " (title) } }
-                body { h1 { (title) } p.refusal { (message) } }
+                body { h1 { (title) } p.refusal { (escaped_lines(message)) } }
             }
         },
     )
@@ -119,7 +123,11 @@ pub(super) fn refusal(status: StatusCode, title: &str, message: &str) -> Respons
 pub(super) fn problem(frame: &Frame, status: StatusCode, title: &str, message: &str) -> Response {
     respond(
         status,
-        page(frame, title, html! { p.refusal role="alert" { (message) } }),
+        page(
+            frame,
+            title,
+            html! { p.refusal role="alert" { (escaped_lines(message)) } },
+        ),
     )
 }
 
@@ -139,8 +147,8 @@ fn scope_cell(account: &str, namespace: Option<&str>) -> Markup {
 fn identity_cell(decoded: &Decoded) -> Markup {
     html! {
         @match &decoded.action {
-            Some(action) => { span.action { (shown(action)) } " " code.parts { (shown(&decoded.parts)) } }
-            None => { span.undecoded { (shown(&decoded.parts)) } }
+            Some(action) => { span.action { (shown(action)) } " " code.parts { (shown_rendering(&decoded.parts)) } }
+            None => { span.undecoded { (shown_rendering(&decoded.parts)) } }
         }
     }
 }
@@ -193,10 +201,10 @@ pub(super) fn overview(frame: &Frame, o: &Overview<'_>) -> Response {
             }
         }
         section {
-            h2 { "Pending for more than " (o.pending_threshold) }
+            h2 { "Pending for more than " (shown(o.pending_threshold)) }
             form.inline method="get" action=(frame.root) {
-                label { "Account " input name="account" value=(o.account.unwrap_or("")) placeholder="every account"; }
-                label { "Threshold " input name="pending_older_than" value=(o.pending_threshold) size="6"; }
+                label { "Account " input name="account" value=(escaped(o.account.unwrap_or(""))) placeholder="every account"; }
+                label { "Threshold " input name="pending_older_than" value=(escaped(o.pending_threshold)) size="6"; }
                 button type="submit" { "Show" }
             }
             @if o.pending_past.is_empty() {
@@ -234,7 +242,7 @@ pub(super) fn overview(frame: &Frame, o: &Overview<'_>) -> Response {
             h2 { "Schema" }
             @match &o.status {
                 Ok(status) => (schema(status)),
-                Err(error) => p.refusal { "The schema could not be read: " (error) },
+                Err(error) => p.refusal { "The schema could not be read: " (escaped_lines(error)) },
             }
         }
     };
@@ -259,7 +267,7 @@ fn schema(status: &Status) -> Markup {
     };
     html! {
         dl.facts {
-            dt { "table" } dd { (status.table.as_deref().unwrap_or("not found")) " (search_path " (status.search_path) ")" }
+            dt { "table" } dd { (escaped_lines(status.table.as_deref().unwrap_or("not found"))) " (search_path " (escaped_lines(&status.search_path)) ")" }
             dt { "version" } dd { (status.version) " (this build expects " (status.expected_version) ")" }
             dt { "layout" } dd { (layout) }
             dt { "verification" }
@@ -268,7 +276,7 @@ fn schema(status: &Status) -> Markup {
                     None => span.ok { "passes: the gate starts on this schema" },
                     Some(problems) => {
                         span.refusal { "fails: a gate refuses to start" }
-                        ul { @for p in &problems.problems { li { (p.to_string()) } } }
+                        ul { @for p in &problems.problems { li { (escaped_lines(&p.to_string())) } } }
                     }
                 }
             }
@@ -347,11 +355,13 @@ pub(super) fn list(
                     }
                 }
             }
-            label { "account " input name="account" value=(params.account.as_deref().unwrap_or("")); }
-            label { "namespace " input name="namespace" value=(params.namespace.as_deref().unwrap_or("")); }
+            // Each name whole, as the page shows it: submitted unchanged, it
+            // reads back as the name itself.
+            label { "account " input name="account" value=(escaped(params.account.as_deref().unwrap_or(""))); }
+            label { "namespace " input name="namespace" value=(escaped(params.namespace.as_deref().unwrap_or(""))); }
             label { input type="checkbox" name="without_namespace" value="1" checked[params.without_namespace]; " without namespace" }
-            label { "action " input name="action" value=(params.action.as_deref().unwrap_or("")); }
-            label { "older than " input name="older_than" size="6" placeholder="2h" value=(params.older_than.as_ref().map_or("", |(t, _)| t.as_str())); }
+            label { "action " input name="action" value=(escaped(params.action.as_deref().unwrap_or(""))); }
+            label { "older than " input name="older_than" size="6" placeholder="2h" value=(escaped(params.older_than.as_ref().map_or("", |(t, _)| t.as_str()))); }
             button type="submit" { "Filter" }
         }
         p.note {
@@ -391,7 +401,7 @@ pub(super) fn claim(frame: &Frame, c: &ClaimView, extras: &ClaimExtras<'_>) -> R
             dt { "account" } dd { (shown(&c.account)) }
             dt { "namespace" } dd { @match &c.namespace { Some(n) => (shown(n)), None => em { "none" } } }
             dt { "action" } dd { @match &decoded.action { Some(a) => (shown(a)), None => em { "not in idem's format" } } }
-            dt { "key parts" } dd { code { (shown(&decoded.parts)) } }
+            dt { "key parts" } dd { code { (shown_rendering(&decoded.parts)) } }
             dt { "address check" } dd {
                 @if decoded.address_matches { span.ok { "the address is the digest of this identity" } }
                 @else { span.refusal { "the address is not the digest of the stored identity" } }
@@ -426,7 +436,7 @@ pub(super) fn claim(frame: &Frame, c: &ClaimView, extras: &ClaimExtras<'_>) -> R
                 h3 { "output" }
                 pre { (values.output.as_deref().map_or_else(|| "none".to_owned(), visible)) }
                 h3 { "fingerprint" }
-                pre { (values.fingerprint.as_deref().unwrap_or("none")) }
+                pre { (visible(values.fingerprint.as_deref().unwrap_or("none"))) }
             }
         }
         section {
@@ -528,7 +538,7 @@ pub(super) fn confirm(
         None => (StatusCode::OK, None, ""),
     };
     let body = html! {
-        @if let Some(message) = message { p.refusal role="alert" { (message) } }
+        @if let Some(message) = message { p.refusal role="alert" { (escaped_lines(message)) } }
         p.confirm {
             "Claim " code { (c.address) } " of " (scope_cell(&c.account, c.namespace.as_deref())) ": "
             (identity_cell(&decoded)) ", fence " (c.fence) ", " (state_badge(c.state))
@@ -537,8 +547,8 @@ pub(super) fn confirm(
         p.change { strong { (what_changes(asked, c)) } }
         p.consequence { (consequence(asked)) }
         form.resolve method="post" action=(frame.link("claim/resolve", "")) {
-            input type="hidden" name="account" value=(slot.account);
-            @if let Some(n) = &slot.namespace { input type="hidden" name="namespace" value=(n); }
+            input type="hidden" name="account" value=(escaped(&slot.account));
+            @if let Some(n) = &slot.namespace { input type="hidden" name="namespace" value=(escaped(n)); }
             input type="hidden" name="address" value=(slot.address);
             input type="hidden" name="fence" value=(c.fence);
             input type="hidden" name="state" value=(c.state.as_str());
@@ -568,8 +578,8 @@ pub(super) fn resolved(
     detail: &str,
 ) -> Response {
     let body = html! {
-        p class=(if status.is_success() { "ok" } else { "refusal" }) role="status" { strong { (headline) } }
-        p { (detail) }
+        p class=(if status.is_success() { "ok" } else { "refusal" }) role="status" { strong { (escaped_lines(headline)) } }
+        p { (escaped_lines(detail)) }
         p { a href=(frame.link("claim", &slot.query())) { "Back to the claim" } " · " a href=(frame.root) { "Overview" } }
     };
     respond(status, page(frame, "Resolution", body))
@@ -579,8 +589,8 @@ pub(super) fn audit(frame: &Frame, findings: Option<Result<String, String>>) -> 
     let body = html! {
         @match findings {
             None => p.note { "No audit is configured here: the idem command's console (idem console) runs idem audit; run `idem audit` yourself otherwise." },
-            Some(Ok(text)) => pre.audit { (text) },
-            Some(Err(error)) => p.refusal { "The audit could not run: " (error) },
+            Some(Ok(text)) => pre.audit { (escaped_lines(&text)) },
+            Some(Err(error)) => p.refusal { "The audit could not run: " (escaped_lines(&error)) },
         }
     };
     respond(StatusCode::OK, page(frame, "Audit", body))

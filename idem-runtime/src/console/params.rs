@@ -2,10 +2,19 @@
 //! repeated parameter is refused naming the valid ones (a mistyped filter
 //! would otherwise show every claim), and every value is checked before a
 //! statement sees it.
+//!
+//! Names (account, namespace, action) and durations travel as the pages
+//! show them ([`escaped`]): a hidden character as `\u{..}`, a backslash
+//! doubled. Every link and every field the pages write carries them so,
+//! and every request is read so ([`unescaped`]): a name shown in a filter
+//! box, submitted unchanged, filters on the name itself, and a page holds
+//! no hidden character, not even in a field's value. An ordinary name is
+//! written as it is; a hidden character written as it is reads as itself.
 
 use std::time::Duration;
 
 use crate::operations::{BrowseFilter, ClaimState, NamespaceFilter, PageCursor, ScopeFilter, Slot};
+use crate::shown::{escaped, unescaped};
 
 use super::text::{self, hex, parse_duration, shown, unhex};
 
@@ -29,13 +38,13 @@ impl Params {
             // request (and the statement would fail as if the store had).
             if value.contains('\0') || name.contains('\0') {
                 return Err(BadParam(format!(
-                    "parameter {:?} holds a NUL character, which no name can",
+                    "parameter \"{}\" holds a NUL character, which no name can",
                     shown(name)
                 )));
             }
             if !known.contains(&name.as_str()) {
                 return Err(BadParam(format!(
-                    "unknown parameter {:?}: this page takes {}",
+                    "unknown parameter \"{}\": this page takes {}",
                     shown(name),
                     known.join(", ")
                 )));
@@ -54,6 +63,28 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
+    /// A name (or a duration) as the pages write it ([`escaped`]), read
+    /// back; `None` when absent.
+    pub(super) fn text(&self, name: &str) -> Result<Option<String>, BadParam> {
+        let Some(value) = self.get(name) else {
+            return Ok(None);
+        };
+        let text = unescaped(value).map_err(|error| {
+            BadParam(format!(
+                "{name} \"{}\" is not written as the console writes names: {error} (copy it \
+                 from the page as it is shown)",
+                shown(value)
+            ))
+        })?;
+        // Escaped, a NUL gets past the check of the raw request.
+        if text.contains('\0') {
+            return Err(BadParam(format!(
+                "parameter {name} holds a NUL character, which no name can"
+            )));
+        }
+        Ok(Some(text.into_owned()))
+    }
+
     /// A parameter that must be there and not empty.
     pub(super) fn required(&self, name: &str) -> Result<&str, BadParam> {
         match self.get(name) {
@@ -63,11 +94,12 @@ impl Params {
     }
 }
 
-/// Builds a query string (`a=1&b=x%20y`) from pairs, leaving out `None`s.
+/// Builds a query string (`a=1&b=x%20y`) from pairs, leaving out `None`s;
+/// every value as the pages show it ([`escaped`]: only names can change).
 pub(super) fn query(pairs: &[(&str, Option<&str>)]) -> String {
-    let present: Vec<(&str, &str)> = pairs
+    let present: Vec<(&str, std::borrow::Cow<'_, str>)> = pairs
         .iter()
-        .filter_map(|(k, v)| v.map(|v| (*k, v)))
+        .filter_map(|(k, v)| v.map(|v| (*k, escaped(v))))
         .collect();
     serde_urlencoded::to_string(present).unwrap_or_default()
 }
@@ -87,10 +119,9 @@ impl SlotParams {
         check_address(address)?;
         Ok(SlotParams {
             account: params
-                .get("account")
-                .ok_or_else(|| BadParam("parameter account is required".into()))?
-                .to_owned(),
-            namespace: params.get("namespace").map(str::to_owned),
+                .text("account")?
+                .ok_or_else(|| BadParam("parameter account is required".into()))?,
+            namespace: params.text("namespace")?,
             address: address.to_owned(),
         })
     }
@@ -118,7 +149,7 @@ fn check_address(address: &str) -> Result<(), BadParam> {
         Ok(())
     } else {
         Err(BadParam(format!(
-            "{:?} is not a claim address: addresses are claim_ followed by 24 lowercase hex \
+            "\"{}\" is not a claim address: addresses are claim_ followed by 24 lowercase hex \
              digits",
             shown(address)
         )))
@@ -153,11 +184,16 @@ impl ListParams {
     pub(super) fn read(params: &Params) -> Result<ListParams, BadParam> {
         // An empty value is no filter: what a form's empty field sends.
         let given = |name| params.get(name).filter(|v| !v.is_empty());
+        let text = |name| {
+            params
+                .text(name)
+                .map(|text| text.filter(|v: &String| !v.is_empty()))
+        };
         let state = given("state")
             .map(|s| {
                 ClaimState::parse(s).ok_or_else(|| {
                     BadParam(format!(
-                        "state {:?} is not one: pending, in_doubt, success or failed",
+                        "state \"{}\" is not one: pending, in_doubt, success or failed",
                         shown(s)
                     ))
                 })
@@ -168,25 +204,21 @@ impl ListParams {
             Some("1") => true,
             Some(other) => {
                 return Err(BadParam(format!(
-                    "without_namespace is 1 or 0, not {:?}",
+                    "without_namespace is 1 or 0, not \"{}\"",
                     shown(other)
                 )));
             }
         };
         // The namespace is a filter only when given non-empty; the empty
         // namespace is a namespace too, but a form's empty box is not it.
-        let namespace = given("namespace").map(str::to_owned);
+        let namespace = text("namespace")?;
         if without_namespace && namespace.is_some() {
             return Err(BadParam(
                 "give either namespace or without_namespace=1, not both".into(),
             ));
         }
-        let older_than = given("older_than")
-            .map(|t| {
-                parse_duration(t)
-                    .map(|d| (t.to_owned(), d))
-                    .map_err(BadParam)
-            })
+        let older_than = text("older_than")?
+            .map(|t| parse_duration(&t).map(|d| (t, d)).map_err(BadParam))
             .transpose()?;
         let limit = match given("limit") {
             None => 50,
@@ -196,7 +228,7 @@ impl ListParams {
                 .filter(|l| (1..=BrowseFilter::MAX_LIMIT).contains(l))
                 .ok_or_else(|| {
                     BadParam(format!(
-                        "limit is a number from 1 to {}, not {:?}",
+                        "limit is a number from 1 to {}, not \"{}\"",
                         BrowseFilter::MAX_LIMIT,
                         shown(l)
                     ))
@@ -205,10 +237,10 @@ impl ListParams {
         let after = given("after").map(decode_cursor).transpose()?;
         Ok(ListParams {
             state,
-            account: given("account").map(str::to_owned),
+            account: text("account")?,
             namespace,
             without_namespace,
-            action: given("action").map(str::to_owned),
+            action: text("action")?,
             older_than,
             limit,
             after,
@@ -328,7 +360,7 @@ impl Asked {
             "failed" => Ok(Asked::Failed),
             "release" => Ok(Asked::Release),
             other => Err(BadParam(format!(
-                "as is succeeded, failed or release, not {:?}",
+                "as is succeeded, failed or release, not \"{}\"",
                 text::shown(other)
             ))),
         }
@@ -397,5 +429,47 @@ mod tests {
             ListParams::read(&Params::parse(Some(&list.query(None)), ListParams::NAMES).unwrap())
                 .unwrap();
         assert_eq!(again, list);
+    }
+
+    #[test]
+    fn names_travel_as_shown_and_read_back_as_themselves() {
+        let name = "a\\b\u{202e}c\u{1b}[2J\u{61c}";
+        let list = ListParams {
+            account: Some(name.to_owned()),
+            namespace: Some(format!("{name}ns")),
+            action: Some(format!("{name}act")),
+            limit: 50,
+            ..ListParams::default()
+        };
+        let written = list.query(None);
+        let decoded: Vec<(String, String)> = serde_urlencoded::from_str(&written).unwrap();
+        assert!(
+            decoded
+                .iter()
+                .all(|(_, v)| !v.chars().any(crate::shown::is_escaped)),
+            "{decoded:?}"
+        );
+        assert!(decoded.contains(&("account".into(), r"a\\b\u{202e}c\u{1b}[2J\u{61c}".into())));
+        let again =
+            ListParams::read(&Params::parse(Some(&written), ListParams::NAMES).unwrap()).unwrap();
+        assert_eq!(again.account.as_deref(), Some(name));
+        assert_eq!(again, list);
+        // A hidden character written as it is reads as itself; a stray
+        // backslash is refused, saying how to write one.
+        let raw = ListParams::read(
+            &Params::parse(Some("account=a%E2%80%AE"), ListParams::NAMES).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(raw.account.as_deref(), Some("a\u{202e}"));
+        let stray = ListParams::read(
+            &Params::parse(Some("account=C%3A%5Ctemp"), ListParams::NAMES).unwrap(),
+        )
+        .unwrap_err();
+        assert!(stray.0.contains(r"written \\"), "{}", stray.0);
+        let nul = ListParams::read(
+            &Params::parse(Some(r"account=a%5Cu%7B0%7D"), ListParams::NAMES).unwrap(),
+        )
+        .unwrap_err();
+        assert!(nul.0.contains("NUL"), "{}", nul.0);
     }
 }

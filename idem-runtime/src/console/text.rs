@@ -2,61 +2,51 @@
 //! to size, identities decoded, instants and ages, durations parsed.
 //!
 //! Nothing here escapes HTML: the pages interpolate these strings through
-//! maud, which does. This module makes sure that what is escaped is also
-//! legible: a control or bidirectional character, which HTML-escaping
-//! leaves in place, would hide or reorder text.
+//! maud, which does. What is escaped must also be legible: a control or
+//! bidirectional character, which HTML-escaping leaves in place, would hide
+//! or reorder text. Which characters those are, and how they are written,
+//! is [`crate::shown`]'s one rule, the `idem` command's too.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::Identity;
+use crate::shown::{escaped, escaped_rendering};
 
 /// How many characters of a name a page shows before cutting it.
 pub(super) const SHOWN_CHARS: usize = 80;
 
-/// `text` as a page shows it: every control character, and every
-/// character that reorders or hides text (bidirectional controls,
-/// zero-width ones), as a `\u{..}` escape; cut after [`SHOWN_CHARS`]
-/// characters, saying how long it was.
+/// A name as a page shows it: [`escaped`] (every hidden character as a
+/// `\u{..}` escape, a backslash doubled), cut after [`SHOWN_CHARS`]
+/// characters, saying how long it was. Whole and uncut where it is typed
+/// back (a filter box): [`escaped`] itself.
 pub(super) fn shown(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(4 * SHOWN_CHARS));
-    for (count, ch) in text.chars().enumerate() {
-        if count == SHOWN_CHARS {
-            let _ = write!(out, "… ({} characters)", text.chars().count());
-            return out;
-        }
-        push_visible(&mut out, ch);
-    }
-    out
+    cut(text, escaped)
 }
 
-/// `text` whole, each hidden character as a `\u{..}` escape ([`shown`]
-/// without the cut): for a stored value shown on asking.
+/// Text rendered in a notation of its own (the parts of an identity as
+/// `Debug` writes them) as a page shows it: [`escaped_rendering`], cut as
+/// [`shown`] cuts.
+pub(super) fn shown_rendering(text: &str) -> String {
+    cut(text, escaped_rendering)
+}
+
+/// A stored value (JSON) whole, each hidden character as a `\u{..}` escape
+/// ([`shown_rendering`] without the cut): for a value shown on asking.
 pub(super) fn visible(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for ch in text.chars() {
-        push_visible(&mut out, ch);
-    }
-    out
+    escaped_rendering(text).into_owned()
 }
 
-/// `ch`, or its `\u{..}` escape when it does not show as itself.
-fn push_visible(out: &mut String, ch: char) {
-    if is_hidden(ch) {
-        let _ = write!(out, "\\u{{{:x}}}", ch as u32);
-    } else {
-        out.push(ch);
+fn cut(text: &str, escape: fn(&str) -> Cow<'_, str>) -> String {
+    match text.char_indices().nth(SHOWN_CHARS) {
+        None => escape(text).into_owned(),
+        Some((at, _)) => format!(
+            "{}… ({} characters)",
+            escape(&text[..at]),
+            text.chars().count()
+        ),
     }
-}
-
-/// Characters that do not show as themselves.
-fn is_hidden(ch: char) -> bool {
-    ch.is_control()
-        || matches!(ch,
-            '\u{200b}'..='\u{200f}' // zero-width, left-to-right and right-to-left marks
-            | '\u{202a}'..='\u{202e}' // embeddings and overrides
-            | '\u{2060}'..='\u{2069}' // word joiner, invisible operators, isolates
-            | '\u{061c}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
 }
 
 /// A claim's identity, decoded: its action and parts, or why it cannot be.
@@ -132,7 +122,7 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let bad = || {
         format!(
-            "{:?} is not a duration: write a number and a unit, s, m, h, d or w (90s, 5m, 2h, \
+            "\"{}\" is not a duration: write a number and a unit, s, m, h, d or w (90s, 5m, 2h, \
              7d), or several (1h30m)",
             shown(text)
         )
@@ -198,7 +188,15 @@ mod tests {
     #[test]
     fn hidden_characters_show_as_escapes_and_long_names_are_cut() {
         assert_eq!(shown("acme"), "acme");
-        assert_eq!(shown("a\u{202e}b\0c\n"), "a\\u{202e}b\\u{0}c\\u{a}");
+        assert_eq!(
+            shown("a\u{202e}b\0c\n\u{61c}"),
+            "a\\u{202e}b\\u{0}c\\u{a}\\u{61c}"
+        );
+        // A backslash doubled, so that the name reads back; a rendering's
+        // backslashes are its own.
+        assert_eq!(shown(r"a\b"), r"a\\b");
+        assert_eq!(shown_rendering(r#"["a\"b"]"#), r#"["a\"b"]"#);
+        assert_eq!(visible("\"\u{202e}\""), "\"\\u{202e}\"");
         let long = "x".repeat(1000);
         let cut = shown(&long);
         assert!(cut.starts_with(&"x".repeat(SHOWN_CHARS)));

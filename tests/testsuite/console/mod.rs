@@ -7,5 +7,6 @@ mod access;
 mod audit;
 mod pages;
 mod redteam;
+mod shown;
 mod support;
 mod writes;

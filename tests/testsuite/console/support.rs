@@ -50,12 +50,21 @@ impl Page {
     }
 
     /// Every link to a claim's page, as (account, namespace, address),
-    /// decoded, in the page's order.
+    /// decoded (the links carry names as the pages show them,
+    /// `idem::shown::escaped`: read back here), in the page's order.
     pub fn claim_links(&self) -> Vec<(String, Option<String>, String)> {
         self.links("claim?")
             .into_iter()
             .map(|pairs| {
-                let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+                let get = |k: &str| {
+                    pairs.iter().find(|(n, _)| n == k).map(|(_, v)| {
+                        idem::shown::unescaped(v)
+                            .unwrap_or_else(|e| {
+                                panic!("a link's {k} {v:?} does not read back: {e}")
+                            })
+                            .into_owned()
+                    })
+                };
                 (
                     get("account").expect("account"),
                     get("namespace"),
