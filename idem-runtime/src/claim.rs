@@ -235,7 +235,7 @@ impl Claim {
     /// nothing to renew, and it stays unexpirable; so does a claim made
     /// inside the caller's transaction, which never has a lease (a guard
     /// with [`tx`](crate::Guard::tx) has no `lease`). `lease` is checked as
-    /// [`Mode::lease`](crate::Mode::lease) checks it ([`Rejected::InvalidOption`]).
+    /// [`Guard::lease`](crate::Guard::lease) checks it ([`Rejected::InvalidOption`]).
     /// [`Rejected::LeaseLost`] if the claim was taken over meanwhile.
     pub async fn extend(&self, lease: Duration) -> Result<(), Rejected> {
         let Some(held) = &self.held else {
@@ -283,8 +283,9 @@ impl Claim {
     /// ([`ClaimOrReplay::Replayed`](crate::ClaimOrReplay::Replayed)) instead
     /// of [`Rejected::AlreadyDone`].
     ///
-    /// A duplicate gets exactly this value or nothing: one that would not
-    /// read back as itself (it fails to serialize, or JSON writes it as
+    /// A duplicate gets exactly this value (as its type's serde
+    /// implementation writes and reads it: a field serde skips comes back
+    /// as its default) or nothing: one that would not read back as itself (it fails to serialize, or JSON writes it as
     /// something else: `Some(())`, `Some(None)` and a NaN are all `null`,
     /// which reads back as `None`) is not kept. The success is never lost
     /// to its value: the claim is settled without one, a tracing error

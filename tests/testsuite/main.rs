@@ -41,6 +41,9 @@ mod steps_repeatable_breaks;
 // stale or released holder's later steps, one value per step, a success
 // that went on without its steps, wrong connections in a transaction.
 mod steps_lost_breaks;
+// Steps whose claim a reconciler or an operator resolved, or released,
+// while the body ran: what each step and the holder are told.
+mod steps_resolved;
 // Batch claims for message consumers.
 mod batches;
 // The tower layer and detached calls, through real servers.

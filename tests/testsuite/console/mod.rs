@@ -5,6 +5,7 @@
 
 mod access;
 mod audit;
+mod operator_promises;
 mod pages;
 mod redteam;
 mod shown;

@@ -5,3 +5,4 @@
 mod detached;
 mod layer;
 mod redteam;
+mod unrouted;

@@ -20,6 +20,7 @@ mod fingerprint;
 mod lease;
 pub(crate) mod outcome_commit;
 mod replay;
+mod replay_values;
 mod transaction;
 mod wait;
 

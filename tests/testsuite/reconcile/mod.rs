@@ -3,6 +3,7 @@
 //! both.
 
 mod bounds;
+mod probes;
 mod reconciler;
 mod redteam;
 mod resolve;
