@@ -417,7 +417,7 @@ impl Args {
             Ok(duration) if option == "lease" && duration > MAX_LEASE => {
                 self.errors.push(syn::Error::new_spanned(
                     &literal,
-                    "`lease` may be at most 100 years (\"100y\", idem::Mode::MAX_LEASE); \
+                    "`lease` may be at most 100 years (\"100y\", idem::MAX_LEASE); \
                      for a claim that never expires, leave `lease` out",
                 ));
                 None
@@ -476,7 +476,7 @@ impl Args {
     }
 }
 
-/// The longest lease, as the runtime's `Mode::MAX_LEASE` (100 years of
+/// The longest lease, as the runtime's `MAX_LEASE` (100 years of
 /// 365.25 days); `tests/ui/lease_out_of_range.rs` and its passing twin pin
 /// the two together.
 const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(3_155_760_000);

@@ -4,8 +4,8 @@
 //!
 //! A consumer that reads 100 messages from Kafka, SQS or NATS and must
 //! process each at most once (the inbox pattern) would pay two statements
-//! per message through [`Gate::run`]. A batch guard
-//! ([`Gate::guard_batch`], then [`run`](crate::guard::BatchGuard::run))
+//! per message through [`Gate::run`](crate::Gate::run). A batch guard
+//! ([`Gate::guard_batch`](crate::Gate::guard_batch), then [`run`](crate::guard::BatchGuard::run))
 //! pays two per batch in the common case:
 //!
 //! 1. **Claim**: one `INSERT ... SELECT ... ON CONFLICT DO NOTHING` over
@@ -22,22 +22,22 @@
 //!    [`concurrency`](Batch::concurrency) at a time (one by default, in the
 //!    batch's order). A body that is not won is never called. A body never
 //!    starts on a claim that may have been taken over: one whose turn opens
-//!    with less than half its [`lease`](Batch::lease) left renews it first
-//!    (see [`Batch::lease`]).
+//!    with less than half its [`lease`](crate::guard::BatchGuard::lease) left renews it
+//!    first (see [`BatchGuard::lease`](crate::guard::BatchGuard::lease)).
 //! 3. **Record**: one statement per kind of outcome among the won items
 //!    (settle, release, keep, hold in doubt), each matched per item on its
 //!    claim's fence, in address order. An item the statement did not match
 //!    (its claim was taken over or released meanwhile) is recorded alone,
-//!    as [`Gate::run`] records it.
+//!    as [`Gate::run`](crate::Gate::run) records it.
 //!
 //! Overlapping batches, from any number of consumers, cannot deadlock:
 //! every statement visits its rows in address order. Each item's result is
-//! what [`Gate::run`] would have returned for it, in the batch's order.
+//! what [`Gate::run`](crate::Gate::run) would have returned for it, in the batch's order.
 //!
 //! # The same identity twice in a batch
 //!
 //! A later copy of an identity (a message delivered twice into one batch)
-//! gets what [`Gate::run`] gives a duplicate made once the earlier copy has
+//! gets what [`Gate::run`](crate::Gate::run) gives a duplicate made once the earlier copy has
 //! finished: the batch runs in passes, the first copy of every slot in the
 //! first, the second copies in the next, each pass claimed after the one
 //! before it is recorded. So the second copy of a success is told
@@ -51,11 +51,11 @@
 //!
 //! # A panicking body
 //!
-//! A body that panics holds its own item, as under [`Gate::run`]: its
+//! A body that panics holds its own item, as under [`Gate::run`](crate::Gate::run): its
 //! claim stays `pending` (until its lease, if any, runs out). The other
 //! bodies of the batch still run, and every outcome that finished is
 //! recorded; then the panic resumes, and reaches the caller as it would
-//! from [`Gate::run`]. (Later copies of the batch's identities, which run
+//! from [`Gate::run`](crate::Gate::run). (Later copies of the batch's identities, which run
 //! in passes after it, do not run.) A redelivery finds the finished items
 //! done and the panicked one in flight. So does a
 //! [`disposition`](crate::guard::BatchGuard::disposition) classifier that
@@ -96,28 +96,28 @@
 //!
 //! # Modes
 //!
-//! A batch takes the modes that make sense for many items at once, as
-//! methods of [`Batch`]: a [`lease`](Batch::lease) and what its expiry
-//! means ([`on_expiry`](Batch::on_expiry)), a per-item payload
-//! [`Fingerprint`] ([`Batch::push_fingerprinted`]), how outcomes commit
-//! ([`outcome_commit`](Batch::outcome_commit)), and, on the batch guard,
-//! replay ([`replay`](crate::guard::BatchGuard::replay)) and dispositions
-//! ([`disposition`](crate::guard::BatchGuard::disposition)). The rest are
-//! not offered, so asking for
+//! A batch takes the guard's options that make sense for many items at
+//! once, as methods of its [`BatchGuard`](crate::guard::BatchGuard), with the guard's refusals at
+//! compile time: a [`lease`](crate::guard::BatchGuard::lease) and what its expiry means
+//! ([`on_expiry`](crate::guard::BatchGuard::on_expiry)), how outcomes commit
+//! ([`outcome_commit`](crate::guard::BatchGuard::outcome_commit); not with a lease),
+//! [`replay`](crate::guard::BatchGuard::replay) and a
+//! [`disposition`](crate::guard::BatchGuard::disposition); a payload [`Fingerprint`]
+//! goes with each item ([`Batch::push_fingerprinted`]). The rest are not
+//! offered, so asking for
 //! them does not compile: a batch does not wait for items in flight (they
 //! are refused [`Rejected::InFlight`], for the consumer to redeliver), never
 //! fails open (a store down refuses every item [`Rejected::Unavailable`]),
 //! and runs outside the caller's transaction.
 //!
 //! A batch's outcomes are recorded when its last body returns: give a
-//! [`lease`](Batch::lease) the whole batch's time, not one body's.
+//! [`lease`](crate::guard::BatchGuard::lease) the whole batch's time, not one body's.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use futures_util::stream;
 use futures_util::{FutureExt, StreamExt};
@@ -127,7 +127,7 @@ use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
 use crate::measure::Stopwatch;
-use crate::mode::{Fingerprint, Mode, OnExpiry, OutcomeCommit};
+use crate::mode::{Fingerprint, Mode};
 use crate::observe::{self, GateEvent};
 use crate::recording::Recording;
 use crate::retry::{self, SERIALIZATION_BACKOFF};
@@ -145,7 +145,8 @@ use crate::via::Via;
 /// messages, say to acknowledge them after) a reference to it.
 pub struct Batch<M> {
     items: Vec<Item<M>>,
-    mode: Mode,
+    /// The claim options its guard was given ([`BatchGuard`](crate::guard::BatchGuard)).
+    pub(crate) mode: Mode,
     concurrency: usize,
 }
 
@@ -183,7 +184,7 @@ impl<M> Batch<M> {
 
     /// Adds `message` with a digest of its payload: a duplicate whose
     /// fingerprint differs is refused [`Rejected::KeyReused`], as with
-    /// [`Mode::fingerprint`].
+    /// [`Guard::fingerprint`](crate::Guard::fingerprint).
     pub fn push_fingerprinted(
         &mut self,
         message: M,
@@ -195,44 +196,6 @@ impl<M> Batch<M> {
             identity,
             fingerprint: Some(fingerprint),
         });
-        self
-    }
-
-    /// Each claim expires after `lease`, as [`Mode::lease`] says (and is
-    /// checked as it is). The batch's outcomes are recorded when its last
-    /// body returns, so the lease must cover the whole batch.
-    ///
-    /// The lease runs from the batch's claim, and a body may wait for its
-    /// turn behind others (see [`concurrency`](Batch::concurrency)). A body
-    /// whose turn opens with less than half the lease left (by this
-    /// process's clock, which trails the store's by one round trip, far
-    /// less than that margin) first renews its claim to a whole lease (one
-    /// statement, matched on the claim's fence), so no body starts on a
-    /// claim that may have been taken over. Should the claim be lost
-    /// already (taken over, turned in doubt, released), its body does not
-    /// start: the item is claimed again alone, as a [`Gate::run`] made then
-    /// would be, and runs only if that wins. Should the store fail to
-    /// renew it, the claim is released (its body never started) and the
-    /// item refused with the store's error. A lease that covers the whole
-    /// batch never costs that statement.
-    #[must_use]
-    pub fn lease(mut self, lease: Duration) -> Batch<M> {
-        self.mode = self.mode.lease(lease);
-        self
-    }
-
-    /// What a claim whose lease ran out becomes; see [`OnExpiry`].
-    #[must_use]
-    pub fn on_expiry(mut self, on_expiry: OnExpiry) -> Batch<M> {
-        self.mode = self.mode.on_expiry(on_expiry);
-        self
-    }
-
-    /// How the outcomes commit; see [`OutcomeCommit`] (ignored under a
-    /// lease, and on Citus, as it is for one claim).
-    #[must_use]
-    pub fn outcome_commit(mut self, commit: OutcomeCommit) -> Batch<M> {
-        self.mode = self.mode.outcome_commit(commit);
         self
     }
 
@@ -335,7 +298,7 @@ type Queued<M> = (usize, M, Claimed);
 ///
 /// A later copy of a slot (the same identity twice in a batch, or two
 /// identities whose addresses collide) is a duplicate of an earlier one,
-/// and gets what [`Gate::run`] gives a duplicate made once the earlier one
+/// and gets what [`Gate::run`](crate::Gate::run) gives a duplicate made once the earlier one
 /// has finished: its pass is claimed after the earlier pass is recorded,
 /// by the same statements, so a settled slot answers it `AlreadyDone` (or,
 /// replayed, the value), a kept failure `AlreadyFailed`, a claim in doubt
@@ -371,9 +334,9 @@ fn passes<M>(items: Vec<Item<M>>) -> Vec<Vec<Queued<M>>> {
 /// the won bodies, record. Per item, its index and what the caller gets.
 ///
 /// A body that panics holds its own item (its claim is left pending, as
-/// [`Gate::run`] leaves it), every other body of the pass runs and is
+/// [`Gate::run`](crate::Gate::run) leaves it), every other body of the pass runs and is
 /// recorded, then the panic resumes, reaching the caller as from
-/// [`Gate::run`].
+/// [`Gate::run`](crate::Gate::run).
 async fn run_pass<M, R, F, Fut>(
     slots: &ScopedPool,
     pass: Vec<Queued<M>>,
@@ -730,7 +693,7 @@ enum Turn<R> {
 /// Runs the won bodies, at most `concurrency` at a time, each only on a
 /// claim that is still this batch's ([`turn_opens`]). A body that panics
 /// (or whose call does) is caught: its claim is dropped, so its row stays
-/// pending as after a panic under [`Gate::run`] (until its lease, if any,
+/// pending as after a panic under [`Gate::run`](crate::Gate::run) (until its lease, if any,
 /// runs out), and the other bodies run on.
 async fn run_bodies<M, R, F, Fut>(
     slots: &ScopedPool,
@@ -826,7 +789,7 @@ where
 ///
 /// `Err`: what the item gets instead. A claim lost before its body started
 /// (taken over, turned in doubt or released) ran nothing of this batch's: the
-/// item is claimed again alone, as a [`Gate::run`] made now would be, and
+/// item is claimed again alone, as a [`Gate::run`](crate::Gate::run) made now would be, and
 /// runs only if it wins. A claim the store could not renew is released
 /// (matched on its fence, so only if still ours; its body never started, so
 /// freeing it is safe) and the item refused with the store's error.
@@ -878,7 +841,7 @@ struct Group<R> {
 }
 
 /// Records the outcome of every body that ran: one statement per kind, and
-/// alone (as [`Gate::run`] records) each item that statement did not match,
+/// alone (as [`Gate::run`](crate::Gate::run) records) each item that statement did not match,
 /// every ungated item (which records nothing), and every item of a
 /// statement that failed. Per item, its index and what the caller gets.
 ///

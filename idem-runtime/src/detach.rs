@@ -5,13 +5,13 @@
 //! its effect and before its settle.
 //!
 //! The run (the crate-private `run_detached`, which
-//! [`Gate::run_detached`](crate::Gate::run_detached) and the tower layer
+//! [`Guard::run_detached`](crate::Guard::run_detached) and the tower layer
 //! call) is spawned on the tokio runtime and awaited; dropping that await
 //! leaves the task running. A body may run on after
 //! its caller left for at most the [`Detached`] handle's bound: then it is
 //! stopped and its claim held in doubt (`state_reason`
 //! [`PAST_BOUND`]), never released (it may have taken effect); a run
-//! still waiting for its claim then ([`Mode::wait`](crate::Mode::wait))
+//! still waiting for its claim then ([`Guard::wait`](crate::Guard::wait))
 //! gives up, claiming nothing, and one that wins its claim past the bound
 //! releases it unbegun. At
 //! shutdown, [`Detached::shutdown`] waits for the bodies still running,
@@ -55,7 +55,7 @@ pub const PANICKED: &str = "body_panicked";
 /// after its caller left: a handle to share (cloning it is cheap), and to
 /// await at shutdown.
 ///
-/// A body whose claim has a [lease](crate::Mode::lease) renews it while it
+/// A body whose claim has a [lease](crate::Guard::lease) renews it while it
 /// runs (every third of the lease, as [`Claim::extend`] does), so its
 /// bound, not its lease, limits how long it runs: a retry within the bound
 /// is refused [`Rejected::InFlight`], never handed the key of a body still
@@ -146,7 +146,7 @@ impl Detached {
     /// every claim is recorded. Never releases a claim whose body started.
     /// A run that begins after this was called claims nothing and is
     /// refused [`Rejected::InFlight`] (retry later, at another instance);
-    /// so is one still waiting for its claim ([`Mode::wait`](crate::Mode::wait))
+    /// so is one still waiting for its claim ([`Guard::wait`](crate::Guard::wait))
     /// when the grace runs out.
     ///
     /// Call it after the server stopped accepting requests, before the
@@ -292,7 +292,7 @@ impl<R> Run<R> {
             return Finished::Output(self.outcome.refused(Rejected::InFlight));
         }
         let mut via = Via::Pool(self.slots.pool());
-        // A duplicate that waits (`Mode::wait`) is a run too: it stops
+        // A duplicate that waits (`Guard::wait`) is a run too: it stops
         // waiting at its bound after its caller left, or at the shutdown's
         // grace, as a body would be stopped then.
         let claim = match acquire_unless(

@@ -96,7 +96,7 @@ pub enum Rejected {
     },
 
     /// An option of the claim has a value the gate cannot use (a lease of
-    /// zero, or longer than [`Mode::MAX_LEASE`](crate::Mode::MAX_LEASE)).
+    /// zero, or longer than [`MAX_LEASE`](crate::MAX_LEASE)).
     /// Checked before any statement: the body did not run.
     #[error(
         "the {option} {value} cannot be used: {reason}; the body did not run; change the option"

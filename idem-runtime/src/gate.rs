@@ -1,9 +1,11 @@
-//! The gate: the public face of the claim loop. Claim before the body,
-//! settle after success, release after failure.
+//! The gate: a pool and a scope (account, namespace), where every guard
+//! starts. Claim before the body, settle after success, release after
+//! failure.
 //!
-//! The reading path goes down from here: [`run`](crate::run) (the loop),
-//! [`acquire`](crate::acquire) (winning a slot), [`claim`](crate::claim)
-//! (the won slot's handle), [`store`](crate::store) (the SQL).
+//! The reading path goes down from its [`guard`](crate::guard) (the
+//! options): [`run`](crate::run) (the loop), [`acquire`](crate::acquire)
+//! (winning a slot), [`claim`](crate::claim) (the won slot's handle),
+//! [`store`](crate::store) (the SQL).
 
 use std::fmt;
 

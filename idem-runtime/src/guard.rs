@@ -310,9 +310,10 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
         self
     }
 
-    /// Waits up to `wait` for an in-flight duplicate to finish, then takes
-    /// its outcome (or its slot, if it released), instead of refusing at
-    /// once with [`Rejected::InFlight`]. The attribute's `wait = "..."`.
+    /// Waits up to `wait` for an in-flight duplicate to finish (polling
+    /// with backoff), then takes its outcome (the stored value with
+    /// replay, [`Rejected::AlreadyDone`], or its slot, if it released),
+    /// instead of refusing at once with [`Rejected::InFlight`]. The attribute's `wait = "..."`.
     /// Not with [`tx`](Guard::tx).
     pub fn wait(mut self, wait: Duration) -> Guard<'a, R, D, P::Pooled>
     where
@@ -336,10 +337,19 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     }
 
     /// A lease: a claim whose holder has not recorded an outcome within
-    /// `lease` is taken over by the next duplicate (or held in doubt, with
-    /// [`on_expiry`](Guard::on_expiry)). Checked as [`Mode::lease`] checks
-    /// it. The attribute's `lease = "..."`. Not with [`tx`](Guard::tx) or an
-    /// asynchronous [`outcome_commit`](Guard::outcome_commit).
+    /// `lease` is taken over by the next duplicate with a higher fencing
+    /// token (or held in doubt, with [`on_expiry`](Guard::on_expiry)). The
+    /// previous holder's late release changes nothing, and its late settle
+    /// only ever records the success it reports (never undoing one), then
+    /// tells it [`Rejected::LeaseLost`]. The attribute's `lease = "..."`.
+    /// Not with [`tx`](Guard::tx) or an asynchronous
+    /// [`outcome_commit`](Guard::outcome_commit).
+    ///
+    /// `lease` must be more than zero (a lease of zero would let every
+    /// duplicate take the claim over at once) and at most
+    /// [`MAX_LEASE`](crate::MAX_LEASE); otherwise the call is refused
+    /// [`Rejected::InvalidOption`] before any statement runs (never as an
+    /// outage, so never failing open).
     pub fn lease(mut self, lease: Duration) -> Guard<'a, R, D, Leased>
     where
         P: LeaseOption,

@@ -11,7 +11,8 @@
 // Library code never unwraps: bad input gets an error that says what to do.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
-// The reading path, top down: gate → run → acquire → claim → store.
+// The reading path, top down: guard → run → acquire → claim → store
+// (the gate is the scope and the pool a guard starts from).
 #[doc(hidden)]
 #[path = "internal.rs"]
 pub mod __internal;
@@ -73,7 +74,7 @@ pub use identity::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartValue, PartWriter,
     PartWritten,
 };
-pub use mode::{Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
+pub use mode::{Disposition, Fingerprint, MAX_LEASE, OnExpiry, OnUnavailable, OutcomeCommit};
 pub use step::{Step, downstream_key, step};
 
 pub use store::operations;

@@ -8,20 +8,12 @@ use sha1::{Digest, Sha1};
 use crate::error::Rejected;
 use crate::identity::{Identity, KeyPart};
 
-/// How a claim behaves beyond the plain gate. Every mode is opt-in.
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_runtime::{Fingerprint, Mode, OnUnavailable};
-///
-/// let mode = Mode::new()
-///     .lease(Duration::from_secs(30))
-///     .wait(Duration::from_secs(5))
-///     .fingerprint(Fingerprint::new().part("4999").part("EUR"));
-/// assert_eq!(mode.on_unavailable_policy(), OnUnavailable::Refuse);
-/// ```
+/// How a claim behaves beyond the plain gate, as the guard's option
+/// methods ([`Guard`](crate::Guard)) set it: the one vocabulary the
+/// attribute, the guard, the batch guard and the tower layer share, whose
+/// types refuse what does not go together.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Mode {
+pub(crate) struct Mode {
     lease: Option<Duration>,
     wait: Option<Duration>,
     on_unavailable: OnUnavailable,
@@ -109,15 +101,15 @@ pub enum OutcomeCommit {
     Async,
 }
 
-impl Mode {
-    /// The longest lease a claim may have: 100 years (of 365.25 days, as
-    /// the attribute's `lease = "100y"` counts them). Far beyond any body's
-    /// run, and far inside what PostgreSQL's timestamps can hold; a claim
-    /// that should never expire wants no lease at all.
-    pub const MAX_LEASE: Duration = Duration::from_secs(3_155_760_000);
+/// The longest lease a claim may have: 100 years (of 365.25 days, as the
+/// attribute's `lease = "100y"` counts them). Far beyond any body's run,
+/// and far inside what PostgreSQL's timestamps can hold; a claim that
+/// should never expire wants no lease at all.
+pub const MAX_LEASE: Duration = Duration::from_secs(3_155_760_000);
 
+impl Mode {
     /// The plain gate.
-    pub fn new() -> Mode {
+    pub(crate) fn new() -> Mode {
         Mode::default()
     }
 
@@ -130,32 +122,14 @@ impl Mode {
     ///
     /// `lease` must be more than zero (a lease of zero would let every
     /// duplicate take the claim over at once) and at most
-    /// [`Mode::MAX_LEASE`]; otherwise every claim with this mode is refused
+    /// [`MAX_LEASE`]; otherwise every claim with this mode is refused
     /// with [`Rejected::InvalidOption`](crate::Rejected::InvalidOption)
     /// before any statement runs (never as an outage, so never failing
-    /// open). [`try_lease`](Mode::try_lease) checks it here instead.
+    /// open).
     #[must_use]
-    pub fn lease(mut self, lease: Duration) -> Mode {
+    pub(crate) fn lease(mut self, lease: Duration) -> Mode {
         self.lease = Some(lease);
         self
-    }
-
-    /// [`lease`](Mode::lease), checked where it is set: the same
-    /// [`Rejected::InvalidOption`](crate::Rejected::InvalidOption) a claim
-    /// with an unusable lease gets, but at configuration time, before any
-    /// invocation.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use idem_runtime::Mode;
-    ///
-    /// assert!(Mode::new().try_lease(Duration::from_secs(30)).is_ok());
-    /// let refused = Mode::new().try_lease(Duration::MAX).unwrap_err();
-    /// assert_eq!(refused.reason(), "invalid_option");
-    /// ```
-    pub fn try_lease(self, lease: Duration) -> Result<Mode, Rejected> {
-        lease_micros(lease)?;
-        Ok(self.lease(lease))
     }
 
     /// A duplicate that finds the slot in flight waits up to `wait` for it to
@@ -163,14 +137,14 @@ impl Mode {
     /// value (with replay), [`AlreadyDone`](crate::Rejected::AlreadyDone),
     /// or it runs if the holder failed.
     #[must_use]
-    pub fn wait(mut self, wait: Duration) -> Mode {
+    pub(crate) fn wait(mut self, wait: Duration) -> Mode {
         self.wait = Some(wait);
         self
     }
 
     /// What to do when the store cannot be reached.
     #[must_use]
-    pub fn on_unavailable(mut self, policy: OnUnavailable) -> Mode {
+    pub(crate) fn on_unavailable(mut self, policy: OnUnavailable) -> Mode {
         self.on_unavailable = policy;
         self
     }
@@ -178,14 +152,14 @@ impl Mode {
     /// A digest of the invocation's payload: a duplicate whose fingerprint
     /// differs is refused with [`KeyReused`](crate::Rejected::KeyReused).
     #[must_use]
-    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Mode {
+    pub(crate) fn fingerprint(mut self, fingerprint: Fingerprint) -> Mode {
         self.fingerprint = Some(fingerprint);
         self
     }
 
     /// How settle and release commit; see [`OutcomeCommit`].
     #[must_use]
-    pub fn outcome_commit(mut self, commit: OutcomeCommit) -> Mode {
+    pub(crate) fn outcome_commit(mut self, commit: OutcomeCommit) -> Mode {
         self.outcome_commit = commit;
         self
     }
@@ -193,39 +167,39 @@ impl Mode {
     /// What a claim whose lease ran out becomes; see [`OnExpiry`]. Only
     /// meaningful with a [`lease`](Mode::lease).
     #[must_use]
-    pub fn on_expiry(mut self, on_expiry: OnExpiry) -> Mode {
+    pub(crate) fn on_expiry(mut self, on_expiry: OnExpiry) -> Mode {
         self.on_expiry = on_expiry;
         self
     }
 
     /// What a claim whose lease ran out becomes.
-    pub fn on_expiry_policy(&self) -> OnExpiry {
+    pub(crate) fn on_expiry_policy(&self) -> OnExpiry {
         self.on_expiry
     }
 
     /// How settle and release commit, as asked ([`OutcomeCommit`] says when
     /// `Async` is ignored).
-    pub fn outcome_commit_policy(&self) -> OutcomeCommit {
+    pub(crate) fn outcome_commit_policy(&self) -> OutcomeCommit {
         self.outcome_commit
     }
 
     /// The lease, if any.
-    pub fn lease_duration(&self) -> Option<Duration> {
+    pub(crate) fn lease_duration(&self) -> Option<Duration> {
         self.lease
     }
 
     /// How long a duplicate waits, if at all.
-    pub fn wait_duration(&self) -> Option<Duration> {
+    pub(crate) fn wait_duration(&self) -> Option<Duration> {
         self.wait
     }
 
     /// What happens when the store cannot be reached.
-    pub fn on_unavailable_policy(&self) -> OnUnavailable {
+    pub(crate) fn on_unavailable_policy(&self) -> OnUnavailable {
         self.on_unavailable
     }
 
     /// The payload fingerprint, if any.
-    pub fn payload_fingerprint(&self) -> Option<&Fingerprint> {
+    pub(crate) fn payload_fingerprint(&self) -> Option<&Fingerprint> {
         self.fingerprint.as_ref()
     }
 
@@ -237,8 +211,8 @@ impl Mode {
 }
 
 /// `lease` in microseconds, as the store takes it, when it is more than zero
-/// and at most [`Mode::MAX_LEASE`]: the one check for a lease, whether it is
-/// set by [`Mode::lease`] or by [`Claim::extend`](crate::Claim::extend).
+/// and at most [`MAX_LEASE`]: the one check for a lease, whether it is
+/// set by a guard's [`lease`](crate::Guard::lease) or by [`Claim::extend`](crate::Claim::extend).
 pub(crate) fn lease_micros(lease: Duration) -> Result<i64, Rejected> {
     let invalid = |reason| Rejected::InvalidOption {
         option: "lease",
@@ -251,9 +225,9 @@ pub(crate) fn lease_micros(lease: Duration) -> Result<i64, Rejected> {
              give the body time to finish, or use no lease",
         ));
     }
-    if lease > Mode::MAX_LEASE {
+    if lease > MAX_LEASE {
         return Err(invalid(
-            "it is longer than Mode::MAX_LEASE (100 years); for a claim that never expires, \
+            "it is longer than idem::MAX_LEASE (100 years); for a claim that never expires, \
              use no lease",
         ));
     }
@@ -332,11 +306,11 @@ mod tests {
 
     #[test]
     fn a_lease_is_more_than_zero_and_at_most_the_maximum() {
-        assert!(lease_micros(Mode::MAX_LEASE).is_ok());
+        assert!(lease_micros(MAX_LEASE).is_ok());
         assert!(lease_micros(Duration::from_micros(1)).is_ok());
         for lease in [
             Duration::ZERO,
-            Mode::MAX_LEASE + Duration::from_nanos(1),
+            MAX_LEASE + Duration::from_nanos(1),
             Duration::MAX,
         ] {
             let refused = lease_micros(lease).expect_err("refused");

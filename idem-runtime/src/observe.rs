@@ -12,6 +12,8 @@ use crate::error::Rejected;
 /// One decision of the gate.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+// Read only through `testing` (the race harness and `testing::observe`).
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub enum GateEvent {
     /// The claim was won: the body runs.
     Won,

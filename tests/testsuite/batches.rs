@@ -427,9 +427,10 @@ async fn a_lease_that_ran_out_is_taken_over_or_turned_in_doubt_as_asked() {
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
 
-    let batch = Batch::from_iter([("take_me", id("take_me"))]).lease(Duration::from_secs(30));
+    let batch = Batch::from_iter([("take_me", id("take_me"))]);
     let taken = gate
         .guard_batch(batch)
+        .lease(Duration::from_secs(30))
         .run(|_| async { Ok::<_, JobError>("ran") })
         .await;
     assert_eq!(
@@ -438,11 +439,11 @@ async fn a_lease_that_ran_out_is_taken_over_or_turned_in_doubt_as_asked() {
         "taken over: {taken:?}"
     );
 
-    let batch = Batch::from_iter([("doubt_me", id("doubt_me"))])
-        .lease(Duration::from_secs(30))
-        .on_expiry(OnExpiry::InDoubt);
+    let batch = Batch::from_iter([("doubt_me", id("doubt_me"))]);
     let held = gate
         .guard_batch(batch)
+        .lease(Duration::from_secs(30))
+        .on_expiry(OnExpiry::InDoubt)
         .run(|_| async { Ok::<_, JobError>("ran") })
         .await;
     assert_refused!(held[0], Rejected::InDoubt, "{held:?}");
@@ -553,7 +554,8 @@ async fn an_unusable_lease_refuses_the_batch_before_any_statement() {
     let keys = keys("zero", 0..3);
     let before = proxy.executions();
     let results = gate
-        .guard_batch(batch_of(&keys).lease(Duration::ZERO))
+        .guard_batch(batch_of(&keys))
+        .lease(Duration::ZERO)
         .run(|_| async { Ok::<_, JobError>(()) })
         .await;
     assert!(results.iter().all(|r| matches!(
@@ -583,7 +585,8 @@ async fn asynchronous_outcomes_settle_and_release_a_batch_alike() {
     let gate = testing::gate().await;
     let keys = keys("async", 0..6);
     let results = gate
-        .guard_batch(batch_of(&keys).outcome_commit(idem::OutcomeCommit::Async))
+        .guard_batch(batch_of(&keys))
+        .outcome_commit(idem::OutcomeCommit::Async)
         .run(|key| async move {
             let n: usize = key
                 .rsplit('_')
@@ -876,7 +879,8 @@ async fn no_queued_body_starts_on_a_lease_that_ran_out() {
         }
     };
     let batch = gate
-        .guard_batch(batch_of(&keys).lease(lease).concurrency(1))
+        .guard_batch(batch_of(&keys).concurrency(1))
+        .lease(lease)
         .run(|key| {
             let (gate, ledger, started_live) = (&gate, &ledger, &started_live);
             let (waiting, opening) = (&waiting, &opening);
@@ -1021,11 +1025,13 @@ async fn a_holder_whose_lease_ran_out_into_doubt_is_told_what_happened() {
         Ok::<_, JobError>("charged")
     };
 
-    let batch = Batch::from_iter([("doubted_batch", id("doubted_batch"))])
+    let batch = Batch::from_iter([("doubted_batch", id("doubted_batch"))]);
+    let guarded = gate
+        .guard_batch(batch)
         .lease(lease)
         .on_expiry(OnExpiry::InDoubt);
     let ((results, events), refused) = tokio::join!(
-        testing::observe(gate.guard_batch(batch).run(|_| slow())),
+        testing::observe(guarded.run(|_| slow())),
         duplicate("doubted_batch")
     );
     assert!(matches!(refused, Err(Rejected::InDoubt)), "{refused:?}");

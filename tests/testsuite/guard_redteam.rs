@@ -19,8 +19,8 @@ use idem::sqlx::{self, PgConnection};
 use idem::sqlx::{Postgres, Transaction};
 use idem::testing;
 use idem::{
-    ClaimOrReplay, Detached, Disposition, Fingerprint, Gate, Identity, Mode, OnExpiry,
-    OnUnavailable, OutcomeCommit, Rejected, idempotent,
+    ClaimOrReplay, Detached, Disposition, Fingerprint, Gate, Identity, OnExpiry, OnUnavailable,
+    OutcomeCommit, Rejected, idempotent,
 };
 use idem_test_support::connections::{named_pool, terminate_backends};
 use idem_test_support::fault_proxy::{Proxy, Statement};
@@ -776,7 +776,7 @@ async fn hostile_values_are_kept_whole_and_hostile_scopes_refused() {
 }
 
 /// Durations at the edges: a lease "must be more than zero ... and at most
-/// `Mode::MAX_LEASE`; otherwise every claim with this mode is refused with
+/// `idem::MAX_LEASE`; otherwise every claim with this mode is refused with
 /// `Rejected::InvalidOption` before any statement runs (never as an
 /// outage, so never failing open)". A wait of `Duration::MAX` is input
 /// too: it must not panic the library.
@@ -804,7 +804,8 @@ async fn durations_at_the_edges_are_refused_or_honoured_never_a_panic() {
         );
         let batch: Batch<u32> = std::iter::once((1, id.clone())).collect();
         let answers = gate
-            .guard_batch(batch.lease(lease))
+            .guard_batch(batch)
+            .lease(lease)
             .run(|_| counted(&runs, "x"))
             .await;
         assert!(
@@ -1636,7 +1637,7 @@ async fn a_tx_claim_disposed_holds_what_it_says_once_committed() {
 /// Leases by hand: one racer takes an expired claim over; the old holder's
 /// late settle "is still recorded in the slot unless it is already
 /// settled ... `Rejected::LeaseLost`", and the new holder's settle over it
-/// is `NotRecorded`; `extend` is "checked as `Mode::lease` checks it".
+/// is `NotRecorded`; `extend` is "checked as `Guard::lease` checks it".
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lease_taken_over_by_one_racer_keeps_the_late_success() {
     let gate = testing::gate_on(testing::pool_with(RACERS as u32 + 2).await).await;
@@ -1781,7 +1782,7 @@ async fn a_claim_in_a_savepoint_rolls_back_with_the_savepoint() {
     assert_eq!(state(&gate, &id).await.as_deref(), Some("pending"));
 }
 
-/// More edges, each a promise or plain input: `Mode::MAX_LEASE` is
+/// More edges, each a promise or plain input: `idem::MAX_LEASE` is
 /// accepted and one second more refused; `claim` and `claim_or_replay`
 /// honour `wait`; a wait of zero refuses at once; a batch's
 /// `concurrency(0)` is "at least one"; a `Detached` bound and a shutdown
@@ -1797,7 +1798,7 @@ async fn more_edges_of_the_options_and_of_input() {
 
     let ran = gate
         .guard(&id(1))
-        .lease(Mode::MAX_LEASE)
+        .lease(idem::MAX_LEASE)
         .run(counted(&runs, "v"))
         .await;
     assert_eq!(ran.expect("the longest lease"), "v");
@@ -1807,8 +1808,8 @@ async fn more_edges_of_the_options_and_of_input() {
         .claim()
         .await
         .expect("won");
-    claim.extend(Mode::MAX_LEASE).await.expect("extended");
-    let longer = claim.extend(Mode::MAX_LEASE + Duration::from_secs(1)).await;
+    claim.extend(idem::MAX_LEASE).await.expect("extended");
+    let longer = claim.extend(idem::MAX_LEASE + Duration::from_secs(1)).await;
     assert!(
         matches!(longer, Err(Rejected::InvalidOption { .. })),
         "{longer:?}"

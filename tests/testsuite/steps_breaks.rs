@@ -445,7 +445,8 @@ async fn a_batch_body_failing_for_a_step_in_doubt_holds_its_claim() {
     let again = Arc::new(AtomicUsize::new(0));
     let batch: Batch<u32> = [(1u32, id.clone())].into_iter().collect();
     let out = gate
-        .guard_batch(batch.lease(LEASE))
+        .guard_batch(batch)
+        .lease(LEASE)
         .run(|_: u32| {
             let again = Arc::clone(&again);
             async move {
@@ -1187,7 +1188,8 @@ async fn batch_keep_a_body_failing_for_a_step_in_doubt_holds_the_claim_in_doubt(
     past_the_lease().await;
     let batch: Batch<u32> = [(1u32, id.clone())].into_iter().collect();
     let out = gate
-        .guard_batch(batch.lease(LEASE))
+        .guard_batch(batch)
+        .lease(LEASE)
         .disposition(|_: &Rejected| Disposition::Keep)
         .run(|_| async { idem::step("ship", async { Ok::<u64, Rejected>(3) }).await })
         .await;

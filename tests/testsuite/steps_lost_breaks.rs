@@ -807,9 +807,8 @@ async fn a_batch_item_taken_over_runs_nothing_more_and_its_neighbour_is_untouche
     let batch: Batch<u64> = (1..=2_u64)
         .map(|n| (n, ids[n as usize - 1].clone()))
         .collect::<Batch<u64>>()
-        .lease(lease)
         .concurrency(2);
-    let run = gate.guard_batch(batch).run({
+    let run = gate.guard_batch(batch).lease(lease).run({
         let (b_ran, in_a_tx, go, saw) = (
             Arc::clone(&b_ran),
             Arc::clone(&in_a_tx),

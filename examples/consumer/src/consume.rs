@@ -145,11 +145,10 @@ impl Applier {
         // its claims pending. When the lease runs out they turn in doubt
         // (never taken over and run again), and the reconciler's probe
         // settles or releases each by looking for its ledger row.
-        let batch = batch
+        let batch = batch.concurrency(self.concurrency);
+        gate.guard_batch(batch)
             .lease(self.lease)
             .on_expiry(OnExpiry::InDoubt)
-            .concurrency(self.concurrency);
-        gate.guard_batch(batch)
             .disposition(ItemError::disposition)
             .run(|delivery| self.effect(delivery))
             .await

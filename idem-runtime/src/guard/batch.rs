@@ -3,21 +3,31 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use super::{Classified, Classify, NoReplay, ReleaseAll, Replay, ReplayPolicy, outcome_for};
+use std::time::Duration;
+
+use super::{
+    Anywhere, AsyncCommit, Classified, Classify, LeaseOption, Leased, NoReplay,
+    OutcomeCommitOption, ReleaseAll, Replay, ReplayPolicy, outcome_for,
+};
 use crate::batch::{self, Batch};
 use crate::gate::Gate;
+use crate::mode::{Mode, OnExpiry, OutcomeCommit};
 
 /// A [`Batch`] about to be guarded, item by item: the batch form of
-/// [`Guard`](super::Guard), with the same [`replay`](BatchGuard::replay)
-/// and [`disposition`](BatchGuard::disposition), and the batch's own
-/// options ([`Batch::lease`], [`Batch::concurrency`], ...) on the batch.
-/// Built by [`Gate::guard_batch`]; ends in [`run`](BatchGuard::run).
+/// [`Guard`](super::Guard), with the guard's options that a batch can
+/// take and the same refusals at compile time:
+/// [`replay`](BatchGuard::replay), [`disposition`](BatchGuard::disposition),
+/// [`lease`](BatchGuard::lease) (then [`on_expiry`](BatchGuard::on_expiry)),
+/// [`outcome_commit`](BatchGuard::outcome_commit); a fingerprint is given
+/// per item ([`Batch::push_fingerprinted`]). Built by
+/// [`Gate::guard_batch`]; ends in [`run`](BatchGuard::run).
 #[must_use = "a batch guard does nothing until `.run(..)` is awaited"]
-pub struct BatchGuard<'a, M, R = NoReplay, D = ReleaseAll> {
+pub struct BatchGuard<'a, M, R = NoReplay, D = ReleaseAll, P = Anywhere> {
     gate: &'a Gate,
     batch: Batch<M>,
     replay: PhantomData<R>,
     classify: D,
+    place: PhantomData<P>,
 }
 
 impl Gate {
@@ -48,38 +58,100 @@ impl Gate {
             batch,
             replay: PhantomData,
             classify: ReleaseAll,
+            place: PhantomData,
         }
     }
 }
 
-impl<'a, M, D> BatchGuard<'a, M, NoReplay, D> {
+impl<'a, M, R, D, P> BatchGuard<'a, M, R, D, P> {
+    /// This guard with `change` made to its claim options, in the state
+    /// `Q` the option moves it to.
+    fn optioned<Q>(mut self, change: impl FnOnce(Mode) -> Mode) -> BatchGuard<'a, M, R, D, Q> {
+        self.batch.mode = change(self.batch.mode.clone());
+        BatchGuard {
+            gate: self.gate,
+            batch: self.batch,
+            replay: self.replay,
+            classify: self.classify,
+            place: PhantomData,
+        }
+    }
+
+    /// Each claim expires after `lease`, as [`Guard::lease`](super::Guard::lease)
+    /// says (and is checked as it is); not with an asynchronous
+    /// [`outcome_commit`](BatchGuard::outcome_commit), which does not
+    /// compile. The batch's outcomes are recorded when its last body
+    /// returns, so the lease must cover the whole batch.
+    ///
+    /// The lease runs from the batch's claim, and a body may wait for its
+    /// turn behind others (see [`Batch::concurrency`]). A body whose turn
+    /// opens with less than half the lease left (by this process's clock,
+    /// which trails the store's by one round trip, far less than that
+    /// margin) first renews its claim to a whole lease (one statement,
+    /// matched on the claim's fence), so no body starts on a claim that
+    /// may have been taken over. Should the claim be lost already (taken
+    /// over, turned in doubt, released), its body does not start: the item
+    /// is claimed again alone, as a [`Gate::run`] made then would be, and
+    /// runs only if that wins. Should the store fail to renew it, the
+    /// claim is released (its body never started) and the item refused
+    /// with the store's error. A lease that covers the whole batch never
+    /// costs that statement.
+    pub fn lease(self, lease: Duration) -> BatchGuard<'a, M, R, D, Leased>
+    where
+        P: LeaseOption,
+    {
+        self.optioned(|mode| mode.lease(lease))
+    }
+
+    /// How the outcomes commit, as
+    /// [`Guard::outcome_commit`](super::Guard::outcome_commit) says
+    /// (ignored on Citus, as it is for one claim); not with a
+    /// [`lease`](BatchGuard::lease), which does not compile.
+    pub fn outcome_commit(self, commit: OutcomeCommit) -> BatchGuard<'a, M, R, D, AsyncCommit>
+    where
+        P: OutcomeCommitOption,
+    {
+        self.optioned(|mode| mode.outcome_commit(commit))
+    }
+}
+
+impl<'a, M, R, D> BatchGuard<'a, M, R, D, Leased> {
+    /// What a claim whose lease ran out becomes; see [`OnExpiry`].
+    pub fn on_expiry(self, on_expiry: OnExpiry) -> BatchGuard<'a, M, R, D, Leased> {
+        self.optioned(|mode| mode.on_expiry(on_expiry))
+    }
+}
+
+impl<'a, M, D, P> BatchGuard<'a, M, NoReplay, D, P> {
     /// Keeps each `Ok` value so that a later duplicate of its item is
     /// handed it without running, as [`Guard::replay`](super::Guard::replay)
     /// does for one call.
-    pub fn replay(self) -> BatchGuard<'a, M, Replay, D> {
+    pub fn replay(self) -> BatchGuard<'a, M, Replay, D, P> {
         BatchGuard {
             gate: self.gate,
             batch: self.batch,
             replay: PhantomData,
             classify: self.classify,
+            place: self.place,
         }
     }
 }
 
-impl<'a, M, R> BatchGuard<'a, M, R, ReleaseAll> {
+impl<'a, M, R, P> BatchGuard<'a, M, R, ReleaseAll, P> {
     /// Records each item's `Err` as `classify` says of it, as
     /// [`Guard::disposition`](super::Guard::disposition) does for one call.
-    pub fn disposition<F>(self, classify: F) -> BatchGuard<'a, M, R, Classified<F>> {
+    pub fn disposition<F>(self, classify: F) -> BatchGuard<'a, M, R, Classified<F>, P> {
         BatchGuard {
             gate: self.gate,
             batch: self.batch,
             replay: self.replay,
             classify: Classified(classify),
+            place: self.place,
         }
     }
 }
 
-impl<M, R, D> BatchGuard<'_, M, R, D> {
+impl<M, R, D, P> BatchGuard<'_, M, R, D, P> {
     /// Runs each item's `body` whose claim this batch wins, at most once
     /// per identity, with one statement to claim the whole batch and one
     /// per kind of outcome to record it (see [`batch`](crate::batch)).
@@ -109,7 +181,7 @@ impl<M, R, D> BatchGuard<'_, M, R, D> {
     }
 }
 
-impl<M, R, D> fmt::Debug for BatchGuard<'_, M, R, D> {
+impl<M, R, D, P> fmt::Debug for BatchGuard<'_, M, R, D, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BatchGuard")
             .field("gate", self.gate)

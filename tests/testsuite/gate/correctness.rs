@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem::sqlx;
 use idem::testing;
-use idem::{Gate, Identity, Mode, OnUnavailable, Rejected, idempotent};
+use idem::{Gate, Identity, OnUnavailable, Rejected, idempotent};
 use idem_test_support::rows::RowTrigger;
 use idem_test_support::{JobError, rows, schemas};
 use serde::{Deserialize, Serialize};
@@ -195,20 +195,16 @@ async fn a_lease_the_database_cannot_hold_is_refused_and_never_fails_open() {
         assert!(message.contains("did not run"), "{message}");
     }
     assert_eq!(runs.count(), 0, "the body never ran unguarded");
-    // Where it is set, for those who configure modes at start-up.
-    let refused = Mode::new().try_lease(Duration::MAX).expect_err("refused");
-    assert_eq!(refused.reason(), "invalid_option");
-
-    // The longest lease, from the attribute and from Mode, is one the
+    // The longest lease, from the attribute and from the guard, is one the
     // database holds.
     longest_lease(&gate, 1)
         .await
         .expect("lease = \"100y\" claims and settles");
     gate.guard(&Identity::new("max_lease").part(1))
-        .lease(Mode::MAX_LEASE)
+        .lease(idem::MAX_LEASE)
         .run(async { Ok::<_, JobError>(()) })
         .await
-        .expect("Mode::MAX_LEASE claims and settles");
+        .expect("idem::MAX_LEASE claims and settles");
 
     // Claim::extend checks the same bounds, and changes nothing.
     let id = Identity::new("huge_extension").part(1);

@@ -10,8 +10,7 @@
 //!
 //! A claim in the caller's transaction (items 20 and 21) is the builder's
 //! `tx`, whose types keep its connection discipline (`guard.rs`, and the
-//! `tests/ui/guard/` cases); the run-time checks the deprecated `claim_in`
-//! still needs are in `hand_api::deprecated`.
+//! `tests/ui/guard/` cases).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

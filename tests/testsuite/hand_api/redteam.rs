@@ -10,7 +10,7 @@ use idem::cache::OutcomeCache;
 use idem::operations::{self, Resolution, Resolved, Resolver, Slot};
 use idem::testing;
 use idem::testing::GateEvent;
-use idem::{Disposition, Gate, Identity, Mode, OnExpiry, Rejected};
+use idem::{Disposition, Gate, Identity, OnExpiry, Rejected};
 use idem_test_support::rows;
 use tokio::sync::Notify;
 
@@ -462,7 +462,7 @@ async fn extend_is_not_ok_on_a_claim_an_operator_released() {
     assert!(extended.is_err(), "extend said Ok on a released claim");
 }
 
-/// Promise (Claim::extend): "`lease` is checked as Mode::lease checks it
+/// Promise (Claim::extend): "`lease` is checked as Guard::lease checks it
 /// (InvalidOption)."
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_with_a_lease_of_zero_or_too_long_is_invalid_option() {
@@ -476,7 +476,7 @@ async fn extend_with_a_lease_of_zero_or_too_long_is_invalid_option() {
         .expect("won");
     for lease in [
         Duration::ZERO,
-        Mode::MAX_LEASE + Duration::from_secs(1),
+        idem::MAX_LEASE + Duration::from_secs(1),
         Duration::MAX,
     ] {
         let told = claim.extend(lease).await;
@@ -1552,7 +1552,7 @@ async fn a_release_or_extend_whose_reply_was_lost_is_still_its_own() {
 }
 
 // ---------------------------------------------------------------------------
-// Promise (Mode::wait): "A duplicate that finds the slot in flight waits up
+// Promise (Guard::wait): "A duplicate that finds the slot in flight waits up
 // to `wait` for it to resolve ..., then returns the outcome: the stored
 // value (with replay), AlreadyDone, or it runs if the holder failed."
 // ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ use axum::http::{HeaderValue, Request, Response, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use idem::Gate;
-use idem::http::{IdempotencyLayer, RequestBody};
+use idem::http::{IdempotencyLayer, RequestBody, Scoped};
 use idem_test_support::answer::Answer;
 use tokio::net::TcpListener;
 use tokio::sync::Barrier;
@@ -50,7 +50,7 @@ impl Effects {
 
 /// An axum router with the layer: `POST /charges` and `POST /flaky` (a
 /// 503, then 201s), `GET /charges`.
-async fn serve_axum(layer: IdempotencyLayer, effects: Effects) -> String {
+async fn serve_axum<P: 'static>(layer: IdempotencyLayer<Scoped, P>, effects: Effects) -> String {
     use axum::routing::post;
 
     let charge = {
@@ -265,7 +265,7 @@ async fn with_a_wait_duplicates_in_flight_get_the_replay_instead_of_a_409() {
     let effects = Effects::default();
     let layer = IdempotencyLayer::new(gate().await)
         .single_tenant()
-        .mode(idem::Mode::new().wait(Duration::from_secs(10)));
+        .wait(Duration::from_secs(10));
     let base = serve_axum(layer, effects.clone()).await;
     let answers = post_at_once(&format!("{base}/charges"), 10, "wait-1", "a").await;
     let original = &answers[assert_one_original(&answers, &["content-type", "location"])];

@@ -549,7 +549,7 @@ async fn with_a_wait_a_duplicate_of_a_detached_call_gets_the_replay() {
     let effects = Effects::default();
     let layer = IdempotencyLayer::new(gate)
         .single_tenant()
-        .mode(idem::Mode::new().wait(Duration::from_secs(10)));
+        .wait(Duration::from_secs(10));
     let address = serve(charges(&effects, Duration::from_millis(600)).layer(layer)).await;
     let stream = post_and_hold(address, "dupw-1", "a").await;
     effects.began().await;
@@ -938,7 +938,7 @@ async fn a_shutdown_is_not_held_past_its_grace_by_a_duplicate_waiting_for_anothe
     // Instance B's duplicates wait up to 60 s for it.
     let b = IdempotencyLayer::new(gate)
         .single_tenant()
-        .mode(idem::Mode::new().wait(Duration::from_secs(60)));
+        .wait(Duration::from_secs(60));
     let b_address = serve(charges(&effects, Duration::from_secs(30)).layer(b.clone())).await;
 
     let _original = post_and_hold(a_address, "wait-shut", "a").await;
@@ -1079,7 +1079,7 @@ async fn a_body_whose_bound_ran_out_before_it_began_is_never_begun() {
     let handler_effects = effects.clone();
     let layer = IdempotencyLayer::new(gate)
         .single_tenant()
-        .mode(idem::Mode::new().wait(Duration::from_secs(10)))
+        .wait(Duration::from_secs(10))
         .detached(idem::Detached::with_bound(Duration::from_millis(100)));
     let app = Router::new()
         .route(
@@ -1296,7 +1296,7 @@ async fn a_waiting_duplicate_whose_client_left_is_stopped_at_its_bound() {
     let a_address = serve(charges(&effects, Duration::from_secs(30)).layer(a.clone())).await;
     let b = IdempotencyLayer::new(gate)
         .single_tenant()
-        .mode(idem::Mode::new().wait(Duration::from_secs(60)))
+        .wait(Duration::from_secs(60))
         .detached(idem::Detached::with_bound(Duration::from_millis(100)));
     let b_address = serve(charges(&effects, Duration::from_secs(30)).layer(b.clone())).await;
 
@@ -1555,7 +1555,7 @@ async fn requests_racing_the_shutdown_leave_no_claim_pending_and_none_begun_rele
     );
 }
 
-/// `.mode(Mode::new().lease(..))`: "a lease (so that a claim whose process
+/// `IdempotencyLayer::lease`: "a lease (so that a claim whose process
 /// died is taken over)". A detached call is alive (its process did not
 /// die): its retry, after the lease and within the bound, must not take
 /// the key over and run the service a second time.
@@ -1565,7 +1565,7 @@ async fn a_lease_never_hands_a_live_detached_call_to_its_retry() {
     let effects = Effects::default();
     let layer = IdempotencyLayer::new(gate)
         .single_tenant()
-        .mode(idem::Mode::new().lease(Duration::from_millis(300)));
+        .lease(Duration::from_millis(300));
     let address = serve(charges(&effects, Duration::from_millis(900)).layer(layer)).await;
     let stream = post_and_hold(address, "lease-1", "a").await;
     effects.began().await;

@@ -24,7 +24,7 @@ async fn leased(gate: &Gate, id: u64) -> Result<(), Rejected> {
     Ok(())
 }
 
-// The longest lease, Mode::MAX_LEASE.
+// The longest lease, idem::MAX_LEASE.
 #[idempotent(key = "id", lease = "100y")]
 async fn longest_lease(gate: &Gate, id: u64) -> Result<(), Rejected> {
     Ok(())

@@ -133,12 +133,20 @@ async fn exercise(
         ClaimOrReplay::Replayed(receipt) => drop(receipt),
     }
 
-    // A batch: the same replay and disposition over many items.
+    // A batch: the same options over many items.
     let batch: Batch<u64> = (1..=3).map(|n| (n, Identity::new("meter").part(n))).collect();
     let _: Vec<Result<Receipt, ChargeError>> = gate
-        .guard_batch(batch.lease(secs(30)))
+        .guard_batch(batch)
+        .lease(secs(30))
+        .on_expiry(OnExpiry::InDoubt)
         .replay()
         .disposition(ChargeError::disposition)
+        .run(|id| async move { Ok(Receipt { id }) })
+        .await;
+    let batch: Batch<u64> = (1..=3).map(|n| (n, Identity::new("meter").part(n))).collect();
+    let _: Vec<Result<Receipt, ChargeError>> = gate
+        .guard_batch(batch)
+        .outcome_commit(OutcomeCommit::Async)
         .run(|id| async move { Ok(Receipt { id }) })
         .await;
     Ok(())

@@ -16,6 +16,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
@@ -28,7 +29,8 @@ pub use service::{IdempotencyService, RequestBody, ResponseBody, ResponseFuture}
 use super::IDEMPOTENCY_KEY;
 use crate::detach::Detached;
 use crate::gate::Gate;
-use crate::mode::Mode;
+use crate::guard::{Anywhere, AsyncCommit, LeaseOption, Leased, OutcomeCommitOption, PoolOption};
+use crate::mode::{Mode, OnExpiry, OnUnavailable, OutcomeCommit};
 
 /// The `Idempotency-Key` protocol for a whole service, as one `tower`
 /// layer (feature `tower`). It wraps any `Service<http::Request<B>>`: an
@@ -179,9 +181,11 @@ use crate::mode::Mode;
 ///     .layer(idem_runtime::http::IdempotencyLayer::new(gate)) // error: no scope chosen
 /// # }
 /// ```
-pub struct IdempotencyLayer<Scope = Scoped> {
+pub struct IdempotencyLayer<Scope = Scoped, P = Anywhere> {
     config: Arc<Config>,
-    scope: PhantomData<fn() -> Scope>,
+    /// Whose keys it guards, and which claim options it took (as a
+    /// [`Guard`](crate::Guard)'s `P`: what may still be added).
+    state: PhantomData<fn() -> (Scope, P)>,
 }
 
 /// The state of an [`IdempotencyLayer`] whose scope is not chosen yet:
@@ -211,11 +215,11 @@ mod sealed {
     impl Sealed for super::Scoped {}
 }
 
-impl<Scope> Clone for IdempotencyLayer<Scope> {
+impl<Scope, P> Clone for IdempotencyLayer<Scope, P> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
             config: Arc::clone(&self.config),
-            scope: PhantomData,
+            state: PhantomData,
         }
     }
 }
@@ -256,7 +260,7 @@ impl IdempotencyLayer<Unscoped> {
     /// [`single_tenant`](IdempotencyLayer::single_tenant).
     pub fn new(gate: Gate) -> IdempotencyLayer<Unscoped> {
         IdempotencyLayer {
-            scope: PhantomData,
+            state: PhantomData,
             config: Arc::new(Config {
                 gate,
                 mode: Mode::new(),
@@ -282,30 +286,41 @@ impl IdempotencyLayer {
     pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
 }
 
-impl<Scope> IdempotencyLayer<Scope> {
-    fn with(mut self, change: impl FnOnce(&mut Config)) -> IdempotencyLayer<Scope> {
+impl<Scope, P> IdempotencyLayer<Scope, P> {
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> IdempotencyLayer<Scope, P> {
         change(Arc::make_mut(&mut self.config));
         self
     }
 
-    fn scoped(mut self, scope: Option<FromParts<Option<String>>>) -> IdempotencyLayer<Scoped> {
+    fn scoped(mut self, scope: Option<FromParts<Option<String>>>) -> IdempotencyLayer<Scoped, P> {
         Arc::make_mut(&mut self.config).scope = scope;
         IdempotencyLayer {
             config: self.config,
-            scope: PhantomData,
+            state: PhantomData,
+        }
+    }
+
+    /// The layer with `change` made to its claims' options, in the state
+    /// `Q` the option moves it to.
+    fn optioned<Q>(mut self, change: impl FnOnce(Mode) -> Mode) -> IdempotencyLayer<Scope, Q> {
+        let config = Arc::make_mut(&mut self.config);
+        config.mode = change(config.mode.clone());
+        IdempotencyLayer {
+            config: self.config,
+            state: PhantomData,
         }
     }
 
     /// Takes the key from this header instead of `Idempotency-Key`.
     #[must_use = "`header` returns the changed layer"]
-    pub fn header(self, name: HeaderName) -> IdempotencyLayer<Scope> {
+    pub fn header(self, name: HeaderName) -> IdempotencyLayer<Scope, P> {
         self.with(|config| config.header = name)
     }
 
     /// Guards these methods instead of `POST` and `PATCH`. Requests of
     /// other methods pass through, key or not.
     #[must_use = "`methods` returns the changed layer"]
-    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> IdempotencyLayer<Scope> {
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> IdempotencyLayer<Scope, P> {
         let methods = methods.into_iter().collect();
         self.with(|config| config.methods = methods)
     }
@@ -314,7 +329,7 @@ impl<Scope> IdempotencyLayer<Scope> {
     /// the extractor's 400 `missing-idempotency-key`, instead of passing it
     /// through.
     #[must_use = "`require_key` returns the changed layer"]
-    pub fn require_key(self) -> IdempotencyLayer<Scope> {
+    pub fn require_key(self) -> IdempotencyLayer<Scope, P> {
         self.with(|config| config.key_required = true)
     }
 
@@ -323,7 +338,7 @@ impl<Scope> IdempotencyLayer<Scope> {
     /// refused with 413 `body-too-large`, and the inner service is not
     /// called. Only requests with a key are read.
     #[must_use = "`body_limit` returns the changed layer"]
-    pub fn body_limit(self, bytes: usize) -> IdempotencyLayer<Scope> {
+    pub fn body_limit(self, bytes: usize) -> IdempotencyLayer<Scope, P> {
         self.with(|config| config.body_limit = bytes)
     }
 
@@ -351,7 +366,7 @@ impl<Scope> IdempotencyLayer<Scope> {
     pub fn route(
         self,
         route: impl Fn(&Parts) -> String + Send + Sync + 'static,
-    ) -> IdempotencyLayer<Scope> {
+    ) -> IdempotencyLayer<Scope, P> {
         self.with(|config| config.route = Some(Arc::new(route)))
     }
 
@@ -375,7 +390,7 @@ impl<Scope> IdempotencyLayer<Scope> {
     pub fn scope(
         self,
         scope: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> IdempotencyLayer<Scoped> {
+    ) -> IdempotencyLayer<Scoped, P> {
         self.scoped(Some(Arc::new(scope)))
     }
 
@@ -387,7 +402,7 @@ impl<Scope> IdempotencyLayer<Scope> {
     /// runs. With more than one caller, use
     /// [`scope`](IdempotencyLayer::scope).
     #[must_use = "`single_tenant` returns the scoped layer"]
-    pub fn single_tenant(self) -> IdempotencyLayer<Scoped> {
+    pub fn single_tenant(self) -> IdempotencyLayer<Scoped, P> {
         self.scoped(None)
     }
 
@@ -398,7 +413,7 @@ impl<Scope> IdempotencyLayer<Scope> {
     pub fn status_policy(
         self,
         policy: impl Fn(StatusCode) -> ResponseOutcome + Send + Sync + 'static,
-    ) -> IdempotencyLayer<Scope> {
+    ) -> IdempotencyLayer<Scope, P> {
         self.with(|config| config.status_policy = Arc::new(policy))
     }
 
@@ -410,31 +425,77 @@ impl<Scope> IdempotencyLayer<Scope> {
     pub fn keep_headers(
         self,
         names: impl IntoIterator<Item = HeaderName>,
-    ) -> IdempotencyLayer<Scope> {
+    ) -> IdempotencyLayer<Scope, P> {
         let names = names.into_iter().collect();
         self.with(|config| config.kept_headers = names)
     }
 
-    /// Claims with these modes: a [lease](Mode::lease) (so that a claim
-    /// whose process died is taken over), a [wait](Mode::wait) (so that a
-    /// duplicate in flight waits for the answer instead of a 409),
-    /// [failing open](Mode::on_unavailable). The fingerprint is always the
-    /// layer's own.
+    /// A duplicate in flight waits up to `wait` for the first call's
+    /// answer (and gets it) instead of a 409, as
+    /// [`Guard::wait`](crate::Guard::wait) says.
+    #[must_use = "`wait` returns the changed layer"]
+    pub fn wait(self, wait: Duration) -> IdempotencyLayer<Scope, P::Pooled>
+    where
+        P: PoolOption,
+    {
+        self.optioned(|mode| mode.wait(wait))
+    }
+
+    /// What a request does when the store cannot be reached, as
+    /// [`Guard::on_unavailable`](crate::Guard::on_unavailable) says (by
+    /// default it is refused, 503).
+    #[must_use = "`on_unavailable` returns the changed layer"]
+    pub fn on_unavailable(self, policy: OnUnavailable) -> IdempotencyLayer<Scope, P::Pooled>
+    where
+        P: PoolOption,
+    {
+        self.optioned(|mode| mode.on_unavailable(policy))
+    }
+
+    /// Claims with a lease, so that a claim whose process died is taken
+    /// over (or, with [`on_expiry`](IdempotencyLayer::on_expiry), held in
+    /// doubt), as [`Guard::lease`](crate::Guard::lease) says; not with an
+    /// asynchronous [`outcome_commit`](IdempotencyLayer::outcome_commit),
+    /// which does not compile.
     ///
     /// A guarded call renews its own lease while it runs, even after its
     /// client left: the [detached bound](IdempotencyLayer::detached), not
     /// the lease, limits how long it runs, and a retry within the bound is
     /// answered as a duplicate in flight (a 409, or with a
-    /// [wait](Mode::wait) the first call's answer), never run a second time. The lease takes a claim over only when
-    /// its process died (or the store stayed down longer than the lease,
-    /// so that no renewal landed).
-    #[must_use = "`mode` returns the changed layer"]
-    pub fn mode(self, mode: Mode) -> IdempotencyLayer<Scope> {
-        self.with(|config| config.mode = mode)
+    /// [wait](IdempotencyLayer::wait) the first call's answer), never run
+    /// a second time. The lease takes a claim over only when its process
+    /// died (or the store stayed down longer than the lease, so that no
+    /// renewal landed).
+    #[must_use = "`lease` returns the changed layer"]
+    pub fn lease(self, lease: Duration) -> IdempotencyLayer<Scope, Leased>
+    where
+        P: LeaseOption,
+    {
+        self.optioned(|mode| mode.lease(lease))
+    }
+
+    /// How the outcomes commit, as
+    /// [`Guard::outcome_commit`](crate::Guard::outcome_commit) says; not
+    /// with a [lease](IdempotencyLayer::lease), which does not compile.
+    #[must_use = "`outcome_commit` returns the changed layer"]
+    pub fn outcome_commit(self, commit: OutcomeCommit) -> IdempotencyLayer<Scope, AsyncCommit>
+    where
+        P: OutcomeCommitOption,
+    {
+        self.optioned(|mode| mode.outcome_commit(commit))
     }
 }
 
-impl<Scope> IdempotencyLayer<Scope> {
+impl<Scope> IdempotencyLayer<Scope, Leased> {
+    /// What a claim whose lease ran out becomes, as
+    /// [`Guard::on_expiry`](crate::Guard::on_expiry) says.
+    #[must_use = "`on_expiry` returns the changed layer"]
+    pub fn on_expiry(self, on_expiry: OnExpiry) -> IdempotencyLayer<Scope, Leased> {
+        self.optioned(|mode| mode.on_expiry(on_expiry))
+    }
+}
+
+impl<Scope, P> IdempotencyLayer<Scope, P> {
     /// Runs the guarded calls with this handle: its bound (how long a call
     /// may run on after its client left, then it is stopped and its key
     /// held in doubt) and its shutdown. By default each layer has its own,
@@ -446,7 +507,7 @@ impl<Scope> IdempotencyLayer<Scope> {
     /// timeout outside the layer drops the request's future, not the
     /// inner call, whose response is kept and replayed to the retry.
     #[must_use = "`detached` returns the changed layer"]
-    pub fn detached(self, detached: Detached) -> IdempotencyLayer<Scope> {
+    pub fn detached(self, detached: Detached) -> IdempotencyLayer<Scope, P> {
         self.with(|config| config.detached = detached)
     }
 
@@ -470,7 +531,7 @@ impl<Scope> IdempotencyLayer<Scope> {
     }
 }
 
-impl<S, Scope: ScopeChosen> Layer<S> for IdempotencyLayer<Scope> {
+impl<S, Scope: ScopeChosen, P> Layer<S> for IdempotencyLayer<Scope, P> {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> IdempotencyService<S> {
@@ -478,7 +539,7 @@ impl<S, Scope: ScopeChosen> Layer<S> for IdempotencyLayer<Scope> {
     }
 }
 
-impl<Scope> fmt::Debug for IdempotencyLayer<Scope> {
+impl<Scope, P> fmt::Debug for IdempotencyLayer<Scope, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.config.fmt(f)
     }
