@@ -12,38 +12,16 @@ mod gate;
 // on_unavailable, in a transaction, outcome_commit and dispositions.
 mod modes;
 // Guarding by hand with the builder: every end, raced, in and out of a
-// transaction.
+// transaction; each promise of its docs attacked, and the attribute
+// against the same guard by hand.
 mod guard;
-// The red team of the guard: each promise of its docs attacked (races,
-// faults, misuse, hostile input), and the attribute against the same guard
-// by hand.
-mod guard_redteam;
 // Guarding by hand: claims, what their holders are told, the connection
 // discipline (the outcome cache across stores is part of it).
 #[cfg(feature = "cache")]
-mod hand_api;
+mod by_hand;
 // Steps inside one claim: replayed on a retry, in doubt when cut off,
-// fenced, refused where they cannot work; downstream keys.
+// fenced, repeatable, after the claim was lost or resolved, under faults.
 mod steps;
-// The proof of steps: a three-step checkout against a fake provider, many
-// clients per key, faults at every point, the provider's ledgers checked;
-// and the same workload without steps, which repeats effects.
-mod steps_under_faults;
-// The red team of steps: each promise of their docs attacked (races at a
-// barrier, faults, misuse, hostile names, scopes, the reconciler's verdicts).
-mod steps_redteam;
-// A second red team of steps.
-mod steps_breaks;
-// A red team of repeatable steps, which write no marker: stale holders,
-// wrong connections, declarations that change between runs, joined steps.
-mod steps_repeatable_breaks;
-// A red team of what a body's steps do once one finds the claim lost: a
-// stale or released holder's later steps, one value per step, a success
-// that went on without its steps, wrong connections in a transaction.
-mod steps_lost_breaks;
-// Steps whose claim a reconciler or an operator resolved, or released,
-// while the body ran: what each step and the holder are told.
-mod steps_resolved;
 // Batch claims for message consumers.
 mod batches;
 // The tower layer and detached calls, through real servers.

@@ -5,9 +5,9 @@
 
 mod access;
 mod audit;
+mod documented_promises;
 mod operator_promises;
 mod pages;
-mod redteam;
 mod shown;
 mod support;
 mod writes;

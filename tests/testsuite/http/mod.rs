@@ -3,6 +3,6 @@
 //! team of the layer and detached calls.
 
 mod detached;
+mod documented_promises;
 mod layer;
-mod redteam;
 mod unrouted;

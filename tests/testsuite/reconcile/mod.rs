@@ -3,7 +3,7 @@
 //! both.
 
 mod bounds;
+mod documented_promises;
 mod probes;
 mod reconciler;
-mod redteam;
 mod resolve;

@@ -7,7 +7,7 @@ mod privileges;
 mod setup;
 // It reads the open claims through the gauges and the console too.
 #[cfg(all(feature = "metrics", feature = "console"))]
-mod v9_redteam;
+mod open_claims_index;
 
 use idem::sqlx::{self, AssertSqlSafe, PgPool};
 

@@ -1,5 +1,5 @@
 //! Claims held in doubt, and reading a claim's state back: the set-up of
-//! the reconciler's tests (`reconcile::bounds`, `reconcile::redteam`).
+//! the reconciler's tests (`reconcile::bounds`, `reconcile::documented_promises`).
 
 use idem::operations::{self, NamespaceFilter, ScopeFilter};
 use idem::{Gate, Identity};

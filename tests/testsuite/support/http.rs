@@ -1,5 +1,5 @@
 //! Servers and clients for the tower layer's tests (`http::detached`,
-//! `http::redteam`): a guarded `POST /charges` whose effects are counted, a
+//! `http::documented_promises`): a guarded `POST /charges` whose effects are counted, a
 //! server on 127.0.0.1 whose connections live in its own task, an HTTP/1.1
 //! client that reads trailers, and the claims a test's account left.
 

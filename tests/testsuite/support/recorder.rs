@@ -1,6 +1,6 @@
 //! The process's metrics recorder. A process has one global recorder, and
 //! every module of this one binary that reads metrics (`metrics`,
-//! `hand_api::redteam`) shares it: a second `set_global_recorder` fails.
+//! `by_hand::documented_promises`) shares it: a second `set_global_recorder` fails.
 
 use std::sync::{Arc, OnceLock};
 

@@ -1,4 +1,4 @@
-//! Red team, area `holder`: what a claim's holder is told, the hand-written
+//! What a claim's holder is told, the hand-written
 //! API, dispositions and the outcome cache. Each test is named after the
 //! promise it attacks (quoted from the docs in its comment).
 
@@ -688,8 +688,7 @@ async fn an_absent_identity_yields_an_ungated_claim_whose_outcomes_do_nothing() 
         };
         assert!(done.is_ok(), "{done:?}");
     }
-    // In a transaction too (that such a claim settles on the pool as well
-    // is the deprecated `claim_in`'s, in `hand_api::deprecated`).
+    // In a transaction too.
     let mut tx = gate.pool().begin().await.expect("begin");
     let claim = gate.guard(&id).tx(&mut tx).claim().await.expect("ungated");
     assert!(!claim.is_gated());

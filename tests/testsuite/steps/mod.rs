@@ -14,6 +14,28 @@
 //! - downstream keys are stable per identity and step, and differ between
 //!   identities, steps, accounts and namespaces.
 
+// The proof of steps: a three-step checkout against a fake provider, many
+// clients per key, faults at every point, the provider's ledgers checked;
+// and the same workload without steps, which repeats effects.
+mod under_faults;
+// Each promise of the steps' docs attacked: races at a barrier, faults,
+// misuse, hostile names, scopes, the reconciler's verdicts.
+mod documented_promises;
+// A body that drops its own step then fails, listing order in a
+// transaction, operators' release and list against step markers, fences
+// across a release, prune, hostile names and values, downstream keys.
+mod markers_operators_and_values;
+// Repeatable steps, which write no marker: stale holders, wrong
+// connections, declarations that change between runs, joined steps.
+mod repeatable;
+// What a body's steps do once one finds the claim lost: a stale or
+// released holder's later steps, one value per step, a success that went
+// on without its steps, wrong connections in a transaction.
+mod claim_lost;
+// Steps whose claim a reconciler or an operator resolved, or released,
+// while the body ran: what each step and the holder are told.
+mod claim_resolved;
+
 use std::future::IntoFuture;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! A red team of what a step does once its claim is no longer its holder's
+//! What a step does once its claim is no longer its holder's
 //! (taken over, released by an operator, resolved by a reconciler), and of
 //! steps given the wrong connection in the caller's transaction.
 //!

@@ -1,4 +1,4 @@
-//! A red team of repeatable steps (`idem::step(name, fut).repeatable()`)
+//! Repeatable steps (`idem::step(name, fut).repeatable()`), attacked
 //! since they write no marker: a run reads its claim's steps once, at its
 //! first repeatable step, replays every later recorded step from that read,
 //! and records a repeatable step with one fenced statement.

@@ -1,4 +1,4 @@
-//! Red team of schema version 9, `idem_records_open_claims`: the promises
+//! Schema version 9, `idem_records_open_claims`, attacked: the promises
 //! of docs/operations.md ("Set-up and migrations", the console's "On
 //! millions of claims", the reconciler), docs/design-decisions.md ("An
 //! index of the open claims, and the settles it costs") and the CHANGELOG,

@@ -1,4 +1,4 @@
-//! Red team: the promises of `idem claims list` and `idem claims resolve`
+//! The promises of `idem claims list` and `idem claims resolve`
 //! (docs/operations.md "Claims: list, show, release, resolve, prune",
 //! `claims list --help`, `claims resolve --help`), against the real binary.
 

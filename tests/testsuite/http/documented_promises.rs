@@ -1,4 +1,4 @@
-//! Red team of the tower layer (`IdempotencyLayer`) and detached guarded
+//! The tower layer (`IdempotencyLayer`) and detached guarded
 //! calls: each test is named after the promise of the docs it attacks
 //! (src/http.md, the layer's and `Detached`'s docs, docs/operations.md
 //! "The tower layer"), through real servers on 127.0.0.1.

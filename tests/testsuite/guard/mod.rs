@@ -11,6 +11,10 @@
 //!
 //! The combinations that must not compile are in `tests/ui/guard/`.
 
+// Each promise of the guard's docs attacked (races, faults, misuse,
+// hostile input), and the attribute against the same guard by hand.
+mod documented_promises;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Red team of the guard builder (issue 26, section 1): each promise the
+//! The guard builder: each promise the
 //! docs of `Gate::guard`, `Guard`, `TxClaim`, `BatchGuard` and the
 //! attribute reference make, attacked against a real PostgreSQL: races at
 //! one instant, backends terminated and connections cut, futures dropped

@@ -1,4 +1,4 @@
-//! Red team: each test takes one promise of the console's docs (the
+//! Each test takes one promise of the console's docs (the
 //! module docs of `idem::console`, docs/operations.md "The console") and
 //! attacks it: hostile hosts and paths, forged and raced writes, names
 //! and rows an attacker chose, damaged cursors, odd mounts. Each asserts

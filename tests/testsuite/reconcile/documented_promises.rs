@@ -1,4 +1,4 @@
-//! Red team: the promises of `idem::reconcile` (the `Reconciler`) and of
+//! The promises of `idem::reconcile` (the `Reconciler`) and of
 //! `idem::operations::resolve_as`, attacked from their docs. Each test is
 //! named after the promise it attacks; a failing one is a broken promise.
 

@@ -1,6 +1,6 @@
 //! Guarding by hand: what a claim's holder is told, the outcome cache across
 //! stores, and the red team of both.
 
-mod holder;
 #[cfg(feature = "metrics")]
-mod redteam;
+mod documented_promises;
+mod holder;

@@ -1,4 +1,4 @@
-//! The red team of steps: each promise the docs of `idem::step`,
+//! Steps: each promise the docs of `idem::step`,
 //! `idem::downstream_key`, `Rejected::{StepInDoubt, NotGuarded}`, the
 //! reconciler's step verdicts and the operators' step functions make,
 //! attacked against the real PostgreSQL from the docs alone: races at a

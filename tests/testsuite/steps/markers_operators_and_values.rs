@@ -1,10 +1,10 @@
-//! A second red team of steps (`idem::step`, `idem::downstream_key`), from
-//! the docs alone: what `tests/testsuite/steps.rs` and `steps_redteam.rs`
-//! do not already attack. Each test names the doc sentence it holds the
+//! Steps (`idem::step`, `idem::downstream_key`) attacked from the docs
+//! alone, beyond what `steps/mod.rs` and `steps/documented_promises.rs`
+//! cover. Each test names the doc sentence it holds the
 //! library to.
 //!
 //! A test marked `//! is: the promise it names does not hold (run them with
-//! `cargo test --test testsuite steps_breaks:: -- --ignored`). One marked
+//! `cargo test --test testsuite steps::markers_operators_and_values:: -- --ignored`). One marked
 //! `weak: ...` fails on what no doc promises but a user would expect.
 //! `claims_show_escapes_control_characters_in_step_names` runs the `idem`
 //! command: `cargo build -p idem-cli` first (it looks in
