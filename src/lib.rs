@@ -190,7 +190,7 @@ pub use idem_runtime::metrics;
 
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]
-pub use idem_runtime::console;
+pub use idem_console as console;
 
 #[doc = include_str!("http.md")]
 // A blank line: the runtime's module docs follow as a paragraph of their own.

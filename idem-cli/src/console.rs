@@ -1,5 +1,5 @@
-//! `idem console`: serves the runtime's console
-//! ([`idem_runtime::console`]) until Ctrl-C, with `idem audit` behind its
+//! `idem console`: serves the operator console
+//! ([`idem_console`]) until Ctrl-C, with `idem audit` behind its
 //! audit page and every write's audit line on stderr.
 
 use std::future::Future;
@@ -9,7 +9,7 @@ use std::pin::Pin;
 use axum::extract::{ConnectInfo, Request};
 use axum::middleware::Next;
 use axum::response::Response;
-use idem_runtime::console::{Audit, Console, Operator, TOKEN_MIN_BITS, check_token};
+use idem_console::{Audit, Console, Operator, TOKEN_MIN_BITS, check_token};
 use sqlx::PgPool;
 
 use crate::audit;

@@ -106,13 +106,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
         fingerprint: fingerprint.as_ref().map(|f| f.as_slice()),
         lease_micros,
     };
-    // `None` inside: a wait too long for the clock to hold, so unbounded.
-    let deadline = mode
-        .wait_duration()
-        .map(|wait| Instant::now().checked_add(wait));
-    let waiting = |deadline: Option<Option<Instant>>| {
-        deadline.is_some_and(|until| until.is_none_or(|until| Instant::now() < until))
-    };
+    let wait = Wait::of(mode);
     let mut poll = WAIT_FIRST_POLL;
     let mut freed = 0;
     // A claim rolled back by a serialization failure or deadlock is sent
@@ -169,13 +163,10 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
             }
             // WonSlot by another (or freed on every attempt) while a wait is not over:
             // pause, then look again.
-            Concluded::HeldByAnother | Concluded::Freed if waiting(deadline) => {
+            Concluded::HeldByAnother | Concluded::Freed if wait.goes_on() => {
                 freed = 0;
-                let remaining = deadline
-                    .flatten()
-                    .map_or(poll, |d| d.saturating_duration_since(Instant::now()));
                 tokio::select! {
-                    () = tokio::time::sleep(poll.min(remaining)) => {}
+                    () = tokio::time::sleep(wait.pause(poll)) => {}
                     _ = &mut stop => {
                         contender.refused(&Rejected::InFlight);
                         return Err(Rejected::InFlight);
@@ -188,6 +179,45 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                 contender.refused(&Rejected::InFlight);
                 return Err(Rejected::InFlight);
             }
+        }
+    }
+}
+
+/// How long a duplicate that finds its slot held waits for it.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// Not at all: it is refused `InFlight` at once.
+    No,
+    /// Until then.
+    Until(Instant),
+    /// A wait too long for the clock to hold: unbounded.
+    Unbounded,
+}
+
+impl Wait {
+    fn of(mode: &Mode) -> Wait {
+        match mode.wait_duration() {
+            None => Wait::No,
+            Some(wait) => Instant::now()
+                .checked_add(wait)
+                .map_or(Wait::Unbounded, Wait::Until),
+        }
+    }
+
+    /// Whether it is still waiting.
+    fn goes_on(self) -> bool {
+        match self {
+            Wait::No => false,
+            Wait::Until(until) => Instant::now() < until,
+            Wait::Unbounded => true,
+        }
+    }
+
+    /// The pause before the next look: `poll`, or what is left if less.
+    fn pause(self, poll: Duration) -> Duration {
+        match self {
+            Wait::Until(until) => poll.min(until.saturating_duration_since(Instant::now())),
+            Wait::No | Wait::Unbounded => poll,
         }
     }
 }

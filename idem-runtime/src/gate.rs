@@ -205,28 +205,10 @@ impl Gate {
     /// `Err` (so a retry can run), and refuses duplicates with
     /// [`Rejected`] converted into `E`.
     ///
-    /// The body is not polled unless the claim is won. If it panics, or its
-    /// future is dropped, the claim stays pending: the outcome is unknown, so
-    /// retries are refused (fail closed). If the store fails to record the
-    /// success, the body's `Ok` value is still returned, the claim stays
-    /// pending, and a tracing error says so. If the claim was no longer this
-    /// call's when the body succeeded (its lease ran out and another call
-    /// took it over, or someone released it), the success is still kept in
-    /// the slot, but the call returns [`Rejected::LeaseLost`] or
-    /// [`Rejected::ClaimLost`] instead of the value: another call may have
-    /// run the action too, so check the side effect before acting on it.
-    /// If somebody else recorded the claim's outcome meanwhile (a reconciler
-    /// or an operator resolved it, an earlier holder's late success settled
-    /// it), the call returns [`Rejected::NotRecorded`]: the slot keeps that
-    /// outcome, and every duplicate is told it, not this body's value. So
-    /// does an `Err` that was to hold the slot ([`Disposition::Keep`](crate::Disposition::Keep) or
-    /// [`Disposition::InDoubt`](crate::Disposition::InDoubt), with a guard's
-    /// [`disposition`](crate::Guard::disposition));
-    /// an `Err` that releases it said nothing happened, and is returned as
-    /// it is.
-    ///
-    /// It is [`guard`](Gate::guard) with no option, then `run(body)`: for
-    /// every option the attribute has, build the guard.
+    /// It is [`guard`](Gate::guard) with no option, then
+    /// [`run(body)`](crate::Guard::run), whose docs say what happens when
+    /// the body panics, its future is dropped, the store fails to record
+    /// the outcome, or somebody else recorded it meanwhile.
     pub async fn run<T, E, F>(&self, identity: &Identity, body: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,

@@ -476,9 +476,26 @@ impl<'a, R, D, P: OnPool> Guard<'a, R, D, P> {
     /// body returns `Ok` (keeping the value, with [`replay`](Guard::replay)),
     /// records an `Err` as the [`disposition`](Guard::disposition) says
     /// (by default: released, so a retry can run), and refuses duplicates
-    /// with [`Rejected`] converted into `E`. See [`Gate::run`] for what
-    /// happens when the body panics, its future is dropped, or the store
-    /// fails to record the outcome.
+    /// with [`Rejected`] converted into `E`.
+    ///
+    /// The body is not polled unless the claim is won. If it panics, or its
+    /// future is dropped, the claim stays pending: the outcome is unknown, so
+    /// retries are refused (fail closed). If the store fails to record the
+    /// success, the body's `Ok` value is still returned, the claim stays
+    /// pending, and a tracing error says so. If the claim was no longer this
+    /// call's when the body succeeded (its lease ran out and another call
+    /// took it over, or someone released it), the success is still kept in
+    /// the slot, but the call returns [`Rejected::LeaseLost`] or
+    /// [`Rejected::ClaimLost`] instead of the value: another call may have
+    /// run the action too, so check the side effect before acting on it.
+    /// If somebody else recorded the claim's outcome meanwhile (a reconciler
+    /// or an operator resolved it, an earlier holder's late success settled
+    /// it), the call returns [`Rejected::NotRecorded`]: the slot keeps that
+    /// outcome, and every duplicate is told it, not this body's value. So
+    /// does an `Err` that was to hold the slot ([`Disposition::Keep`] or
+    /// [`Disposition::InDoubt`], with a [`disposition`](Guard::disposition));
+    /// an `Err` that releases it said nothing happened, and is returned as
+    /// it is.
     pub async fn run<O, F>(self, body: F) -> O
     where
         F: IntoFuture<Output = O>,

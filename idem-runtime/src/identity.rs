@@ -463,15 +463,6 @@ impl fmt::Debug for Identity {
     }
 }
 
-impl Identity {
-    /// The parts as `Debug` lists them (`["ord_1", 4999]`; long parts
-    /// abbreviated), for the operator console.
-    #[cfg(feature = "console")]
-    pub(crate) fn parts_debug(&self) -> String {
-        format!("{:?}", DebugList(&self.canonical[MAGIC.len()..]))
-    }
-}
-
 /// Renders the parts of a canonical encoding as a list.
 struct DebugList<'a>(&'a [u8]);
 

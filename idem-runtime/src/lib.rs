@@ -22,9 +22,6 @@ pub mod batch;
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub mod cache;
 mod claim;
-#[cfg(feature = "console")]
-#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
-pub mod console;
 mod decision;
 pub mod detach;
 mod error;

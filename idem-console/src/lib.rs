@@ -1,12 +1,13 @@
-//! The operator console (feature `console`): idem's claims in a browser,
-//! as an axum `Router`.
+//! The operator console: idem's claims in a browser, as an axum `Router`
+//! (`idem::console` with the facade's feature `console`; the `idem
+//! console` command serves it).
 //!
 //! The `idem console` command serves it; an axum service can mount the same
 //! pages behind its own authentication:
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) {
-//! use idem_runtime::console::{Console, Operator};
+//! use idem_console::{Console, Operator};
 //!
 //! let console = Console::new(pool)
 //!     // The service's own middleware authenticates, and says who.
@@ -26,7 +27,7 @@
 //! | `GET /claims` | a list: `state`, `account`, `namespace` (or `without_namespace=1`), `action`, `older_than` (`90s`, `2h`, `7d`), `limit`; `after` is the next page's cursor |
 //! | `GET /claim` | one claim (`account`, `address`, `namespace` when it has one): its identity decoded, fence and lineage, state and reason, timestamps, steps, its stored output's size; the values themselves with `values=shown` |
 //! | `GET /claim/resolve` | the confirmation of a resolution (`as=succeeded`, `failed` or `release`), naming what will change |
-//! | `POST /claim/resolve` | the resolution, through [`operations::resolve_as`](crate::operations::resolve_as), as `idem claims resolve` does: only a claim pending or in doubt, in the state and under the fence the confirmation showed (its form carries both), never a pending one whose lease is live; exactly once |
+//! | `POST /claim/resolve` | the resolution, through [`operations::resolve_as`](idem_runtime::operations::resolve_as), as `idem claims resolve` does: only a claim pending or in doubt, in the state and under the fence the confirmation showed (its form carries both), never a pending one whose lease is live; exactly once |
 //! | `GET /audit` | what `idem audit` finds in the database, when a [`Console::audit`] is given (the command gives its own) |
 //!
 //! Every link starts where the request found the router (read from the
@@ -52,7 +53,7 @@
 //! - **Escaping**: every value is HTML-escaped by construction ([maud]);
 //!   every control, bidirectional and invisible formatting character is
 //!   shown as a `\u{..}` escape, and a backslash in a name as `\\`, by the
-//!   rule the `idem` command follows too ([`crate::shown`]); long names are
+//!   rule the `idem` command follows too ([`idem_runtime::shown`]); long names are
 //!   cut on the page (the links keep them whole). No page holds such a
 //!   character, not even in a field's value or a link (the one exception:
 //!   the output an operator typed into a resolution, given back to them as

@@ -1,5 +1,5 @@
 //! The handlers: read the request, ask the store through
-//! [`operations`](crate::operations), hand the answer to a page. The only
+//! [`operations`](idem_runtime::operations), hand the answer to a page. The only
 //! write is [`resolve`], through the same operation as `idem claims
 //! resolve`, with the same refusals.
 
@@ -10,8 +10,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
-use crate::Error;
-use crate::operations::{self, ClaimState, Resolution, Resolved, Resolver};
+use idem_runtime::Error;
+use idem_runtime::operations::{self, ClaimState, Resolution, Resolved, Resolver};
 
 use super::State as ConsoleState;
 use super::pages::{self, ClaimExtras, Frame, Overview};
@@ -131,7 +131,7 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
         Ok(params) => params,
         Err(bad) => return ctx.bad(bad),
     };
-    // As the overview's own form writes them (crate::shown::escaped).
+    // As the overview's own form writes them (idem_runtime::shown::escaped).
     let (threshold, account) = match (params.text("pending_older_than"), params.text("account")) {
         (Ok(threshold), Ok(account)) => (
             threshold
@@ -178,7 +178,7 @@ pub(super) async fn overview(State(state): Shared, ctx: Ctx) -> Response {
             return ctx.failed(&error);
         }
     };
-    let status = crate::schema::status(pool)
+    let status = idem_runtime::schema::status(pool)
         .await
         .map_err(|error| error.to_string());
     let open_cut = open.len() > OVERVIEW_GROUPS as usize;
@@ -611,6 +611,12 @@ async fn resolve_and_audit(State(state): Shared, ctx: Ctx, body: String) -> Resp
                 "Nothing changed: its holder is at work",
                 "Its lease is live: its holder may settle it at any moment.".into(),
             )
+        }
+        // A kind of answer a later idem-runtime may add: nothing this
+        // console knows was changed by it, so say so.
+        Ok(other) => {
+            audit("not changed");
+            conflict("Nothing changed", format!("{other:?}"))
         }
         Err(error) => {
             audit("database failed");

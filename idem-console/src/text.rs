@@ -5,14 +5,14 @@
 //! maud, which does. What is escaped must also be legible: a control or
 //! bidirectional character, which HTML-escaping leaves in place, would hide
 //! or reorder text. Which characters those are, and how they are written,
-//! is [`crate::shown`]'s one rule, the `idem` command's too.
+//! is [`idem_runtime::shown`]'s one rule, the `idem` command's too.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::Identity;
-use crate::shown::{escaped, escaped_rendering};
+use idem_runtime::shown::{escaped, escaped_rendering};
+use idem_runtime::{Identity, PartValue};
 
 /// How many characters of a name a page shows before cutting it.
 pub(super) const SHOWN_CHARS: usize = 80;
@@ -59,11 +59,55 @@ pub(super) struct Decoded {
     pub address_matches: bool,
 }
 
+/// The parts of `identity` as a list: `["ord_1", 4999, true]`, text
+/// quoted, bytes and UUIDs in hex, each cut after 64 bytes.
+fn parts_listed(identity: &Identity) -> String {
+    const SHOWN: usize = 64;
+    fn cut(bytes: &[u8]) -> (&[u8], String) {
+        let more = bytes.len().saturating_sub(SHOWN);
+        let tail = if more > 0 {
+            format!("…(+{more} bytes)")
+        } else {
+            String::new()
+        };
+        (&bytes[..bytes.len().min(SHOWN)], tail)
+    }
+    let parts: Vec<String> = identity
+        .parts()
+        .map(|part| match part {
+            PartValue::Text(text) => {
+                let (shown, tail) = cut(text.as_bytes());
+                // Cut at a character boundary: what fits of the text.
+                let shown = text
+                    .char_indices()
+                    .take_while(|(at, c)| at + c.len_utf8() <= shown.len())
+                    .map(|(_, c)| c)
+                    .collect::<String>();
+                format!("{shown:?}{tail}")
+            }
+            PartValue::Integer(digits) => digits.to_owned(),
+            PartValue::Boolean(value) => value.to_string(),
+            PartValue::Uuid(bytes) => {
+                format!(
+                    "uuid:{}",
+                    bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                )
+            }
+            PartValue::Bytes(bytes) => {
+                let (shown, tail) = cut(bytes);
+                format!("bytes:{shown:02x?}{tail}")
+            }
+            other => format!("{other:?}"),
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
 pub(super) fn decode(identity: &[u8], address: &str) -> Decoded {
     match Identity::from_canonical(identity) {
         Ok(identity) => Decoded {
             action: Some(identity.action().to_owned()),
-            parts: identity.parts_debug(),
+            parts: parts_listed(&identity),
             address_matches: identity.address() == address,
         },
         Err(error) => Decoded {

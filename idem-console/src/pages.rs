@@ -2,18 +2,18 @@
 //! escapes it; names go through [`shown`] first (or [`escaped`], whole,
 //! where they are typed back: a filter box, a form's field), and every
 //! message and report through [`escaped_lines`], so that what is escaped is
-//! also legible and no page holds a hidden character ([`crate::shown`]).
+//! also legible and no page holds a hidden character ([`idem_runtime::shown`]).
 //! Nothing here reads the database.
 
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 
-use crate::operations::{
+use idem_runtime::operations::{
     ClaimState, ClaimStep, ClaimView, OpenCount, OpenTotals, PageCursor, StoredValues,
 };
-use crate::schema::{Layout, Status};
-use crate::shown::{escaped, escaped_lines};
+use idem_runtime::schema::{Layout, Status};
+use idem_runtime::shown::{escaped, escaped_lines};
 
 use super::params::{Asked, ListParams, SlotParams, query};
 use super::text::{Decoded, age, decode, instant, shown, shown_rendering, visible};
@@ -264,6 +264,7 @@ fn schema(status: &Status) -> Markup {
             "distributed by Citus ({method:?} on {}), {shards} shards",
             column.as_deref().unwrap_or("no column")
         ),
+        Some(other) => format!("{other:?}"),
     };
     html! {
         dl.facts {

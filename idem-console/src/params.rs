@@ -13,8 +13,10 @@
 
 use std::time::Duration;
 
-use crate::operations::{BrowseFilter, ClaimState, NamespaceFilter, PageCursor, ScopeFilter, Slot};
-use crate::shown::{escaped, unescaped};
+use idem_runtime::operations::{
+    BrowseFilter, ClaimState, NamespaceFilter, PageCursor, ScopeFilter, Slot,
+};
+use idem_runtime::shown::{escaped, unescaped};
 
 use super::text::{self, hex, parse_duration, shown, unhex};
 
@@ -145,7 +147,7 @@ impl SlotParams {
 /// written by hand may have a longer address than idem makes, and its
 /// link must open).
 fn check_address(address: &str) -> Result<(), BadParam> {
-    if crate::operations::is_address(address) {
+    if idem_runtime::operations::is_address(address) {
         Ok(())
     } else {
         Err(BadParam(format!(
@@ -446,7 +448,7 @@ mod tests {
         assert!(
             decoded
                 .iter()
-                .all(|(_, v)| !v.chars().any(crate::shown::is_escaped)),
+                .all(|(_, v)| !v.chars().any(idem_runtime::shown::is_escaped)),
             "{decoded:?}"
         );
         assert!(decoded.contains(&("account".into(), r"a\\b\u{202e}c\u{1b}[2J\u{61c}".into())));
