@@ -50,9 +50,12 @@ struct Claims {
 }
 
 async fn set(gate: &Gate, id: &Identity, state: &str, settled_at: Option<&str>) {
+    // The time in doubt is bound, not computed in a CASE: Citus refuses a
+    // volatile function there on a distributed table.
+    let in_doubt_since = (state == "in_doubt").then_some("now");
     sqlx::query(
         "UPDATE idem_records SET state = $1, lease_expires_at = NULL, \
-             in_doubt_since = CASE WHEN $1 = 'in_doubt' THEN now() END, \
+             in_doubt_since = $6::timestamptz, \
              settled_at = $5::timestamptz \
          WHERE account = $2 AND kind = 'claim' AND address = $3 AND namespace = $4",
     )
@@ -61,6 +64,7 @@ async fn set(gate: &Gate, id: &Identity, state: &str, settled_at: Option<&str>) 
     .bind(id.address())
     .bind(gate.namespace_name())
     .bind(settled_at)
+    .bind(in_doubt_since)
     .execute(gate.pool())
     .await
     .expect("set the claim's state");
