@@ -11,7 +11,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use idem_runtime::Error;
-use idem_runtime::operations::{self, ClaimState, Resolution, Resolved, Resolver};
+use idem_runtime::operations::{self, ClaimState, Resolved, Resolver};
+use idem_runtime::{Disposition, Outcome};
 
 use super::State as ConsoleState;
 use super::pages::{self, ClaimExtras, Frame, Overview};
@@ -523,11 +524,9 @@ async fn resolve_and_audit(State(state): Shared, ctx: Ctx, body: String) -> Resp
         };
     }
     let resolution = match asked {
-        Asked::Succeeded => Resolution::Succeeded {
-            output_json: output,
-        },
-        Asked::Failed => Resolution::Failed,
-        Asked::Release => Resolution::Release,
+        Asked::Succeeded => Outcome::Succeeded(output),
+        Asked::Failed => Outcome::Failed(Disposition::Keep),
+        Asked::Release => Outcome::Failed(Disposition::Release),
     };
     // Everything the confirmation showed: a claim shown pending that went in
     // doubt at the same fence is not what the operator decided about.

@@ -129,7 +129,7 @@ use crate::identity::Identity;
 use crate::measure::Stopwatch;
 use crate::mode::{Fingerprint, Mode};
 use crate::observe::{self, GateEvent};
-use crate::recording::Recording;
+use crate::outcome::Outcome;
 use crate::retry::{self, SERIALIZATION_BACKOFF};
 use crate::run::OutcomeOf;
 use crate::scoped_pool::ScopedPool;
@@ -834,7 +834,7 @@ async fn turn_opens<R>(
 
 /// One kind of outcome, and the claims to record it for.
 struct Group<R> {
-    kind: Recording<()>,
+    kind: Outcome,
     /// Per claim: its item's index, the claim, the body's output and the
     /// value to keep (for a settle with replay).
     members: Vec<(usize, Claim, R, Option<String>)>,
@@ -854,7 +854,7 @@ async fn record<R>(
     outcome: &OutcomeOf<'_, R>,
     concurrency: usize,
 ) -> (Vec<(usize, R)>, Option<Box<dyn Any + Send>>) {
-    let mut groups: Vec<Group<R>> = Recording::KINDS
+    let mut groups: Vec<Group<R>> = Outcome::KINDS
         .iter()
         .map(|&kind| Group {
             kind,
@@ -869,7 +869,7 @@ async fn record<R>(
         }));
         // A step whose outcome nobody knows holds a failure in doubt.
         let wanted = wanted.map(|wanted| match wanted {
-            Recording::Failed(disposition) => Recording::Failed(steps.overrides(disposition)),
+            Outcome::Failed(disposition) => Outcome::Failed(steps.overrides(disposition)),
             settled => settled,
         });
         let wanted = match wanted {

@@ -18,7 +18,7 @@ use crate::fault::{self, Fault};
 use crate::identity::Identity;
 use crate::measure::Stopwatch;
 use crate::mode::{self, Disposition};
-use crate::recording::Recording;
+use crate::outcome::Outcome;
 use crate::retry;
 use crate::scoped_pool::ScopedPool;
 use crate::settled::Final;
@@ -174,7 +174,7 @@ impl Claim {
         let Some(pool) = self.pool() else {
             return Ok(());
         };
-        self.finish(Recording::Settled(None), &mut Via::Pool(&pool))
+        self.finish(Outcome::Succeeded(None), &mut Via::Pool(&pool))
             .await
     }
 
@@ -191,11 +191,8 @@ impl Claim {
         let Some(pool) = self.pool() else {
             return Ok(());
         };
-        self.finish(
-            Recording::Failed(Disposition::Release),
-            &mut Via::Pool(&pool),
-        )
-        .await
+        self.finish(Outcome::Failed(Disposition::Release), &mut Via::Pool(&pool))
+            .await
     }
 
     /// Records a failure as `disposition` says: [`Release`] deletes the row
@@ -225,7 +222,7 @@ impl Claim {
         let Some(pool) = self.pool() else {
             return Ok(());
         };
-        self.finish(Recording::Failed(disposition), &mut Via::Pool(&pool))
+        self.finish(Outcome::Failed(disposition), &mut Via::Pool(&pool))
             .await
     }
 
@@ -308,7 +305,7 @@ impl Claim {
         output: Option<&str>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
-        self.finish(Recording::Settled(output), via).await
+        self.finish(Outcome::Succeeded(output), via).await
     }
 
     /// Settles the claim, keeping `output` (the `Ok` value for replay).
@@ -317,7 +314,7 @@ impl Claim {
         output: Option<&str>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
-        self.finish(Recording::Settled(output), via).await
+        self.finish(Outcome::Succeeded(output), via).await
     }
 
     /// Records a failure as `disposition` says.
@@ -326,7 +323,7 @@ impl Claim {
         disposition: Disposition,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
-        self.finish(Recording::Failed(disposition), via).await
+        self.finish(Outcome::Failed(disposition), via).await
     }
 
     /// The slot this claim holds, if any.
@@ -383,7 +380,7 @@ impl Claim {
     /// [`finish`](Claim::finish) does after its own statement.
     pub(crate) fn recorded_in_batch(
         mut self,
-        outcome: Recording<&str>,
+        outcome: Outcome<Option<&str>>,
         via: &Via<'_>,
         recording: &Stopwatch,
     ) {
@@ -396,7 +393,7 @@ impl Claim {
     /// Records `outcome` through `via`, and reports it.
     pub(crate) async fn finish(
         mut self,
-        outcome: Recording<&str>,
+        outcome: Outcome<Option<&str>>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
         let Some(held) = self.held.take() else {
@@ -420,7 +417,7 @@ impl Claim {
         let Some(held) = self.held.take() else {
             return Ok(());
         };
-        let outcome = Recording::Failed(Disposition::InDoubt);
+        let outcome = Outcome::Failed(Disposition::InDoubt);
         let recording = Stopwatch::start();
         let (scope, address, fence) = (held.slots.scope(), &*held.address, held.fence);
         let recorded = match retry::repeat_recording!(via, |conn| {
@@ -440,7 +437,7 @@ impl WonSlot {
     /// `recording`: to tracing, to a race harness and to the metrics.
     fn report(
         &self,
-        outcome: Recording<&str>,
+        outcome: Outcome<Option<&str>>,
         recorded: &Result<(), Rejected>,
         recording: &Stopwatch,
     ) {
@@ -450,17 +447,17 @@ impl WonSlot {
         };
         decision.recorded(&self.slots, &self.identity, &self.won, recording);
         match decision {
-            Decision::Recorded(Recording::Settled(_)) => {
+            Decision::Recorded(Outcome::Succeeded(_)) => {
                 self.event(tracing::Level::DEBUG, "settled", None);
             }
-            Decision::Recorded(Recording::Failed(Disposition::Keep)) => {
+            Decision::Recorded(Outcome::Failed(Disposition::Keep)) => {
                 self.event(
                     tracing::Level::INFO,
                     "failure kept: the slot is failed",
                     None,
                 );
             }
-            Decision::Recorded(Recording::Failed(Disposition::InDoubt)) => {
+            Decision::Recorded(Outcome::Failed(Disposition::InDoubt)) => {
                 self.event(
                     tracing::Level::WARN,
                     "outcome in doubt: the slot is held until a reconciler or an operator \
@@ -468,7 +465,7 @@ impl WonSlot {
                     None,
                 );
             }
-            Decision::Recorded(Recording::Failed(Disposition::Release)) => {
+            Decision::Recorded(Outcome::Failed(Disposition::Release)) => {
                 self.event(tracing::Level::DEBUG, "released", None);
             }
             // Only the two above come out of a recording.
@@ -485,20 +482,20 @@ impl WonSlot {
                          somebody else wrote, which every duplicate is told"
                     }
                     Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => match outcome {
-                        Recording::Settled(_) => {
+                        Outcome::Succeeded(_) => {
                             "the claim was no longer this holder's when its success was recorded; \
                              the success is kept in the slot unless it was settled already"
                         }
-                        Recording::Failed(_) => {
+                        Outcome::Failed(_) => {
                             "the claim was taken over before its failure was recorded: the new \
                              holder decides"
                         }
                     },
                     _ => match outcome {
-                        Recording::Settled(_) => {
+                        Outcome::Succeeded(_) => {
                             "settle failed; the slot stays pending (fail closed) until resolved"
                         }
-                        Recording::Failed(_) => {
+                        Outcome::Failed(_) => {
                             "recording the failure failed; the slot stays pending (fail closed) \
                              until resolved"
                         }
@@ -512,12 +509,16 @@ impl WonSlot {
     /// Records `outcome`: the statement, retried after a transient failure;
     /// a success whose value the store refuses, again without the value;
     /// and, when it matched no row of ours, what became of the claim.
-    async fn record(&self, outcome: Recording<&str>, via: &mut Via<'_>) -> Result<(), Rejected> {
+    async fn record(
+        &self,
+        outcome: Outcome<Option<&str>>,
+        via: &mut Via<'_>,
+    ) -> Result<(), Rejected> {
         let mut written = outcome;
         let mut attempt = self.record_once(outcome, via).await;
         // Inside the caller's transaction the failure has aborted it: the
         // claim rolls back with the body's writes, and nothing is lost.
-        let carries_a_value = matches!(outcome, Recording::Settled(Some(_)));
+        let carries_a_value = matches!(outcome, Outcome::Succeeded(Some(_)));
         if carries_a_value && !via.in_transaction() {
             attempt = match attempt {
                 Err(error) if fault::classify(&error) != Fault::Outage => {
@@ -528,7 +529,7 @@ impl WonSlot {
                          duplicates are refused as already done",
                         Some(&Rejected::from_store(error)),
                     );
-                    written = Recording::Settled(None);
+                    written = Outcome::Succeeded(None);
                     self.record_once(written, via).await
                 }
                 other => other,
@@ -548,13 +549,13 @@ impl WonSlot {
             Ok(false) if self.in_transaction => {
                 let misused = Rejected::WrongConnection {
                     called: match outcome {
-                        Recording::Settled(_) => {
+                        Outcome::Succeeded(_) => {
                             "TxClaim::settle on another connection than its transaction's"
                         }
-                        Recording::Failed(Disposition::Release) => {
+                        Outcome::Failed(Disposition::Release) => {
                             "TxClaim::release on another connection than its transaction's"
                         }
-                        Recording::Failed(_) => {
+                        Outcome::Failed(_) => {
                             "TxClaim::dispose on another connection than its transaction's"
                         }
                     },
@@ -590,7 +591,7 @@ impl WonSlot {
     /// over this holder's own row: a success (with the value it kept) or a
     /// failure kept for good. Never from inside the caller's transaction,
     /// which may still roll back.
-    fn remember(&self, written: Recording<&str>, via: &Via<'_>) {
+    fn remember(&self, written: Outcome<Option<&str>>, via: &Via<'_>) {
         if via.in_transaction() {
             return;
         }
@@ -599,9 +600,9 @@ impl WonSlot {
             self.fingerprint.as_ref().map(|f| f.as_slice()),
         );
         self.slots.remember(&self.address, || match written {
-            Recording::Settled(output) => Some(Final::settled(identity, fingerprint, output)),
-            Recording::Failed(Disposition::Keep) => Some(Final::failed(identity, fingerprint)),
-            Recording::Failed(_) => None,
+            Outcome::Succeeded(output) => Some(Final::settled(identity, fingerprint, output)),
+            Outcome::Failed(Disposition::Keep) => Some(Final::failed(identity, fingerprint)),
+            Outcome::Failed(_) => None,
         });
     }
 
@@ -610,7 +611,7 @@ impl WonSlot {
     /// no pending row under this fence.
     async fn record_once(
         &self,
-        outcome: Recording<&str>,
+        outcome: Outcome<Option<&str>>,
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
         let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
@@ -624,10 +625,10 @@ impl WonSlot {
             self.commit
         };
         retry::repeat_recording!(via, |conn| match outcome {
-            Recording::Settled(output) => {
+            Outcome::Succeeded(output) => {
                 store::settle(&mut *conn, scope, address, fence, output, commit).await
             }
-            Recording::Failed(Disposition::Keep) => {
+            Outcome::Failed(Disposition::Keep) => {
                 store::keep(
                     &mut *conn,
                     scope,
@@ -638,10 +639,10 @@ impl WonSlot {
                 )
                 .await
             }
-            Recording::Failed(Disposition::InDoubt) => {
+            Outcome::Failed(Disposition::InDoubt) => {
                 store::hold_in_doubt(&mut *conn, scope, address, fence, store::BODY_IN_DOUBT).await
             }
-            Recording::Failed(_) => store::release(&mut *conn, scope, address, fence, commit).await,
+            Outcome::Failed(_) => store::release(&mut *conn, scope, address, fence, commit).await,
         })
     }
 
@@ -649,15 +650,15 @@ impl WonSlot {
     /// out what became of the claim, and make sure a success is kept.
     async fn no_longer_ours(
         &self,
-        outcome: Recording<&str>,
+        outcome: Outcome<Option<&str>>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
         match outcome {
-            Recording::Failed(disposition) => {
+            Outcome::Failed(disposition) => {
                 let row = self.look(via).await?;
                 self.failure_matched_nothing(disposition, row.as_ref())
             }
-            Recording::Settled(output) => self.keep_success(output, via).await,
+            Outcome::Succeeded(output) => self.keep_success(output, via).await,
         }
     }
 
@@ -822,7 +823,7 @@ impl WonSlot {
                  nobody took it over: the success is recorded over the hold",
                 None,
             );
-            self.remember(Recording::Settled(output), via);
+            self.remember(Outcome::Succeeded(output), via);
         }
         Ok(written)
     }

@@ -8,7 +8,7 @@ use crate::identity::Identity;
 use crate::measure::{self, OutcomeLabel, Stopwatch};
 use crate::mode::Disposition;
 use crate::observe::{self, GateEvent};
-use crate::recording::Recording;
+use crate::outcome::Outcome;
 use crate::scoped_pool::ScopedPool;
 
 /// What the gate decided, or what became of a won claim.
@@ -30,7 +30,7 @@ pub(crate) enum Decision<'r> {
     /// `on_expiry = "in_doubt"` and held the slot in doubt.
     ExpiredIntoDoubt,
     /// The holder's outcome was recorded, as this says.
-    Recorded(Recording<()>),
+    Recorded(Outcome),
     /// The holder's outcome was not recorded, as this refusal says.
     Unrecorded(&'r Rejected),
 }
@@ -46,12 +46,10 @@ impl Decision<'_> {
             Decision::FailedOpen => OutcomeLabel::FailedOpen,
             Decision::Refused(rejected) => OutcomeLabel::refused(rejected),
             Decision::ExpiredIntoDoubt => OutcomeLabel::HeldInDoubt,
-            Decision::Recorded(Recording::Settled(_)) => OutcomeLabel::Settled,
-            Decision::Recorded(Recording::Failed(Disposition::Release)) => OutcomeLabel::Released,
-            Decision::Recorded(Recording::Failed(Disposition::Keep)) => OutcomeLabel::KeptFailure,
-            Decision::Recorded(Recording::Failed(Disposition::InDoubt)) => {
-                OutcomeLabel::HeldInDoubt
-            }
+            Decision::Recorded(Outcome::Succeeded(_)) => OutcomeLabel::Settled,
+            Decision::Recorded(Outcome::Failed(Disposition::Release)) => OutcomeLabel::Released,
+            Decision::Recorded(Outcome::Failed(Disposition::Keep)) => OutcomeLabel::KeptFailure,
+            Decision::Recorded(Outcome::Failed(Disposition::InDoubt)) => OutcomeLabel::HeldInDoubt,
             Decision::Unrecorded(rejected) => OutcomeLabel::unrecorded(rejected),
         }
     }
@@ -69,14 +67,14 @@ impl Decision<'_> {
             Decision::Ungated | Decision::FailedOpen => observe::record(GateEvent::Ungated),
             Decision::Refused(rejected) => observe::record(GateEvent::Refused(rejected.clone())),
             Decision::ExpiredIntoDoubt => observe::record(GateEvent::InDoubt),
-            Decision::Recorded(Recording::Settled(_)) => observe::record(GateEvent::Settled),
-            Decision::Recorded(Recording::Failed(Disposition::Release)) => {
+            Decision::Recorded(Outcome::Succeeded(_)) => observe::record(GateEvent::Settled),
+            Decision::Recorded(Outcome::Failed(Disposition::Release)) => {
                 observe::record(GateEvent::Released);
             }
-            Decision::Recorded(Recording::Failed(Disposition::Keep)) => {
+            Decision::Recorded(Outcome::Failed(Disposition::Keep)) => {
                 observe::record(GateEvent::Kept);
             }
-            Decision::Recorded(Recording::Failed(Disposition::InDoubt)) => {
+            Decision::Recorded(Outcome::Failed(Disposition::InDoubt)) => {
                 observe::record(GateEvent::InDoubt);
             }
             Decision::Unrecorded(rejected) => {

@@ -5,11 +5,26 @@ use std::sync::Arc;
 
 use crate::fault::{self, Fault};
 
-/// Why a guarded invocation did not run (or, for [`Rejected::ClaimLost`], why
-/// its outcome could not be recorded). Every message says what to do next.
+/// Why a guarded invocation did not run, or why its outcome could not be
+/// recorded. Every message says what to do next.
 ///
 /// A function guarded by `#[idempotent]` returns `Result<T, E>` with
 /// `E: From<Rejected>`, so a refusal reaches its caller as an ordinary error.
+///
+/// The variants mean one of three things:
+///
+/// | kind | variants | the body | what to do |
+/// |---|---|---|---|
+/// | **a refused duplicate**: the slot says not to run | [`InFlight`](Rejected::InFlight), [`InDoubt`](Rejected::InDoubt), [`StepInDoubt`](Rejected::StepInDoubt) | did not run | retry later |
+/// | | [`AlreadyDone`](Rejected::AlreadyDone), [`AlreadyFailed`](Rejected::AlreadyFailed) | did not run | nothing: the first invocation's outcome stands |
+/// | | [`KeyReused`](Rejected::KeyReused), [`Collision`](Rejected::Collision) | did not run | use a new key |
+/// | | [`Unavailable`](Rejected::Unavailable), [`StoreRefused`](Rejected::StoreRefused): the store could not be asked | did not run (or ran, and its outcome was not recorded) | retry once the database is back; fix what `fix` says |
+/// | **a recording that failed**: this holder's outcome is not what the slot records | [`LeaseLost`](Rejected::LeaseLost), [`ClaimLost`](Rejected::ClaimLost), [`NotRecorded`](Rejected::NotRecorded) | ran | check the side effect: another invocation may have run, or the slot records another outcome |
+/// | **a misuse**: a mistake of the calling code | [`InvalidOption`](Rejected::InvalidOption), [`InvalidScope`](Rejected::InvalidScope), [`NotGuarded`](Rejected::NotGuarded), [`WrongConnection`](Rejected::WrongConnection) | did not run, or ran and nothing was recorded (`WrongConnection`: the claim is still pending in its transaction) | change the code |
+///
+/// [`is_retryable`](Rejected::is_retryable) and
+/// [`is_outage`](Rejected::is_outage) answer the usual questions;
+/// [`reason`](Rejected::reason) names each for logs and metrics.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Rejected {

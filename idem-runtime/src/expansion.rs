@@ -17,7 +17,7 @@ pub use crate::guard::Entered;
 use crate::guard::{Checked, Classify, Guard, NoReplay, Replay};
 pub use crate::identity::Identity;
 pub use crate::mode::{Disposition, Fingerprint, OnExpiry, OnUnavailable, OutcomeCommit};
-pub use crate::run::{Outcome, ReplayOutcome};
+pub use crate::run::{GuardedResult, ReplayableResult};
 pub use std::time::Duration;
 
 /// A connection a transaction-mode claim can run on: the `tx = ...`
@@ -144,23 +144,23 @@ pub fn classifier<E>(classify: fn(&E) -> Disposition) -> fn(&E) -> Disposition {
 }
 
 /// The guard of a function without `replay`, its body's output checked:
-/// the one bound a return type `Ret` can miss is `Outcome`, whose message
+/// the one bound a return type `Ret` can miss is `GuardedResult`, whose message
 /// says how to fix it, and the expansion spans this call at the return
 /// type, so a wrong one fails there, once.
 pub fn checked<'a, 'd, Ret, D, P>(guard: Guard<'a, NoReplay, D, P>) -> Checked<'a, 'd, P, Ret>
 where
-    Ret: Outcome,
+    Ret: GuardedResult,
     D: Classify<Ret> + Send + Sync + 'd,
 {
     guard.__check()
 }
 
-/// [`checked`] for a function with `replay`: the bound is `ReplayOutcome`.
+/// [`checked`] for a function with `replay`: the bound is `ReplayableResult`.
 pub fn checked_replayed<'a, 'd, Ret, D, P>(
     guard: Guard<'a, Replay, D, P>,
 ) -> Checked<'a, 'd, P, Ret>
 where
-    Ret: ReplayOutcome,
+    Ret: ReplayableResult,
     D: Classify<Ret> + Send + Sync + 'd,
 {
     guard.__check()

@@ -59,7 +59,9 @@ use crate::error::Rejected;
 use crate::gate::Gate;
 use crate::identity::Identity;
 use crate::mode::{Disposition, Fingerprint, Mode, OnExpiry, OnUnavailable, OutcomeCommit};
-use crate::run::{self, Outcome, OutcomeOf, ReplayOutcome, outcome_of, replayed_outcome_of};
+use crate::run::{
+    self, GuardedResult, OutcomeOf, ReplayableResult, outcome_of, replayed_outcome_of,
+};
 use crate::step::Ambient;
 use crate::via::Via;
 
@@ -156,14 +158,14 @@ pub trait ReplayPolicy<O>: sealed::Sealed {
 }
 
 // A body whose output does not fit is reported through the bound it misses,
-// `Outcome` or `ReplayOutcome`, whose messages say how to fix it.
-impl<O: Outcome> ReplayPolicy<O> for NoReplay {
+// `GuardedResult` or `ReplayableResult`, whose messages say how to fix it.
+impl<O: GuardedResult> ReplayPolicy<O> for NoReplay {
     fn __outcome() -> OutcomeOf<'static, O> {
         outcome_of()
     }
 }
 
-impl<O: ReplayOutcome> ReplayPolicy<O> for Replay {
+impl<O: ReplayableResult> ReplayPolicy<O> for Replay {
     fn __outcome() -> OutcomeOf<'static, O> {
         replayed_outcome_of()
     }

@@ -41,8 +41,8 @@ pub mod meter;
 pub mod metrics;
 mod mode;
 mod observe;
+mod outcome;
 pub mod reconcile;
-mod recording;
 mod retry;
 mod run;
 pub mod schema;
@@ -72,6 +72,7 @@ pub use identity::{
     PartWritten,
 };
 pub use mode::{Disposition, Fingerprint, MAX_LEASE, OnExpiry, OnUnavailable, OutcomeCommit};
+pub use outcome::Outcome;
 pub use step::{Step, downstream_key, step};
 
 pub use store::operations;

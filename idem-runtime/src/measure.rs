@@ -63,7 +63,7 @@ impl OutcomeLabel {
         OutcomeLabel::Refused(rejected.reason())
     }
 
-    /// Recording a won claim's outcome failed as `rejected` says.
+    /// Outcome a won claim's outcome failed as `rejected` says.
     pub(crate) fn unrecorded(rejected: &Rejected) -> OutcomeLabel {
         match rejected {
             Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } => OutcomeLabel::StaleSettle,

@@ -22,7 +22,7 @@ pub(crate) struct Mode {
     on_expiry: OnExpiry,
 }
 
-pub use crate::recording::Disposition;
+pub use crate::outcome::Disposition;
 
 /// What a pending claim whose lease ran out becomes, when the next claim of
 /// its slot finds it (only with a lease).

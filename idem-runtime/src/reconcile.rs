@@ -48,10 +48,11 @@ use crate::identity::Identity;
 use crate::measure;
 #[cfg(feature = "metrics")]
 use crate::metrics::MetricsOptions;
+use crate::outcome::{Disposition, Outcome};
 use crate::store;
 use crate::store::operations::{
-    self, ClaimRow, ClaimState, NamespaceFilter, ReconcileCursor, ReconcileFilter, Resolution,
-    Resolved, Resolver, ScopeFilter, ToReconcile,
+    self, ClaimRow, ClaimState, NamespaceFilter, ReconcileCursor, ReconcileFilter, Resolved,
+    Resolver, ScopeFilter, ToReconcile,
 };
 
 /// A claim whose outcome is not known, as a probe sees it.
@@ -133,6 +134,24 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// What this verdict records for the claim, in idem's one outcome
+    /// vocabulary: [`Succeeded`](Verdict::Succeeded) settles it,
+    /// [`Failed`](Verdict::Failed) keeps it failed
+    /// ([`Disposition::Keep`]), [`NotHappened`](Verdict::NotHappened) and
+    /// [`StepSucceeded`](Verdict::StepSucceeded) release it
+    /// ([`Disposition::Release`]); `None` for [`Unknown`](Verdict::Unknown):
+    /// the claim stays held in doubt, as it is.
+    pub fn outcome(&self) -> Option<Outcome<Option<&str>>> {
+        match self {
+            Verdict::Succeeded { replay } => Some(Outcome::Succeeded(replay.as_deref())),
+            Verdict::Failed => Some(Outcome::Failed(Disposition::Keep)),
+            Verdict::NotHappened | Verdict::StepSucceeded { .. } => {
+                Some(Outcome::Failed(Disposition::Release))
+            }
+            Verdict::Unknown => None,
+        }
+    }
+
     /// The effect happened; nothing to replay.
     pub fn succeeded() -> Verdict {
         Verdict::Succeeded { replay: None }
@@ -872,14 +891,9 @@ impl Reconciler {
             }
             _ => {}
         }
-        let resolution = match &verdict {
-            Verdict::Succeeded { replay } => Resolution::Succeeded {
-                output_json: replay.as_deref(),
-            },
-            Verdict::Failed => Resolution::Failed,
-            // Unknown is never recorded; NotHappened (and any later kind of
-            // definite answer) releases, as "nothing happened" does.
-            _ => Resolution::Release,
+        // Unknown records nothing: its claim stays held, as it is.
+        let Some(outcome) = verdict.outcome() else {
+            return Ok(());
         };
         // The fence, not the state: a probe's answer is about the effect of
         // the action under that fence, whether the claim is still pending or
@@ -887,7 +901,7 @@ impl Reconciler {
         let by = Resolver::new("reconciled").expected_fence(row.fence);
         let mut attempt = 1;
         let resolved = loop {
-            match operations::resolve_as(&self.pool, row.slot(), resolution, by).await {
+            match operations::resolve_as(&self.pool, row.slot(), outcome, by).await {
                 Ok(resolved) => break resolved,
                 Err(error) if attempt >= Reconciler::RESOLVE_ATTEMPTS => {
                     tracing::warn!(

@@ -5,14 +5,14 @@
 //! every `#[idempotent]` function, through the glue in
 //! [`expansion`](crate::expansion). What a body's output means (a success or
 //! not; for `replay`, the value to keep) is told by an [`OutcomeOf`], built
-//! from the traits [`Outcome`] and [`ReplayOutcome`].
+//! from the traits [`GuardedResult`] and [`ReplayableResult`].
 
 use crate::acquire::{Acquired, acquire};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
 use crate::mode::{Disposition, Mode};
-use crate::recording::Recording;
+use crate::outcome::Outcome;
 use crate::scoped_pool::ScopedPool;
 use crate::step::Ambient;
 use crate::via::Via;
@@ -24,7 +24,7 @@ use crate::via::Via;
     label = "a refused duplicate must be able to return `Err(E::from(Rejected))` here",
     note = "return a `Result` whose error type implements `From<idem::Rejected>`: with thiserror, add a variant `#[error(transparent)] Rejected(#[from] idem::Rejected)`; by hand, `impl From<idem::Rejected> for MyError`"
 )]
-pub trait Outcome: Sized {
+pub trait GuardedResult: Sized {
     /// The value a refused invocation returns.
     fn rejected(rejected: Rejected) -> Self;
     /// `true` when the claim should be settled, `false` when released.
@@ -32,10 +32,10 @@ pub trait Outcome: Sized {
 }
 
 // Not recommended in diagnostics: a `Result` whose error lacks
-// `From<Rejected>` is then reported through `Outcome`'s own message above,
+// `From<Rejected>` is then reported through `GuardedResult`'s own message above,
 // which says how to fix it, rather than as a bare unmet `From` bound.
 #[diagnostic::do_not_recommend]
-impl<T, E: From<Rejected>> Outcome for Result<T, E> {
+impl<T, E: From<Rejected>> GuardedResult for Result<T, E> {
     fn rejected(rejected: Rejected) -> Self {
         Err(E::from(rejected))
     }
@@ -52,7 +52,7 @@ impl<T, E: From<Rejected>> Outcome for Result<T, E> {
     label = "the `Ok` type here must be Serialize + DeserializeOwned",
     note = "derive `serde::Serialize` and `serde::Deserialize` for the `Ok` type, or drop `replay` (duplicates then get `Rejected::AlreadyDone`)"
 )]
-pub trait ReplayOutcome: Outcome {
+pub trait ReplayableResult: GuardedResult {
     /// The `Ok` value as the JSON kept for replay; `None` for an `Err`,
     /// and for a value that would not read back as itself (see
     /// `stored_value`), which is settled without one.
@@ -62,7 +62,7 @@ pub trait ReplayOutcome: Outcome {
 }
 
 #[diagnostic::do_not_recommend]
-impl<T, E> ReplayOutcome for Result<T, E>
+impl<T, E> ReplayableResult for Result<T, E>
 where
     T: serde::Serialize + serde::de::DeserializeOwned,
     E: From<Rejected>,
@@ -77,8 +77,8 @@ where
     }
 }
 
-/// How to treat a guarded function's return type `R`: the [`Outcome`]
-/// methods (and, in `replay` mode, the [`ReplayOutcome`] ones) as plain
+/// How to treat a guarded function's return type `R`: the [`GuardedResult`]
+/// methods (and, in `replay` mode, the [`ReplayableResult`] ones) as plain
 /// function pointers.
 ///
 /// The expansion obtains it with [`outcome_of`] or [`replayed_outcome_of`],
@@ -103,8 +103,8 @@ struct ReplayCodec<R> {
     decode: fn(&str) -> Result<R, serde_json::Error>,
 }
 
-/// The [`OutcomeOf`] a return type that implements [`Outcome`].
-pub fn outcome_of<R: Outcome>() -> OutcomeOf<'static, R> {
+/// The [`OutcomeOf`] a return type that implements [`GuardedResult`].
+pub fn outcome_of<R: GuardedResult>() -> OutcomeOf<'static, R> {
     OutcomeOf {
         rejected: R::rejected,
         is_success: R::is_success,
@@ -114,7 +114,7 @@ pub fn outcome_of<R: Outcome>() -> OutcomeOf<'static, R> {
 }
 
 /// The [`OutcomeOf`] a return type whose `Ok` value is replayed.
-pub fn replayed_outcome_of<R: ReplayOutcome>() -> OutcomeOf<'static, R> {
+pub fn replayed_outcome_of<R: ReplayableResult>() -> OutcomeOf<'static, R> {
     OutcomeOf {
         rejected: R::rejected,
         is_success: R::is_success,
@@ -187,7 +187,7 @@ impl<'a, R> OutcomeOf<'a, R> {
         via: &mut Via<'_>,
     ) -> R {
         let json = match self.wanted(claim.address(), &output) {
-            Recording::Failed(disposition) => {
+            Outcome::Failed(disposition) => {
                 let disposition = steps.map_or(disposition, |steps| steps.overrides(disposition));
                 // The body's error is what its caller needs; a failure that
                 // could not be recorded is reported by tracing and leaves the
@@ -207,7 +207,7 @@ impl<'a, R> OutcomeOf<'a, R> {
                     _ => output,
                 };
             }
-            Recording::Settled(json) => json,
+            Outcome::Succeeded(json) => json,
         };
         if let Some(lost) = steps.and_then(Ambient::refused) {
             claim.let_go_lost(&lost);
@@ -233,15 +233,15 @@ impl<'a, R> OutcomeOf<'a, R> {
     /// What `output`, the body's return of the claim at `address`, asks
     /// its slot to record: a success (with, for `replay`, the `Ok` value as
     /// JSON), or a failure and what it means for the slot.
-    pub(crate) fn wanted(&self, address: Option<&str>, output: &R) -> Recording<String> {
+    pub(crate) fn wanted(&self, address: Option<&str>, output: &R) -> Outcome<Option<String>> {
         if !(self.is_success)(output) {
-            return Recording::Failed(
+            return Outcome::Failed(
                 self.dispose
                     .as_ref()
                     .map_or(Disposition::Release, |dispose| dispose(output)),
             );
         }
-        Recording::Settled(
+        Outcome::Succeeded(
             self.replay
                 .as_ref()
                 .and_then(|replay| (replay.encode)(output, address)),

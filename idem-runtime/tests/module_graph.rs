@@ -123,7 +123,7 @@ fn the_reading_path_goes_down_from_the_guard_to_the_store() {
         assert!(uses(from, to), "{from} should call into {to}: {graph:#?}");
     }
     // Below the store there is only vocabulary: the errors, the outcome a
-    // slot records (`recording`, a leaf), the canonical encoding
+    // slot records (`outcome`, a leaf), the canonical encoding
     // (`identity`, a leaf: a step's row is read back into its name with
     // it), and for its tests the tests' PostgreSQL (`test_server`, which
     // names nothing of the crate: a leaf).
@@ -133,19 +133,19 @@ fn the_reading_path_goes_down_from_the_guard_to_the_store() {
         .filter(|name| {
             !matches!(
                 name.as_str(),
-                "error" | "fault" | "identity" | "recording" | "test_server"
+                "error" | "fault" | "identity" | "outcome" | "test_server"
             )
         })
         .collect();
     assert!(
         above.is_empty(),
         "the store is the bottom layer: it names only the vocabulary (error, fault, identity, \
-         recording) and test_server, but it names {above:?}"
+         outcome) and test_server, but it names {above:?}"
     );
-    let recording = graph.get("recording").cloned().unwrap_or_default();
+    let outcome = graph.get("outcome").cloned().unwrap_or_default();
     assert!(
-        recording.is_empty(),
-        "recording is vocabulary, a leaf below the store, but it names {recording:?}"
+        outcome.is_empty(),
+        "outcome is vocabulary, a leaf below the store, but it names {outcome:?}"
     );
     // The tests' PostgreSQL names nothing of the crate but `shown` (how a
     // URL is printed without its password), itself a leaf.

@@ -6,10 +6,11 @@
 //! through: a gate without the cache is then refused `Unavailable`, one
 //! with it still answers.
 
+use idem::{Disposition, Outcome};
 use std::time::{Duration, SystemTime};
 
 use idem::cache::OutcomeCache;
-use idem::operations::{self, PruneFilter, Resolution, Resolved, Slot};
+use idem::operations::{self, PruneFilter, Resolved, Slot};
 use idem::testing;
 use idem::testing::GateEvent;
 use idem::{Fingerprint, Gate, Identity, Rejected};
@@ -294,7 +295,7 @@ async fn a_claim_in_flight_or_in_doubt_is_never_cached() {
     let resolved = operations::resolve(
         gate.pool(),
         Slot::new(gate.account_name(), None, &doubtful.address()),
-        Resolution::Release,
+        Outcome::Failed(Disposition::Release),
     )
     .await
     .expect("resolved");

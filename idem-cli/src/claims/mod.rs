@@ -11,7 +11,8 @@
 
 mod render;
 
-use idem_runtime::operations::{self, ClaimState, ClaimStep, Resolution, Resolved, Resolver};
+use idem_runtime::operations::{self, ClaimState, ClaimStep, Resolved, Resolver};
+use idem_runtime::{Disposition, Outcome};
 use sqlx::PgPool;
 
 use crate::cli::ResolveArgs;
@@ -197,7 +198,7 @@ pub async fn release(
 }
 
 /// The resolution `args` ask for; `--output` must be JSON.
-pub fn resolution(args: &ResolveArgs) -> Result<Resolution<'_>, CliError> {
+pub fn resolution(args: &ResolveArgs) -> Result<Outcome<Option<&str>>, CliError> {
     if let Some(output) = &args.output
         && let Err(error) = serde_json::from_str::<serde::de::IgnoredAny>(output)
     {
@@ -207,11 +208,9 @@ pub fn resolution(args: &ResolveArgs) -> Result<Resolution<'_>, CliError> {
         )));
     }
     Ok(match (args.succeeded, args.failed) {
-        (true, _) => Resolution::Succeeded {
-            output_json: args.output.as_deref(),
-        },
-        (false, true) => Resolution::Failed,
-        (false, false) => Resolution::Release,
+        (true, _) => Outcome::Succeeded(args.output.as_deref()),
+        (false, true) => Outcome::Failed(Disposition::Keep),
+        (false, false) => Outcome::Failed(Disposition::Release),
     })
 }
 
@@ -231,7 +230,7 @@ pub async fn resolve(
     pool: &PgPool,
     address: &str,
     scope: &ScopeFilter<'_>,
-    resolution: Resolution<'_>,
+    resolution: Outcome<Option<&str>>,
     yes: bool,
 ) -> Result<ResolvedClaim, CliError> {
     let claim = find(pool, address, scope).await?;
@@ -306,27 +305,29 @@ fn unresolvable(claim: &ClaimRow) -> Option<String> {
 }
 
 /// "as a success, keeping output {...}" and its kin.
-fn describe_resolution(resolution: &Resolution<'_>) -> String {
+fn describe_resolution(resolution: &Outcome<Option<&str>>) -> String {
     match resolution {
-        Resolution::Succeeded {
-            output_json: Some(output),
-        } => format!("as a success, replaying {output}"),
-        Resolution::Succeeded { output_json: None } => "as a success, with no output".to_owned(),
-        Resolution::Failed => "as failed".to_owned(),
-        _ => "by releasing it".to_owned(),
+        Outcome::Succeeded(Some(output)) => format!("as a success, replaying {output}"),
+        Outcome::Succeeded(None) => "as a success, with no output".to_owned(),
+        Outcome::Failed(Disposition::Keep) => "as failed".to_owned(),
+        Outcome::Failed(Disposition::InDoubt) => "by holding it in doubt".to_owned(),
+        Outcome::Failed(_) => "by releasing it".to_owned(),
     }
 }
 
 /// What a resolution means for the retries of the claim's action.
-fn consequence(resolution: &Resolution<'_>) -> &'static str {
+fn consequence(resolution: &Outcome<Option<&str>>) -> &'static str {
     match resolution {
-        Resolution::Succeeded { .. } => {
+        Outcome::Succeeded(_) => {
             "Retries will not run the action again: resolve it so only when its effect happened."
         }
-        Resolution::Failed => {
+        Outcome::Failed(Disposition::Keep) => {
             "Retries will be refused, never run: resolve it so only when it definitely failed."
         }
-        _ => {
+        Outcome::Failed(Disposition::InDoubt) => {
+            "Retries will be refused until a reconciler or an operator finds out what happened."
+        }
+        Outcome::Failed(_) => {
             "The next retry runs the action again: resolve it so only when its effect did not \
              happen, or you would do it twice."
         }

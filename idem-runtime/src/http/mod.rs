@@ -106,8 +106,7 @@ pub use stored::StoredResponse;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use layer::{
     BufferedBody, DEFAULT_KEPT_HEADERS, IdempotencyLayer, IdempotencyService, RequestBody,
-    ResponseBody, ResponseFuture, ResponseOutcome, ScopeChosen, Scoped, Unscoped,
-    default_status_policy,
+    ResponseBody, ResponseFuture, ScopeChosen, Scoped, Unscoped, default_status_policy,
 };
 
 /// The request header that carries the client's key for this request.

@@ -218,7 +218,7 @@ pub fn describe() {
     describe_histogram!(
         names::SETTLE_DURATION_SECONDS,
         Unit::Seconds,
-        "Recording a won claim's outcome: settle, release, keep or hold in doubt."
+        "Outcome a won claim's outcome: settle, release, keep or hold in doubt."
     );
     describe_gauge!(
         names::STALE_PENDING_CLAIMS,

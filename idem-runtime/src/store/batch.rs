@@ -47,7 +47,7 @@ use sqlx::{FromRow, PgExecutor, Postgres, Row};
 
 use super::claims::{Existing, existing_columns};
 use super::{Commit, Engine, PerCommit, SplitOnNamespace, per_commit};
-use crate::recording::{Disposition, Recording};
+use crate::outcome::{Disposition, Outcome};
 
 /// A batch statement in its four forms: per engine (see the module's
 /// docs), and per namespace ([`SplitOnNamespace`]).
@@ -366,26 +366,26 @@ pub(crate) async fn record_batch<'e>(
     scope: super::Scope<'_>,
     addresses: &[&str],
     fences: &[i64],
-    outcome: Recording<()>,
+    outcome: Outcome,
     outputs: &[Option<&str>],
     commit: Commit,
 ) -> Result<Vec<String>, sqlx::Error> {
     let query = match outcome {
-        Recording::Settled(_) => SETTLE_BATCH
+        Outcome::Succeeded(_) => SETTLE_BATCH
             .committing(commit)
             .for_batch(engine, scope, addresses)
             .bind(fences)
             .bind(outputs),
-        Recording::Failed(Disposition::Release) => RELEASE_BATCH
+        Outcome::Failed(Disposition::Release) => RELEASE_BATCH
             .committing(commit)
             .for_batch(engine, scope, addresses)
             .bind(fences),
-        Recording::Failed(Disposition::Keep) => KEEP_BATCH
+        Outcome::Failed(Disposition::Keep) => KEEP_BATCH
             .committing(commit)
             .for_batch(engine, scope, addresses)
             .bind(fences)
             .bind(super::KEPT_FAILURE),
-        Recording::Failed(Disposition::InDoubt) => HOLD_IN_DOUBT_BATCH
+        Outcome::Failed(Disposition::InDoubt) => HOLD_IN_DOUBT_BATCH
             .for_batch(engine, scope, addresses)
             .bind(fences)
             .bind(super::BODY_IN_DOUBT),

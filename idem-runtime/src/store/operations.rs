@@ -49,6 +49,7 @@ pub use super::prune::{
     DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_prunable, count_prunable_by_account, prune,
 };
 use crate::error::Error;
+use crate::outcome::{Disposition, Outcome};
 
 /// Which claims, by account and namespace: every account and namespace
 /// unless narrowed.
@@ -119,6 +120,17 @@ impl ClaimState {
             ClaimState::Success => "success",
             ClaimState::InDoubt => "in_doubt",
             ClaimState::Failed => "failed",
+        }
+    }
+
+    /// The state a slot is left in by `outcome`; `None`: it is deleted
+    /// (released).
+    pub fn after<V>(outcome: &Outcome<V>) -> Option<ClaimState> {
+        match outcome {
+            Outcome::Succeeded(_) => Some(ClaimState::Success),
+            Outcome::Failed(Disposition::Keep) => Some(ClaimState::Failed),
+            Outcome::Failed(Disposition::InDoubt) => Some(ClaimState::InDoubt),
+            Outcome::Failed(Disposition::Release) => None,
         }
     }
 
@@ -760,6 +772,19 @@ pub(super) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
+/// Holds a claim in doubt: nobody knows what its holder did, and nobody
+/// runs the action until a reconciler or an operator finds out (a stale
+/// pending claim turns `in_doubt`, and is probed; one already in doubt
+/// keeps the time it turned). `$4` the fence, `$5` the state; `$6` how it
+/// got there (`state_reason`). Index: the partial unique index of its form.
+pub(super) const RESOLVE_IN_DOUBT: SplitOnNamespace = per_row!(
+    "UPDATE idem_records \
+     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $6, \
+         in_doubt_since = coalesce(in_doubt_since, now())",
+    "state IN ('pending', 'in_doubt') AND state = $5::text AND fence = $4 \
+     AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
+);
+
 /// Resolves a claim by deleting it: nothing happened, and the next
 /// invocation runs the action. Its steps are stamped released
 /// ([`stamping_released_steps!`](super::stamping_released_steps)). `$4`
@@ -896,39 +921,6 @@ pub async fn release_pending(pool: &PgPool, slot: Slot<'_>) -> Result<Option<Cla
     Ok(row.as_ref().map(ClaimRow::from_row).transpose()?)
 }
 
-/// How a claim in doubt (or a stale pending one) turned out, as a
-/// reconciler's probe or an operator found it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Resolution<'a> {
-    /// The action's effect happened: the claim becomes a `success` and the
-    /// slot is kept forever. `output_json`: the value to replay, as the
-    /// JSON text `serde_json` writes (`None`: no value, as for an action
-    /// that does not replay). It is stored as given: check it first.
-    Succeeded {
-        /// The `Ok` value to replay, as JSON text.
-        output_json: Option<&'a str>,
-    },
-    /// It definitely failed: the claim becomes `failed`, and duplicates
-    /// are refused, never run.
-    Failed,
-    /// Nothing happened: the claim is deleted, and the next invocation
-    /// with its identity runs the action. Its [`steps`] are kept: the
-    /// retry replays the finished ones.
-    Release,
-}
-
-impl Resolution<'_> {
-    /// The state the claim is left in; `None`: deleted.
-    pub fn state_after(&self) -> Option<ClaimState> {
-        match self {
-            Resolution::Succeeded { .. } => Some(ClaimState::Success),
-            Resolution::Failed => Some(ClaimState::Failed),
-            Resolution::Release => None,
-        }
-    }
-}
-
 /// Who resolves a claim, and what they saw of it: [`Resolver::new`], or
 /// [`Resolver::OPERATOR`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1032,12 +1024,12 @@ pub enum Resolved {
 pub async fn resolve(
     pool: &PgPool,
     slot: Slot<'_>,
-    resolution: Resolution<'_>,
+    outcome: Outcome<Option<&str>>,
 ) -> Result<Resolved, Error> {
-    resolve_as(pool, slot, resolution, Resolver::OPERATOR).await
+    resolve_as(pool, slot, outcome, Resolver::OPERATOR).await
 }
 
-/// Resolves the claim in `slot` as `resolution` says, only while it is
+/// Resolves the claim in `slot` as `outcome` says, only while it is
 /// `pending` or `in_doubt` (and, if `resolver` expects them, under that
 /// fence and in that state): exactly once, however many resolvers race,
 /// and never over a success or a kept failure. A pending claim whose lease
@@ -1054,7 +1046,8 @@ pub async fn resolve(
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
 /// use idem_runtime::operations::{self, ClaimState, ListFilter, NamespaceFilter};
-/// use idem_runtime::operations::{Resolution, Resolved, Resolver, ScopeFilter};
+/// use idem_runtime::operations::{Resolved, Resolver, ScopeFilter};
+/// use idem_runtime::Outcome;
 ///
 /// let filter = ListFilter::new()
 ///     .scope(ScopeFilter::new().account("acme").namespace(NamespaceFilter::Any))
@@ -1063,9 +1056,9 @@ pub async fn resolve(
 /// let held = operations::list(&pool, &filter).await?;
 /// for claim in &held {
 ///     // Asked the payment provider: the charge went through.
-///     let resolution = Resolution::Succeeded { output_json: Some(r#"{"receipt":"r_1"}"#) };
+///     let outcome = Outcome::Succeeded(Some(r#"{"receipt":"r_1"}"#));
 ///     let by = Resolver::new("reconciled").expected_fence(claim.fence);
-///     match operations::resolve_as(&pool, claim.slot(), resolution, by).await? {
+///     match operations::resolve_as(&pool, claim.slot(), outcome, by).await? {
 ///         Resolved::Changed { .. } => {}  // resolved by this call, exactly once
 ///         _ => {}                         // another resolver, or its holder, got there first
 ///     }
@@ -1075,7 +1068,7 @@ pub async fn resolve(
 pub async fn resolve_as(
     pool: &PgPool,
     slot: Slot<'_>,
-    resolution: Resolution<'_>,
+    outcome: Outcome<Option<&str>>,
     resolver: Resolver<'_>,
 ) -> Result<Resolved, Error> {
     let scope = slot.scope();
@@ -1109,19 +1102,24 @@ pub async fn resolve_as(
     // Matched on the state and fence just read, not on any open state: the
     // statement itself changes nothing but what was checked.
     let state = before.state.as_str();
-    let statement = match resolution {
-        Resolution::Succeeded { output_json } => RESOLVE_SUCCEEDED
+    let statement = match outcome {
+        Outcome::Succeeded(output_json) => RESOLVE_SUCCEEDED
             .for_row(scope, slot.address)
             .bind(before.fence)
             .bind(state)
             .bind(output_json)
             .bind(resolver.reason),
-        Resolution::Failed => RESOLVE_FAILED
+        Outcome::Failed(Disposition::Keep) => RESOLVE_FAILED
             .for_row(scope, slot.address)
             .bind(before.fence)
             .bind(state)
             .bind(resolver.reason),
-        Resolution::Release => RESOLVE_RELEASE
+        Outcome::Failed(Disposition::InDoubt) => RESOLVE_IN_DOUBT
+            .for_row(scope, slot.address)
+            .bind(before.fence)
+            .bind(state)
+            .bind(resolver.reason),
+        Outcome::Failed(Disposition::Release) => RESOLVE_RELEASE
             .for_row(scope, slot.address)
             .bind(before.fence)
             .bind(state),
@@ -1134,7 +1132,7 @@ pub async fn resolve_as(
         return Ok(Resolved::LeaseLive(before));
     }
     tx.commit().await?;
-    let after = resolution.state_after();
+    let after = ClaimState::after(&outcome);
     tracing::info!(
         target: "idem",
         account = slot.account,
@@ -1155,7 +1153,12 @@ mod tests {
 
     #[test]
     fn every_resolution_refuses_a_pending_claim_whose_lease_is_live() {
-        for statement in [RESOLVE_SUCCEEDED, RESOLVE_FAILED, RESOLVE_RELEASE] {
+        for statement in [
+            RESOLVE_SUCCEEDED,
+            RESOLVE_FAILED,
+            RESOLVE_IN_DOUBT,
+            RESOLVE_RELEASE,
+        ] {
             for text in [statement.without_namespace, statement.within_namespace] {
                 assert!(text.contains(NO_LIVE_LEASE), "{text}");
             }

@@ -16,7 +16,7 @@
 //! Only a holder begins a step, or records one without a marker: both
 //! statements insert only while the claim is still pending under the
 //! holder's fence, so a holder whose claim was taken over (or released)
-//! cannot add a step under it. Recording over a marker needs no such test:
+//! cannot add a step under it. Outcome over a marker needs no such test:
 //! the marker is the holder's own, and its step ran; a success that
 //! happened is never lost.
 

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem::cache::OutcomeCache;
-use idem::operations::{self, Resolution, Resolved, Resolver, Slot};
+use idem::operations::{self, Resolved, Resolver, Slot};
 use idem::testing;
 use idem::testing::GateEvent;
-use idem::{Disposition, Gate, Identity, OnExpiry, Rejected};
+use idem::{Disposition, Gate, Identity, OnExpiry, Outcome, Rejected};
 use idem_test_support::rows;
 use tokio::sync::Notify;
 
@@ -34,7 +34,7 @@ async fn cached_gate() -> Gate {
     testing::gate().await.with_cache(cache())
 }
 
-async fn resolve(gate: &Gate, address: &str, resolution: Resolution<'_>) {
+async fn resolve(gate: &Gate, address: &str, resolution: Outcome<Option<&str>>) {
     let outcome = operations::resolve_as(
         gate.pool(),
         slot(gate, address),
@@ -114,9 +114,7 @@ async fn not_recorded_every_cached_duplicate_replays_the_resolved_value_never_th
     resolve(
         &gate,
         &address,
-        Resolution::Succeeded {
-            output_json: Some(r#""the probe's value""#),
-        },
+        Outcome::Succeeded(Some(r#""the probe's value""#)),
     )
     .await;
     resolved.notify_one();
@@ -132,7 +130,7 @@ async fn not_recorded_a_claim_resolved_failed_is_already_failed_for_every_cached
     let gate = cached_gate().await;
     let id = Identity::new("rt_h_cache_failed").part(1);
     let claim = gate.claim(&id).await.expect("won");
-    resolve(&gate, &id.address(), Resolution::Failed).await;
+    resolve(&gate, &id.address(), Outcome::Failed(Disposition::Keep)).await;
     let (late, events) = testing::observe(claim.settle()).await;
     assert_eq!(refusal(&late).reason(), "not_recorded", "{late:?}");
     assert!(
@@ -170,12 +168,7 @@ async fn not_recorded_a_late_keep_over_a_resolved_success_leaves_already_done_fo
     let gate = cached_gate().await;
     let id = Identity::new("rt_h_cache_keep_over").part(1);
     let claim = gate.claim(&id).await.expect("won");
-    resolve(
-        &gate,
-        &id.address(),
-        Resolution::Succeeded { output_json: None },
-    )
-    .await;
+    resolve(&gate, &id.address(), Outcome::Succeeded(None)).await;
     let late = claim.dispose(Disposition::Keep).await;
     assert_eq!(refusal(&late).reason(), "not_recorded", "{late:?}");
     for _ in 0..3 {
@@ -433,7 +426,7 @@ async fn extend_is_not_ok_on_a_claim_an_operator_resolved() {
         .await
         .expect("won");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    resolve(&gate, &id.address(), Resolution::Failed).await;
+    resolve(&gate, &id.address(), Outcome::Failed(Disposition::Keep)).await;
     let extended = claim.extend(Duration::from_secs(30)).await;
     assert!(
         extended.is_err(),
@@ -644,9 +637,7 @@ async fn a_resolved_value_of_another_shape_is_already_done_not_an_error_or_a_run
     resolve(
         &gate,
         &id.address(),
-        Resolution::Succeeded {
-            output_json: Some(r#"{"not":"a string"}"#),
-        },
+        Outcome::Succeeded(Some(r#"{"not":"a string"}"#)),
     )
     .await;
     drop(claim);
@@ -893,9 +884,7 @@ async fn a_waiting_duplicate_gets_the_operators_resolution_not_the_late_holders(
     resolve(
         &gate,
         &id.address(),
-        Resolution::Succeeded {
-            output_json: Some(r#""resolved""#),
-        },
+        Outcome::Succeeded(Some(r#""resolved""#)),
     )
     .await;
     let late = claim.settle().await;
@@ -1044,12 +1033,8 @@ async fn sixteen_racers_take_an_expired_lease_over_once_and_the_stale_holder_is_
 async fn not_recorded_a_late_release_over_a_resolved_claim_leaves_it() {
     let gate = cached_gate().await;
     for (part, resolution, state) in [
-        (
-            "succeeded",
-            Resolution::Succeeded { output_json: None },
-            "success",
-        ),
-        ("failed", Resolution::Failed, "failed"),
+        ("succeeded", Outcome::Succeeded(None), "success"),
+        ("failed", Outcome::Failed(Disposition::Keep), "failed"),
     ] {
         let id = Identity::new("rt_h_release_over").part(part);
         let claim = gate.claim(&id).await.expect("won");
@@ -1119,7 +1104,12 @@ async fn metric_labels_match_what_the_holder_was_told() {
     let action = testing::unique_name("rt_h_labels");
     let resolved = Identity::new(&action).part("resolved");
     let claim = gate.claim(&resolved).await.expect("won");
-    resolve(&gate, &resolved.address(), Resolution::Failed).await;
+    resolve(
+        &gate,
+        &resolved.address(),
+        Outcome::Failed(Disposition::Keep),
+    )
+    .await;
     assert_eq!(refusal(&claim.settle().await).reason(), "not_recorded");
     let released = Identity::new(&action).part("released");
     let claim = gate.claim(&released).await.expect("won");
@@ -1333,9 +1323,7 @@ async fn a_holder_and_a_resolver_at_a_barrier_tell_one_story_to_holder_operator_
         let resolved = operations::resolve_as(
             gate.pool(),
             slot(&gate, &address),
-            Resolution::Succeeded {
-                output_json: Some(r#""probe""#),
-            },
+            Outcome::Succeeded(Some(r#""probe""#)),
             Resolver::new("red team"),
         )
         .await
@@ -1382,7 +1370,7 @@ async fn a_holders_keep_and_a_resolvers_success_at_a_barrier_tell_one_story() {
         let resolved = operations::resolve_as(
             gate.pool(),
             slot(&gate, &address),
-            Resolution::Succeeded { output_json: None },
+            Outcome::Succeeded(None),
             Resolver::new("red team"),
         )
         .await
@@ -1708,12 +1696,7 @@ async fn a_disposed_run_whose_claim_was_resolved_meanwhile_returns_not_recorded(
         })
     };
     started.notified().await;
-    resolve(
-        &gate,
-        &id.address(),
-        Resolution::Succeeded { output_json: None },
-    )
-    .await;
+    resolve(&gate, &id.address(), Outcome::Succeeded(None)).await;
     resolved.notify_one();
     let told = holder.await.expect("holder");
     assert!(

@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem::cache::OutcomeCache;
-use idem::operations::{self, Resolution, Resolved, Resolver, Slot};
+use idem::operations::{self, Resolved, Resolver, Slot};
 use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem::sqlx::{self, PgPool};
 use idem::testing;
 use idem::testing::GateEvent;
-use idem::{Disposition, Gate, Identity, OnExpiry, Rejected};
+use idem::{Disposition, Gate, Identity, OnExpiry, Outcome, Rejected};
 use idem_test_support::fault_proxy::{Proxy, Statement};
 use idem_test_support::rows;
 use tokio::sync::Notify;
@@ -79,9 +79,7 @@ async fn a_holder_whose_claim_was_resolved_meanwhile_is_told_and_replays_agree()
     let outcome = operations::resolve_as(
         gate.pool(),
         slot(&gate, &address),
-        Resolution::Succeeded {
-            output_json: Some(r#""the probe's value""#),
-        },
+        Outcome::Succeeded(Some(r#""the probe's value""#)),
         by,
     )
     .await

@@ -3,7 +3,8 @@
 
 use http::StatusCode;
 use idem::console::{Console, check_token};
-use idem::operations::{self, Resolution, Slot};
+use idem::operations::{self, Slot};
+use idem::{Disposition, Outcome};
 use idem::{Gate, Identity, testing};
 use idem_test_support::capture::Captured;
 
@@ -71,7 +72,7 @@ async fn console_a_confirmation_never_applies_to_a_claim_made_anew_since() {
         operations::resolve(
             gate.pool(),
             Slot::new(gate.account_name(), gate.namespace_name(), &address),
-            Resolution::Release,
+            Outcome::Failed(Disposition::Release),
         )
         .await
         .expect("released");

@@ -489,13 +489,14 @@ async fn a_server_error_releases_the_key_so_the_retry_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_policy_can_keep_a_failure_and_a_broken_response_is_held_in_doubt() {
     use idem::Disposition;
-    use idem::http::{ResponseOutcome, default_status_policy};
+    use idem::Outcome;
+    use idem::http::default_status_policy;
 
     let effects = Effects::default();
     let layer = IdempotencyLayer::new(gate().await)
         .single_tenant()
         .status_policy(|status| match status {
-            StatusCode::PAYMENT_REQUIRED => ResponseOutcome::Fail(Disposition::Keep),
+            StatusCode::PAYMENT_REQUIRED => Outcome::Failed(Disposition::Keep),
             other => default_status_policy(other),
         });
     let base = serve_axum(layer, effects.clone()).await;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem::testing::{self, RaceReport, race};
-use idem::{Disposition, Gate, Identity, Rejected, idempotent};
+use idem::{Disposition, Gate, Identity, Outcome, Rejected, idempotent};
 use idem_test_support::{ChargeError, rows};
 
 /// Counts the bodies that ran, and answers as told.
@@ -333,14 +333,14 @@ async fn a_late_success_over_its_own_hold_whose_reply_was_lost_is_still_its_own(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_leaves_a_failure_resolved_meanwhile_as_it_is() {
-    use idem::operations::{self, Resolution, Resolved, Slot};
+    use idem::operations::{self, Resolved, Slot};
 
     let gate = testing::gate().await;
     let id = Identity::new("charge_resolved").part("ord_10");
     let slow = gate.claim(&id).await.expect("won");
     let address = id.address();
     let slot = Slot::new(gate.account_name(), None, &address);
-    let resolved = operations::resolve(gate.pool(), slot, Resolution::Failed)
+    let resolved = operations::resolve(gate.pool(), slot, Outcome::Failed(Disposition::Keep))
         .await
         .expect("resolved");
     assert!(matches!(resolved, Resolved::Changed { .. }), "{resolved:?}");

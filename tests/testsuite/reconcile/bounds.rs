@@ -6,6 +6,7 @@
 //! verdict the store failed to record is not asked for again (item 13).
 //! All against a real PostgreSQL, the store fault through the fault proxy.
 
+use idem::{Disposition, Outcome};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -309,9 +310,10 @@ async fn the_resolution_itself_refuses_a_pending_claim_whose_lease_is_live() {
     let address = id.address();
     let slot = operations::Slot::new(gate.account_name(), None, &address);
     let by = operations::Resolver::new("reconciled").expected_fence(fence);
-    let resolved = operations::resolve_as(gate.pool(), slot, operations::Resolution::Release, by)
-        .await
-        .expect("resolve");
+    let resolved =
+        operations::resolve_as(gate.pool(), slot, Outcome::Failed(Disposition::Release), by)
+            .await
+            .expect("resolve");
     assert!(
         !matches!(resolved, operations::Resolved::Changed { .. }),
         "a claim whose lease is live was resolved: {resolved:?}"
@@ -406,7 +408,7 @@ async fn a_claim_made_anew_at_an_address_does_not_inherit_the_old_ones_pause() {
     let address = id.address();
 
     let slot = operations::Slot::new(gate.account_name(), None, &address);
-    let released = operations::resolve(gate.pool(), slot, operations::Resolution::Release)
+    let released = operations::resolve(gate.pool(), slot, Outcome::Failed(Disposition::Release))
         .await
         .expect("release by hand");
     assert!(

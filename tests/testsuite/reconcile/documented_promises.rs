@@ -2,6 +2,7 @@
 //! `idem::operations::resolve_as`, attacked from their docs. Each test is
 //! named after the promise it attacks; a failing one is a broken promise.
 
+use idem::{Disposition, Outcome};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -555,15 +556,9 @@ async fn an_operator_resolving_while_a_probe_is_slow_wins_and_the_pass_counts_it
     asked.notified().await;
     let address = id.address();
     let slot = operations::Slot::new(gate.account_name(), None, &address);
-    let by_hand = operations::resolve(
-        gate.pool(),
-        slot,
-        operations::Resolution::Succeeded {
-            output_json: Some("\"by hand\""),
-        },
-    )
-    .await
-    .expect("resolve");
+    let by_hand = operations::resolve(gate.pool(), slot, Outcome::Succeeded(Some("\"by hand\"")))
+        .await
+        .expect("resolve");
     assert!(
         matches!(by_hand, operations::Resolved::Changed { .. }),
         "{by_hand:?}"
@@ -648,7 +643,7 @@ async fn a_kept_verdict_is_never_applied_to_a_claim_made_anew_at_its_address() {
     // Meanwhile an operator released it, and a retry made it anew, in doubt.
     let address = id.address();
     let slot = operations::Slot::new(gate.account_name(), None, &address);
-    let released = operations::resolve(gate.pool(), slot, operations::Resolution::Release)
+    let released = operations::resolve(gate.pool(), slot, Outcome::Failed(Disposition::Release))
         .await
         .expect("release");
     assert!(matches!(released, operations::Resolved::Changed { .. }));

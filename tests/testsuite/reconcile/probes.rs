@@ -1,6 +1,7 @@
 //! The reconciler's probes, concurrency, shutdown, store
 //! errors, overlapping passes and its `Pass` counts.
 
+use idem::{Disposition, Outcome};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -403,7 +404,7 @@ async fn reconciler_pass_counts_add_up_with_panics_timeouts_and_losses() {
                         idem::operations::resolve(
                             gate.pool(),
                             idem::operations::Slot::new(gate.account_name(), None, &address),
-                            idem::operations::Resolution::Failed,
+                            Outcome::Failed(Disposition::Keep),
                         )
                         .await
                         .expect("resolve");

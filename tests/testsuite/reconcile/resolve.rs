@@ -4,10 +4,11 @@
 //! success.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use idem::operations::{self, ClaimState, Resolution, Resolved, Resolver, Slot};
+use idem::operations::{self, ClaimState, Resolved, Resolver, Slot};
 use idem::sqlx::{self, PgPool};
-use idem::{Claim, Gate, Identity, testing};
+use idem::{Claim, Disposition, Gate, Identity, Outcome, Rejected, testing};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
@@ -45,7 +46,7 @@ fn race_resolvers(
     fence: i64,
     barrier: &Arc<Barrier>,
     count: usize,
-    resolutions: &[Resolution<'static>],
+    resolutions: &[Outcome<Option<&'static str>>],
 ) -> JoinSet<Resolved> {
     let mut resolvers = JoinSet::new();
     for resolution in resolutions.iter().copied().cycle().take(count) {
@@ -80,11 +81,9 @@ async fn racing_resolvers_resolve_a_claim_exactly_once() {
 
         let barrier = Arc::new(Barrier::new(RESOLVERS));
         let resolutions = [
-            Resolution::Succeeded {
-                output_json: Some("\"paid\""),
-            },
-            Resolution::Failed,
-            Resolution::Release,
+            Outcome::Succeeded(Some("\"paid\"")),
+            Outcome::Failed(Disposition::Keep),
+            Outcome::Failed(Disposition::Release),
         ];
         let mut resolvers =
             race_resolvers(&gate, &address, fence, &barrier, RESOLVERS, &resolutions);
@@ -120,9 +119,10 @@ async fn a_success_is_never_resolved_over() {
     claim.settle().await.expect("settle");
     let address = id.address();
     for resolution in [
-        Resolution::Succeeded { output_json: None },
-        Resolution::Failed,
-        Resolution::Release,
+        Outcome::Succeeded(None),
+        Outcome::Failed(Disposition::Keep),
+        Outcome::Failed(Disposition::InDoubt),
+        Outcome::Failed(Disposition::Release),
     ] {
         match operations::resolve(gate.pool(), slot(&gate, &address), resolution)
             .await
@@ -139,7 +139,7 @@ async fn a_success_is_never_resolved_over() {
     match operations::resolve(
         gate.pool(),
         slot(&gate, "claim_000000000000000000000000"),
-        Resolution::Failed,
+        Outcome::Failed(Disposition::Keep),
     )
     .await
     .expect("resolve")
@@ -166,10 +166,7 @@ async fn a_holder_settling_while_resolvers_race_leaves_one_outcome() {
                 claim.settle().await
             })
         };
-        let resolutions = [
-            Resolution::Succeeded { output_json: None },
-            Resolution::Failed,
-        ];
+        let resolutions = [Outcome::Succeeded(None), Outcome::Failed(Disposition::Keep)];
         let mut resolvers =
             race_resolvers(&gate, &address, fence, &barrier, RESOLVERS, &resolutions);
         let mut changed = Vec::new();
@@ -209,9 +206,14 @@ async fn a_resolver_whose_fence_moved_on_changes_nothing() {
     let (_holder, fence) = pending(&gate, &id).await;
     let address = id.address();
     let by = Resolver::new("reconciled").expected_fence(fence - 1);
-    match operations::resolve_as(gate.pool(), slot(&gate, &address), Resolution::Release, by)
-        .await
-        .expect("resolve")
+    match operations::resolve_as(
+        gate.pool(),
+        slot(&gate, &address),
+        Outcome::Failed(Disposition::Release),
+        by,
+    )
+    .await
+    .expect("resolve")
     {
         Resolved::FenceMoved { current, expected } => {
             assert_eq!((current.fence, expected), (fence, fence - 1));
@@ -224,9 +226,13 @@ async fn a_resolver_whose_fence_moved_on_changes_nothing() {
         Some(("pending".to_owned(), None))
     );
     // An operator, who names no fence, resolves it.
-    match operations::resolve(gate.pool(), slot(&gate, &address), Resolution::Release)
-        .await
-        .expect("resolve")
+    match operations::resolve(
+        gate.pool(),
+        slot(&gate, &address),
+        Outcome::Failed(Disposition::Release),
+    )
+    .await
+    .expect("resolve")
     {
         Resolved::Changed { before, after } => {
             assert_eq!((before.state, after), (ClaimState::Pending, None));
@@ -237,4 +243,110 @@ async fn a_resolver_whose_fence_moved_on_changes_nothing() {
         state_of(gate.pool(), gate.account_name(), &address).await,
         None
     );
+}
+
+/// An operator who does not know what a stale pending claim's holder did
+/// holds it in doubt (`Outcome::Failed(Disposition::InDoubt)`): duplicates
+/// are refused `InDoubt`, never run, until it is resolved for good; one
+/// already in doubt keeps the time it turned; a claim whose lease is live
+/// is left to its holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_holds_a_stale_pending_claim_in_doubt_until_it_is_resolved() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge").part("held by an operator");
+    let address = id.address();
+    let (holder, fence) = pending(&gate, &id).await;
+    let in_doubt = Outcome::Failed(Disposition::InDoubt);
+    match operations::resolve(gate.pool(), slot(&gate, &address), in_doubt)
+        .await
+        .expect("resolve")
+    {
+        Resolved::Changed { before, after } => {
+            assert_eq!((before.state, before.fence), (ClaimState::Pending, fence));
+            assert_eq!(after, Some(ClaimState::InDoubt));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        state_of(gate.pool(), gate.account_name(), &address).await,
+        Some(("in_doubt".to_owned(), Some("operator".to_owned())))
+    );
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let duplicate: Result<(), Rejected> = gate
+        .guard(&id)
+        .run(async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+        .await;
+    assert!(matches!(duplicate, Err(Rejected::InDoubt)), "{duplicate:?}");
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "a held claim never runs"
+    );
+    // The holder's late settle is not recorded over the operator's hold.
+    assert!(holder.settle().await.is_err(), "the slot records the hold");
+
+    // Held again: still in doubt, since the time it first turned.
+    let since = |pool: PgPool, address: String, account: String| async move {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT in_doubt_since::text FROM idem_records WHERE account = $1 AND address = $2",
+        )
+        .bind(account)
+        .bind(address)
+        .fetch_one(&pool)
+        .await
+        .expect("read in_doubt_since")
+    };
+    let first = since(
+        gate.pool().clone(),
+        address.clone(),
+        gate.account_name().to_owned(),
+    )
+    .await;
+    assert!(first.is_some(), "a held claim says since when");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = operations::resolve(gate.pool(), slot(&gate, &address), in_doubt)
+        .await
+        .expect("resolve");
+    assert!(matches!(again, Resolved::Changed { .. }), "{again:?}");
+    let second = since(
+        gate.pool().clone(),
+        address.clone(),
+        gate.account_name().to_owned(),
+    )
+    .await;
+    assert_eq!(first, second, "held since it first turned");
+
+    // Resolved for good, the next invocation runs.
+    let released = operations::resolve(
+        gate.pool(),
+        slot(&gate, &address),
+        Outcome::Failed(Disposition::Release),
+    )
+    .await
+    .expect("resolve");
+    assert!(
+        matches!(released, Resolved::Changed { after: None, .. }),
+        "{released:?}"
+    );
+    let retry: Result<(), Rejected> = gate.guard(&id).run(async { Ok(()) }).await;
+    assert!(retry.is_ok(), "{retry:?}");
+
+    // A claim whose lease is live has a living holder: left to it.
+    let leased = Identity::new("charge").part("leased");
+    let live = gate
+        .guard(&leased)
+        .lease(Duration::from_secs(60))
+        .claim()
+        .await
+        .expect("claim");
+    match operations::resolve(gate.pool(), slot(&gate, &leased.address()), in_doubt)
+        .await
+        .expect("resolve")
+    {
+        Resolved::LeaseLive(row) => assert_eq!(row.state, ClaimState::Pending),
+        other => panic!("{other:?}"),
+    }
+    live.settle().await.expect("the holder settles");
 }

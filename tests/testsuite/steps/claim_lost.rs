@@ -12,7 +12,7 @@ use std::time::Duration;
 use idem::batch::Batch;
 use idem::operations::{self, Slot};
 use idem::testing;
-use idem::{Gate, Identity, OutcomeCommit, Rejected};
+use idem::{Disposition, Gate, Identity, Outcome, OutcomeCommit, Rejected};
 
 use crate::support::doubt::state_of;
 use crate::support::steps::steps_of;
@@ -898,7 +898,6 @@ async fn a_batch_item_taken_over_runs_nothing_more_and_its_neighbour_is_untouche
 /// step, after a resolution as succeeded and as failed.
 #[tokio::test]
 async fn a_step_after_an_operator_resolved_the_claim_is_told_not_recorded() {
-    use operations::Resolution;
     let gate = small_gate().await;
     for repeatable in [false, true] {
         for succeeded in [true, false] {
@@ -917,9 +916,9 @@ async fn a_step_after_an_operator_resolved_the_claim_is_told_not_recorded() {
                     let first = step("first", 1).await?;
                     let address = id.address();
                     let resolution = if succeeded {
-                        Resolution::Succeeded { output_json: None }
+                        Outcome::Succeeded(None)
                     } else {
-                        Resolution::Failed
+                        Outcome::Failed(Disposition::Keep)
                     };
                     operations::resolve(
                         gate.pool(),

@@ -9,12 +9,13 @@
 //! the body swallow the refusal and return `Ok`, its success is not
 //! recorded [...] the caller is told the refusal instead."
 
+use idem::{Disposition, Outcome};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem::batch::Batch;
-use idem::operations::{self, Resolution, Slot};
+use idem::operations::{self, Slot};
 use idem::reconcile::{Reconciler, Verdict};
 use idem::testing;
 use idem::{Detached, Gate, Identity, Rejected};
@@ -60,9 +61,9 @@ async fn resolve(gate: &Gate, id: &Identity, by: By) {
     match by {
         By::OperatorSucceeded | By::OperatorFailed => {
             let resolution = if by == By::OperatorSucceeded {
-                Resolution::Succeeded { output_json: None }
+                Outcome::Succeeded(None)
             } else {
-                Resolution::Failed
+                Outcome::Failed(Disposition::Keep)
             };
             let done = operations::resolve(gate.pool(), slot, resolution)
                 .await

@@ -20,7 +20,7 @@ use std::time::Duration;
 use idem::operations::{self, Slot};
 use idem::reconcile::{Reconciler, Verdict};
 use idem::testing;
-use idem::{Disposition, Gate, Identity, OnUnavailable, Rejected};
+use idem::{Disposition, Gate, Identity, OnUnavailable, Outcome, Rejected};
 use idem_test_support::Proxy;
 
 use crate::support::doubt::state_of;
@@ -1030,7 +1030,7 @@ async fn an_operator_s_stale_answer_for_a_step_changes_nothing() {
             .await
             .expect("forget")
     );
-    operations::resolve(gate.pool(), slot, operations::Resolution::Release)
+    operations::resolve(gate.pool(), slot, Outcome::Failed(Disposition::Release))
         .await
         .expect("release");
     // A retry begins the step again and is cut off inside it.

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use idem::batch::Batch;
 use idem::operations::{self, ClaimState, ListFilter, NamespaceFilter, ScopeFilter, Slot};
 use idem::testing;
-use idem::{Disposition, Gate, Identity, Rejected};
+use idem::{Disposition, Gate, Identity, Outcome, Rejected};
 
 use crate::support::doubt::state_of;
 use crate::support::steps::{LEASE, cut_off_inside, past_the_lease, pending_of, steps_of};
@@ -1014,7 +1014,7 @@ async fn a_prune_while_the_claim_is_held_takes_none_of_its_steps() {
         let resolved = operations::resolve(
             gate.pool(),
             Slot::new(gate.account_name(), gate.namespace_name(), &address),
-            operations::Resolution::Release,
+            Outcome::Failed(Disposition::Release),
         )
         .await
         .expect("resolve");
@@ -1713,7 +1713,7 @@ where
     if held.as_deref() == Some("in_doubt") {
         let address = id.address();
         let slot = Slot::new(gate.account_name(), gate.namespace_name(), &address);
-        operations::resolve(gate.pool(), slot, operations::Resolution::Release)
+        operations::resolve(gate.pool(), slot, Outcome::Failed(Disposition::Release))
             .await
             .expect("release the claim held");
     }

@@ -43,7 +43,7 @@ use std::time::Duration;
 
 use idem::batch::Batch;
 use idem::testing;
-use idem::{Disposition, Gate, Identity, Rejected};
+use idem::{Disposition, Gate, Identity, Outcome, Rejected};
 use idem_test_support::fault_proxy::Proxy;
 
 use crate::support::doubt::state_of;
@@ -769,7 +769,7 @@ async fn a_claim_released_after_the_prune_horizon_keeps_its_steps_for_its_retry(
     age_by_days(&gate, 60).await;
     let address = id.address();
     let slot = idem::operations::Slot::new(gate.account_name(), gate.namespace_name(), &address);
-    idem::operations::resolve(gate.pool(), slot, idem::operations::Resolution::Release)
+    idem::operations::resolve(gate.pool(), slot, Outcome::Failed(Disposition::Release))
         .await
         .expect("release the claim in doubt");
     // `claims show` says when: the release, not the record 60 days ago.

@@ -23,7 +23,7 @@ use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
 pub use body::BufferedBody;
-pub use policy::{DEFAULT_KEPT_HEADERS, ResponseOutcome, default_status_policy};
+pub use policy::{DEFAULT_KEPT_HEADERS, default_status_policy};
 pub use service::{IdempotencyService, RequestBody, ResponseBody, ResponseFuture};
 
 use super::IDEMPOTENCY_KEY;
@@ -31,6 +31,7 @@ use crate::detach::Detached;
 use crate::gate::Gate;
 use crate::guard::{Anywhere, AsyncCommit, LeaseOption, Leased, OutcomeCommitOption, PoolOption};
 use crate::mode::{Mode, OnExpiry, OnUnavailable, OutcomeCommit};
+use crate::outcome::Outcome;
 
 /// The `Idempotency-Key` protocol for a whole service, as one `tower`
 /// layer (feature `tower`). It wraps any `Service<http::Request<B>>`: an
@@ -243,7 +244,7 @@ pub(super) struct Config {
     /// Whether the layer has said that it refused a keyed request for want
     /// of a route, once.
     pub(super) unrouted_warned: Arc<AtomicBool>,
-    pub(super) status_policy: Arc<dyn Fn(StatusCode) -> ResponseOutcome + Send + Sync>,
+    pub(super) status_policy: Arc<dyn Fn(StatusCode) -> Outcome + Send + Sync>,
     pub(super) kept_headers: Vec<HeaderName>,
     /// The guarded calls' task tracker and bound (see
     /// [`IdempotencyLayer::detached`]).
@@ -412,7 +413,7 @@ impl<Scope, P> IdempotencyLayer<Scope, P> {
     #[must_use = "`status_policy` returns the changed layer"]
     pub fn status_policy(
         self,
-        policy: impl Fn(StatusCode) -> ResponseOutcome + Send + Sync + 'static,
+        policy: impl Fn(StatusCode) -> Outcome + Send + Sync + 'static,
     ) -> IdempotencyLayer<Scope, P> {
         self.with(|config| config.status_policy = Arc::new(policy))
     }

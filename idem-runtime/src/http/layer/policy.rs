@@ -1,40 +1,33 @@
-//! What a response means for its key: kept and given back to duplicates,
-//! or a failure recorded as a [`Disposition`].
+//! What a response means for its key, as an [`Outcome`]: a success is
+//! kept and given back to duplicates; a failure is recorded as its
+//! [`Disposition`] says.
 
 use http::StatusCode;
 use http::header::{self, HeaderName};
 
 use crate::mode::Disposition;
+use crate::outcome::Outcome;
 
-/// What the layer records for a response of the inner service. The
-/// [`status policy`](super::IdempotencyLayer::status_policy) chooses it by
-/// status; [`default_status_policy`] is the default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ResponseOutcome {
-    /// The request is done: its response is kept (status, the kept
-    /// headers, body bytes, trailers), and every later duplicate gets it
-    /// back byte for byte, marked `Idempotent-Replayed: true`.
-    Replay,
-    /// The request failed: the response goes to this client only, and the
-    /// key is recorded as the [`Disposition`] says. `Release`: the key is
-    /// free again, and a retry runs. `Keep`: duplicates are refused with
-    /// 409 `already-failed`. `InDoubt`: duplicates are refused with 409
-    /// `outcome-in-doubt` until a reconciler or an operator resolves it.
-    Fail(Disposition),
-}
-
-/// The default status policy: every final answer is kept and replayed,
+/// The default status policy: what each response means for its key, as an
+/// [`Outcome`]. A [`Succeeded`](Outcome::Succeeded) response is kept (status,
+/// the kept headers, body bytes, trailers) and every later duplicate gets it
+/// back byte for byte, marked `Idempotent-Replayed: true`; a
+/// [`Failed`](Outcome::Failed) one goes to this client only, and the key is
+/// recorded as its [`Disposition`] says (`Release`: a retry runs; `Keep`:
+/// duplicates are refused 409 `already-failed`; `InDoubt`: refused 409
+/// `outcome-in-doubt` until a reconciler or an operator resolves it).
+///
+/// By default every final answer is kept and replayed,
 /// except the ones that say the request was refused before it ran, or
 /// that nothing was done, or that the server failed: those release the
 /// key, so that a retry (the fixed request, with the same key) runs.
 ///
 /// | status | outcome | why |
 /// |---|---|---|
-/// | 1xx to 4xx, except below | [`Replay`](ResponseOutcome::Replay) | the request's answer: a retry should get the same one (the draft's behaviour, and Stripe's) |
-/// | 400, 405, 413, 415, 422 | [`Fail(Release)`](ResponseOutcome::Fail) | the request failed validation (axum's extractors answer a malformed body 400, a missing or wrong `Content-Type` 415, a body that does not fit the handler's type 422; a method the route does not have 405): it never ran, so the client may fix it and retry with the same key (Stripe keeps no result for a request that failed validation) |
-/// | 408, 425, 429, 499 | [`Fail(Release)`](ResponseOutcome::Fail) | the server asks for a retry (timeout, too early, rate limited) or the client went away: nothing was done |
-/// | 5xx | [`Fail(Release)`](ResponseOutcome::Fail) | a server error, like an `Err` of a guarded function by default: a retry runs |
+/// | 1xx to 4xx, except below | [`Succeeded`](Outcome::Succeeded) | the request's answer: a retry should get the same one (the draft's behaviour, and Stripe's) |
+/// | 400, 405, 413, 415, 422 | [`Failed(Release)`](Outcome::Failed) | the request failed validation (axum's extractors answer a malformed body 400, a missing or wrong `Content-Type` 415, a body that does not fit the handler's type 422; a method the route does not have 405): it never ran, so the client may fix it and retry with the same key (Stripe keeps no result for a request that failed validation) |
+/// | 408, 425, 429, 499 | [`Failed(Release)`](Outcome::Failed) | the server asks for a retry (timeout, too early, rate limited) or the client went away: nothing was done |
+/// | 5xx | [`Failed(Release)`](Outcome::Failed) | a server error, like an `Err` of a guarded function by default: a retry runs |
 ///
 /// **The trade-off.** The layer cannot tell an extractor's 400 or 422
 /// from a handler's: a handler that takes its effect and *then* answers
@@ -47,19 +40,20 @@ pub enum ResponseOutcome {
 /// ```
 /// use http::StatusCode;
 /// use idem_runtime::Disposition;
-/// use idem_runtime::http::{ResponseOutcome, default_status_policy};
+/// use idem_runtime::Outcome;
+/// use idem_runtime::http::default_status_policy;
 ///
-/// fn payments_policy(status: StatusCode) -> ResponseOutcome {
+/// fn payments_policy(status: StatusCode) -> Outcome {
 ///     match status {
-///         StatusCode::GATEWAY_TIMEOUT => ResponseOutcome::Fail(Disposition::InDoubt),
-///         StatusCode::PAYMENT_REQUIRED => ResponseOutcome::Fail(Disposition::Keep),
+///         StatusCode::GATEWAY_TIMEOUT => Outcome::Failed(Disposition::InDoubt),
+///         StatusCode::PAYMENT_REQUIRED => Outcome::Failed(Disposition::Keep),
 ///         // Our handlers validate before they charge, except this one's
 ///         // 422, which follows the provider's answer.
-///         StatusCode::UNPROCESSABLE_ENTITY => ResponseOutcome::Replay,
+///         StatusCode::UNPROCESSABLE_ENTITY => Outcome::Succeeded(()),
 ///         other => default_status_policy(other),
 ///     }
 /// }
-/// assert_eq!(payments_policy(StatusCode::CREATED), ResponseOutcome::Replay);
+/// assert_eq!(payments_policy(StatusCode::CREATED), Outcome::Succeeded(()));
 /// ```
 ///
 /// A gRPC response is judged by its `grpc-status`, as the HTTP status
@@ -71,13 +65,13 @@ pub enum ResponseOutcome {
 /// are replayed, and `INVALID_ARGUMENT`, `FAILED_PRECONDITION` and
 /// `OUT_OF_RANGE` (400: the request was refused), `UNAVAILABLE`,
 /// `INTERNAL` and the like release the key.
-pub fn default_status_policy(status: StatusCode) -> ResponseOutcome {
+pub fn default_status_policy(status: StatusCode) -> Outcome {
     match status.as_u16() {
         // Refused before it ran: failed validation, or a method the route
         // does not have. The fixed request must be able to use its key.
-        400 | 405 | 413 | 415 | 422 => ResponseOutcome::Fail(Disposition::Release),
-        408 | 425 | 429 | 499 | 500..=599 => ResponseOutcome::Fail(Disposition::Release),
-        _ => ResponseOutcome::Replay,
+        400 | 405 | 413 | 415 | 422 => Outcome::Failed(Disposition::Release),
+        408 | 425 | 429 | 499 | 500..=599 => Outcome::Failed(Disposition::Release),
+        _ => Outcome::Succeeded(()),
     }
 }
 
@@ -114,7 +108,7 @@ mod tests {
             let status = StatusCode::from_u16(kept).unwrap();
             assert_eq!(
                 default_status_policy(status),
-                ResponseOutcome::Replay,
+                Outcome::Succeeded(()),
                 "{kept}"
             );
         }
@@ -124,7 +118,7 @@ mod tests {
             let status = StatusCode::from_u16(released).unwrap();
             assert_eq!(
                 default_status_policy(status),
-                ResponseOutcome::Fail(Disposition::Release),
+                Outcome::Failed(Disposition::Release),
                 "{released}"
             );
         }

@@ -18,7 +18,6 @@ use sha1::{Digest, Sha1};
 use tower_service::Service;
 
 use super::body::{self, BoxError, BufferedBody, ReadError, Whole};
-use super::policy::ResponseOutcome;
 use super::{Config, grpc, refusal};
 use crate::detach::run_detached;
 use crate::error::Rejected;
@@ -26,6 +25,7 @@ use crate::gate::Gate;
 use crate::http::{IdempotencyKey, KeyRejection, Problem, StoredResponse};
 use crate::identity::Identity;
 use crate::mode::{Disposition, Fingerprint};
+use crate::outcome::Outcome;
 use crate::run::replayed_outcome_of;
 
 /// The request body the inner service gets: the client's, untouched, for
@@ -266,21 +266,21 @@ where
             return Err(Unkept::Answered {
                 response: refusal::respond(&refusal::response_failed(), grpc),
                 disposition: match (config.status_policy)(status) {
-                    ResponseOutcome::Replay => Disposition::InDoubt,
-                    ResponseOutcome::Fail(disposition) => disposition,
+                    Outcome::Succeeded(()) => Disposition::InDoubt,
+                    Outcome::Failed(disposition) => disposition,
                 },
             });
         }
     };
     let status = status.unwrap_or_else(|| grpc::status_of_whole(&head.headers, &whole));
     match (config.status_policy)(status) {
-        ResponseOutcome::Replay => {
+        Outcome::Succeeded(()) => {
             let kept = kept_response(&config, head.status, &head.headers, &whole);
             *first_fields.lock().unwrap_or_else(PoisonError::into_inner) =
                 Some((head.headers, whole.trailers));
             Ok(kept)
         }
-        ResponseOutcome::Fail(disposition) => Err(Unkept::Answered {
+        Outcome::Failed(disposition) => Err(Unkept::Answered {
             response: Response::from_parts(head, BufferedBody::new(whole.data, whole.trailers)),
             disposition,
         }),
