@@ -95,8 +95,11 @@
 //! ## The insert is the lock
 //!
 //! Each guarded call inserts a claim row at an address derived from its
-//! [`Identity`]; a unique index PostgreSQL enforces lets exactly one
-//! concurrent insert win, and no lock is held across the body. An `Ok`
+//! [`Identity`] (its action's name and key parts); a unique index
+//! PostgreSQL enforces lets exactly one concurrent insert win, and the
+//! losers are refused without running. No lock is held across the body: a
+//! claim is one statement, committed on its own, so a duplicate is refused
+//! at once instead of waiting on the winner. An `Ok`
 //! settles the row forever; an `Err` releases it (or keeps it, or holds it
 //! in doubt, as a [`Disposition`] says); a panic, a dropped future or an
 //! unrecorded outcome leaves it held: idem fails closed. [`Gate::connect`]

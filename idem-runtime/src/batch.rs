@@ -4,7 +4,7 @@
 //!
 //! A consumer that reads 100 messages from Kafka, SQS or NATS and must
 //! process each at most once (the inbox pattern) would pay two statements
-//! per message through [`Gate::run`](crate::Gate::run). A batch guard
+//! per message through [`Guard::run`](crate::Guard::run). A batch guard
 //! ([`Gate::guard_batch`](crate::Gate::guard_batch), then [`run`](crate::guard::BatchGuard::run))
 //! pays two per batch in the common case:
 //!
@@ -28,16 +28,16 @@
 //!    (settle, release, keep, hold in doubt), each matched per item on its
 //!    claim's fence, in address order. An item the statement did not match
 //!    (its claim was taken over or released meanwhile) is recorded alone,
-//!    as [`Gate::run`](crate::Gate::run) records it.
+//!    as [`Guard::run`](crate::Guard::run) records it.
 //!
 //! Overlapping batches, from any number of consumers, cannot deadlock:
 //! every statement visits its rows in address order. Each item's result is
-//! what [`Gate::run`](crate::Gate::run) would have returned for it, in the batch's order.
+//! what [`Guard::run`](crate::Guard::run) would have returned for it, in the batch's order.
 //!
 //! # The same identity twice in a batch
 //!
 //! A later copy of an identity (a message delivered twice into one batch)
-//! gets what [`Gate::run`](crate::Gate::run) gives a duplicate made once the earlier copy has
+//! gets what [`Guard::run`](crate::Guard::run) gives a duplicate made once the earlier copy has
 //! finished: the batch runs in passes, the first copy of every slot in the
 //! first, the second copies in the next, each pass claimed after the one
 //! before it is recorded. So the second copy of a success is told
@@ -51,11 +51,11 @@
 //!
 //! # A panicking body
 //!
-//! A body that panics holds its own item, as under [`Gate::run`](crate::Gate::run): its
+//! A body that panics holds its own item, as under [`Guard::run`](crate::Guard::run): its
 //! claim stays `pending` (until its lease, if any, runs out). The other
 //! bodies of the batch still run, and every outcome that finished is
 //! recorded; then the panic resumes, and reaches the caller as it would
-//! from [`Gate::run`](crate::Gate::run). (Later copies of the batch's identities, which run
+//! from [`Guard::run`](crate::Guard::run). (Later copies of the batch's identities, which run
 //! in passes after it, do not run.) A redelivery finds the finished items
 //! done and the panicked one in flight. So does a
 //! [`disposition`](crate::guard::BatchGuard::disposition) classifier that
@@ -298,7 +298,7 @@ type Queued<M> = (usize, M, Claimed);
 ///
 /// A later copy of a slot (the same identity twice in a batch, or two
 /// identities whose addresses collide) is a duplicate of an earlier one,
-/// and gets what [`Gate::run`](crate::Gate::run) gives a duplicate made once the earlier one
+/// and gets what [`Guard::run`](crate::Guard::run) gives a duplicate made once the earlier one
 /// has finished: its pass is claimed after the earlier pass is recorded,
 /// by the same statements, so a settled slot answers it `AlreadyDone` (or,
 /// replayed, the value), a kept failure `AlreadyFailed`, a claim in doubt
@@ -334,9 +334,9 @@ fn passes<M>(items: Vec<Item<M>>) -> Vec<Vec<Queued<M>>> {
 /// the won bodies, record. Per item, its index and what the caller gets.
 ///
 /// A body that panics holds its own item (its claim is left pending, as
-/// [`Gate::run`](crate::Gate::run) leaves it), every other body of the pass runs and is
+/// [`Guard::run`](crate::Guard::run) leaves it), every other body of the pass runs and is
 /// recorded, then the panic resumes, reaching the caller as from
-/// [`Gate::run`](crate::Gate::run).
+/// [`Guard::run`](crate::Guard::run).
 async fn run_pass<M, R, F, Fut>(
     slots: &ScopedPool,
     pass: Vec<Queued<M>>,
@@ -693,7 +693,7 @@ enum Turn<R> {
 /// Runs the won bodies, at most `concurrency` at a time, each only on a
 /// claim that is still this batch's ([`turn_opens`]). A body that panics
 /// (or whose call does) is caught: its claim is dropped, so its row stays
-/// pending as after a panic under [`Gate::run`](crate::Gate::run) (until its lease, if any,
+/// pending as after a panic under [`Guard::run`](crate::Guard::run) (until its lease, if any,
 /// runs out), and the other bodies run on.
 async fn run_bodies<M, R, F, Fut>(
     slots: &ScopedPool,
@@ -789,7 +789,7 @@ where
 ///
 /// `Err`: what the item gets instead. A claim lost before its body started
 /// (taken over, turned in doubt or released) ran nothing of this batch's: the
-/// item is claimed again alone, as a [`Gate::run`](crate::Gate::run) made now would be, and
+/// item is claimed again alone, as a [`Guard::run`](crate::Guard::run) made now would be, and
 /// runs only if it wins. A claim the store could not renew is released
 /// (matched on its fence, so only if still ours; its body never started, so
 /// freeing it is safe) and the item refused with the store's error.
@@ -841,7 +841,7 @@ struct Group<R> {
 }
 
 /// Records the outcome of every body that ran: one statement per kind, and
-/// alone (as [`Gate::run`](crate::Gate::run) records) each item that statement did not match,
+/// alone (as [`Guard::run`](crate::Guard::run) records) each item that statement did not match,
 /// every ungated item (which records nothing), and every item of a
 /// statement that failed. Per item, its index and what the caller gets.
 ///
@@ -875,7 +875,7 @@ async fn record<R>(
         let wanted = match wanted {
             Ok(wanted) => wanted,
             Err(panic) => {
-                // Left pending, as after a panic under `Gate::run`.
+                // Left pending, as after a panic under `Guard::run`.
                 drop(claim);
                 panicked.get_or_insert(panic);
                 continue;

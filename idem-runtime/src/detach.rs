@@ -1,25 +1,77 @@
-//! Guarded calls that outlive their caller: the claim, the body and the
-//! record run as a task of their own, so that a caller going away (a
-//! client that disconnects, a proxy or a `tower` timeout that gives up, a
-//! dropped future) does not cancel the body wherever it was, perhaps after
-//! its effect and before its settle.
+//! Guarded calls that outlive their caller: what happens when the caller's
+//! future is dropped, and how to have a body run to completion instead.
 //!
-//! The run (the crate-private `run_detached`, which
-//! [`Guard::run_detached`](crate::Guard::run_detached) and the tower layer
-//! call) is spawned on the tokio runtime and awaited; dropping that await
-//! leaves the task running. A body may run on after
-//! its caller left for at most the [`Detached`] handle's bound: then it is
-//! stopped and its claim held in doubt (`state_reason`
-//! [`PAST_BOUND`]), never released (it may have taken effect); a run
-//! still waiting for its claim then ([`Guard::wait`](crate::Guard::wait))
-//! gives up, claiming nothing, and one that wins its claim past the bound
-//! releases it unbegun. At
-//! shutdown, [`Detached::shutdown`] waits for the bodies still running,
-//! up to a grace period, then stops the rest and holds their claims in
-//! doubt ([`AT_SHUTDOWN`]). A body that panics holds its claim in doubt
-//! ([`PANICKED`]) and the panic is resumed in its caller, if still there.
-//! A leased claim is renewed while its body runs: the bound, not the
-//! lease, limits how long a detached body runs.
+//! # When the caller's future is dropped
+//!
+//! A guarded body (an `#[idempotent]` function, a guard's
+//! [`run`](crate::Guard::run)) runs inside its caller's future, and is
+//! cancelled with it. When that future is dropped — a client that
+//! disconnects (hyper drops the request's future), a timeout around the call
+//! (`tokio::time::timeout`, a `tower` timeout), a `select!` that took another
+//! branch, a task aborted — the body stops at its next `.await`, wherever it
+//! was: perhaps after the charge, before the settle. Its claim is then left
+//! `pending`, as for a panic: without a [lease](crate::Guard::lease) every
+//! retry is refused [`Rejected::InFlight`] until an operator resolves it;
+//! with one, the retry takes the claim over when it expires and runs a body
+//! that may already have taken effect (or, with
+//! [`on_expiry`](crate::Guard::on_expiry) `InDoubt`, finds it in doubt).
+//!
+//! # Running to completion
+//!
+//! To have the body run to completion whatever its caller does, end its
+//! guard in [`run_detached`](crate::Guard::run_detached): a `'static + Send`
+//! body (owning what it uses: `async move`), run with a [`Detached`] handle.
+//! The claim, the body and its settle run as a task of their own on the tokio
+//! runtime, and dropping the caller's future leaves it running; its outcome
+//! is recorded as usual, so the retry gets it
+//! ([`AlreadyDone`](Rejected::AlreadyDone) after a success, a run after a
+//! failure that released the key).
+//!
+//! - A body may run on for the handle's bound after its caller left
+//!   ([`Detached::with_bound`]; [a minute](Detached::DEFAULT_BOUND) by
+//!   default). Past it the body is stopped and its claim held **in doubt**
+//!   (`state_reason` [`PAST_BOUND`]), never released: it may have taken
+//!   effect. A reconciler or an operator resolves it. A duplicate still
+//!   waiting for its claim ([`wait`](crate::Guard::wait)) when its caller
+//!   left stops waiting at the bound, claiming nothing; one that wins its
+//!   claim past the bound releases it without beginning its body.
+//! - At shutdown, [`Detached::shutdown`] waits for the bodies still running,
+//!   up to a grace period, then stops the rest and holds their claims in
+//!   doubt ([`AT_SHUTDOWN`]). Call it before the runtime stops: a task the
+//!   runtime drops leaves its claim `pending`.
+//! - With a lease, a detached body renews its own lease while it runs
+//!   (every third of the lease, as [`Claim::extend`] does), also after its
+//!   caller left: its bound, not the lease, limits how long it runs, and a
+//!   retry meanwhile is refused [`Rejected::InFlight`], never handed a body
+//!   still running. The lease is taken over only when the process died, or
+//!   when the store stayed down longer than the lease (a renewal the store
+//!   fails is tried again at the next tick, and none landed). A renewal that
+//!   finds the claim taken over or released stops; the body runs on to its
+//!   end and its outcome is recorded as for any lost claim.
+//! - A detached body that panics holds its claim in doubt ([`PANICKED`])
+//!   and the panic is resumed in its caller, if the caller is still waiting.
+//! - The `tower` layer (`http::IdempotencyLayer`, feature `tower`) runs every
+//!   guarded request this way.
+//!
+//! ```no_run
+//! # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {
+//! use std::time::Duration;
+//! use idem_runtime::{Detached, Identity, Rejected};
+//!
+//! let detached = Detached::with_bound(Duration::from_secs(30)); // one per service
+//! let id = Identity::new("charge").part("ord_1001").part(4_999);
+//! let receipt: Result<String, Rejected> = gate
+//!     .guard(&id)
+//!     .run_detached(&detached, async move {
+//!         // Runs to its end even if this caller's future is dropped.
+//!         Ok("r_1".to_owned())
+//!     })
+//!     .await;
+//! # let _ = receipt;
+//! // At shutdown, once nothing new is accepted:
+//! detached.shutdown(Duration::from_secs(10)).await;
+//! # Ok(()) }
+//! ```
 
 use std::any::Any;
 use std::future::Future;
@@ -55,15 +107,8 @@ pub const PANICKED: &str = "body_panicked";
 /// after its caller left: a handle to share (cloning it is cheap), and to
 /// await at shutdown.
 ///
-/// A body whose claim has a [lease](crate::Guard::lease) renews it while it
-/// runs (every third of the lease, as [`Claim::extend`] does), so its
-/// bound, not its lease, limits how long it runs: a retry within the bound
-/// is refused [`Rejected::InFlight`], never handed the key of a body still
-/// running. A renewal the store fails (an outage) is tried again at the
-/// next tick; a lease shorter than the outage can still run out, and a
-/// retry then takes the claim over. A renewal that finds the claim taken
-/// over or released stops renewing; the body runs on to its end and its
-/// outcome is recorded as for any claim lost.
+/// Its bound, its shutdown, and how it renews a leased claim: see [the
+/// module docs](self).
 ///
 /// ```no_run
 /// # async fn demo(gate: idem_runtime::Gate) {

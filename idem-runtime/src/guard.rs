@@ -316,7 +316,7 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// with backoff), then takes its outcome (the stored value with
     /// replay, [`Rejected::AlreadyDone`], or its slot, if it released),
     /// instead of refusing at once with [`Rejected::InFlight`]. The attribute's `wait = "..."`.
-    /// Not with [`tx`](Guard::tx).
+    /// Not with [`tx`](Guard::tx) (why: there).
     pub fn wait(mut self, wait: Duration) -> Guard<'a, R, D, P::Pooled>
     where
         P: PoolOption,
@@ -329,7 +329,7 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// ([`OnUnavailable::Refuse`], the default: fail closed) or run the body
     /// unguarded ([`OnUnavailable::Run`]: fail open, for actions where a
     /// duplicate costs less than a missed run). The attribute's
-    /// `on_unavailable = "run"`. Not with [`tx`](Guard::tx).
+    /// `on_unavailable = "run"`. Not with [`tx`](Guard::tx) (why: there).
     pub fn on_unavailable(mut self, policy: OnUnavailable) -> Guard<'a, R, D, P::Pooled>
     where
         P: PoolOption,
@@ -344,8 +344,9 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// previous holder's late release changes nothing, and its late settle
     /// only ever records the success it reports (never undoing one), then
     /// tells it [`Rejected::LeaseLost`]. The attribute's `lease = "..."`.
-    /// Not with [`tx`](Guard::tx) or an asynchronous
-    /// [`outcome_commit`](Guard::outcome_commit).
+    /// Not with [`tx`](Guard::tx) nor an asynchronous
+    /// [`outcome_commit`](Guard::outcome_commit) (why: [`Guard::tx`],
+    /// [`OutcomeCommit::Async`]).
     ///
     /// `lease` must be more than zero (a lease of zero would let every
     /// duplicate take the claim over at once) and at most
@@ -364,7 +365,8 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// ([`OutcomeCommit::Async`]: one WAL flush less per call; a crash may
     /// lose the outcome, which leaves the slot closed, never open). The
     /// attribute's `outcome_commit = "async"`. Not with [`tx`](Guard::tx) or
-    /// a [`lease`](Guard::lease): the guard's type closes both whatever
+    /// a [`lease`](Guard::lease) (why: [`Guard::tx`],
+    /// [`OutcomeCommit::Async`]): the guard's type closes both whatever
     /// the value, so write it only to choose `Async` (`Durable` is the
     /// default).
     pub fn outcome_commit(mut self, commit: OutcomeCommit) -> Guard<'a, R, D, AsyncCommit>
@@ -413,7 +415,15 @@ impl<'a, R, D> Guard<'a, R, D, Anywhere> {
     /// Only before [`lease`](Guard::lease), [`wait`](Guard::wait),
     /// [`on_unavailable`](Guard::on_unavailable) and
     /// [`outcome_commit`](Guard::outcome_commit), none of which can be
-    /// combined with it.
+    /// combined with it (the attribute refuses them too, the tower layer
+    /// and the batch guard take these same methods): inside the caller's
+    /// transaction the claim is invisible to every other session until it
+    /// commits, so a duplicate already waits for it (there is nothing for
+    /// `wait` to add) and **no lease can run out**; a store that is down has
+    /// taken the transaction with it, so there is nothing to fail open to
+    /// (`on_unavailable`); and an asynchronous outcome commit would set
+    /// `synchronous_commit = off` for the caller's whole transaction, its
+    /// own writes included.
     pub fn tx<'c>(self, connection: &'c mut PgConnection) -> Guard<'a, R, D, InTx<'c>> {
         self.placed(|_| InTx(connection))
     }
@@ -482,7 +492,8 @@ impl<'a, R, D, P: OnPool> Guard<'a, R, D, P> {
     ///
     /// The body is not polled unless the claim is won. If it panics, or its
     /// future is dropped, the claim stays pending: the outcome is unknown, so
-    /// retries are refused (fail closed). If the store fails to record the
+    /// retries are refused (fail closed; see [`detach`] for a
+    /// body that runs to completion instead). If the store fails to record the
     /// success, the body's `Ok` value is still returned, the claim stays
     /// pending, and a tracing error says so. If the claim was no longer this
     /// call's when the body succeeded (its lease ran out and another call
@@ -511,7 +522,7 @@ impl<'a, R, D, P: OnPool> Guard<'a, R, D, P> {
     /// its caller does: the claim, the body and the record run as a task of
     /// `detached`'s, so dropping this future (a client that disconnected, a
     /// timeout around it) does not cancel the body wherever it was. See
-    /// [`Detached`] for its bound and shutdown. The body must be
+    /// [`detach`] for its bound, its shutdown and its lease. The body must be
     /// `Send + 'static`; it needs a tokio runtime.
     pub async fn run_detached<O, F>(self, detached: &Detached, body: F) -> O
     where

@@ -2,9 +2,8 @@
 //! [`Gate`]. Use it through the `idem-pg` package (its library is `idem`),
 //! which adds the `#[idempotent]` attribute; this crate is its engine room.
 //!
-//! **The insert is the lock.** Each guarded invocation inserts a claim row
-//! whose address is derived from its [`Identity`]; a unique index that
-//! PostgreSQL enforces lets exactly one concurrent insert win.
+//! What it implements is the insert that is the lock: the `idem` crate's
+//! docs (*The insert is the lock*) say how.
 
 // docs.rs: mark what a feature brings (`--cfg docsrs`, set by its metadata).
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -80,24 +80,35 @@ pub enum OutcomeCommit {
     /// largest at low concurrency, where no commit shares another's flush:
     /// BENCHMARKS.md measures it against the plain gate.
     ///
-    /// The trade-off: if the server crashes (not merely the client) within
-    /// its WAL writer's delay (by default up to three times
-    /// `wal_writer_delay`, 600 ms) after an outcome was recorded, that
-    /// outcome is lost and the claim reads as `pending` again. That is safe
-    /// because `pending` fails closed: retries of an action that succeeded
-    /// are refused as in flight (never run twice), and retries of an action
-    /// whose failure was released or kept are refused as in flight too
-    /// (not run, not told `AlreadyFailed`) until an operator releases the
-    /// claim (`idem claims release`). Nothing is ever run twice. A client crash, or a server restart that is not a crash, loses
-    /// nothing.
+    /// The trade-off: if the server crashes (not merely the client), or
+    /// fails over, within its WAL writer's delay (by default up to three
+    /// times `wal_writer_delay`, 600 ms; with synchronous replication, also
+    /// what the standby had not confirmed) after an outcome was recorded,
+    /// that outcome is lost and the claim reads as `pending` again (with
+    /// `replay`, the stored value is lost too). That is safe because
+    /// `pending` fails closed: retries of an action that succeeded are
+    /// refused as in flight (never run twice), and retries of an action
+    /// whose failure was released or kept are refused as in flight too (not
+    /// run, not told `AlreadyFailed`) until an operator releases the claim
+    /// (`idem claims release`). Nothing is ever run twice. A client crash,
+    /// or a server restart that is not a crash, loses nothing.
     ///
-    /// Ignored (the outcome commits durably) with a lease, where a lost
-    /// settle followed by an expired lease would let a duplicate run the
-    /// action again, and inside the caller's transaction, whose whole
-    /// commit it would otherwise make asynchronous. Ignored on a table
-    /// Citus distributes too: the setting would be made on the coordinator
-    /// while the worker that writes the row commits durably all the same,
-    /// and the extra step costs round trips (BENCHMARKS.md measures it).
+    /// **Not with a lease**: a settle lost in a crash would leave a pending
+    /// row whose lease still runs out, and the next retry would take it
+    /// over and run the action a second time, the opposite of failing
+    /// closed (a lost release is harmless either way). Neither the
+    /// attribute nor the guard ([`Guard::lease`](crate::Guard::lease),
+    /// [`Guard::outcome_commit`](crate::Guard::outcome_commit)), and so
+    /// neither the batch guard nor the tower layer, takes both; should a
+    /// lease reach an asynchronous outcome anyway, it is ignored and the
+    /// outcome commits durably. Not inside the caller's transaction either
+    /// ([why](crate::Guard::tx)): it is ignored there too. Lease extension
+    /// and takeover always commit durably: a takeover is a claim, and a
+    /// lost extension would shorten the lease under a live holder. Ignored
+    /// on a table Citus distributes too: the setting would be made on the
+    /// coordinator while the worker that writes the row commits durably all
+    /// the same, and the extra step costs round trips (BENCHMARKS.md
+    /// measures it).
     Async,
 }
 

@@ -1,7 +1,7 @@
 //! The run loop: claim, run the body only if the claim was won, then record
 //! what the body returned (settle a success, release a failure).
 //!
-//! [`Gate::run`](crate::Gate::run) and its variants call it, and so does
+//! [`Guard::run`](crate::Guard::run) and its variants call it, and so does
 //! every `#[idempotent]` function, through the glue in
 //! [`expansion`](crate::expansion). What a body's output means (a success or
 //! not; for `replay`, the value to keep) is told by an [`OutcomeOf`], built
@@ -267,7 +267,7 @@ impl<'a, R> OutcomeOf<'a, R> {
 
 /// Claims `identity` in `slots`, runs `body` only if the claim was won, then
 /// settles (success) or releases (failure), as `outcome` says of what the
-/// body returned. See [`Gate::run`](crate::Gate::run).
+/// body returned. See [`Guard::run`](crate::Guard::run).
 pub(crate) async fn run<R, F>(
     slots: &ScopedPool,
     identity: &Identity,

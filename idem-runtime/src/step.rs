@@ -241,42 +241,120 @@ impl Ambient {
 /// Runs `future` as the step `name` of the guarded body it is called in:
 /// at most once per identity and name, its `Ok` value recorded with the
 /// claim and handed back, without running, to every later run of the same
-/// identity (a retry after a release, a takeover, a reconciler's or an
-/// operator's release).
+/// identity.
+///
+/// Most actions are several calls: a checkout charges the card, books the
+/// shipment, sends the receipt. `step` makes each of them a unit of its own
+/// inside the claim, and hands its recorded value back **without running** to
+/// every later run of the identity — a retry after a failure released the
+/// claim, a takeover after a lease ran out, a reconciler's or an operator's
+/// release. The body resumes at the first step that did not finish. No
+/// workflow engine, no replay of code, no determinism rules: only the named
+/// steps are recorded.
 ///
 /// ```no_run
 /// # use idem_runtime as idem;
-/// # async fn example(gate: &idem::Gate, order: &str) -> Result<(), idem::Rejected> {
-/// # async fn charge(key: &str) -> Result<String, idem::Rejected> { Ok(key.into()) }
-/// # async fn ship(order: &str) -> Result<u64, idem::Rejected> { Ok(1) }
-/// let id = idem::Identity::new("checkout").part(order);
-/// gate.guard(&id).run(async {
+/// # struct Order { id: String }
+/// # async fn charge_card(key: &str) -> Result<String, idem::Rejected> { Ok(key.into()) }
+/// # async fn book_shipment(order: &Order) -> Result<u64, idem::Rejected> { Ok(1) }
+/// # async fn send_receipt(order: &Order) -> Result<(), idem::Rejected> { Ok(()) }
+/// # async fn example(gate: &idem::Gate, order: &Order) -> Result<u64, idem::Rejected> {
+/// // By hand; `#[idempotent(key = "order.id", lease = "30s")]` on a function
+/// // with this body is the same.
+/// let id = idem::Identity::new("checkout").part(&order.id);
+/// gate.guard(&id).lease(std::time::Duration::from_secs(30)).run(async {
+///     // The provider deduplicates by this key: safe to call again.
 ///     let key = idem::downstream_key("charge")?;
 ///     // Replayed, not run, when a retry of this checkout gets here again.
-///     let receipt: String = idem::step("charge", charge(&key)).repeatable().await?;
-///     let parcel: u64 = idem::step("ship", ship(order)).await?;
-///     Ok::<_, idem::Rejected>(())
+///     let _receipt: String = idem::step("charge", charge_card(&key)).repeatable().await?;
+///     let parcel: u64 = idem::step("ship", book_shipment(order)).await?;
+///     idem::step("email", send_receipt(order)).await?;
+///     Ok::<_, idem::Rejected>(parcel)
 /// })
 /// .await
 /// # }
 /// ```
 ///
-/// - An `Err` of the step is not recorded: its marker is removed, and a
-///   later run runs the step again. The body's own failure decides the
-///   claim, as ever.
-/// - A step whose holder was cut off inside it (its body dropped, its
-///   process killed, its lease taken over) has an outcome nobody knows: a
-///   later run is told [`Rejected::StepInDoubt`] instead of running it, and
-///   a body that fails for it holds the claim in doubt, for a reconciler
-///   or an operator, however the body classifies the failure. Unless the
-///   step is [`repeatable`](Step::repeatable).
-/// - Outside a guarded body, or in a task the body spawned, it is
-///   [`Rejected::NotGuarded`] and `future` does not run.
-/// - In a body that runs ungated (an absent identity, a store down under
-///   `on_unavailable = "run"`), `future` runs and nothing is recorded.
-///
-/// Names are any text; a name used twice in one run is refused
-/// ([`Rejected::NotGuarded`]): give each step (a loop's too) its own.
+/// - **A step that fails** (`Err`) records nothing: its marker is removed,
+///   and a later run runs it again. The body's failure decides the claim, as
+///   ever (released, kept, or held in doubt by its
+///   [`disposition`](crate::Guard::disposition)).
+/// - **A step cut off** — its body dropped or panicking inside it, its
+///   process killed, its lease taken over — has an outcome nobody knows. A
+///   later run is told [`Rejected::StepInDoubt`] instead of running it, and a
+///   body that fails for it holds the claim in doubt (whatever its
+///   disposition says) for a [reconciler](crate::reconcile) or an operator.
+///   That holds for a step the body itself dropped (a timeout around it)
+///   before the body failed. A step whose value could not be recorded is
+///   treated the same way: the store failed after it ran, or its value would
+///   not read back from JSON as the same value (a NaN or an infinite float,
+///   or `Some(())`, all written `null`); the body still gets the value. A
+///   recorded value that no longer reads back as the step's type (a deploy
+///   changed it) is refused too, without holding the claim: make the type
+///   read what was recorded.
+/// - **Repeatable steps.** [`.repeatable()`](Step::repeatable) declares a
+///   step safe to run again when cut off: it passes its [`downstream_key`] to
+///   a provider that deduplicates by key (Stripe's `Idempotency-Key`, Adyen's
+///   `idempotency-key`, the IETF draft's header), so the second call returns
+///   the first one's result. That is how an in-doubt step becomes certain: it
+///   runs again instead of waiting for somebody to find out. A recorded step
+///   is still replayed, never re-run. Since nothing is lost by running it
+///   again, a repeatable step writes no marker before it runs: `idem claims
+///   show` lists it once it is recorded, and a reconciler is never asked
+///   about it.
+/// - **Downstream keys** are `idem_` and 40 hex digits, the same on every run
+///   of the identity and never the same for two identities, two steps, two
+///   accounts or two namespaces.
+/// - **Fenced.** Only the claim's holder begins a step; a holder whose lease
+///   was taken over cannot begin one (it is told [`Rejected::LeaseLost`]),
+///   never records over the new holder's, and finds what the new holder
+///   recorded if it asks again. A run's first repeatable step reads whether
+///   its claim is still its own before it runs; a later one begins with no
+///   statement of its own, so it may still run in a holder that does not know
+///   yet that it lost its claim (its call carries the downstream key, so the
+///   provider does it once). Its record never goes in over the new holder's:
+///   the step hands back the value recorded by whoever recorded it (a new
+///   holder, a reconciler), and is otherwise refused: `LeaseLost` once its
+///   lease ran out, [`ClaimLost`](Rejected::ClaimLost) when the claim was
+///   released under it (an operator's release, say), and
+///   [`NotRecorded`](Rejected::NotRecorded) when a reconciler or an operator
+///   resolved it as succeeded or failed, which is what the same holder is
+///   told without steps: the slot is decided for good. From then on no step
+///   of that body runs (a recorded one is still replayed), and should the
+///   body swallow the refusal and return `Ok`, its success is not recorded:
+///   it went on without the steps that were refused, so it is not the
+///   action's success, and the caller is told the refusal instead. Should a
+///   cut-off holder's record of a repeatable step land while the new holder
+///   runs it again, the new holder goes on with the recorded value, not its
+///   own: every run sees one value.
+/// - **In your transaction** ([`tx`](crate::Guard::tx)), give the step the
+///   connection: `idem::step("charge", call).on(&mut *tx)` ([`Step::on`]). A
+///   step given another connection is refused (`WrongConnection`) before it
+///   runs. Its record then commits or rolls back with the claim; a rollback
+///   forgets the step, so a call the transaction cannot undo wants its
+///   downstream key.
+/// - **Everywhere a gate runs a body**: the attribute, the guard's
+///   [`run`](crate::Guard::run) and [`run_detached`](crate::Guard::run_detached),
+///   each body of a [batch](crate::batch), the HTTP layer's handlers. Outside
+///   a guarded body, or in a task the body spawned, a step is
+///   [`Rejected::NotGuarded`] and its future does not run; so is a name used
+///   twice in one run (names are any text: give a loop's steps names of their
+///   own). A step begun in the body and then moved out of it (spawned, or
+///   kept past the body's end) stops at its next poll there, also
+///   `NotGuarded`: its future never goes on outside its claim. If it had
+///   started, nobody knows how far it got, and a later run finds it in doubt.
+/// - **Ungated**: in a body that runs ungated (an absent identity, on the
+///   pool or in a transaction, or a store down under `on_unavailable =
+///   "run"`), `future` runs and nothing is recorded.
+/// - **Cost**: a repeatable step that runs costs one statement, its record;
+///   a step that is not repeatable two (its marker, then its record). Each
+///   record commits asynchronously under an asynchronous
+///   [`outcome_commit`](crate::Guard::outcome_commit); a marker always
+///   durably. A run reads its claim's steps once, at its first repeatable
+///   step, and replays every recorded step it reaches after that from what it
+///   read, with no statement; a step replayed before it costs the look that
+///   finds it. A step's value must be `Serialize + DeserializeOwned`; its
+///   future `Send`.
 pub fn step<'f, F: 'f>(name: impl Into<String>, future: F) -> Step<'f, F> {
     Step {
         name: name.into(),
@@ -320,15 +398,8 @@ impl<'f, F> Step<'f, F> {
     /// claim in doubt. A recorded step is still replayed, never re-run.
     ///
     /// It costs one statement, its record: with nothing to guard against
-    /// a second run, it writes no marker first. It is looked up in what
-    /// the run read of its claim's steps (and whether the claim is still
-    /// its holder's), once, at its first repeatable step; a later one may
-    /// therefore run in a holder whose claim was just taken over (its call
-    /// carries the downstream key). Its record never goes in over the new
-    /// holder's: it hands back the recorded value, or is
-    /// [`Rejected::LeaseLost`] ([`Rejected::ClaimLost`] for a claim
-    /// released under it, [`Rejected::NotRecorded`] for one a reconciler
-    /// or an operator resolved), and no later step of the body runs.
+    /// a second run, it writes no marker first. How it is fenced when its
+    /// holder lost the claim: see [`step`] (**Fenced**).
     pub fn repeatable(mut self) -> Self {
         self.repeatable = true;
         self

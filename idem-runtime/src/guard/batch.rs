@@ -91,7 +91,7 @@ impl<'a, M, R, D, P> BatchGuard<'a, M, R, D, P> {
     /// matched on the claim's fence), so no body starts on a claim that
     /// may have been taken over. Should the claim be lost already (taken
     /// over, turned in doubt, released), its body does not start: the item
-    /// is claimed again alone, as a [`Gate::run`] made then would be, and
+    /// is claimed again alone, as a [`Guard::run`](crate::Guard::run) made then would be, and
     /// runs only if that wins. Should the store fail to renew it, the
     /// claim is released (its body never started) and the item refused
     /// with the store's error. A lease that covers the whole batch never

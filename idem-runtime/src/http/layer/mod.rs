@@ -460,13 +460,11 @@ impl<Scope, P> IdempotencyLayer<Scope, P> {
     /// which does not compile.
     ///
     /// A guarded call renews its own lease while it runs, even after its
-    /// client left: the [detached bound](IdempotencyLayer::detached), not
-    /// the lease, limits how long it runs, and a retry within the bound is
-    /// answered as a duplicate in flight (a 409, or with a
-    /// [wait](IdempotencyLayer::wait) the first call's answer), never run
-    /// a second time. The lease takes a claim over only when its process
-    /// died (or the store stayed down longer than the lease, so that no
-    /// renewal landed).
+    /// client left, as [`detach`](crate::detach) says: the
+    /// [detached bound](IdempotencyLayer::detached), not the lease, limits
+    /// how long it runs, and a retry within the bound is answered as a
+    /// duplicate in flight (a 409, or with a [wait](IdempotencyLayer::wait)
+    /// the first call's answer), never run a second time.
     #[must_use = "`lease` returns the changed layer"]
     pub fn lease(self, lease: Duration) -> IdempotencyLayer<Scope, Leased>
     where
