@@ -77,19 +77,19 @@ pub async fn migrate(
         Action::Check => {}
         Action::SetUp => schema::set_up(pool)
             .await
-            .map_err(CliError::database("set up idem's schema"))?,
+            .map_err(CliError::store("set up idem's schema"))?,
         Action::SetUpPartitioned(partitions) => schema::set_up_partitioned(pool, partitions)
             .await
-            .map_err(refused_or_database("set up idem's partitioned schema"))?,
+            .map_err(CliError::store("set up idem's partitioned schema"))?,
         Action::SetUpDistributed => schema::set_up_distributed(pool)
             .await
-            .map_err(refused_or_database("set up idem's distributed schema"))?,
+            .map_err(CliError::store("set up idem's distributed schema"))?,
     }
     // The table comes qualified even when its schema is on the search_path,
     // so the report says where it is.
     let status = schema::status(pool)
         .await
-        .map_err(refused_or_database("read idem's schema"))?;
+        .map_err(CliError::store("read idem's schema"))?;
     let mut problems: Vec<String> = status
         .problems
         .map(|p| p.problems.iter().map(ToString::to_string).collect())
@@ -112,14 +112,6 @@ pub async fn migrate(
         open_claims_index: status.open_claims_index,
         open_claims_index_present: status.open_claims_index_present,
     })
-}
-
-/// A set-up's error: the database's, or a refusal that changed nothing.
-fn refused_or_database(doing: &'static str) -> impl Fn(idem_runtime::Error) -> CliError {
-    move |error| match error {
-        idem_runtime::Error::Database(error) => CliError::database(doing)(error),
-        other => CliError::Refused(other.to_string()),
-    }
 }
 
 /// The report in `format`.

@@ -20,6 +20,8 @@ use crate::retry::{self, SERIALIZATION_BACKOFF};
 use crate::scoped_pool::ScopedPool;
 use crate::settled::{Fact, Final, StoredOutput};
 use crate::store::{self, Commit, Engine, NewClaim};
+// Said by every caller of `acquire`: whether a replay is wanted.
+pub(crate) use crate::store::KeptValue;
 use crate::via::Via;
 
 /// How often a claim re-tries, without `wait`, when the slot it lost is free
@@ -57,20 +59,20 @@ pub(crate) enum Acquired {
 }
 
 /// Tries for the slot of `identity` in `slots` as `mode` says, running the
-/// statements through `via`. `want_output`: a duplicate of a settled action
+/// statements through `via`. `kept_value`: a duplicate of a settled action
 /// is handed its stored value (replay).
 pub(crate) async fn acquire(
     slots: &ScopedPool,
     identity: &Identity,
     mode: &Mode,
-    want_output: bool,
+    kept_value: KeptValue,
     via: &mut Via<'_>,
 ) -> Result<Acquired, Rejected> {
     acquire_unless(
         slots,
         identity,
         mode,
-        want_output,
+        kept_value,
         via,
         std::future::pending::<()>(),
     )
@@ -86,7 +88,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
     slots: &ScopedPool,
     identity: &Identity,
     mode: &Mode,
-    want_output: bool,
+    kept_value: KeptValue,
     via: &mut Via<'_>,
     stop: S,
 ) -> Result<Acquired, Rejected> {
@@ -123,7 +125,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
     };
     // A final fact this process already knows answers with no round trip;
     // it is only ever a settled or a refused attempt.
-    let mut recalled = contender.recalled(new, want_output);
+    let mut recalled = contender.recalled(new, kept_value);
     let cached = recalled.is_some();
     loop {
         let attempt = match recalled.take() {
@@ -134,7 +136,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                     retry::is_serialization_failure,
                     on_repeat,
                     contender
-                        .attempt(via, new, want_output, mode.on_expiry_policy())
+                        .attempt(via, new, kept_value, mode.on_expiry_policy())
                         .await,
                 );
                 match attempt {
@@ -155,15 +157,20 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                 }
             }
         };
-        match contender.conclude(attempt, mode, fingerprint, via.in_transaction(), cached) {
+        let read = if cached {
+            ReadFrom::Cache
+        } else {
+            ReadFrom::of(via)
+        };
+        match contender.conclude(attempt, mode, fingerprint, read) {
             Concluded::Acquired(acquired) => return acquired,
             // Freed: try again at once, a few times.
-            Concluded::Freed if freed + 1 < CLAIM_ATTEMPTS => {
+            Concluded::Undecided(Undecided::Freed) if freed + 1 < CLAIM_ATTEMPTS => {
                 freed += 1;
             }
-            // WonSlot by another (or freed on every attempt) while a wait is not over:
-            // pause, then look again.
-            Concluded::HeldByAnother | Concluded::Freed if wait.goes_on() => {
+            // Held by another (or freed on every attempt) while a wait is
+            // not over: pause, then look again.
+            Concluded::Undecided(_) if wait.goes_on() => {
                 freed = 0;
                 tokio::select! {
                     () = tokio::time::sleep(wait.pause(poll)) => {}
@@ -175,7 +182,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                 poll = (poll * 2).min(WAIT_LONGEST_POLL);
             }
             // Still held, or the slot changed hands on every attempt.
-            Concluded::HeldByAnother | Concluded::Freed => {
+            Concluded::Undecided(_) => {
                 contender.refused(&Rejected::InFlight);
                 return Err(Rejected::InFlight);
             }
@@ -240,11 +247,44 @@ pub(crate) struct Contender<'a> {
 pub(crate) enum Concluded {
     /// Decided: the slot is this caller's, or the caller is answered.
     Acquired(Result<Acquired, Rejected>),
+    /// Nothing decided yet: another try may.
+    Undecided(Undecided),
+}
+
+/// Why an attempt decided nothing for its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Undecided {
     /// Pending under someone else, lease (if any) not run out.
     HeldByAnother,
     /// Gone between the insert and the lookup, or taken over by another:
-    /// worth another try.
+    /// worth another try at once.
     Freed,
+}
+
+/// Where an attempt's answer was read, which decides what may be made of
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadFrom {
+    /// This process's outcome cache: no round trip (only ever a settled or
+    /// a refused attempt).
+    Cache,
+    /// A connection of the pool: committed rows only, which this process
+    /// may remember.
+    Pool,
+    /// The caller's transaction: a row may be its own uncommitted write,
+    /// never remembered.
+    Transaction,
+}
+
+impl ReadFrom {
+    /// Where `via` reads.
+    pub(crate) fn of(via: &Via<'_>) -> ReadFrom {
+        if via.in_transaction() {
+            ReadFrom::Transaction
+        } else {
+            ReadFrom::Pool
+        }
+    }
 }
 
 /// A slot this caller now holds: its fence, and the lineage (the fence the
@@ -272,11 +312,8 @@ impl Fenced {
 pub(crate) enum Attempt {
     Won(Fenced),
     Settled(Option<String>),
-    /// Pending under someone else, lease (if any) not run out.
-    HeldByAnother,
-    /// Gone between the insert and the lookup, or taken over by another.
-    Freed,
     Refused(Rejected),
+    Undecided(Undecided),
 }
 
 impl<'a> Contender<'a> {
@@ -319,24 +356,23 @@ impl<'a> Contender<'a> {
         &self.address
     }
 
-    /// What `attempt` comes to: a won claim (with the `fingerprint` it was
-    /// made with, under `mode`), an answer, or another try. `cached`: the
-    /// attempt was answered from the outcome cache. Says so to tracing, to a
-    /// race harness and to the metrics.
+    /// What `attempt`, read from `read`, comes to: a won claim (with the
+    /// `fingerprint` it was made with, under `mode`), an answer, or another
+    /// try. Says so to tracing, to a race harness and to the metrics.
     pub(crate) fn conclude(
         &self,
         attempt: Attempt,
         mode: &Mode,
         fingerprint: Option<[u8; 20]>,
-        in_transaction: bool,
-        cached: bool,
+        read: ReadFrom,
     ) -> Concluded {
+        let cached = read == ReadFrom::Cache;
         let acquired = match attempt {
             Attempt::Won(fenced) => Ok(Acquired::Won(self.won(
                 fenced,
                 mode,
                 fingerprint,
-                in_transaction,
+                read == ReadFrom::Transaction,
             ))),
             Attempt::Settled(Some(output)) => {
                 slot_event!(
@@ -356,8 +392,7 @@ impl<'a> Contender<'a> {
                 self.refused_as(&rejected, cached);
                 Err(rejected)
             }
-            Attempt::HeldByAnother => return Concluded::HeldByAnother,
-            Attempt::Freed => return Concluded::Freed,
+            Attempt::Undecided(undecided) => return Concluded::Undecided(undecided),
         };
         Concluded::Acquired(acquired)
     }
@@ -410,11 +445,11 @@ impl<'a> Contender<'a> {
         &self,
         via: &mut Via<'_>,
         new: NewClaim<'_>,
-        want_output: bool,
+        kept_value: KeptValue,
         on_expiry: OnExpiry,
     ) -> Result<Attempt, sqlx::Error> {
         let (scope, address) = (self.slots.scope(), &*self.address);
-        let in_transaction = via.in_transaction();
+        let read = ReadFrom::of(via);
         // One connection for the whole attempt: every acquire may cost a
         // round trip of its own (the pool's liveness check).
         let mut conn = via.connection().await?;
@@ -424,7 +459,7 @@ impl<'a> Contender<'a> {
             scope,
             address,
             new,
-            want_output,
+            kept_value,
         )
         .await?
         {
@@ -433,46 +468,39 @@ impl<'a> Contender<'a> {
             // Stopped by a row the statement could not see: look again,
             // with a new snapshot, to tell the caller why.
             store::ClaimAnswer::Hidden => {
-                match store::lookup(&mut *conn, scope, address, want_output).await? {
+                match store::lookup(&mut *conn, scope, address, kept_value).await? {
                     Some(existing) => existing,
                     // The holder failed and released in between: the slot
                     // is free again.
-                    None => return Ok(Attempt::Freed),
+                    None => return Ok(Attempt::Undecided(Undecided::Freed)),
                 }
             }
         };
-        self.judge(
-            &mut conn,
-            existing,
-            new,
-            want_output,
-            on_expiry,
-            in_transaction,
-        )
-        .await
+        self.judge(&mut conn, existing, new, kept_value, on_expiry, read)
+            .await
     }
 
     /// What the row found holding the slot means for this caller: the rules
     /// every duplicate is judged by, with the statements they may call for
     /// on `conn` (a claim whose lease ran out is taken over, or turned in
-    /// doubt). `in_transaction`: the row was read inside the caller's
-    /// transaction, so it may be uncommitted and is not remembered.
+    /// doubt). `read`: where the row was read; one read inside the caller's
+    /// transaction may be uncommitted, and is not remembered.
     pub(crate) async fn judge(
         &self,
         conn: &mut sqlx::PgConnection,
         existing: store::Existing,
         new: NewClaim<'_>,
-        want_output: bool,
+        kept_value: KeptValue,
         on_expiry: OnExpiry,
-        in_transaction: bool,
+        read: ReadFrom,
     ) -> Result<Attempt, sqlx::Error> {
         let (scope, address) = (self.slots.scope(), &*self.address);
         // A final row read on a connection of the pool is committed: this
         // process may remember it. One read inside the caller's
         // transaction may be that transaction's own uncommitted settle.
-        if !in_transaction {
+        if read != ReadFrom::Transaction {
             self.slots
-                .remember(address, || Final::of_row(&existing, want_output));
+                .remember(address, || Final::of_row(&existing, kept_value.is_read()));
         }
         let replayable =
             match self.replayable(new, &existing.identity, existing.fingerprint.as_deref()) {
@@ -505,7 +533,7 @@ impl<'a> Contender<'a> {
                 return Ok(Attempt::Refused(Rejected::InDoubt));
             }
             // Resolved, released or turned by another meanwhile: look again.
-            return Ok(Attempt::Freed);
+            return Ok(Attempt::Undecided(Undecided::Freed));
         }
         if existing.lease_expired {
             let taken = store::take_over(&mut *conn, scope, address, existing.fence, new).await?;
@@ -524,10 +552,10 @@ impl<'a> Contender<'a> {
                         took_over: true,
                     })
                 }
-                None => Attempt::Freed,
+                None => Attempt::Undecided(Undecided::Freed),
             });
         }
-        Ok(Attempt::HeldByAnother)
+        Ok(Attempt::Undecided(Undecided::HeldByAnother))
     }
 
     /// Whether the row found in the slot (its `identity` and `fingerprint`)
@@ -559,7 +587,7 @@ impl<'a> Contender<'a> {
     /// the same rules as a row read from the store; `None` when it cannot
     /// say (nothing remembered, or a replaying caller meets a success
     /// remembered without its value): the store is asked.
-    pub(crate) fn recalled(&self, new: NewClaim<'_>, want_output: bool) -> Option<Attempt> {
+    pub(crate) fn recalled(&self, new: NewClaim<'_>, kept_value: KeptValue) -> Option<Attempt> {
         let known = self.slots.recall(&self.address)?;
         let replayable = match self.replayable(new, &known.identity, known.fingerprint.as_deref()) {
             Ok(replayable) => replayable,
@@ -568,7 +596,7 @@ impl<'a> Contender<'a> {
         Some(match &known.fact {
             Fact::Failed => kept_failure(),
             // The value matters only to a replaying caller it may go to.
-            Fact::Success(_) if !(want_output && replayable) => settled(None, replayable),
+            Fact::Success(_) if !(kept_value.is_read() && replayable) => settled(None, replayable),
             Fact::Success(StoredOutput::Known(output)) => {
                 settled(output.as_deref().map(str::to_owned), replayable)
             }

@@ -19,7 +19,7 @@
 //!    pending with nobody holding them) and only the lost ones are refused
 //!    with the lookup's error ([`Rejected::Unavailable`] for an outage).
 //! 2. **Run**: the won items' bodies, at most
-//!    [`concurrency`](Batch::concurrency) at a time (one by default, in the
+//!    [`concurrency`](crate::guard::BatchGuard::concurrency) at a time (one by default, in the
 //!    batch's order). A body that is not won is never called. A body never
 //!    starts on a claim that may have been taken over: one whose turn opens
 //!    with less than half its [`lease`](crate::guard::BatchGuard::lease) left renews it
@@ -76,7 +76,8 @@
 //!     .map(|message| (message, Identity::new("deliver").part(&message.id)))
 //!     .collect();
 //! let results = gate
-//!     .guard_batch(batch.concurrency(8))
+//!     .guard_batch(batch)
+//!     .concurrency(8)
 //!     .run(|message| async move { deliver(message).await })
 //!     .await;
 //! for (message, result) in messages.iter().zip(results) {
@@ -122,7 +123,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures_util::stream;
 use futures_util::{FutureExt, StreamExt};
 
-use crate::acquire::{Acquired, Attempt, Concluded, Contender, Fenced, acquire};
+use crate::acquire::{
+    Acquired, Attempt, Concluded, Contender, Fenced, KeptValue, ReadFrom, Undecided, acquire,
+};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
@@ -138,8 +141,9 @@ use crate::store::{self, NewBatchItem, NewClaim};
 use crate::via::Via;
 
 /// The items of a batch, each a message and the identity it is processed
-/// under, and the modes they are claimed with. Build it with
-/// [`push`](Batch::push) or by collecting `(message, identity)` pairs.
+/// under. Build it with [`push`](Batch::push) or by collecting
+/// `(message, identity)` pairs; the options it is claimed and run with are
+/// its guard's ([`Gate::guard_batch`](crate::Gate::guard_batch)).
 ///
 /// `M` is what each body is handed: the message itself, or (to keep the
 /// messages, say to acknowledge them after) a reference to it.
@@ -147,7 +151,7 @@ pub struct Batch<M> {
     items: Vec<Item<M>>,
     /// The claim options its guard was given ([`BatchGuard`](crate::guard::BatchGuard)).
     pub(crate) mode: Mode,
-    concurrency: usize,
+    pub(crate) concurrency: usize,
 }
 
 struct Item<M> {
@@ -196,14 +200,6 @@ impl<M> Batch<M> {
             identity,
             fingerprint: Some(fingerprint),
         });
-        self
-    }
-
-    /// Runs at most `bodies` won bodies at a time (at least one; one by
-    /// default, in the batch's order).
-    #[must_use]
-    pub fn concurrency(mut self, bodies: usize) -> Batch<M> {
-        self.concurrency = bodies.max(1);
         self
     }
 
@@ -438,14 +434,14 @@ async fn claim<R>(
                 .collect();
         }
     };
-    let want_output = outcome.replays();
+    let kept_value = KeptValue::read_if(outcome.replays());
     let new = |index: usize| NewClaim {
         identity: items[index].identity.canonical(),
         fingerprint: items[index].digest.as_ref().map(|f| f.as_slice()),
         lease_micros,
     };
-    let conclude = |index: usize, attempt: Attempt, cached: bool| -> Concluded {
-        contenders[index].conclude(attempt, mode, items[index].digest, false, cached)
+    let conclude = |index: usize, attempt: Attempt, read: ReadFrom| -> Concluded {
+        contenders[index].conclude(attempt, mode, items[index].digest, read)
     };
 
     let mut fates: Vec<Option<Fate<R>>> = (0..items.len()).map(|_| None).collect();
@@ -457,8 +453,8 @@ async fn claim<R>(
             fates[index] = Some(Fate::Run(Claim::ungated()));
             continue;
         }
-        if let Some(attempt) = contender.recalled(new(index), want_output)
-            && let Concluded::Acquired(acquired) = conclude(index, attempt, true)
+        if let Some(attempt) = contender.recalled(new(index), kept_value)
+            && let Concluded::Acquired(acquired) = conclude(index, attempt, ReadFrom::Cache)
         {
             fates[index] = Some(answer(acquired, &items[index].identity, outcome));
             continue;
@@ -468,20 +464,20 @@ async fn claim<R>(
 
     let mut freed = Vec::new();
     if !to_claim.is_empty() {
-        let claimed = claim_in_store(slots, &contenders, &to_claim, &new, want_output, mode).await;
+        let claimed = claim_in_store(slots, &contenders, &to_claim, &new, kept_value, mode).await;
         match claimed {
             Ok(attempts) => {
                 for (index, attempt) in attempts {
-                    match attempt.map(|attempt| conclude(index, attempt, false)) {
+                    match attempt.map(|attempt| conclude(index, attempt, ReadFrom::Pool)) {
                         Ok(Concluded::Acquired(acquired)) => {
                             fates[index] = Some(answer(acquired, &items[index].identity, outcome));
                         }
-                        Ok(Concluded::HeldByAnother) => {
+                        Ok(Concluded::Undecided(Undecided::HeldByAnother)) => {
                             contenders[index].refused(&Rejected::InFlight);
                             fates[index] =
                                 Some(Fate::Answered(outcome.refused(Rejected::InFlight)));
                         }
-                        Ok(Concluded::Freed) => freed.push(index),
+                        Ok(Concluded::Undecided(Undecided::Freed)) => freed.push(index),
                         Err(rejected) => {
                             fates[index] = Some(Fate::Answered(outcome.refused(rejected)));
                         }
@@ -500,7 +496,7 @@ async fn claim<R>(
     // failed and released it): tried again alone, as one claim would be.
     for index in freed {
         let (item, via) = (&items[index], &mut Via::Pool(slots.pool()));
-        let acquired = acquire(slots, &item.identity, &item.alone(mode), want_output, via).await;
+        let acquired = acquire(slots, &item.identity, &item.alone(mode), kept_value, via).await;
         fates[index] = Some(answer(acquired, &items[index].identity, outcome));
     }
     fates
@@ -532,7 +528,7 @@ async fn claim_in_store<'i>(
     contenders: &[Contender<'_>],
     to_claim: &[usize],
     new: &impl Fn(usize) -> NewClaim<'i>,
-    want_output: bool,
+    kept_value: KeptValue,
     mode: &Mode,
 ) -> Result<Vec<(usize, Result<Attempt, Rejected>)>, Rejected> {
     let failed = |error: sqlx::Error| batch_failed(slots, to_claim.len(), error);
@@ -570,7 +566,7 @@ async fn claim_in_store<'i>(
     let (mut holders, unknown) = if lost.is_empty() {
         (HashMap::new(), None)
     } else {
-        match store::lookup_batch(&mut *conn, slots.engine(), scope, &lost, want_output).await {
+        match store::lookup_batch(&mut *conn, slots.engine(), scope, &lost, kept_value).await {
             Ok(holders) => (holders.into_iter().collect(), None),
             Err(error) => (
                 HashMap::new(),
@@ -601,14 +597,14 @@ async fn claim_in_store<'i>(
                         &mut conn,
                         existing,
                         new(index),
-                        want_output,
+                        kept_value,
                         mode.on_expiry_policy(),
-                        false,
+                        ReadFrom::Pool,
                     )
                     .await
                     .map_err(|error| contender.store_failed(error)),
                 // Released between the insert and the lookup.
-                None => Ok(Attempt::Freed),
+                None => Ok(Attempt::Undecided(Undecided::Freed)),
             }
         };
         attempts.push((index, attempt));
@@ -815,7 +811,7 @@ async fn turn_opens<R>(
                 slots,
                 &item.identity,
                 &item.alone(mode),
-                outcome.replays(),
+                KeptValue::read_if(outcome.replays()),
                 via,
             )
             .await;

@@ -866,7 +866,7 @@ impl WonSlot {
     async fn look(&self, via: &mut Via<'_>) -> Result<Option<store::Existing>, Rejected> {
         let (scope, address) = (self.slots.scope(), &*self.address);
         let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
-            store::lookup(&mut *conn, scope, address, false).await
+            store::lookup(&mut *conn, scope, address, store::KeptValue::Skip).await
         });
         row.map_err(Rejected::from_store)
     }

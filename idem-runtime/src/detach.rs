@@ -84,7 +84,7 @@ use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::acquire::{Acquired, acquire_unless};
+use crate::acquire::{Acquired, KeptValue, acquire_unless};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
@@ -344,7 +344,7 @@ impl<R> Run<R> {
             &self.slots,
             &self.identity,
             &self.mode,
-            self.outcome.replays(),
+            KeptValue::read_if(self.outcome.replays()),
             &mut via,
             self.stop(),
         )

@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 
-use crate::acquire::{Acquired, acquire};
+use crate::acquire::{Acquired, KeptValue, acquire};
 use crate::claim::Claim;
 use crate::detach::{self, Detached};
 use crate::error::Rejected;
@@ -558,7 +558,7 @@ impl<'a, R, D, P: OnPool> Guard<'a, R, D, P> {
             self.gate.slots(),
             self.identity,
             &self.mode,
-            false,
+            KeptValue::Skip,
             &mut via,
         )
         .await?)
@@ -575,8 +575,14 @@ impl<'a, D, P: OnPool> Guard<'a, Replay, D, P> {
         T: serde::de::DeserializeOwned,
     {
         let mut via = Via::Pool(self.gate.pool());
-        let acquired =
-            acquire(self.gate.slots(), self.identity, &self.mode, true, &mut via).await?;
+        let acquired = acquire(
+            self.gate.slots(),
+            self.identity,
+            &self.mode,
+            KeptValue::Read,
+            &mut via,
+        )
+        .await?;
         replayed(acquired, self.identity, |claim| claim)
     }
 }
@@ -682,7 +688,7 @@ impl<'a, 'c, R, D> Guard<'a, R, D, InTx<'c>> {
             self.gate.slots(),
             self.identity,
             &self.mode,
-            want_value,
+            KeptValue::read_if(want_value),
             &mut via,
         )
         .await
@@ -715,7 +721,7 @@ impl<'a, 'c, R, D> Guard<'a, R, D, InTx<'c>> {
             self.gate.slots(),
             self.identity,
             &self.mode,
-            false,
+            KeptValue::Skip,
             &mut via,
         )
         .await?)
@@ -732,8 +738,14 @@ impl<'a, 'c, D> Guard<'a, Replay, D, InTx<'c>> {
         T: serde::de::DeserializeOwned,
     {
         let mut via = Via::Transaction(self.place.0);
-        let acquired =
-            acquire(self.gate.slots(), self.identity, &self.mode, true, &mut via).await?;
+        let acquired = acquire(
+            self.gate.slots(),
+            self.identity,
+            &self.mode,
+            KeptValue::Read,
+            &mut via,
+        )
+        .await?;
         replayed(acquired, self.identity, TxClaim)
     }
 }
@@ -866,7 +878,7 @@ impl<'d, O> Checked<'_, 'd, InTx<'_>, O> {
             self.gate.slots(),
             self.identity,
             &self.mode,
-            want_value,
+            KeptValue::read_if(want_value),
             &mut via,
         )
         .await

@@ -7,7 +7,7 @@
 //! not; for `replay`, the value to keep) is told by an [`OutcomeOf`], built
 //! from the traits [`GuardedResult`] and [`ReplayableResult`].
 
-use crate::acquire::{Acquired, acquire};
+use crate::acquire::{Acquired, KeptValue, acquire};
 use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
@@ -279,7 +279,15 @@ where
     F: Future<Output = R>,
 {
     let mut via = Via::Pool(slots.pool());
-    let claim = match acquire(slots, identity, mode, outcome.replay.is_some(), &mut via).await {
+    let claim = match acquire(
+        slots,
+        identity,
+        mode,
+        KeptValue::read_if(outcome.replay.is_some()),
+        &mut via,
+    )
+    .await
+    {
         Ok(Acquired::Won(claim)) => claim,
         Ok(Acquired::Settled(stored)) => return outcome.settled(identity, stored),
         Err(rejected) => return (outcome.rejected)(rejected),

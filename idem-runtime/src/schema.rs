@@ -27,8 +27,8 @@ use crate::error::Error;
 /// in one transaction under a transaction-scoped advisory lock. When the
 /// schema is already current it runs no DDL and takes no lock, so a run-time
 /// role without DDL rights can call it.
-pub async fn set_up(pool: &PgPool) -> Result<(), sqlx::Error> {
-    catalog::set_up(&mut *pool.acquire().await?).await
+pub async fn set_up(pool: &PgPool) -> Result<(), Error> {
+    Ok(catalog::set_up(&mut *pool.acquire().await?).await?)
 }
 
 /// Where idem's schema stands, as `idem migrate --check` reports it.
@@ -211,7 +211,7 @@ fn normalize_predicate(predicate: &str) -> String {
 /// indexes hold on every shard placement.
 ///
 /// Returns `Ok(None)` when the schema can enforce one claim per identity.
-pub async fn verify(pool: &PgPool) -> Result<Option<SchemaProblems>, sqlx::Error> {
+pub async fn verify(pool: &PgPool) -> Result<Option<SchemaProblems>, Error> {
     Ok(verify_for_gate(pool).await?.0)
 }
 

@@ -807,7 +807,13 @@ impl<'a> Held<'a> {
     async fn what_became_of_the_claim(&self, via: &mut Via<'_>) -> Rejected {
         let scope = self.facts.slots.scope();
         let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
-            store::lookup(&mut *conn, scope, &self.facts.address, false).await
+            store::lookup(
+                &mut *conn,
+                scope,
+                &self.facts.address,
+                store::KeptValue::Skip,
+            )
+            .await
         });
         match row {
             Ok(Some(row))
@@ -1032,7 +1038,13 @@ impl<'a> Held<'a> {
     async fn claim_still_ours(&self, via: &mut Via<'_>) -> Result<bool, Rejected> {
         let scope = self.facts.slots.scope();
         let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
-            store::lookup(&mut *conn, scope, &self.facts.address, false).await
+            store::lookup(
+                &mut *conn,
+                scope,
+                &self.facts.address,
+                store::KeptValue::Skip,
+            )
+            .await
         });
         Ok(row.map_err(Rejected::from_store)?.is_some_and(|row| {
             row.fence == self.facts.fence && row.state == store::ClaimState::Pending

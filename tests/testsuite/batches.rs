@@ -137,16 +137,18 @@ async fn eight_consumers_racing_overlapping_batches_run_each_identity_once() {
             }
             let (gate, ledger, total, barrier) = (&gate, &ledger, &total, &barrier);
             async move {
-                let batch = batch_of(&window).concurrency(8);
+                let batch = batch_of(&window);
                 barrier.wait().await;
                 let (results, events) = tokio::time::timeout(
                     Duration::from_secs(60),
-                    testing::observe(gate.guard_batch(batch).run(|key| async move {
-                        ledger.ran(key);
-                        total.fetch_add(amount(key), Ordering::SeqCst);
-                        tokio::task::yield_now().await;
-                        Ok::<_, JobError>(())
-                    })),
+                    testing::observe(gate.guard_batch(batch).concurrency(8).run(
+                        |key| async move {
+                            ledger.ran(key);
+                            total.fetch_add(amount(key), Ordering::SeqCst);
+                            tokio::task::yield_now().await;
+                            Ok::<_, JobError>(())
+                        },
+                    )),
                 )
                 .await
                 .expect("overlapping batches finish");
@@ -535,7 +537,8 @@ async fn bodies_run_at_most_as_many_at_a_time_as_asked() {
     let keys = keys("bounded", 0..24);
     let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let results = gate
-        .guard_batch(batch_of(&keys).concurrency(4))
+        .guard_batch(batch_of(&keys))
+        .concurrency(4)
         .run(|_| async {
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
             most.fetch_max(now, Ordering::SeqCst);
@@ -879,7 +882,8 @@ async fn no_queued_body_starts_on_a_lease_that_ran_out() {
         }
     };
     let batch = gate
-        .guard_batch(batch_of(&keys).concurrency(1))
+        .guard_batch(batch_of(&keys))
+        .concurrency(1)
         .lease(lease)
         .run(|key| {
             let (gate, ledger, started_live) = (&gate, &ledger, &started_live);
@@ -942,7 +946,7 @@ async fn a_panicking_body_holds_only_its_own_item() {
     let gate = testing::gate().await;
     let keys = keys("panics", 0..10);
     let ledger = Ledger::default();
-    let run = gate.guard_batch(batch_of(&keys).concurrency(2)).run(|key| {
+    let run = gate.guard_batch(batch_of(&keys)).concurrency(2).run(|key| {
         let ledger = &ledger;
         async move {
             ledger.ran(key);
@@ -1080,8 +1084,9 @@ async fn a_batch_runs_on_a_spawned_task() {
     let gate = testing::gate().await;
     let keys = keys("spawned", 0..3);
     let spawned = tokio::spawn(async move {
-        let batch = batch_of(&keys).concurrency(2);
+        let batch = batch_of(&keys);
         gate.guard_batch(batch)
+            .concurrency(2)
             .run(|_| async { Ok::<_, JobError>(()) })
             .await
             .iter()

@@ -145,8 +145,8 @@ impl Applier {
         // its claims pending. When the lease runs out they turn in doubt
         // (never taken over and run again), and the reconciler's probe
         // settles or releases each by looking for its ledger row.
-        let batch = batch.concurrency(self.concurrency);
         gate.guard_batch(batch)
+            .concurrency(self.concurrency)
             .lease(self.lease)
             .on_expiry(OnExpiry::InDoubt)
             .disposition(ItemError::disposition)

@@ -84,7 +84,7 @@ impl<'a, M, R, D, P> BatchGuard<'a, M, R, D, P> {
     /// returns, so the lease must cover the whole batch.
     ///
     /// The lease runs from the batch's claim, and a body may wait for its
-    /// turn behind others (see [`Batch::concurrency`]). A body whose turn
+    /// turn behind others (see [`concurrency`](BatchGuard::concurrency)). A body whose turn
     /// opens with less than half the lease left (by this process's clock,
     /// which trails the store's by one round trip, far less than that
     /// margin) first renews its claim to a whole lease (one statement,
@@ -101,6 +101,14 @@ impl<'a, M, R, D, P> BatchGuard<'a, M, R, D, P> {
         P: LeaseOption,
     {
         self.optioned(|mode| mode.lease(lease))
+    }
+
+    /// Runs at most `bodies` won bodies at a time (at least one; one by
+    /// default, in the batch's order). A body waits for its turn within
+    /// the batch's lease (see [`lease`](BatchGuard::lease)).
+    pub fn concurrency(mut self, bodies: usize) -> BatchGuard<'a, M, R, D, P> {
+        self.batch.concurrency = bodies.max(1);
+        self
     }
 
     /// How the outcomes commit, as

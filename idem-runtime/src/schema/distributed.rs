@@ -47,7 +47,7 @@ pub async fn set_up_distributed(pool: &PgPool) -> Result<(), Error> {
         && existing.is_distributed_by_account()
     {
         drop(conn);
-        return super::set_up(pool).await.map_err(Error::from);
+        return super::set_up(pool).await;
     }
     let mut tx = catalog::begin_set_up(&mut conn).await?;
     // Another process may have set it up while we waited for the lock.

@@ -5,6 +5,7 @@ use std::fmt;
 
 use sqlx::{PgConnection, PgPool};
 
+use crate::error::Error;
 use crate::store::{catalog, citus};
 
 /// How `idem_records` is laid out, as the catalog says.
@@ -115,8 +116,8 @@ impl fmt::Display for Layout {
 
 /// How `idem_records` is laid out, or `None` when it does not exist where
 /// the connection's `search_path` looks.
-pub async fn layout(pool: &PgPool) -> Result<Option<Layout>, sqlx::Error> {
-    layout_of(&mut *pool.acquire().await?).await
+pub async fn layout(pool: &PgPool) -> Result<Option<Layout>, Error> {
+    Ok(layout_of(&mut *pool.acquire().await?).await?)
 }
 
 pub(super) async fn layout_of(conn: &mut PgConnection) -> Result<Option<Layout>, sqlx::Error> {

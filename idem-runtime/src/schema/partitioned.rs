@@ -58,7 +58,7 @@ pub async fn set_up_partitioned(pool: &PgPool, partitions: u16) -> Result<(), Er
     if let Some(existing) = layout_of(&mut conn).await? {
         check_matches(&existing, partitions)?;
         drop(conn);
-        return super::set_up(pool).await.map_err(Error::from);
+        return super::set_up(pool).await;
     }
     let mut tx = catalog::begin_set_up(&mut conn).await?;
     // Another process may have created it while we waited for the lock.

@@ -338,11 +338,11 @@ pub(crate) async fn lookup_batch<'e>(
     engine: Engine,
     scope: super::Scope<'_>,
     addresses: &[&str],
-    with_output: bool,
+    kept_value: super::KeptValue,
 ) -> Result<Vec<(String, Existing)>, sqlx::Error> {
     LOOKUP_BATCH
         .for_batch(engine, scope, addresses)
-        .bind(with_output)
+        .bind(kept_value.is_read())
         .fetch_all(executor)
         .await?
         .iter()

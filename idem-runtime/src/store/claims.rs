@@ -409,6 +409,32 @@ pub(super) async fn changed_one<'e>(
     Ok(query.execute(executor).await?.rows_affected() == 1)
 }
 
+/// Whether a statement that finds a settled slot reads its kept value:
+/// only a caller that replays it needs those bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeptValue {
+    /// Read the value kept for replay.
+    Read,
+    /// Leave it where it is.
+    Skip,
+}
+
+impl KeptValue {
+    /// [`Read`](KeptValue::Read) for a caller that replays.
+    pub(crate) fn read_if(replays: bool) -> KeptValue {
+        if replays {
+            KeptValue::Read
+        } else {
+            KeptValue::Skip
+        }
+    }
+
+    /// Whether it is read, as the statements bind it.
+    pub(crate) fn is_read(self) -> bool {
+        self == KeptValue::Read
+    }
+}
+
 /// Claims the slot, or finds who holds it: in one statement ([`CLAIM`]) on
 /// PostgreSQL; on Citus the insert alone ([`CLAIM_ROUTED`]), a row it
 /// could not insert then being [`ClaimAnswer::Hidden`] for the caller to look
@@ -419,7 +445,7 @@ pub(crate) async fn claim<'e>(
     scope: Scope<'_>,
     address: &str,
     claim: NewClaim<'_>,
-    with_output: bool,
+    kept_value: KeptValue,
 ) -> Result<ClaimAnswer, sqlx::Error> {
     if engine == Engine::Citus {
         let fence = CLAIM_ROUTED
@@ -439,7 +465,7 @@ pub(crate) async fn claim<'e>(
         .bind(claim.identity)
         .bind(claim.fingerprint)
         .bind(claim.lease_micros)
-        .bind(with_output)
+        .bind(kept_value.is_read())
         .fetch_optional(executor)
         .await?;
     let Some(row) = row else {
@@ -456,11 +482,11 @@ pub(crate) async fn lookup<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
-    with_output: bool,
+    kept_value: KeptValue,
 ) -> Result<Option<Existing>, sqlx::Error> {
     LOOKUP
         .for_row(scope, address)
-        .bind(with_output)
+        .bind(kept_value.is_read())
         .fetch_optional(executor)
         .await?
         .as_ref()

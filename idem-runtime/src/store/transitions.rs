@@ -37,14 +37,23 @@ async fn won(conn: &mut PgConnection, address: &str, lease_micros: Option<i64>) 
         fingerprint: None,
         lease_micros,
     };
-    match claims::claim(&mut *conn, Engine::PostgreSQL, SCOPE, address, new, false).await {
+    match claims::claim(
+        &mut *conn,
+        Engine::PostgreSQL,
+        SCOPE,
+        address,
+        new,
+        claims::KeptValue::Skip,
+    )
+    .await
+    {
         Ok(ClaimAnswer::Won(fence)) => fence,
         other => panic!("a fresh slot is won: {other:?}"),
     }
 }
 
 async fn look(conn: &mut PgConnection, address: &str) -> Existing {
-    claims::lookup(&mut *conn, SCOPE, address, false)
+    claims::lookup(&mut *conn, SCOPE, address, claims::KeptValue::Skip)
         .await
         .expect("lookup")
         .expect("the row is there")
@@ -145,7 +154,16 @@ async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_
         fingerprint: None,
         lease_micros: None,
     };
-    match claims::claim(&mut *conn, Engine::PostgreSQL, SCOPE, address, new, false).await {
+    match claims::claim(
+        &mut *conn,
+        Engine::PostgreSQL,
+        SCOPE,
+        address,
+        new,
+        claims::KeptValue::Skip,
+    )
+    .await
+    {
         Ok(ClaimAnswer::Holder(existing)) => {
             assert_eq!(existing.state, ClaimState::InDoubt);
             assert!(!existing.lease_expired);
@@ -264,14 +282,22 @@ async fn a_state_this_build_does_not_know_fails_the_read_saying_so() {
             "{message}"
         );
     };
-    let looked = claims::lookup(&mut *conn, SCOPE, address, false).await;
+    let looked = claims::lookup(&mut *conn, SCOPE, address, claims::KeptValue::Skip).await;
     unknown(&looked.expect_err("the lookup fails"));
     let new = NewClaim {
         identity: b"\x00",
         fingerprint: None,
         lease_micros: None,
     };
-    let claimed = claims::claim(&mut *conn, Engine::PostgreSQL, SCOPE, address, new, false).await;
+    let claimed = claims::claim(
+        &mut *conn,
+        Engine::PostgreSQL,
+        SCOPE,
+        address,
+        new,
+        claims::KeptValue::Skip,
+    )
+    .await;
     unknown(&claimed.expect_err("the claim fails"));
     let scope = ScopeFilter {
         account: Some(SCOPE.account),

@@ -213,14 +213,20 @@ async fn one_batch(context: &Context, gate: &Gate, items: Vec<Item>, concurrency
             None => batch.push(body, identity(item.identity)),
         };
     }
-    let batch = batch.concurrency(concurrency);
     let start = recorder.now();
     let (results, events) = testing::observe(async {
         let run = |body: Body| body.run(None);
         if guard == Guard::Plain {
-            gate.guard_batch(batch).run(run).await
+            gate.guard_batch(batch)
+                .concurrency(concurrency)
+                .run(run)
+                .await
         } else {
-            gate.guard_batch(batch).replay().run(run).await
+            gate.guard_batch(batch)
+                .concurrency(concurrency)
+                .replay()
+                .run(run)
+                .await
         }
     })
     .await;

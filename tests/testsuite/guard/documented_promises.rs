@@ -1848,7 +1848,8 @@ async fn more_edges_of_the_options_and_of_input() {
     let batch: Batch<u32> = (10..12).map(|n| (n, id(n))).collect();
     let answers = tokio::time::timeout(
         Duration::from_secs(10),
-        gate.guard_batch(batch.concurrency(0))
+        gate.guard_batch(batch)
+            .concurrency(0)
             .run(|n| async move { Ok::<_, Rejected>(n) }),
     )
     .await

@@ -806,9 +806,8 @@ async fn a_batch_item_taken_over_runs_nothing_more_and_its_neighbour_is_untouche
     let saw = Arc::new(Mutex::new(Vec::new()));
     let batch: Batch<u64> = (1..=2_u64)
         .map(|n| (n, ids[n as usize - 1].clone()))
-        .collect::<Batch<u64>>()
-        .concurrency(2);
-    let run = gate.guard_batch(batch).lease(lease).run({
+        .collect::<Batch<u64>>();
+    let run = gate.guard_batch(batch).concurrency(2).lease(lease).run({
         let (b_ran, in_a_tx, go, saw) = (
             Arc::clone(&b_ran),
             Arc::clone(&in_a_tx),
