@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use idem::sqlx;
 use sqlx::PgConnection;
 
 use super::claims::{self, ClaimAnswer, Existing, NewClaim};
@@ -273,10 +274,9 @@ async fn a_state_this_build_does_not_know_fails_the_read_saying_so() {
     };
     let claimed = claims::claim(&mut *conn, Engine::PostgreSQL, SCOPE, address, new, false).await;
     unknown(&claimed.expect_err("the claim fails"));
-    let scope = ScopeFilter {
-        account: Some(SCOPE.account),
-        namespace: NamespaceFilter::Any,
-    };
+    let scope = ScopeFilter::new()
+        .account(Some(SCOPE.account))
+        .namespace(NamespaceFilter::Any);
     let found = sqlx::query(sqlx::AssertSqlSafe(operations::find_statement(&scope)))
         .bind(scope.account)
         .bind(None::<&str>)
