@@ -1,6 +1,7 @@
 //! **Not a stable API.** What idem's own `idem` command, benchmarks and
 //! tests reach into: the migrations one by one, the index definitions as
-//! text, the batch claim statement, a baseline prune. They change with
+//! text, the batch claim statement, a baseline prune, the gate's decisions
+//! as the test helpers (`idem-testing`) observe them. They change with
 //! idem's schema and its statements, in any release, without notice; an
 //! application uses [`schema`](crate::schema) (`set_up`, `verify`,
 //! `status`, `SCHEMA_SQL`) and [`operations`](crate::operations) instead.
@@ -11,6 +12,13 @@ use crate::store::catalog;
 
 pub use crate::store::catalog::{MIGRATIONS, Migration};
 pub use crate::store::prune::prune_in_one_statement;
+
+/// What the gate decided, told to a race harness in the same task: for
+/// `idem::testing` (the `idem-testing` crate), its `race`, `observe` and
+/// `GateEvent`.
+pub mod observe {
+    pub use crate::observe::{GateEvent, collecting};
+}
 
 /// The store: its named statements (their SQL text in every form), and the
 /// calls that send them, for idem's own tests that `EXPLAIN` each statement
