@@ -142,7 +142,7 @@ pub use idem_runtime::__internal;
 ///
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub use idem_runtime::testing;
+pub use idem_testing as testing;
 
 #[cfg(feature = "cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]

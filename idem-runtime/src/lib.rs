@@ -51,14 +51,6 @@ pub mod shown;
 mod step;
 mod store;
 mod stored_value;
-// The tests' PostgreSQL: for `testing`, and for the store's unit tests,
-// which build without it. Much of it serves only `testing`'s users.
-#[cfg(any(test, feature = "testing"))]
-#[cfg_attr(not(feature = "testing"), allow(dead_code))]
-mod test_server;
-#[cfg(feature = "testing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub mod testing;
 mod via;
 
 pub use claim::Claim;

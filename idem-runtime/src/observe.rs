@@ -1,6 +1,7 @@
 //! What the gate did, told to a race harness running in the same task.
 //!
-//! `testing::race` (feature `testing`) needs to know, for each invocation
+//! `idem::testing::race` (the `idem-testing` crate, through
+//! [`__internal::observe`](crate::__internal::observe)) needs to know, for each invocation
 //! it fired, whether the gate let it run or refused it, whatever the guarded
 //! function turned the refusal into. The gate reports to a task-local list
 //! when one is in scope; outside a race, reporting is one failed lookup.
@@ -12,8 +13,6 @@ use crate::error::Rejected;
 /// One decision of the gate.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-// Read only through `testing` (the race harness and `testing::observe`).
-#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub enum GateEvent {
     /// The claim was won: the body runs.
     Won,
@@ -83,7 +82,6 @@ pub(crate) fn carried<F: Future>(future: F) -> impl Future<Output = F::Output> {
 }
 
 /// Runs `future` with `events` collecting what the gate decides inside it.
-#[cfg(feature = "testing")]
-pub(crate) async fn collecting<F: Future>(events: Events, future: F) -> F::Output {
+pub async fn collecting<F: Future>(events: Arc<Mutex<Vec<GateEvent>>>, future: F) -> F::Output {
     EVENTS.scope(events, future).await
 }

@@ -125,36 +125,25 @@ fn the_reading_path_goes_down_from_the_guard_to_the_store() {
     // Below the store there is only vocabulary: the errors, the outcome a
     // slot records (`outcome`, a leaf), the canonical encoding
     // (`identity`, a leaf: a step's row is read back into its name with
-    // it), and for its tests the tests' PostgreSQL (`test_server`, which
-    // names nothing of the crate: a leaf).
+    // it). Its tests against a real PostgreSQL are in the facade's
+    // `tests/testsuite/store/`, and the tests' server in `idem-testing`.
     let store = graph.get("store").cloned().unwrap_or_default();
     let above: Vec<_> = store
         .iter()
-        .filter(|name| {
-            !matches!(
-                name.as_str(),
-                "error" | "fault" | "identity" | "outcome" | "test_server"
-            )
-        })
+        .filter(|name| !matches!(name.as_str(), "error" | "fault" | "identity" | "outcome"))
         .collect();
     assert!(
         above.is_empty(),
         "the store is the bottom layer: it names only the vocabulary (error, fault, identity, \
-         outcome) and test_server, but it names {above:?}"
+         outcome), but it names {above:?}"
     );
     let outcome = graph.get("outcome").cloned().unwrap_or_default();
     assert!(
         outcome.is_empty(),
         "outcome is vocabulary, a leaf below the store, but it names {outcome:?}"
     );
-    // The tests' PostgreSQL names nothing of the crate but `shown` (how a
-    // URL is printed without its password), itself a leaf.
+    // How text idem did not write is shown (the `idem` command, the
+    // console, and `idem-testing` when it prints a URL) names nothing.
     let shown = graph.get("shown").cloned().unwrap_or_default();
     assert!(shown.is_empty(), "shown is a leaf, but it names {shown:?}");
-    let test_server = graph.get("test_server").cloned().unwrap_or_default();
-    assert!(
-        test_server.iter().all(|name| name == "shown"),
-        "test_server is a leaf but for `shown`, below the store that its tests use, but it \
-         names {test_server:?}"
-    );
 }

@@ -38,6 +38,9 @@ mod metrics;
 mod console;
 // Usage metering by address.
 mod metering;
+// The store's statements below the gate: their plans (`EXPLAIN`), a
+// claim's transitions, prune's walks.
+mod store;
 // Establishing an outcome in doubt: the reconciler, resolving by hand, and
 // the reconciler's bounds.
 mod reconcile;

@@ -26,7 +26,8 @@
 //! either. Should the row change between the two (a concurrent writer),
 //! PostgreSQL re-checks the newest version against `ctid` and the fence,
 //! finds it no longer matches, and leaves it: the item is then recorded
-//! alone, as one claim is. The `batch_plans` test pins the plans with
+//! alone, as one claim is. The `batch_plans` test
+//! (`tests/testsuite/store/batch_plans.rs`) pins the plans with
 //! `EXPLAIN`, under statistics that are stale and under none at all.
 //!
 //! On Citus the account stays a constant of the join (`account = $1`):
@@ -51,7 +52,7 @@ use crate::outcome::{Disposition, Outcome};
 
 /// A batch statement in its four forms: per engine (see the module's
 /// docs), and per namespace ([`SplitOnNamespace`]).
-pub(super) struct PerEngine {
+pub struct PerEngine {
     postgres: SplitOnNamespace,
     citus: SplitOnNamespace,
 }
@@ -77,8 +78,7 @@ impl PerEngine {
     }
 
     /// The text for `engine` and `namespace`, for the plan tests.
-    #[cfg(test)]
-    pub(super) fn text(&self, engine: Engine, namespace: Option<&str>) -> &'static str {
+    pub fn text(&self, engine: Engine, namespace: Option<&str>) -> &'static str {
         match engine {
             Engine::PostgreSQL => self.postgres.for_namespace(namespace),
             Engine::Citus => self.citus.for_namespace(namespace),
@@ -147,7 +147,7 @@ macro_rules! per_batch {
 /// microseconds (NULL: none). The same text serves every form: the insert
 /// is arbitrated by the index the new row's namespace falls under, and
 /// Citus routes it by the one account.
-pub(crate) const CLAIM_BATCH: &str = "INSERT INTO idem_records \
+pub const CLAIM_BATCH: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at) \
      SELECT $1, 'claim', item.address, $3, 'pending', item.identity, item.fingerprint, \
             now() + $6 * interval '1 microsecond' \
@@ -194,7 +194,7 @@ macro_rules! lookup_batch_routed {
 /// their addresses; `$4`: whether to return the stored outputs. On
 /// PostgreSQL, one lookup per address through the partial unique index of
 /// its form; on Citus, the routed join (see the module docs).
-pub(super) const LOOKUP_BATCH: PerEngine = PerEngine {
+pub const LOOKUP_BATCH: PerEngine = PerEngine {
     postgres: SplitOnNamespace {
         without_namespace: lookup_batch_statement!("namespace IS NULL AND $3::text IS NULL"),
         within_namespace: lookup_batch_statement!("namespace = $3"),
@@ -256,16 +256,16 @@ macro_rules! keep_set {
 /// fences, `$5` outputs to keep (NULL elements: none). Returns the settled
 /// addresses. Index: one probe per address into the partial unique index
 /// of its form.
-pub(super) const SETTLE_BATCH: PerCommit<PerEngine> =
+pub const SETTLE_BATCH: PerCommit<PerEngine> =
     per_commit!(leading, on_held!(settle_set!(), settle_items!()));
 
 /// Deletes the holder's pending claims, each matched on its fence, freeing
 /// their slots, and stamps the steps of each claim it deleted released, as
-/// a single release does ([`stamping_released_steps!`](super::stamping_released_steps)).
+/// a single release does (`stamping_released_steps!`).
 /// `$4` fences. Returns the released addresses. Index: one probe per
 /// address into the partial unique index of its form, and one per address
 /// released into the steps'.
-pub(super) const RELEASE_BATCH: PerCommit<PerEngine> = per_commit!(
+pub const RELEASE_BATCH: PerCommit<PerEngine> = per_commit!(
     leading,
     per_batch!(
         "WITH released AS (DELETE FROM idem_records r USING",
@@ -283,13 +283,13 @@ pub(super) const RELEASE_BATCH: PerCommit<PerEngine> = per_commit!(
 /// Keeps the holder's pending claims as definite failures, each matched on
 /// its fence. `$4` fences, `$5` how they got there (`state_reason`).
 /// Returns the kept addresses. Index: as [`SETTLE_BATCH`].
-pub(super) const KEEP_BATCH: PerCommit<PerEngine> = per_commit!(leading, on_held!(keep_set!()));
+pub const KEEP_BATCH: PerCommit<PerEngine> = per_commit!(leading, on_held!(keep_set!()));
 
 /// Holds the holder's pending claims in doubt, each matched on its fence;
 /// the lease is cleared, so none can be taken over. `$4` fences, `$5` how
 /// they got there (`state_reason`). Returns the held addresses. Index: as
 /// [`SETTLE_BATCH`].
-pub(super) const HOLD_IN_DOUBT_BATCH: PerEngine = on_held!(
+pub const HOLD_IN_DOUBT_BATCH: PerEngine = on_held!(
     "UPDATE idem_records r \
      SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5, \
          in_doubt_since = now() \

@@ -2,7 +2,7 @@
 //! counted by account, state and action; a page of claims after a keyset
 //! cursor; one claim described, its stored values only when asked.
 //!
-//! Nothing here writes: the console's writes are [`operations::resolve_as`]
+//! Nothing here writes: the console's writes are [`operations::resolve_as`](crate::operations::resolve_as)
 //! (super::operations::resolve_as), as the CLI's are.
 //!
 //! # Two orders, each served by an index
@@ -64,7 +64,7 @@ macro_rules! age_since {
 /// oldest; `$1` the most groups returned, `$2` one account or NULL for
 /// every one. Index: the index of open claims (its predicate is written
 /// out), so successes are never read.
-pub(super) const OPEN_COUNTS: &str = concat!(
+pub const OPEN_COUNTS: &str = concat!(
     "SELECT r.account, r.state, ",
     action_of_identity!(),
     " AS action, count(*)::int8 AS claims, \
@@ -81,7 +81,7 @@ pub(super) const OPEN_COUNTS: &str = concat!(
 /// for every one): the exact totals, whatever [`OPEN_COUNTS`] has room
 /// for. Index: the index of open claims (its predicate is written out), so
 /// successes are never read.
-pub(super) const OPEN_TOTALS: &str = concat!(
+pub const OPEN_TOTALS: &str = concat!(
     "SELECT r.state, count(*)::int8 AS claims FROM idem_records r WHERE ",
     open_claims!("r."),
     " AND ($1::text IS NULL OR r.account = $1::text) GROUP BY r.state"
@@ -448,7 +448,7 @@ fn page_filters(scope: &ScopeFilter<'_>) -> String {
 /// its own statement, so that a cursor's comparison is an index condition
 /// in every plan, generic or not (an `$n IS NULL OR ...` is not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Start {
+pub enum Start {
     /// From the first claim; the cursor's parameters are NULL.
     First,
     /// After a claim without a namespace.
@@ -479,11 +479,7 @@ const NO_CURSOR: &str =
 /// `$9` the limit. The state is `state`, written in (one of three fixed
 /// words), so that the planner uses the index of open claims. The
 /// namespace sorts after the address, none first.
-pub(super) fn oldest_first_page(
-    scope: &ScopeFilter<'_>,
-    state: &'static str,
-    start: Start,
-) -> String {
+pub fn oldest_first_page(scope: &ScopeFilter<'_>, state: &'static str, start: Start) -> String {
     let cursor = match start {
         Start::First => NO_CURSOR,
         Start::AfterWithout | Start::AfterWithin => {

@@ -66,7 +66,7 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 /// The index of open claims (schema version 9, `sql/v9.sql`).
-pub(crate) const OPEN_CLAIMS_INDEX: &str = "idem_records_open_claims";
+pub const OPEN_CLAIMS_INDEX: &str = "idem_records_open_claims";
 
 /// How `pg_get_indexdef` ends the definition of the index of open claims:
 /// an index of that name on `idem_records` is the index when it is valid,
@@ -171,7 +171,7 @@ pub(crate) fn partitioned_prelude(partitions: u16) -> String {
 /// Brings the schema up to [`SCHEMA_VERSION`]: the migrations run in one
 /// transaction under the set-up lock; when the schema is already current,
 /// no DDL runs and no lock is taken.
-pub(crate) async fn set_up(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+pub async fn set_up(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     let mut attempt = 1;
     loop {
         if current_version(&mut *conn).await? >= SCHEMA_VERSION {

@@ -30,8 +30,10 @@ use super::{Commit, Engine, PerCommit, Scope, SplitOnNamespace, per_commit, per_
 
 /// What a new claim row carries besides its scope and address.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct NewClaim<'a> {
+pub struct NewClaim<'a> {
+    /// The identity's canonical encoding.
     pub identity: &'a [u8],
+    /// The payload's fingerprint, when the claim has one.
     pub fingerprint: Option<&'a [u8]>,
     /// `None`: the claim holds until resolved.
     pub lease_micros: Option<i64>,
@@ -40,13 +42,17 @@ pub(crate) struct NewClaim<'a> {
 /// A claim row found on conflict: the columns `existing_columns!` names
 /// and `output`, decoded by name.
 #[derive(Debug, sqlx::FromRow)]
-pub(crate) struct Existing {
+pub struct Existing {
+    /// The slot records a success.
     pub settled: bool,
     /// The row's state, parsed as it is read: a state this build does not
     /// know (written by a later version) fails the read instead.
     pub state: ClaimState,
+    /// The identity's canonical encoding.
     pub identity: Vec<u8>,
+    /// The payload's fingerprint, when the claim has one.
     pub fingerprint: Option<Vec<u8>>,
+    /// The claim's fence.
     pub fence: i64,
     /// The fence of the claim this row began as: kept by takeovers, new
     /// when the slot was released and claimed anew. A holder whose lineage
@@ -59,7 +65,7 @@ pub(crate) struct Existing {
     /// set): its state is theirs, not its holder's.
     pub resolved: bool,
     /// How the claim got to its state (`state_reason`): with `resolved`,
-    /// who wrote it ([`Existing::written_by_its_holder`]).
+    /// who wrote it (`Existing::written_by_its_holder`).
     pub reason: Option<String>,
     /// The stored `Ok` value, when asked for and present.
     pub output: Option<String>,
@@ -187,7 +193,7 @@ pub(super) use existing_columns;
 
 /// Claims a slot, or finds the row that holds it, in one statement (see
 /// `claim_statement!`). Index: the partial unique index of its form.
-pub(super) const CLAIM: SplitOnNamespace = SplitOnNamespace {
+pub const CLAIM: SplitOnNamespace = SplitOnNamespace {
     without_namespace: claim_statement!("namespace IS NULL AND $3::text IS NULL"),
     within_namespace: claim_statement!("namespace = $3"),
 };
@@ -203,7 +209,7 @@ pub(super) const CLAIM: SplitOnNamespace = SplitOnNamespace {
 ///
 /// `$1` account, `$2` address, `$3` namespace, `$4` identity, `$5`
 /// fingerprint, `$6` lease in microseconds (NULL: none).
-pub(super) const CLAIM_ROUTED: SplitOnNamespace = SplitOnNamespace {
+pub const CLAIM_ROUTED: SplitOnNamespace = SplitOnNamespace {
     without_namespace: CLAIM_ROUTED_STATEMENT,
     within_namespace: CLAIM_ROUTED_STATEMENT,
 };
@@ -217,7 +223,7 @@ const CLAIM_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
 
 /// What the claim statement answered: the slot won, or who holds it.
 #[derive(Debug)]
-pub(crate) enum ClaimAnswer {
+pub enum ClaimAnswer {
     /// This statement inserted the claim, with this fence.
     Won(i64),
     /// The row of the slot's holder, which the statement could see.
@@ -229,8 +235,8 @@ pub(crate) enum ClaimAnswer {
 
 /// The row holding a slot, as [`Existing`] reads it. `$4`: whether to return
 /// the stored output (it may be large). Index: the partial unique index of
-/// its form, as for every [`per_row!`] statement.
-pub(super) const LOOKUP: SplitOnNamespace = per_row!(concat!(
+/// its form, as for every `per_row!` statement.
+pub const LOOKUP: SplitOnNamespace = per_row!(concat!(
     "SELECT ",
     existing_columns!(),
     ", CASE WHEN $4 THEN coalesce(output_json, output::text) END AS output \
@@ -242,7 +248,7 @@ pub(super) const LOOKUP: SplitOnNamespace = per_row!(concat!(
 /// is kept as the text serde_json wrote, not as `jsonb`, which refuses some
 /// of what JSON can say (`\u0000`): a settle must never fail because of the
 /// value it carries. Index: the partial unique index of its form.
-pub(super) const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
+pub const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
     opening "FROM",
     per_row!(
         "UPDATE idem_records \
@@ -252,10 +258,10 @@ pub(super) const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
 );
 
 /// Deletes the holder's pending claim, freeing the slot, and stamps its
-/// steps released ([`stamping_released_steps!`]). `$4`: the holder's
+/// steps released (`stamping_released_steps!`). `$4`: the holder's
 /// fence. Index: the partial unique index of its form; the steps', for
 /// the stamp.
-pub(super) const RELEASE: PerCommit<SplitOnNamespace> = per_commit!(
+pub const RELEASE: PerCommit<SplitOnNamespace> = per_commit!(
     opening "USING",
     per_row!(
         "WITH released AS (DELETE FROM idem_records",
@@ -267,7 +273,7 @@ pub(super) const RELEASE: PerCommit<SplitOnNamespace> = per_commit!(
 /// Keeps the holder's pending claim as a definite failure: duplicates are
 /// refused, never run. `$4`: the holder's fence; `$5`: how it got there
 /// (`state_reason`). Index: the partial unique index of its form.
-pub(super) const KEEP: PerCommit<SplitOnNamespace> = per_commit!(
+pub const KEEP: PerCommit<SplitOnNamespace> = per_commit!(
     opening "FROM",
     per_row!(
         "UPDATE idem_records \
@@ -281,7 +287,7 @@ pub(super) const KEEP: PerCommit<SplitOnNamespace> = per_commit!(
 /// is cleared, so it can never be taken over; `in_doubt_since` says when it
 /// turned. `$4`: the holder's fence; `$5`: how it got there
 /// (`state_reason`). Index: the partial unique index of its form.
-pub(super) const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
+pub const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5, \
          in_doubt_since = now()",
@@ -295,7 +301,7 @@ pub(super) const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
 /// nothing. It has been in doubt since its lease ran out
 /// (`in_doubt_since`), however much later someone looked. Index: the
 /// partial unique index of its form.
-pub(super) const EXPIRE_IN_DOUBT: SplitOnNamespace = per_row!(
+pub const EXPIRE_IN_DOUBT: SplitOnNamespace = per_row!(
     concat!(
         "UPDATE idem_records \
          SET state = 'in_doubt', lease_expires_at = NULL, state_reason = '",
@@ -309,7 +315,7 @@ pub(super) const EXPIRE_IN_DOUBT: SplitOnNamespace = per_row!(
 /// in microseconds. Only a claim that has a lease is extended: one made
 /// without holds until it is resolved, and must never become expirable.
 /// Index: the partial unique index of its form.
-pub(super) const EXTEND: SplitOnNamespace = per_row!(
+pub const EXTEND: SplitOnNamespace = per_row!(
     "UPDATE idem_records SET lease_expires_at = now() + $5 * interval '1 microsecond'",
     "state = 'pending' AND fence = $4 AND lease_expires_at IS NOT NULL"
 );
@@ -329,7 +335,7 @@ pub(super) const EXTEND: SplitOnNamespace = per_row!(
 /// on Citus: one value drawn from the one sequence, before the row changes,
 /// so it is new and above every fence drawn before it; a taker that loses
 /// the race leaves a gap in the sequence, nothing else.
-pub(super) const TAKE_OVER: SplitOnNamespace = per_row!(
+pub const TAKE_OVER: SplitOnNamespace = per_row!(
     "WITH drawn AS MATERIALIZED (SELECT nextval('idem_records_fence_seq') AS next_fence) \
      UPDATE idem_records \
      SET fence = drawn.next_fence, created_at = now(), fingerprint = $6, \
@@ -348,11 +354,11 @@ pub(super) const TAKE_OVER: SplitOnNamespace = per_row!(
 /// is a fact the slot must keep: without this, the new holder's release
 /// would free the slot and a retry would run the action once more. The row
 /// keeps its fence, so the new holder's own settle or release finds it
-/// settled, and `state_reason` says [`LATE_SUCCESS`], so that holder knows
+/// settled, and `state_reason` says `LATE_SUCCESS`, so that holder knows
 /// the success is not its own. `$5`: the output; `$6`: the fingerprint of
 /// the payload the output belongs to. Index: the partial unique index of
 /// its form.
-pub(super) const SETTLE_OVER: SplitOnNamespace = per_row!(
+pub const SETTLE_OVER: SplitOnNamespace = per_row!(
     concat!(
         "UPDATE idem_records \
          SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
@@ -372,7 +378,7 @@ pub(super) const SETTLE_OVER: SplitOnNamespace = per_row!(
 /// [`SETTLE_OVER`]'s `late_success` would say somebody else wrote it.
 /// `$5`: the output; `$6`: the fingerprint. Index: the partial unique index
 /// of its form.
-pub(super) const SETTLE_OWN_HOLD: SplitOnNamespace = per_row!(
+pub const SETTLE_OWN_HOLD: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
          fingerprint = $6, state_reason = NULL",
@@ -389,7 +395,7 @@ pub(super) const SETTLE_OWN_HOLD: SplitOnNamespace = per_row!(
 /// `$5`: the fingerprint; `$6`: the output. One text serves both forms: it
 /// finds no row, it inserts one, and the insert is arbitrated by whichever
 /// partial unique index the new row's namespace falls under.
-pub(super) const SETTLE_VACANT: SplitOnNamespace = SplitOnNamespace {
+pub const SETTLE_VACANT: SplitOnNamespace = SplitOnNamespace {
     without_namespace: SETTLE_VACANT_STATEMENT,
     within_namespace: SETTLE_VACANT_STATEMENT,
 };
@@ -412,7 +418,7 @@ pub(super) async fn changed_one<'e>(
 /// Whether a statement that finds a settled slot reads its kept value:
 /// only a caller that replays it needs those bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KeptValue {
+pub enum KeptValue {
     /// Read the value kept for replay.
     Read,
     /// Leave it where it is.
@@ -421,7 +427,7 @@ pub(crate) enum KeptValue {
 
 impl KeptValue {
     /// [`Read`](KeptValue::Read) for a caller that replays.
-    pub(crate) fn read_if(replays: bool) -> KeptValue {
+    pub fn read_if(replays: bool) -> KeptValue {
         if replays {
             KeptValue::Read
         } else {
@@ -430,7 +436,7 @@ impl KeptValue {
     }
 
     /// Whether it is read, as the statements bind it.
-    pub(crate) fn is_read(self) -> bool {
+    pub fn is_read(self) -> bool {
         self == KeptValue::Read
     }
 }
@@ -439,7 +445,7 @@ impl KeptValue {
 /// PostgreSQL; on Citus the insert alone ([`CLAIM_ROUTED`]), a row it
 /// could not insert then being [`ClaimAnswer::Hidden`] for the caller to look
 /// up.
-pub(crate) async fn claim<'e>(
+pub async fn claim<'e>(
     executor: impl PgExecutor<'e>,
     engine: Engine,
     scope: Scope<'_>,
@@ -478,7 +484,7 @@ pub(crate) async fn claim<'e>(
 }
 
 /// The row holding a slot, if any is still there.
-pub(crate) async fn lookup<'e>(
+pub async fn lookup<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
@@ -496,7 +502,7 @@ pub(crate) async fn lookup<'e>(
 
 /// Marks a pending claim settled, keeping `output`. `false`: the row is no
 /// longer pending under this fence.
-pub(crate) async fn settle<'e>(
+pub async fn settle<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
@@ -514,7 +520,7 @@ pub(crate) async fn settle<'e>(
 
 /// Deletes a pending claim. `false`: the row is no longer pending under
 /// this fence.
-pub(crate) async fn release<'e>(
+pub async fn release<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
@@ -527,7 +533,7 @@ pub(crate) async fn release<'e>(
 
 /// Keeps a pending claim as a definite failure ([`KEEP`]), saying why in
 /// `reason`. `false`: the row is no longer pending under this fence.
-pub(crate) async fn keep<'e>(
+pub async fn keep<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
@@ -545,7 +551,7 @@ pub(crate) async fn keep<'e>(
 
 /// Holds a pending claim in doubt ([`HOLD_IN_DOUBT`]), saying why in
 /// `reason`. `false`: the row is no longer pending under this fence.
-pub(crate) async fn hold_in_doubt<'e>(
+pub async fn hold_in_doubt<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
@@ -565,7 +571,7 @@ pub(crate) async fn hold_in_doubt<'e>(
 /// Turns the expired pending claim last seen with fence `seen` in doubt
 /// ([`EXPIRE_IN_DOUBT`]). `false`: it changed since it was seen (settled,
 /// released, extended, taken over, or turned in doubt by another).
-pub(crate) async fn expire_in_doubt<'e>(
+pub async fn expire_in_doubt<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
@@ -575,7 +581,7 @@ pub(crate) async fn expire_in_doubt<'e>(
 }
 
 /// Renews a pending claim's lease. `false`: the claim was lost.
-pub(crate) async fn extend<'e>(
+pub async fn extend<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
@@ -594,14 +600,16 @@ pub(crate) async fn extend<'e>(
 
 /// A claim won by taking an expired one over.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct TakenOver {
+pub struct TakenOver {
+    /// The new holder's fence.
     pub fence: i64,
+    /// The fence of the claim the row began as, kept by the takeover.
     pub lineage: i64,
 }
 
 /// Takes over an expired claim last seen with fence `seen`. `Some`: this
 /// call now holds it, with a fence higher than any before.
-pub(crate) async fn take_over<'e>(
+pub async fn take_over<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,

@@ -36,13 +36,13 @@ macro_rules! gauges_over {
 /// not settled, never the successes. It is still a pass over every open
 /// claim, which is why the gauges are sampled on an interval the
 /// application picks, never per call.
-pub(super) const GAUGES_EVERY_ACCOUNT: &str = gauges_over!("");
+pub const GAUGES_EVERY_ACCOUNT: &str = gauges_over!("");
 
 /// The gauges of one account. `$1` the pending age in seconds, `$2` the
 /// account. Index: the index of open claims, from its leading column, the
 /// account; on the partitioned layout in the account's one partition, on
 /// Citus in the one shard holding it.
-pub(super) const GAUGES_ONE_ACCOUNT: &str = gauges_over!(" AND account = $2");
+pub const GAUGES_ONE_ACCOUNT: &str = gauges_over!(" AND account = $2");
 
 /// What [`GAUGES_EVERY_ACCOUNT`] or [`GAUGES_ONE_ACCOUNT`] read.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -57,7 +57,7 @@ macro_rules! record_statement {
 /// microseconds since the epoch); `$7` the namespace, in the form within
 /// one only. Index: the conflict arbiter is named, the partial unique index
 /// of its form, and the conflicting row is found through it.
-pub(super) const RECORD: SplitOnNamespace = SplitOnNamespace {
+pub const RECORD: SplitOnNamespace = SplitOnNamespace {
     without_namespace: record_statement!(
         "NULL",
         "(account, kind, address) WHERE namespace IS NULL"
@@ -97,13 +97,13 @@ macro_rules! total_statement {
 /// version 2), or on a small table a partial unique index's leading
 /// `(account, kind)`; the namespace test filters the rows found. Split on
 /// the namespace all the same, so that no statement here folds that test.
-pub(super) const TOTALS: SplitOnNamespace = SplitOnNamespace {
+pub const TOTALS: SplitOnNamespace = SplitOnNamespace {
     without_namespace: total_statement!("namespace IS NULL AND $4::text IS NULL"),
     within_namespace: total_statement!("namespace = $4"),
 };
 
 /// [`TOTALS`] for one meter, `$5`. Index: as for [`TOTALS`].
-pub(super) const TOTAL_OF_METER: SplitOnNamespace = SplitOnNamespace {
+pub const TOTAL_OF_METER: SplitOnNamespace = SplitOnNamespace {
     without_namespace: total_statement!("namespace IS NULL AND $4::text IS NULL", "meter = $5"),
     within_namespace: total_statement!("namespace = $4", "meter = $5"),
 };

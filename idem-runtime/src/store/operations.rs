@@ -430,7 +430,7 @@ fn list_conditions(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String
 
 /// Lists the claims of a scope, newest first ([`list_conditions`]); `$5`
 /// the limit. Index: as [`list_conditions`] says.
-pub(super) fn list_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
+pub(crate) fn list_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
     format!(
         "SELECT {columns} FROM idem_records r WHERE {conditions} \
          ORDER BY r.created_at DESC, r.account, r.namespace NULLS FIRST, r.address \
@@ -442,7 +442,7 @@ pub(super) fn list_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>)
 
 /// Counts the claims [`list_statement`] would list without a limit
 /// ([`list_conditions`]). Index: as [`list_statement`].
-pub(super) fn count_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
+pub(crate) fn count_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
     format!(
         "SELECT count(*) FROM idem_records r WHERE {conditions}",
         conditions = list_conditions(scope, state),
@@ -524,7 +524,7 @@ pub(crate) fn action_pattern(action_alone: &[u8]) -> Vec<u8> {
 /// claims not settled and never the successes, of every account or of
 /// one (its leading column); the cursor and the limit bound what is
 /// sorted and sent.
-pub(super) fn reconcile_statement(scope: &ScopeFilter<'_>) -> String {
+pub(crate) fn reconcile_statement(scope: &ScopeFilter<'_>) -> String {
     format!(
         "SELECT {columns}, r.created_at::text AS cursor_created_at, \
                 coalesce(r.state = 'pending' AND r.lease_expires_at <= now(), false) \
@@ -553,7 +553,7 @@ pub(super) fn reconcile_statement(scope: &ScopeFilter<'_>) -> String {
 /// `$3` the address. Index: with the account and a namespace filter
 /// (`Without` or `Named`), the partial unique index that filter implies;
 /// with either left open, a scan.
-pub(super) fn find_statement(scope: &ScopeFilter<'_>) -> String {
+pub(crate) fn find_statement(scope: &ScopeFilter<'_>) -> String {
     format!(
         "SELECT {columns} FROM idem_records r \
          WHERE r.kind = 'claim' AND r.address = $3 AND {scope} \
@@ -682,7 +682,7 @@ macro_rules! steps_of_claim {
 /// the order they were begun. Index: the index of a claim's steps,
 /// `(account, claim_address) WHERE kind = 'step'`; the namespace is tested
 /// on the rows it finds, spelled out as everywhere.
-pub(super) const STEPS_OF_CLAIM: SplitOnNamespace = SplitOnNamespace {
+pub(crate) const STEPS_OF_CLAIM: SplitOnNamespace = SplitOnNamespace {
     without_namespace: steps_of_claim!("namespace IS NULL AND $3::text IS NULL"),
     within_namespace: steps_of_claim!("namespace = $3"),
 };
@@ -712,7 +712,7 @@ pub async fn steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<ClaimStep>, Erro
 /// The row is described outside the `DELETE`: its age reads `now()`, which
 /// Citus refuses in the `RETURNING` list of a distributed table ("non-
 /// IMMUTABLE functions are not allowed in the RETURNING clause").
-pub(super) const RELEASE_PENDING: SplitOnNamespace = per_row!(
+pub(crate) const RELEASE_PENDING: SplitOnNamespace = per_row!(
     "WITH released AS (DELETE FROM idem_records",
     "state = 'pending'";
     super::stamping_released_steps!("*", claim_columns!())
@@ -722,7 +722,7 @@ pub(super) const RELEASE_PENDING: SplitOnNamespace = per_row!(
 /// returns it as it is now, so that [`resolve`] can say exactly what it
 /// found and what it changed. `$1` account, `$2` address, `$3` namespace.
 /// Index: the partial unique index of its form.
-pub(super) const LOCK_FOR_RESOLVE: SplitOnNamespace = per_row!(
+pub(crate) const LOCK_FOR_RESOLVE: SplitOnNamespace = per_row!(
     concat!("SELECT ", claim_columns!(), " FROM idem_records r");
     "FOR UPDATE"
 );
@@ -753,7 +753,7 @@ const NO_LIVE_LEASE: &str =
 /// replay, as JSON text, or NULL) forever. `$4` the fence, `$5` the state;
 /// `$7` how it got there (`state_reason`). Index: the partial unique index
 /// of its form.
-pub(super) const RESOLVE_SUCCEEDED: SplitOnNamespace = per_row!(
+pub(crate) const RESOLVE_SUCCEEDED: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'success', settled_at = now(), resolved_at = now(), lease_expires_at = NULL, \
          output_json = $6, state_reason = $7",
@@ -764,7 +764,7 @@ pub(super) const RESOLVE_SUCCEEDED: SplitOnNamespace = per_row!(
 /// Resolves a claim as a definite failure, kept: duplicates are refused.
 /// `$4` the fence, `$5` the state; `$6` how it got there (`state_reason`).
 /// Index: the partial unique index of its form.
-pub(super) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
+pub(crate) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'failed', settled_at = now(), resolved_at = now(), lease_expires_at = NULL, \
          state_reason = $6",
@@ -777,7 +777,7 @@ pub(super) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
 /// pending claim turns `in_doubt`, and is probed; one already in doubt
 /// keeps the time it turned). `$4` the fence, `$5` the state; `$6` how it
 /// got there (`state_reason`). Index: the partial unique index of its form.
-pub(super) const RESOLVE_IN_DOUBT: SplitOnNamespace = per_row!(
+pub(crate) const RESOLVE_IN_DOUBT: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $6, \
          in_doubt_since = coalesce(in_doubt_since, now())",
@@ -790,7 +790,7 @@ pub(super) const RESOLVE_IN_DOUBT: SplitOnNamespace = per_row!(
 /// ([`stamping_released_steps!`](super::stamping_released_steps)). `$4`
 /// the fence, `$5` the state. Index: the partial unique index of its form;
 /// the steps', for the stamp.
-pub(super) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
+pub(crate) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
     "WITH released AS (DELETE FROM idem_records",
     "state IN ('pending', 'in_doubt') AND state = $5::text AND fence = $4 \
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())";

@@ -171,7 +171,7 @@ macro_rules! prunable_orphan_step {
 
 /// One of the two partial unique indexes a walk goes through, with the
 /// statements that walk it.
-pub(super) struct Lane {
+pub struct Lane {
     /// The namespace of a position before every entry of the lane: NULL in
     /// the lane without one (where it is tested as NULL), the empty string
     /// in the other, below every `(address, namespace)` since no address is
@@ -180,45 +180,45 @@ pub(super) struct Lane {
     /// The first account with claims in this lane, by the index's order.
     /// Index: the lane's partial unique index (its leading `account`,
     /// read for a `min`).
-    pub(super) first_account: &'static str,
+    pub first_account: &'static str,
     /// The first account after `$1` with claims in this lane. Index: the
     /// lane's partial unique index.
-    pub(super) next_account: &'static str,
+    pub next_account: &'static str,
     /// The statements of a walk that stays in one account (Citus, or a
     /// prune of one account).
-    pub(super) by_account: Walker,
+    pub by_account: Walker,
     /// The statements of a walk across accounts, in the index's order.
-    pub(super) across: Walker,
+    pub across: Walker,
 }
 
 /// The three statements of a batch. A position in the walk is `($1, $2,
 /// $3)`: an account, the last address read there and, in the lane of
 /// namespaces, the last namespace (NULL, and tested as NULL, in the lane
 /// without one, so that both lanes number their parameters alike).
-pub(super) struct Walker {
+pub struct Walker {
     /// Where the window of the next `$4 + 1` index entries after the
     /// position ends: the account, address and namespace of its last entry,
     /// or no row when fewer remain (in the account, for a walk by account).
     /// Index: the lane's partial unique index, `$4 + 1` entries of it.
-    pub(super) window_end: &'static str,
+    pub window_end: &'static str,
     /// Deletes the prunable claims after the position up to and including
     /// the entry `($4, $5, $6)` (a walk by account binds `$4` NULL: the end
     /// is in its account), settled before `$7`. Index: the lane's partial
     /// unique index, over that window only.
-    pub(super) delete_window: &'static str,
+    pub delete_window: &'static str,
     /// Deletes the prunable claims after the position to the end (of the
     /// account, for a walk by account): fewer than a batch, as
     /// [`Walker::window_end`] found. `$4` to `$6` are bound NULL and tested
     /// as NULL. Index: the lane's partial unique index, from the position
     /// on.
-    pub(super) delete_rest: &'static str,
+    pub delete_rest: &'static str,
 }
 
 /// The lane of claims without a namespace: `(account, kind, address) WHERE
 /// namespace IS NULL`. By account, walked by address; across accounts, by
 /// `(account, kind, address)`, a row comparison the index serves as one
 /// range.
-pub(super) const WITHOUT_NAMESPACE: Lane = Lane {
+pub const WITHOUT_NAMESPACE: Lane = Lane {
     start_namespace: None,
     first_account: "SELECT min(account) AS account FROM idem_records \
                     WHERE kind = 'claim' AND namespace IS NULL",
@@ -270,7 +270,7 @@ pub(super) const WITHOUT_NAMESPACE: Lane = Lane {
 /// WHERE namespace IS NOT NULL`. By account, walked by `(address,
 /// namespace)`; across accounts, by all four columns: row comparisons the
 /// index serves as one range.
-pub(super) const WITHIN_NAMESPACE: Lane = Lane {
+pub const WITHIN_NAMESPACE: Lane = Lane {
     start_namespace: Some(""),
     first_account: "SELECT min(account) AS account FROM idem_records \
                     WHERE kind = 'claim' AND namespace IS NOT NULL",
@@ -322,12 +322,12 @@ pub(super) const WITHIN_NAMESPACE: Lane = Lane {
 /// (`idem_records_steps_of_claim`, `(account, claim_address) WHERE kind =
 /// 'step'`): a lane of its own, walked after the claims' (whose steps go
 /// with them, [`STEPS_OF_PRUNED`]), so that a released claim's steps are
-/// pruned too, by the same age rule ([`prunable_orphan_step!`]). A position
+/// pruned too, by the same age rule (`prunable_orphan_step!`). A position
 /// is `($1, $2)`, an account and a claim's address (`$3`, `$6`: NULL, and
 /// tested as NULL, numbered as in the claims' lanes); a window ends after
 /// every step of its last claim, since `(account, claim_address)` is not
 /// unique.
-pub(super) const ORPHAN_STEPS: Lane = Lane {
+pub const ORPHAN_STEPS: Lane = Lane {
     start_namespace: None,
     first_account: "SELECT min(account) AS account FROM idem_records WHERE kind = 'step'",
     next_account: "SELECT min(account) AS account FROM idem_records \
@@ -382,12 +382,12 @@ pub(super) const ORPHAN_STEPS: Lane = Lane {
 
 /// Deletes the prunable rows stored in heap pages `$1` (included) to `$2`
 /// (excluded): claims settled before `$3`, and steps whose claim is gone,
-/// by the same rule ([`prunable_orphan_step!`]); returns them, for their
+/// by the same rule (`prunable_orphan_step!`); returns them, for their
 /// steps ([`STEPS_OF_PRUNED`]). A batch of the walk in heap order. Index:
 /// a TID range scan of those pages only (PostgreSQL 14 and later), of each
 /// partition when partitioned; a step's claim, through the partial unique
 /// index of its form.
-pub(super) const DELETE_HEAP_PAGES: &str = concat!(
+pub const DELETE_HEAP_PAGES: &str = concat!(
     "DELETE FROM idem_records s \
      WHERE s.ctid >= ('(' || $1::int8 || ',0)')::tid AND s.ctid < ('(' || $2::int8 || ',0)')::tid \
        AND ((s.kind = 'claim' AND s.state = 'success' \
@@ -404,19 +404,19 @@ pub(super) const DELETE_HEAP_PAGES: &str = concat!(
 /// (settled, and past the horizon), and a retry runs anew, every step
 /// with it. Index: the index of a claim's steps, `(account,
 /// claim_address) WHERE kind = 'step'`, probed once per pruned claim.
-pub(super) struct StepsOfPruned {
+pub struct StepsOfPruned {
     /// Claims of one account (a walk by account: every statement names
     /// it, for Citus to route): `$1` the account, `$2` the claims'
     /// addresses, `$3` their namespaces (NULL, and tested as NULL, in the
     /// form without one).
-    pub(super) by_account: SplitOnNamespace,
+    pub by_account: SplitOnNamespace,
     /// Claims of any accounts: `$1` their accounts, `$2` their addresses,
     /// `$3` their namespaces (as above).
-    pub(super) across: SplitOnNamespace,
+    pub across: SplitOnNamespace,
 }
 
 /// [`StepsOfPruned`].
-pub(super) const STEPS_OF_PRUNED: StepsOfPruned = StepsOfPruned {
+pub const STEPS_OF_PRUNED: StepsOfPruned = StepsOfPruned {
     by_account: SplitOnNamespace {
         without_namespace: "DELETE FROM idem_records s \
              USING unnest($2::text[]) AS p(address) \
@@ -679,8 +679,7 @@ impl Pruning {
 
     /// The same walk through the indexes across accounts, whatever the
     /// server: what PostgreSQL 12 and 13 take, for the tests on a later one.
-    #[cfg(test)]
-    pub(super) fn across_indexes(mut self) -> Pruning {
+    pub fn across_indexes(mut self) -> Pruning {
         self.walk = Some(Walk::Across);
         self
     }
@@ -975,7 +974,7 @@ async fn delete_batch(
 
 /// Whether a server of `version` (`server_version_num`) scans a range of
 /// heap pages as such, so that a walk in heap order is bounded work.
-pub(super) fn heap_walk_possible(version: i32) -> bool {
+pub fn heap_walk_possible(version: i32) -> bool {
     version >= TID_RANGE_SCANS_SINCE
 }
 

@@ -103,7 +103,7 @@ macro_rules! begin_step {
 /// arbitrated by both partial unique indexes) or the claim is no longer
 /// pending under `$5`. Index: the claim's test is served by the partial
 /// unique index of its form.
-pub(super) const BEGIN_STEP: SplitOnNamespace = SplitOnNamespace {
+pub const BEGIN_STEP: SplitOnNamespace = SplitOnNamespace {
     without_namespace: begin_step!("c.namespace IS NULL AND $3::text IS NULL"),
     within_namespace: begin_step!("c.namespace = $3"),
 };
@@ -112,7 +112,7 @@ pub(super) const BEGIN_STEP: SplitOnNamespace = SplitOnNamespace {
 /// partial unique index of its form (or the index of a claim's steps,
 /// which the claim's address makes as narrow: a planner without
 /// statistics may take either).
-pub(super) const LOOKUP_STEP: SplitOnNamespace = per_step_row!(
+pub const LOOKUP_STEP: SplitOnNamespace = per_step_row!(
     "SELECT state, fence, identity, output_json AS output FROM idem_records",
     "claim_address = $4"
 );
@@ -121,7 +121,7 @@ pub(super) const LOOKUP_STEP: SplitOnNamespace = per_step_row!(
 /// text (never `jsonb`, which refuses some of what JSON can say), at
 /// `statement_timestamp()` (after it was begun, in a transaction too).
 /// `$4`: the holder's fence. Index: the partial unique index of its form.
-pub(super) const RECORD_STEP: PerCommit<SplitOnNamespace> = per_commit!(
+pub const RECORD_STEP: PerCommit<SplitOnNamespace> = per_commit!(
     opening "FROM",
     per_step_row!(
         "UPDATE idem_records \
@@ -133,7 +133,7 @@ pub(super) const RECORD_STEP: PerCommit<SplitOnNamespace> = per_commit!(
 /// Deletes the holder's marker of a step that failed: it did not finish,
 /// so a later run runs it again. `$4`: the holder's fence. Index: the
 /// partial unique index of its form.
-pub(super) const ABANDON_STEP: PerCommit<SplitOnNamespace> = per_commit!(
+pub const ABANDON_STEP: PerCommit<SplitOnNamespace> = per_commit!(
     opening "USING",
     per_step_row!(
         "DELETE FROM idem_records",
@@ -193,7 +193,7 @@ macro_rules! record_unmarked_step {
 /// their form.
 ///
 /// [repeatable]: crate::Step::repeatable
-pub(super) const RECORD_UNMARKED_STEP: PerCommit<SplitOnNamespace> = per_commit!(
+pub const RECORD_UNMARKED_STEP: PerCommit<SplitOnNamespace> = per_commit!(
     leading,
     record_unmarked_step!(
         "INSERT INTO idem_records \
@@ -232,7 +232,7 @@ macro_rules! steps_for_replay {
 /// Index: the claim's row, the partial unique index of its form; its
 /// steps, `idem_records_steps_of_claim` (account, claim_address) over step
 /// rows.
-pub(super) const STEPS_FOR_REPLAY: SplitOnNamespace = SplitOnNamespace {
+pub const STEPS_FOR_REPLAY: SplitOnNamespace = SplitOnNamespace {
     without_namespace: steps_for_replay!("namespace IS NULL AND $3::text IS NULL"),
     within_namespace: steps_for_replay!("namespace = $3"),
 };
@@ -399,7 +399,7 @@ macro_rules! pending_steps {
 
 /// The steps of the claim at `$2` begun and never recorded. Index:
 /// `idem_records_steps_of_claim` (account, claim_address) over step rows.
-pub(super) const PENDING_STEPS: SplitOnNamespace = SplitOnNamespace {
+pub const PENDING_STEPS: SplitOnNamespace = SplitOnNamespace {
     without_namespace: pending_steps!("namespace IS NULL AND $3::text IS NULL"),
     within_namespace: pending_steps!("namespace = $3"),
 };
@@ -408,7 +408,7 @@ pub(super) const PENDING_STEPS: SplitOnNamespace = SplitOnNamespace {
 /// finished with the value `$5`, for somebody other than its holder (a
 /// reconciler's probe said it happened): `resolved_at` says so. Index: the
 /// partial unique index of its form.
-pub(super) const RESOLVE_STEP: SplitOnNamespace = per_step_row!(
+pub const RESOLVE_STEP: SplitOnNamespace = per_step_row!(
     "UPDATE idem_records SET state = 'success', settled_at = now(), resolved_at = now(), \
      output_json = $5",
     "state = 'pending' AND fence = $4 AND claim_address = $6"

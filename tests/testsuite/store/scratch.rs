@@ -1,15 +1,14 @@
-//! For the store's own tests: a connection to the tests' PostgreSQL
-//! (found or started as `testing::database_url` does it, by
-//! `crate::test_server`) whose `search_path` is a fresh schema of the
-//! test's own, dropped after. Not through `crate::testing`, which sits
-//! above the store and needs its feature.
+//! For the store's tests: a connection to the tests' PostgreSQL (found or
+//! started by `idem::testing::database_url`) whose `search_path` is a
+//! fresh schema of the test's own, dropped after.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use idem::sqlx;
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 
 /// A connection in a schema of its own.
-pub(super) struct Scratch {
+pub(crate) struct Scratch {
     pub conn: PgConnection,
     schema: String,
 }
@@ -17,13 +16,13 @@ pub(super) struct Scratch {
 impl Scratch {
     /// A fresh, empty schema named after `prefix`. Fails (never skips) when
     /// no PostgreSQL answers.
-    pub(super) async fn new(prefix: &str) -> Scratch {
-        let url = crate::test_server::url_or_exit();
-        let mut conn = PgConnection::connect(url).await.unwrap_or_else(|error| {
+    pub(crate) async fn new(prefix: &str) -> Scratch {
+        let url = idem::testing::database_url();
+        let mut conn = PgConnection::connect(&url).await.unwrap_or_else(|error| {
             panic!(
                 "this test could not connect to the PostgreSQL at {} ({error}); set \
                  DATABASE_URL to a server you can use",
-                crate::test_server::redacted(url)
+                idem::shown::redacted(&url)
             )
         });
         let nanos = SystemTime::now()
@@ -39,7 +38,7 @@ impl Scratch {
     }
 
     /// Drops the schema and everything in it.
-    pub(super) async fn drop(mut self) {
+    pub(crate) async fn drop(mut self) {
         let drop = format!("DROP SCHEMA {} CASCADE", self.schema);
         self.conn
             .execute(AssertSqlSafe(drop))

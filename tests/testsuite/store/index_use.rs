@@ -15,6 +15,7 @@
 //! when none answers: a skipped check would let a scan ship. It sets the
 //! schema up through [`catalog`] in a schema of its own, and drops it after.
 
+use idem::sqlx;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
@@ -108,10 +109,9 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
     let reason = Text(Some("operator"));
     // The state the resolution read under its lock.
     let open_state = Text(Some("in_doubt"));
-    let scope = ScopeFilter {
-        account: Some(ACCOUNT),
-        namespace: namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named),
-    };
+    let scope = ScopeFilter::new()
+        .account(Some(ACCOUNT))
+        .namespace(namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named));
     let mut record_params = vec![
         Text(Some(ACCOUNT)),
         TextArray,
@@ -487,17 +487,15 @@ fn lane_cases(lane: &prune::Lane, namespace: Option<&'static str>, expect: Expec
 fn open_claims_cases(namespace: Option<&'static str>) -> Vec<Case> {
     use Param::{BytesArray, Float, Int, NullBytes, NullInt, Text};
     let scopes = {
-        let of_account = ScopeFilter {
-            account: Some(ACCOUNT),
-            namespace: namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named),
-        };
+        let of_account = ScopeFilter::new()
+            .account(Some(ACCOUNT))
+            .namespace(namespace.map_or(NamespaceFilter::Without, NamespaceFilter::Named));
         let mut scopes = vec![(of_account, Text(Some(ACCOUNT)))];
         if namespace.is_none() {
             scopes.push((
-                ScopeFilter {
-                    account: None,
-                    namespace: NamespaceFilter::Any,
-                },
+                ScopeFilter::new()
+                    .account(None)
+                    .namespace(NamespaceFilter::Any),
                 Text(None),
             ));
         }

@@ -1,6 +1,8 @@
 //! A guarded function is only proven by firing duplicate invocations at the
-//! same instant against a real PostgreSQL: these test helpers (feature
-//! `testing`) do that, with a real database and an isolated gate.
+//! same instant against a real PostgreSQL: these test helpers do that, with
+//! a real database and an isolated gate. Use them as `idem::testing`, with
+//! the feature `testing` of `idem-pg` in your dev-dependencies; this crate
+//! is where they live, beside the engine rather than in it.
 //!
 //! [`race`] fires the invocations and returns a
 //! [`RaceReport`] whose [`assert_exactly_once`](RaceReport::assert_exactly_once)
@@ -8,6 +10,9 @@
 //! `idem::race_test!` wraps it into a whole `#[tokio::test]`.
 //!
 //! These helpers panic on failure, with instructions: they are for tests.
+
+// No unwrapping: a failure panics with a message that says what to do.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 use std::fmt;
 use std::panic::AssertUnwindSafe;
@@ -20,25 +25,22 @@ use futures_util::future::join_all;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::error::Rejected;
-use crate::gate::Gate;
-use crate::observe;
+use idem_runtime::__internal::observe;
+use idem_runtime::{Gate, Rejected};
 
-/// Where the tests' PostgreSQL comes from, and their throwaway server: not
-/// a stable API (idem's own test support uses it).
+// Where the tests' PostgreSQL comes from, and their throwaway server: not
+// a stable API (idem's own test support uses it).
 #[doc(hidden)]
-pub mod server {
-    pub use crate::test_server::*;
-}
+pub mod server;
 
 /// Where tests look for PostgreSQL when `DATABASE_URL` is not set.
-pub const DEFAULT_DATABASE_URL: &str = crate::test_server::DEFAULT_DATABASE_URL;
+pub const DEFAULT_DATABASE_URL: &str = crate::server::DEFAULT_DATABASE_URL;
 
 /// Connections per test pool: enough for real contention, few enough that
 /// many tests in parallel stay under PostgreSQL's default 100 connections.
 pub const TEST_POOL_CONNECTIONS: u32 = 12;
 
-pub use crate::observe::GateEvent;
+pub use idem_runtime::__internal::observe::GateEvent;
 
 /// The URL of the tests' PostgreSQL, decided once per process: every way a
 /// test gets a database ([`pool`], [`gate`], idem's fault proxy) asks here.
@@ -66,7 +68,7 @@ pub use crate::observe::GateEvent;
 /// install or set, and the test process exits with status 1 (every test in
 /// it needs the database; one line says more than a cascade of failures).
 pub fn database_url() -> String {
-    crate::test_server::url_or_exit().to_owned()
+    crate::server::url_or_exit().to_owned()
 }
 
 /// A small pool on [`database_url`], connected and checked.
@@ -145,7 +147,7 @@ pub async fn gate_on(pool: PgPool) -> Gate {
 ///
 /// ```no_run
 /// # async fn demo() {
-/// use idem_runtime::testing::{self, GateEvent};
+/// use idem_testing::{self as testing, GateEvent};
 /// use idem_runtime::{Identity, Rejected};
 ///
 /// let gate = testing::gate().await;
@@ -176,7 +178,8 @@ pub async fn observe<F: Future>(future: F) -> (F::Output, Vec<GateEvent>) {
 ///
 /// ```no_run
 /// # async fn demo() {
-/// use idem_runtime::{Identity, Rejected, testing};
+/// use idem_runtime::{Identity, Rejected};
+/// use idem_testing as testing;
 ///
 /// let gate = testing::gate().await;
 /// let id = Identity::new("charge").part("ord_7");
@@ -402,8 +405,8 @@ impl<T, E> RaceReport<T, E> {
                 "{claimed} of {n} invocations won the claim on one identity: the unique \
                  constraint is missing or contains a nullable column. idem_records needs both \
                  partial unique indexes, {} and {}; Gate::connect verifies them at start-up.\n{self}",
-                crate::__internal::INDEX_WITHOUT_NAMESPACE,
-                crate::__internal::INDEX_WITHIN_NAMESPACE,
+                idem_runtime::__internal::INDEX_WITHOUT_NAMESPACE,
+                idem_runtime::__internal::INDEX_WITHIN_NAMESPACE,
             );
         }
         if !consulted && n > 0 {

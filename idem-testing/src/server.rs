@@ -1,9 +1,7 @@
 //! Where the tests' PostgreSQL comes from, and the throwaway server they
-//! start when none answers. Built for `testing` (as `testing::server`) and
-//! for the store's own unit tests, which sit below `testing` and build
-//! without it. Not a stable API: public only so that idem's own test
-//! support (the examples, the `pg-cluster` tool) finds and runs the server
-//! binaries the same way.
+//! start when none answers (`idem::testing::server`). Not a stable API:
+//! public only so that idem's own test support (the examples, the
+//! `pg-cluster` tool) finds and runs the server binaries the same way.
 //!
 //! [`resolve`] decides, in order, and every test, example and script of
 //! idem's goes through it:
@@ -971,9 +969,9 @@ fn uid() -> Option<u32> {
 /// (up to the last `@`, as URL parsers read a raw `@` in a password), a
 /// `password` query parameter's, and in what is not a URL at all (libpq's
 /// `key=value` form) the value of `password`. The rule of
-/// [`crate::shown::redacted`], which the `idem` command follows too.
+/// [`idem_runtime::shown::redacted`], which the `idem` command follows too.
 pub fn redacted(url: &str) -> String {
-    crate::shown::redacted(url).into_owned()
+    idem_runtime::shown::redacted(url).into_owned()
 }
 
 #[cfg(test)]
@@ -1237,7 +1235,7 @@ mod tests {
         let child = Command::new(env::current_exe().expect("this test binary"))
             .args([
                 "--exact",
-                "test_server::tests::the_tests_url_asked_for_in_a_child_process",
+                "server::tests::the_tests_url_asked_for_in_a_child_process",
                 "--nocapture",
                 "--test-threads=1",
             ])

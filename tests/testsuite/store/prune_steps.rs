@@ -13,6 +13,7 @@ use std::num::NonZeroU32;
 use std::str::FromStr;
 use std::time::{Duration, UNIX_EPOCH};
 
+use idem::sqlx;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Executor, PgPool};
 
@@ -212,8 +213,8 @@ const PRUNED: &[&str] = &[
 
 /// A pool of two connections in `schema`.
 async fn pool_in(schema: &str) -> PgPool {
-    let url = crate::test_server::url_or_exit();
-    let options = PgConnectOptions::from_str(url)
+    let url = idem::testing::database_url();
+    let options = PgConnectOptions::from_str(&url)
         .expect("the tests' URL")
         .options([("search_path", schema)]);
     PgPoolOptions::new()

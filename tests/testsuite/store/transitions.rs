@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use idem::sqlx;
 use sqlx::PgConnection;
 
 use super::claims::{self, ClaimAnswer, Existing, NewClaim};
@@ -299,10 +300,9 @@ async fn a_state_this_build_does_not_know_fails_the_read_saying_so() {
     )
     .await;
     unknown(&claimed.expect_err("the claim fails"));
-    let scope = ScopeFilter {
-        account: Some(SCOPE.account),
-        namespace: NamespaceFilter::Any,
-    };
+    let scope = ScopeFilter::new()
+        .account(Some(SCOPE.account))
+        .namespace(NamespaceFilter::Any);
     let found = sqlx::query(sqlx::AssertSqlSafe(operations::find_statement(&scope)))
         .bind(scope.account)
         .bind(None::<&str>)

@@ -14,6 +14,7 @@
 //! Like `index_use`, it needs a PostgreSQL (`DATABASE_URL`, or the local
 //! default), sets the schema up in a schema of its own, and drops it after.
 
+use idem::sqlx;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
