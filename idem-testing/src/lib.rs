@@ -436,6 +436,61 @@ impl<T, E> RaceReport<T, E> {
         self
     }
 
+    /// Asserts that no invocation ran under a claim and that every one was
+    /// refused as `expected` is (the same [`Rejected`] variant; its fields
+    /// are not compared): for a race on a slot that is held (in flight, in
+    /// doubt, a kept failure, a success without replay).
+    ///
+    /// ```no_run
+    /// # async fn demo(gate: idem_runtime::Gate) {
+    /// use idem_runtime::{Identity, Rejected};
+    ///
+    /// let id = Identity::new("charge").part(7);
+    /// let _held = gate.claim(&id).await.expect("the first claim wins");
+    /// idem_testing::race(16, || gate.run(&id, async { Ok::<_, Rejected>(()) }))
+    ///     .await
+    ///     .assert_all_refused(&Rejected::InFlight);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// When the race was empty, when any invocation ran under a claim,
+    /// failed or panicked, or when a refusal is of another kind: the
+    /// message names them, with the report.
+    #[track_caller]
+    pub fn assert_all_refused(&self, expected: &Rejected) -> &Self {
+        let wanted = std::mem::discriminant(expected);
+        let others: Vec<String> = self
+            .invocations
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| {
+                !i.refusal()
+                    .is_some_and(|r| std::mem::discriminant(r) == wanted)
+            })
+            .map(|(n, i)| match (&i.outcome, i.refusal()) {
+                (_, Some(refusal)) => format!("#{n} refused {}", refusal.reason()),
+                _ if i.replayed() => format!("#{n} was replayed a stored value"),
+                (Ok(Ok(_)), None) => format!("#{n} ran and succeeded"),
+                (Ok(Err(_)), None) => format!("#{n} failed"),
+                (Err(_), None) => format!("#{n} panicked"),
+            })
+            .collect();
+        if self.is_empty() || !others.is_empty() {
+            panic!(
+                "expected all {} invocations refused {}; {}.\n{self}",
+                self.len(),
+                expected.reason(),
+                if others.is_empty() {
+                    "the race was empty".to_owned()
+                } else {
+                    others.join(", ")
+                }
+            );
+        }
+        self
+    }
+
     /// Asserts that every invocation ran its body and succeeded: for
     /// invocations that must not block each other (different identities,
     /// absent identities).

@@ -68,13 +68,7 @@ async fn a_race_with_the_cache_on_runs_the_body_exactly_once() {
     // Every duplicate now is answered from the cache, and reported as a
     // refusal from the store would be.
     let again = testing::race(16, || ok(&gate, &id)).await;
-    assert_eq!(again.wins(), 0, "{again:?}");
-    assert_eq!(again.refused(), 16, "{again:?}");
-    assert!(
-        again
-            .refusals()
-            .all(|rejected| matches!(rejected, Rejected::AlreadyDone))
-    );
+    again.assert_all_refused(&Rejected::AlreadyDone);
     let cache = gate.outcome_cache().expect("the gate has its cache");
     assert_eq!(cache.entry_count(), 1);
 }

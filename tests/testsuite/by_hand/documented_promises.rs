@@ -145,13 +145,7 @@ async fn not_recorded_a_claim_resolved_failed_is_already_failed_for_every_cached
         gate.run(&id, async { Ok::<_, Rejected>(()) }).await
     })
     .await;
-    assert_eq!(report.wins(), 0, "{report:?}");
-    for rejected in report.refusals() {
-        assert!(
-            matches!(rejected, Rejected::AlreadyFailed),
-            "the slot records a kept failure: {rejected:?}"
-        );
-    }
+    report.assert_all_refused(&Rejected::AlreadyFailed);
     assert_eq!(report.refused(), 16);
     assert_eq!(
         rows::row_state(&gate, &id.address()).await.as_deref(),
@@ -366,10 +360,7 @@ async fn a_late_success_on_a_claim_turned_in_doubt_is_ok_and_every_cached_replay
             .await
     })
     .await;
-    assert_eq!(report.wins(), 0, "{report:?}");
-    for rejected in report.refusals() {
-        assert!(matches!(rejected, Rejected::InDoubt), "{rejected:?}");
-    }
+    report.assert_all_refused(&Rejected::InDoubt);
     go.notify_one();
     let told = holder.await.expect("holder");
     assert_eq!(told.expect("the late success is recorded"), "late");
@@ -503,10 +494,7 @@ async fn a_dropped_claim_stays_pending_and_every_cached_duplicate_is_in_flight()
             gate.run(&id, async { Ok::<_, Rejected>(()) }).await
         })
         .await;
-        assert_eq!(report.wins(), 0, "{report:?}");
-        for rejected in report.refusals() {
-            assert!(matches!(rejected, Rejected::InFlight), "{rejected:?}");
-        }
+        report.assert_all_refused(&Rejected::InFlight);
     }
     assert_eq!(
         rows::row_state(&gate, &id.address()).await.as_deref(),
@@ -1893,10 +1881,7 @@ async fn a_panicking_or_dropped_body_leaves_the_claim_pending_for_every_cached_d
             gate.run(id, async { Ok::<_, Rejected>(()) }).await
         })
         .await;
-        assert_eq!(report.wins(), 0, "{report:?}");
-        for rejected in report.refusals() {
-            assert!(matches!(rejected, Rejected::InFlight), "{rejected:?}");
-        }
+        report.assert_all_refused(&Rejected::InFlight);
         assert_eq!(
             rows::row_state(&gate, &id.address()).await.as_deref(),
             Some("pending")

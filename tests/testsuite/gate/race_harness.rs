@@ -127,3 +127,40 @@ async fn a_clean_race_passes_and_counts_every_refusal() {
         "{report}"
     );
 }
+
+/// `assert_all_refused` passes when every racer was refused as expected
+/// on a held slot, and fails naming each racer that was not: one that won
+/// once the slot was free, and one refused another way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_refused_names_every_racer_that_was_not() {
+    let gate = testing::gate().await;
+    let id = Identity::new("held").part(testing::unique_name("race"));
+    let held = gate.claim(&id).await.expect("the first claim wins");
+    race(8, || gate.run(&id, async { Ok::<_, Rejected>(()) }))
+        .await
+        .assert_all_refused(&Rejected::InFlight);
+
+    // Settled: every racer is refused AlreadyDone, which is not InFlight.
+    held.settle().await.expect("settle");
+    let done = race(3, || gate.run(&id, async { Ok::<_, Rejected>(()) })).await;
+    let check = || {
+        done.assert_all_refused(&Rejected::InFlight);
+    };
+    let panic = catch_unwind(AssertUnwindSafe(check)).expect_err("the assertion must fail");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("expected all 3 invocations refused in_flight"),
+        "{message}"
+    );
+    assert!(message.contains("#0 refused already_done"), "{message}");
+
+    // A free slot: one racer runs, and is named.
+    let free = Identity::new("free").part(testing::unique_name("race"));
+    let ran = race(2, || gate.run(&free, async { Ok::<_, Rejected>(()) })).await;
+    let check = || {
+        ran.assert_all_refused(&Rejected::InFlight);
+    };
+    let panic = catch_unwind(AssertUnwindSafe(check)).expect_err("the assertion must fail");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("ran and succeeded"), "{message}");
+}

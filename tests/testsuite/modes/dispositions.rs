@@ -68,14 +68,9 @@ async fn a_kept_failure_is_never_run_again_and_duplicates_are_told_it_failed() {
     let provider = Provider::new(|| Err(ChargeError::Declined));
     let first = charge(&gate, "ord_1", &provider).await;
     assert!(matches!(first, Err(ChargeError::Declined)), "{first:?}");
-    let report = race_the_held_slot(&gate, "ord_1", &provider, "failed").await;
-    assert_eq!(report.refused(), 16, "{report}");
-    for invocation in &report.invocations {
-        assert!(
-            matches!(invocation.refusal(), Some(Rejected::AlreadyFailed)),
-            "{report}"
-        );
-    }
+    race_the_held_slot(&gate, "ord_1", &provider, "failed")
+        .await
+        .assert_all_refused(&Rejected::AlreadyFailed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -85,11 +80,8 @@ async fn an_outcome_in_doubt_holds_the_slot_and_no_duplicate_runs() {
     let first = charge(&gate, "ord_2", &provider).await;
     assert!(matches!(first, Err(ChargeError::Timeout)), "{first:?}");
     let report = race_the_held_slot(&gate, "ord_2", &provider, "in_doubt").await;
-    for invocation in &report.invocations {
-        let refusal = invocation.refusal();
-        assert!(matches!(refusal, Some(Rejected::InDoubt)), "{report}");
-        assert!(refusal.is_some_and(Rejected::is_retryable));
-    }
+    report.assert_all_refused(&Rejected::InDoubt);
+    assert!(report.refusals().all(Rejected::is_retryable), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
