@@ -366,6 +366,12 @@ pub enum Error {
     /// over a table that exists unpartitioned). Nothing was changed.
     #[error("idem's schema was not set up: {0}")]
     Setup(String),
+
+    /// The request asks for what idem does not do; the message says what
+    /// to ask instead. Nothing was changed, and the same request meets the
+    /// same answer: not an outage.
+    #[error("{0}; nothing was changed")]
+    Refused(&'static str),
 }
 
 impl Error {

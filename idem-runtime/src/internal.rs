@@ -50,8 +50,6 @@ pub mod store {
         pub const RESOLVE_SUCCEEDED: SplitOnNamespace = statements::RESOLVE_SUCCEEDED;
         /// A claim resolved as failed.
         pub const RESOLVE_FAILED: SplitOnNamespace = statements::RESOLVE_FAILED;
-        /// A claim held in doubt by its resolver.
-        pub const RESOLVE_IN_DOUBT: SplitOnNamespace = statements::RESOLVE_IN_DOUBT;
         /// A claim resolved by releasing it.
         pub const RESOLVE_RELEASE: SplitOnNamespace = statements::RESOLVE_RELEASE;
 

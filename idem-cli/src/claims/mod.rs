@@ -310,7 +310,6 @@ fn describe_resolution(resolution: &Outcome<Option<&str>>) -> String {
         Outcome::Succeeded(Some(output)) => format!("as a success, replaying {output}"),
         Outcome::Succeeded(None) => "as a success, with no output".to_owned(),
         Outcome::Failed(Disposition::Keep) => "as failed".to_owned(),
-        Outcome::Failed(Disposition::InDoubt) => "by holding it in doubt".to_owned(),
         Outcome::Failed(_) => "by releasing it".to_owned(),
     }
 }
@@ -323,9 +322,6 @@ fn consequence(resolution: &Outcome<Option<&str>>) -> &'static str {
         }
         Outcome::Failed(Disposition::Keep) => {
             "Retries will be refused, never run: resolve it so only when it definitely failed."
-        }
-        Outcome::Failed(Disposition::InDoubt) => {
-            "Retries will be refused until a reconciler or an operator finds out what happened."
         }
         Outcome::Failed(_) => {
             "The next retry runs the action again: resolve it so only when its effect did not \

@@ -772,19 +772,6 @@ pub(crate) const RESOLVE_FAILED: SplitOnNamespace = per_row!(
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
 );
 
-/// Holds a claim in doubt: nobody knows what its holder did, and nobody
-/// runs the action until a reconciler or an operator finds out (a stale
-/// pending claim turns `in_doubt`, and is probed; one already in doubt
-/// keeps the time it turned). `$4` the fence, `$5` the state; `$6` how it
-/// got there (`state_reason`). Index: the partial unique index of its form.
-pub(crate) const RESOLVE_IN_DOUBT: SplitOnNamespace = per_row!(
-    "UPDATE idem_records \
-     SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $6, \
-         in_doubt_since = coalesce(in_doubt_since, now())",
-    "state IN ('pending', 'in_doubt') AND state = $5::text AND fence = $4 \
-     AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())"
-);
-
 /// Resolves a claim by deleting it: nothing happened, and the next
 /// invocation runs the action. Its steps are stamped released
 /// ([`stamping_released_steps!`](super::stamping_released_steps)). `$4`
@@ -1018,6 +1005,11 @@ pub enum Resolved {
     LeaseLive(ClaimRow),
 }
 
+/// Why `Outcome::Failed(Disposition::InDoubt)` is refused as a resolution.
+const NOT_A_RESOLUTION: &str = "holding a claim in doubt is not a resolution: resolve it as \
+     succeeded (Outcome::Succeeded), failed (Outcome::Failed(Disposition::Keep)) or released \
+     (Outcome::Failed(Disposition::Release)), or leave it for a reconciler";
+
 /// Resolves the claim in `slot` as an operator would: `state_reason`
 /// `operator`, whatever its fence ([`Resolver::OPERATOR`]). See
 /// [`resolve_as`].
@@ -1029,7 +1021,9 @@ pub async fn resolve(
     resolve_as(pool, slot, outcome, Resolver::OPERATOR).await
 }
 
-/// Resolves the claim in `slot` as `outcome` says, only while it is
+/// Resolves the claim in `slot` as `outcome` says (a success, a kept
+/// failure or a release; [`Disposition::InDoubt`] resolves nothing and is
+/// refused, [`Error::Refused`]), only while it is
 /// `pending` or `in_doubt` (and, if `resolver` expects them, under that
 /// fence and in that state): exactly once, however many resolvers race,
 /// and never over a success or a kept failure. A pending claim whose lease
@@ -1071,6 +1065,9 @@ pub async fn resolve_as(
     outcome: Outcome<Option<&str>>,
     resolver: Resolver<'_>,
 ) -> Result<Resolved, Error> {
+    if outcome == Outcome::Failed(Disposition::InDoubt) {
+        return Err(Error::Refused(NOT_A_RESOLUTION));
+    }
     let scope = slot.scope();
     let mut tx = pool.begin().await?;
     let found = LOCK_FOR_RESOLVE
@@ -1114,11 +1111,7 @@ pub async fn resolve_as(
             .bind(before.fence)
             .bind(state)
             .bind(resolver.reason),
-        Outcome::Failed(Disposition::InDoubt) => RESOLVE_IN_DOUBT
-            .for_row(scope, slot.address)
-            .bind(before.fence)
-            .bind(state)
-            .bind(resolver.reason),
+        Outcome::Failed(Disposition::InDoubt) => return Err(Error::Refused(NOT_A_RESOLUTION)),
         Outcome::Failed(Disposition::Release) => RESOLVE_RELEASE
             .for_row(scope, slot.address)
             .bind(before.fence)
@@ -1153,12 +1146,7 @@ mod tests {
 
     #[test]
     fn every_resolution_refuses_a_pending_claim_whose_lease_is_live() {
-        for statement in [
-            RESOLVE_SUCCEEDED,
-            RESOLVE_FAILED,
-            RESOLVE_IN_DOUBT,
-            RESOLVE_RELEASE,
-        ] {
+        for statement in [RESOLVE_SUCCEEDED, RESOLVE_FAILED, RESOLVE_RELEASE] {
             for text in [statement.without_namespace, statement.within_namespace] {
                 assert!(text.contains(NO_LIVE_LEASE), "{text}");
             }

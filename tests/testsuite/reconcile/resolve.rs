@@ -4,11 +4,10 @@
 //! success.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use idem::operations::{self, ClaimState, Resolved, Resolver, Slot};
 use idem::sqlx::{self, PgPool};
-use idem::{Claim, Disposition, Gate, Identity, Outcome, Rejected, testing};
+use idem::{Claim, Disposition, Gate, Identity, Outcome, testing};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
@@ -121,7 +120,6 @@ async fn a_success_is_never_resolved_over() {
     for resolution in [
         Outcome::Succeeded(None),
         Outcome::Failed(Disposition::Keep),
-        Outcome::Failed(Disposition::InDoubt),
         Outcome::Failed(Disposition::Release),
     ] {
         match operations::resolve(gate.pool(), slot(&gate, &address), resolution)
@@ -245,108 +243,44 @@ async fn a_resolver_whose_fence_moved_on_changes_nothing() {
     );
 }
 
-/// An operator who does not know what a stale pending claim's holder did
-/// holds it in doubt (`Outcome::Failed(Disposition::InDoubt)`): duplicates
-/// are refused `InDoubt`, never run, until it is resolved for good; one
-/// already in doubt keeps the time it turned; a claim whose lease is live
-/// is left to its holder.
+/// Holding a claim in doubt resolves nothing: `resolve` refuses it as an
+/// error of the request (never an outage), and the claim is left as it
+/// was, whatever its state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_holds_a_stale_pending_claim_in_doubt_until_it_is_resolved() {
+async fn holding_a_claim_in_doubt_is_refused_and_changes_nothing() {
     let gate = testing::gate().await;
     let id = Identity::new("charge").part("held by an operator");
     let address = id.address();
-    let (holder, fence) = pending(&gate, &id).await;
-    let in_doubt = Outcome::Failed(Disposition::InDoubt);
-    match operations::resolve(gate.pool(), slot(&gate, &address), in_doubt)
-        .await
-        .expect("resolve")
-    {
-        Resolved::Changed { before, after } => {
-            assert_eq!((before.state, before.fence), (ClaimState::Pending, fence));
-            assert_eq!(after, Some(ClaimState::InDoubt));
+    let (holder, _fence) = pending(&gate, &id).await;
+    for state in ["pending", "in_doubt"] {
+        sqlx::query("UPDATE idem_records SET state = $3 WHERE account = $1 AND address = $2")
+            .bind(gate.account_name())
+            .bind(&address)
+            .bind(state)
+            .execute(gate.pool())
+            .await
+            .expect("set the state");
+        let held = Outcome::Failed(Disposition::InDoubt);
+        let by = Resolver::new("reconciled");
+        for refused in [
+            operations::resolve(gate.pool(), slot(&gate, &address), held).await,
+            operations::resolve_as(gate.pool(), slot(&gate, &address), held, by).await,
+        ] {
+            match refused {
+                Err(error @ idem::Error::Refused(_)) => {
+                    assert!(!error.is_outage(), "{error}");
+                    let message = error.to_string();
+                    assert!(message.contains("not a resolution"), "{message}");
+                    assert!(message.contains("nothing was changed"), "{message}");
+                }
+                other => panic!("{state}: {other:?}"),
+            }
         }
-        other => panic!("{other:?}"),
+        assert_eq!(
+            state_of(gate.pool(), gate.account_name(), &address).await,
+            Some((state.to_owned(), None)),
+            "left as it was"
+        );
     }
-    assert_eq!(
-        state_of(gate.pool(), gate.account_name(), &address).await,
-        Some(("in_doubt".to_owned(), Some("operator".to_owned())))
-    );
-    let ran = std::sync::atomic::AtomicBool::new(false);
-    let duplicate: Result<(), Rejected> = gate
-        .guard(&id)
-        .run(async {
-            ran.store(true, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        })
-        .await;
-    assert!(matches!(duplicate, Err(Rejected::InDoubt)), "{duplicate:?}");
-    assert!(
-        !ran.load(std::sync::atomic::Ordering::SeqCst),
-        "a held claim never runs"
-    );
-    // The holder's late settle is not recorded over the operator's hold.
-    assert!(holder.settle().await.is_err(), "the slot records the hold");
-
-    // Held again: still in doubt, since the time it first turned.
-    let since = |pool: PgPool, address: String, account: String| async move {
-        sqlx::query_scalar::<_, Option<String>>(
-            "SELECT in_doubt_since::text FROM idem_records WHERE account = $1 AND address = $2",
-        )
-        .bind(account)
-        .bind(address)
-        .fetch_one(&pool)
-        .await
-        .expect("read in_doubt_since")
-    };
-    let first = since(
-        gate.pool().clone(),
-        address.clone(),
-        gate.account_name().to_owned(),
-    )
-    .await;
-    assert!(first.is_some(), "a held claim says since when");
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let again = operations::resolve(gate.pool(), slot(&gate, &address), in_doubt)
-        .await
-        .expect("resolve");
-    assert!(matches!(again, Resolved::Changed { .. }), "{again:?}");
-    let second = since(
-        gate.pool().clone(),
-        address.clone(),
-        gate.account_name().to_owned(),
-    )
-    .await;
-    assert_eq!(first, second, "held since it first turned");
-
-    // Resolved for good, the next invocation runs.
-    let released = operations::resolve(
-        gate.pool(),
-        slot(&gate, &address),
-        Outcome::Failed(Disposition::Release),
-    )
-    .await
-    .expect("resolve");
-    assert!(
-        matches!(released, Resolved::Changed { after: None, .. }),
-        "{released:?}"
-    );
-    let retry: Result<(), Rejected> = gate.guard(&id).run(async { Ok(()) }).await;
-    assert!(retry.is_ok(), "{retry:?}");
-
-    // A claim whose lease is live has a living holder: left to it.
-    let leased = Identity::new("charge").part("leased");
-    let live = gate
-        .guard(&leased)
-        .lease(Duration::from_secs(60))
-        .claim()
-        .await
-        .expect("claim");
-    match operations::resolve(gate.pool(), slot(&gate, &leased.address()), in_doubt)
-        .await
-        .expect("resolve")
-    {
-        Resolved::LeaseLive(row) => assert_eq!(row.state, ClaimState::Pending),
-        other => panic!("{other:?}"),
-    }
-    live.settle().await.expect("the holder settles");
+    drop(holder);
 }

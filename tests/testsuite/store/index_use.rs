@@ -253,12 +253,6 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             lookup,
         ),
         per_row(
-            "operations resolve in doubt",
-            &operations::RESOLVE_IN_DOUBT,
-            &[Int(1), open_state, reason],
-            lookup,
-        ),
-        per_row(
             "operations resolve release",
             &operations::RESOLVE_RELEASE,
             &[Int(1), open_state],
