@@ -350,3 +350,460 @@ async fn an_operator_holds_a_stale_pending_claim_in_doubt_until_it_is_resolved()
     }
     live.settle().await.expect("the holder settles");
 }
+
+/// `resolve_as` resolves "exactly once, however many resolvers race": of
+/// many resolvers holding one stale pending claim in doubt at the same
+/// instant, under the fence they all saw, exactly one is told `Changed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BREAK: every racing in-doubt resolver after the first is told Changed (in_doubt -> in_doubt), not one"]
+async fn racing_in_doubt_resolvers_hold_a_stale_claim_exactly_once() {
+    const RESOLVERS: usize = 8;
+    let gate = testing::gate().await;
+    let id = Identity::new("charge").part("held by many");
+    let address = id.address();
+    let (_holder, fence) = pending(&gate, &id).await;
+    let barrier = Arc::new(Barrier::new(RESOLVERS));
+    let mut resolvers = race_resolvers(
+        &gate,
+        &address,
+        fence,
+        &barrier,
+        RESOLVERS,
+        &[Outcome::Failed(Disposition::InDoubt)],
+    );
+    let mut changed = Vec::new();
+    while let Some(resolved) = resolvers.join_next().await {
+        if let Resolved::Changed { before, after } = resolved.expect("no panic") {
+            changed.push((before.state, after));
+        }
+    }
+    assert_eq!(
+        changed.len(),
+        1,
+        "exactly one resolver holds it in doubt: {changed:?}"
+    );
+}
+
+/// The same race with each resolver also expecting the state it saw
+/// (`pending`): exactly one holds it, the others are told `StateChanged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_in_doubt_resolvers_expecting_pending_hold_a_claim_exactly_once() {
+    const RESOLVERS: usize = 8;
+    let gate = testing::gate().await;
+    let id = Identity::new("charge").part("held by many, expecting pending");
+    let address = id.address();
+    let (_holder, fence) = pending(&gate, &id).await;
+    let barrier = Arc::new(Barrier::new(RESOLVERS));
+    let mut resolvers = JoinSet::new();
+    for _ in 0..RESOLVERS {
+        let (gate, address, barrier) = (gate.clone(), address.clone(), barrier.clone());
+        resolvers.spawn(async move {
+            barrier.wait().await;
+            let by = Resolver::new("reconciled")
+                .expected_fence(fence)
+                .expected_state(ClaimState::Pending);
+            operations::resolve_as(
+                gate.pool(),
+                slot(&gate, &address),
+                Outcome::Failed(Disposition::InDoubt),
+                by,
+            )
+            .await
+            .expect("resolve")
+        });
+    }
+    let (mut changed, mut state_changed) = (0, 0);
+    while let Some(resolved) = resolvers.join_next().await {
+        match resolved.expect("no panic") {
+            Resolved::Changed { before, after } => {
+                assert_eq!(
+                    (before.state, after),
+                    (ClaimState::Pending, Some(ClaimState::InDoubt))
+                );
+                changed += 1;
+            }
+            Resolved::StateChanged { current, expected } => {
+                assert_eq!(
+                    (current.state, expected),
+                    (ClaimState::InDoubt, ClaimState::Pending)
+                );
+                state_changed += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((changed, state_changed), (1, RESOLVERS - 1));
+}
+
+/// An in-doubt hold never acts over a kept failure, nor over a claim whose
+/// lease is live, whatever the holder does at the same instant (settling,
+/// releasing or extending): the holder's outcome or the hold, never both,
+/// and never a hold over a live lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_hold_racing_its_holder_never_acts_over_a_live_lease_or_an_outcome() {
+    const RESOLVERS: usize = 4;
+    let gate = testing::gate().await;
+    for round in 0..12u32 {
+        let id = Identity::new("charge").part(round).part("raced hold");
+        let address = id.address();
+        // A lease just run out: the holder may still act on it.
+        let claim = gate
+            .guard(&id)
+            .lease(Duration::from_millis(50))
+            .claim()
+            .await
+            .expect("claim");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let barrier = Arc::new(Barrier::new(RESOLVERS + 1));
+        let holder = {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                match round % 4 {
+                    0 => claim.settle().await.map(|()| "settled"),
+                    1 => claim.release().await.map(|()| "released"),
+                    2 => claim.dispose(Disposition::Keep).await.map(|()| "kept"),
+                    _ => claim
+                        .extend(Duration::from_secs(60))
+                        .await
+                        .map(|()| "extended"),
+                }
+            })
+        };
+        let mut resolvers = JoinSet::new();
+        for _ in 0..RESOLVERS {
+            let (gate, address, barrier) = (gate.clone(), address.clone(), barrier.clone());
+            resolvers.spawn(async move {
+                barrier.wait().await;
+                operations::resolve(
+                    gate.pool(),
+                    slot(&gate, &address),
+                    Outcome::Failed(Disposition::InDoubt),
+                )
+                .await
+                .expect("resolve")
+            });
+        }
+        let mut held_from_pending = 0;
+        while let Some(resolved) = resolvers.join_next().await {
+            if let Resolved::Changed { before, after } = resolved.expect("no panic") {
+                assert_eq!(after, Some(ClaimState::InDoubt));
+                assert!(before.state.is_resolvable(), "{before:?}");
+                if before.state == ClaimState::Pending {
+                    held_from_pending += 1;
+                }
+            }
+        }
+        let said = holder.await.expect("no panic");
+        let now = state_of(gate.pool(), gate.account_name(), &address)
+            .await
+            .map(|(state, _)| state);
+        assert!(held_from_pending <= 1, "round {round}: {held_from_pending}");
+        match (said, now.as_deref()) {
+            // The holder got there first: its outcome stands.
+            (Ok("settled"), Some("success"))
+            | (Ok("released"), None)
+            | (Ok("kept"), Some("failed"))
+            | (Ok("extended"), Some("pending")) => {
+                assert_eq!(held_from_pending, 0, "round {round}: held over the holder")
+            }
+            // The hold got there first: the holder is refused, the hold stands.
+            (Err(_), Some("in_doubt")) => assert_eq!(held_from_pending, 1, "round {round}"),
+            (said, now) => panic!("round {round}: the holder said {said:?}, the slot is {now:?}"),
+        }
+    }
+}
+
+/// A claim held in doubt by an operator is then resolved by a reconciler's
+/// compare-and-swap expecting `in_doubt` at its fence, and a late
+/// reconciler expecting `pending` (what it listed before the hold) changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_claim_is_resolved_by_the_resolver_that_saw_it_in_doubt_only() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge").part("held then reconciled");
+    let address = id.address();
+    let (_holder, fence) = pending(&gate, &id).await;
+    let held = operations::resolve(
+        gate.pool(),
+        slot(&gate, &address),
+        Outcome::Failed(Disposition::InDoubt),
+    )
+    .await
+    .expect("hold");
+    assert!(matches!(held, Resolved::Changed { .. }), "{held:?}");
+    let late = operations::resolve_as(
+        gate.pool(),
+        slot(&gate, &address),
+        Outcome::Failed(Disposition::Release),
+        Resolver::new("reconciled")
+            .expected_fence(fence)
+            .expected_state(ClaimState::Pending),
+    )
+    .await
+    .expect("resolve");
+    assert!(matches!(late, Resolved::StateChanged { .. }), "{late:?}");
+    let settled = operations::resolve_as(
+        gate.pool(),
+        slot(&gate, &address),
+        Outcome::Succeeded(Some("\"paid\"")),
+        Resolver::new("reconciled")
+            .expected_fence(fence)
+            .expected_state(ClaimState::InDoubt),
+    )
+    .await
+    .expect("resolve");
+    assert!(
+        matches!(
+            settled,
+            Resolved::Changed {
+                after: Some(ClaimState::Success),
+                ..
+            }
+        ),
+        "{settled:?}"
+    );
+    let replayed: Result<String, Rejected> = gate
+        .guard(&id)
+        .replay()
+        .run(async { Ok("ran again".to_owned()) })
+        .await;
+    assert_eq!(replayed.expect("replayed"), "paid");
+}
+
+/// A hold in a namespace acts on that namespace's claim only: the same
+/// address without a namespace, or in another, is left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_hold_in_a_namespace_touches_that_namespace_only() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge").part("namespaced hold");
+    let address = id.address();
+    let plain = gate.claim(&id).await.expect("claim without a namespace");
+    let live = gate.namespace("live");
+    let in_live = live.claim(&id).await.expect("claim in live");
+    let test = gate.namespace("test");
+    let in_test = test.claim(&id).await.expect("claim in test");
+    let held = operations::resolve(
+        gate.pool(),
+        Slot::new(gate.account_name(), Some("live"), &address),
+        Outcome::Failed(Disposition::InDoubt),
+    )
+    .await
+    .expect("hold");
+    assert!(
+        matches!(
+            held,
+            Resolved::Changed {
+                after: Some(ClaimState::InDoubt),
+                ..
+            }
+        ),
+        "{held:?}"
+    );
+    let states: Vec<(Option<String>, String)> = sqlx::query_as(
+        "SELECT namespace, state FROM idem_records \
+         WHERE account = $1 AND kind = 'claim' AND address = $2 ORDER BY namespace NULLS FIRST",
+    )
+    .bind(gate.account_name())
+    .bind(&address)
+    .fetch_all(gate.pool())
+    .await
+    .expect("read");
+    assert_eq!(
+        states,
+        vec![
+            (None, "pending".to_owned()),
+            (Some("live".to_owned()), "in_doubt".to_owned()),
+            (Some("test".to_owned()), "pending".to_owned()),
+        ]
+    );
+    plain.settle().await.expect("settle");
+    in_test.settle().await.expect("settle");
+    assert!(in_live.settle().await.is_err(), "the hold stands");
+}
+
+/// The holder of a claim an operator held in doubt learns, at its late
+/// settle, keep, release or extend, that its outcome is not what the slot
+/// records (a recording that failed: `NotRecorded`, `LeaseLost` or
+/// `ClaimLost`), never a refusal that says its body did not run; and the
+/// hold stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_s_late_end_after_a_hold_is_told_its_outcome_was_not_recorded() {
+    let gate = testing::gate().await;
+    for end in ["settle", "keep", "release", "extend"] {
+        let id = Identity::new("charge").part(end).part("late end");
+        let address = id.address();
+        // A lease run out: its holder may be gone, or only slow.
+        let claim = gate
+            .guard(&id)
+            .lease(Duration::from_millis(50))
+            .claim()
+            .await
+            .expect("claim");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let held = operations::resolve(
+            gate.pool(),
+            slot(&gate, &address),
+            Outcome::Failed(Disposition::InDoubt),
+        )
+        .await
+        .expect("hold");
+        assert!(matches!(held, Resolved::Changed { .. }), "{held:?}");
+        let said = match end {
+            "settle" => claim.settle().await,
+            "keep" => claim.dispose(Disposition::Keep).await,
+            "release" => claim.release().await,
+            _ => claim.extend(Duration::from_secs(30)).await,
+        };
+        match &said {
+            Err(Rejected::NotRecorded { recorded, .. }) => {
+                assert!(recorded.contains("doubt"), "{end}: {said:?}")
+            }
+            Err(Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. }) => {}
+            other => panic!("{end}: the holder was told {other:?}"),
+        }
+        assert_eq!(
+            state_of(gate.pool(), gate.account_name(), &address)
+                .await
+                .map(|(state, _)| state)
+                .as_deref(),
+            Some("in_doubt"),
+            "{end}: the hold stands"
+        );
+    }
+}
+
+/// A claim cut off inside a step, then held in doubt by an operator: a
+/// reconciler afterwards is shown it in doubt with its step in doubt, and
+/// its `StepSucceeded` verdict releases it so that the next invocation
+/// replays the step's value without running it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_claim_cut_off_in_a_step_is_reconciled_through_its_step() {
+    use crate::support::steps::cut_off_inside;
+    use idem::reconcile::{Reconciler, Verdict};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let gate = testing::gate().await;
+    let id = Identity::new("held_checkout").part("ord_9");
+    let address = id.address();
+    let lease = Duration::from_millis(100);
+    cut_off_inside(&gate, &id, "charge", lease, &Arc::default()).await;
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    let held = operations::resolve(
+        gate.pool(),
+        slot(&gate, &address),
+        Outcome::Failed(Disposition::InDoubt),
+    )
+    .await
+    .expect("hold");
+    assert!(
+        matches!(&held, Resolved::Changed { before, after: Some(ClaimState::InDoubt) }
+            if before.state == ClaimState::Pending),
+        "{held:?}"
+    );
+    let shown = Arc::new(Mutex::new(Vec::new()));
+    let reconciler = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe("held_checkout", {
+            let shown = shown.clone();
+            move |doubt| {
+                let shown = shown.clone();
+                async move {
+                    shown.lock().unwrap_or_else(|e| e.into_inner()).push((
+                        doubt.state,
+                        doubt.reason.clone(),
+                        doubt.steps_in_doubt.clone(),
+                    ));
+                    Verdict::step_succeeded_with("charge", &7u64).expect("a value")
+                }
+            }
+        });
+    let pass = reconciler.reconcile_once().await.expect("a pass");
+    assert_eq!((pass.probed, pass.resolved), (1, 1), "{pass:?}");
+    assert_eq!(
+        *shown.lock().unwrap_or_else(|e| e.into_inner()),
+        vec![(
+            ClaimState::InDoubt,
+            Some("operator".to_owned()),
+            vec!["charge".to_owned()]
+        )]
+    );
+    assert_eq!(
+        state_of(gate.pool(), gate.account_name(), &address).await,
+        None
+    );
+    let ran = AtomicUsize::new(0);
+    let retried: Result<u64, Rejected> = gate
+        .guard(&id)
+        .run(async {
+            idem::step("charge", async {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<u64, Rejected>(1)
+            })
+            .await
+        })
+        .await;
+    assert_eq!(
+        retried.expect("the retry runs"),
+        7,
+        "the step's value replayed"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the step did not run again");
+}
+
+/// An operator's success whose kept text is not JSON, or not the
+/// function's type: the slot is settled, and a `replay` duplicate gets a
+/// refusal (or an error), never another value, never a panic, and never a
+/// run of its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_s_kept_text_that_does_not_read_back_is_never_handed_as_a_value() {
+    let gate = testing::gate().await;
+    for (round, kept) in ["{not json", "\"text\"", "1e400", "null", ""]
+        .into_iter()
+        .enumerate()
+    {
+        let id = Identity::new("charge").part(round).part("odd kept text");
+        let address = id.address();
+        let (_holder, _) = pending(&gate, &id).await;
+        let resolved = operations::resolve(
+            gate.pool(),
+            slot(&gate, &address),
+            Outcome::Succeeded(Some(kept)),
+        )
+        .await;
+        match resolved {
+            // Refused by the store: nothing changed, and it says so.
+            Err(error) => {
+                assert!(!error.is_outage(), "{kept:?}: {error}");
+                continue;
+            }
+            Ok(resolved) => assert!(
+                matches!(
+                    resolved,
+                    Resolved::Changed {
+                        after: Some(ClaimState::Success),
+                        ..
+                    }
+                ),
+                "{kept:?}: {resolved:?}"
+            ),
+        }
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let duplicate = std::panic::AssertUnwindSafe(gate.guard(&id).replay().run(async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok::<u64, Rejected>(42)
+        }));
+        let duplicate = futures_util::FutureExt::catch_unwind(duplicate)
+            .await
+            .unwrap_or_else(|_| panic!("{kept:?}: a duplicate panicked"));
+        assert!(
+            !ran.load(std::sync::atomic::Ordering::SeqCst),
+            "{kept:?}: ran again"
+        );
+        assert!(
+            duplicate.is_err(),
+            "{kept:?}: handed a value: {duplicate:?}"
+        );
+    }
+}

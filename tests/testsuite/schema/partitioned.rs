@@ -343,3 +343,87 @@ async fn a_version_4_partitioned_table_migrates_its_claim_states_on_every_partit
         .unwrap_or_else(|e| panic!("account {account}: in_doubt is a claim state: {e}"));
     }
 }
+
+/// On the partitioned table, an operator's in-doubt hold races the holders
+/// of claims in many accounts (so many partitions): each stale claim is
+/// held exactly once from pending, in its own account only, and a live
+/// lease is never held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_doubt_holds_across_partitions_act_once_per_claim_and_never_over_a_live_lease() {
+    use idem::operations::{self, ClaimState, Resolved, Slot};
+    use idem::{Disposition, Outcome};
+
+    let (_name, pool, gate) = partitioned(8, 8).await;
+    let id = Identity::new("charge").part("same key in every account");
+    let address = id.address();
+    let mut stale = Vec::new();
+    for account in 0..6u32 {
+        let gate = gate.account(format!("acct_{account}"));
+        let claim = gate
+            .guard(&id)
+            .lease(Duration::from_millis(if account.is_multiple_of(2) {
+                30
+            } else {
+                60_000
+            }))
+            .claim()
+            .await
+            .expect("claim");
+        stale.push((gate, claim, account.is_multiple_of(2)));
+    }
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(stale.len() * 3));
+    let mut resolvers = tokio::task::JoinSet::new();
+    for (gate, _, expired) in &stale {
+        for _ in 0..3 {
+            let (pool, account, address, barrier, expired) = (
+                pool.clone(),
+                gate.account_name().to_owned(),
+                address.clone(),
+                barrier.clone(),
+                *expired,
+            );
+            resolvers.spawn(async move {
+                barrier.wait().await;
+                let resolved = operations::resolve(
+                    &pool,
+                    Slot::new(&account, None, &address),
+                    Outcome::Failed(Disposition::InDoubt),
+                )
+                .await
+                .expect("resolve");
+                (account, expired, resolved)
+            });
+        }
+    }
+    let mut held = std::collections::HashMap::<String, usize>::new();
+    while let Some(done) = resolvers.join_next().await {
+        let (account, expired, resolved) = done.expect("no panic");
+        match resolved {
+            Resolved::Changed { before, .. } => {
+                assert!(expired, "{account}: held over a live lease");
+                if before.state == ClaimState::Pending {
+                    *held.entry(account).or_default() += 1;
+                }
+            }
+            Resolved::LeaseLive(_) => assert!(!expired, "{account}"),
+            other => panic!("{account}: {other:?}"),
+        }
+    }
+    assert_eq!(held.len(), 3, "{held:?}");
+    assert!(held.values().all(|n| *n == 1), "{held:?}");
+    let states: Vec<(String, String)> = sqlx::query_as(
+        "SELECT account, state FROM idem_records WHERE kind = 'claim' ORDER BY account",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read");
+    for (account, state) in states {
+        let n: usize = account
+            .trim_start_matches("acct_")
+            .parse()
+            .expect("an account");
+        let expected = if n.is_multiple_of(2) { "in_doubt" } else { "pending" };
+        assert_eq!(state, expected, "{account}");
+    }
+}
