@@ -1210,3 +1210,146 @@ async fn copies_of_one_identity_in_a_concurrent_batch_run_once() {
         }
     }
 }
+
+/// An operator holds a batch item's claim in doubt while its body runs
+/// (no lease): the batch's outcome statements, matched per item, must not
+/// record over the hold, whatever the body returned; the item is told
+/// what `Guard::run` tells a holder in the same spot ("each message gets
+/// what the guard's run would give it"), and its neighbours settle as
+/// usual. (What that is, `reconcile::resolve`'s
+/// `a_holder_whose_claim_was_held_in_doubt_mid_body_is_told_not_recorded`
+/// attacks.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_item_held_in_doubt_by_an_operator_mid_body_keeps_the_hold() {
+    use idem::operations::Resolved;
+    use idem::{Disposition, Outcome};
+
+    let gate = testing::gate().await;
+    for (round, ends) in ["ok", "release", "keep"].into_iter().enumerate() {
+        let keys = keys(&format!("held_{round}"), 0..3);
+        let held_key = keys[1].clone();
+        let results = gate
+            .guard_batch(batch_of(&keys))
+            .disposition(|error: &JobError| match error {
+                JobError::Failed => Disposition::Keep,
+                _ => Disposition::Release,
+            })
+            .concurrency(3)
+            .run(|key| {
+                let (gate, held_key) = (&gate, &held_key);
+                async move {
+                    if key == held_key {
+                        let address = id(key).address();
+                        let held = operations::resolve(
+                            gate.pool(),
+                            Slot::new(gate.account_name(), None, &address),
+                            Outcome::Failed(Disposition::InDoubt),
+                        )
+                        .await
+                        .expect("hold");
+                        assert!(matches!(held, Resolved::Changed { .. }), "{held:?}");
+                        return match ends {
+                            "ok" => Ok(()),
+                            "release" => Err(JobError::Rejected(Rejected::InFlight)),
+                            _ => Err(JobError::Failed),
+                        };
+                    }
+                    Ok(())
+                }
+            })
+            .await;
+        assert_eq!(
+            state(&gate, &held_key).await.as_deref(),
+            Some("in_doubt"),
+            "{ends}: the batch recorded over the operator's hold: {results:?}"
+        );
+        assert!(
+            results[0].is_ok() && results[2].is_ok(),
+            "{ends}: {results:?}"
+        );
+        assert_eq!(state(&gate, &keys[0]).await.as_deref(), Some("success"));
+        // What `Guard::run` tells a holder in the same spot.
+        let alone_key = format!("held_alone_{round}");
+        let alone: Result<(), JobError> = gate
+            .guard(&id(&alone_key))
+            .disposition(|error: &JobError| match error {
+                JobError::Failed => Disposition::Keep,
+                _ => Disposition::Release,
+            })
+            .run(async {
+                let address = id(&alone_key).address();
+                operations::resolve(
+                    gate.pool(),
+                    Slot::new(gate.account_name(), None, &address),
+                    Outcome::Failed(Disposition::InDoubt),
+                )
+                .await
+                .expect("hold");
+                match ends {
+                    "ok" => Ok(()),
+                    "release" => Err(JobError::Rejected(Rejected::InFlight)),
+                    _ => Err(JobError::Failed),
+                }
+            })
+            .await;
+        assert_eq!(
+            refusal(&results[1]).map(Rejected::reason),
+            refusal(&alone).map(Rejected::reason),
+            "{ends}: the batch's item was told {:?}, Guard::run {alone:?}",
+            results[1]
+        );
+    }
+}
+
+/// A body waits for its turn within the lease at any concurrency: with two
+/// at a time and each body taking most of the lease, a body whose turn
+/// opens late never starts on a lease that has run out, and every item runs
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_two_at_a_time_no_body_starts_on_a_lease_that_ran_out() {
+    let gate = testing::gate().await;
+    let keys = keys("turns2", 0..6);
+    let lease = Duration::from_millis(400);
+    let ledger = Ledger::default();
+    let started_with = Mutex::new(Vec::new());
+    let results = gate
+        .guard_batch(batch_of(&keys))
+        .lease(lease)
+        .concurrency(2)
+        .run(|key| {
+            let (gate, ledger, started_with) = (&gate, &ledger, &started_with);
+            async move {
+                let left: Option<f64> = idem::sqlx::query_scalar(
+                    "SELECT extract(epoch FROM lease_expires_at - clock_timestamp())::float8 \
+                     FROM idem_records WHERE account = $1 AND kind = 'claim' AND address = $2",
+                )
+                .bind(gate.account_name())
+                .bind(id(key).address())
+                .fetch_one(gate.pool())
+                .await
+                .expect("read the lease");
+                started_with
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((key.to_owned(), left));
+                ledger.ran(key);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                Ok::<_, JobError>(())
+            }
+        })
+        .await;
+    let started = started_with.into_inner().unwrap_or_else(|e| e.into_inner());
+    for (key, left) in &started {
+        let left = left.unwrap_or_else(|| panic!("{key} started without a lease"));
+        assert!(
+            left > 0.15,
+            "{key} started with {left:.3} s of its lease left: {started:?}"
+        );
+    }
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert!(
+        ledger.runs().values().all(|n| *n == 1),
+        "{:?}",
+        ledger.runs()
+    );
+}

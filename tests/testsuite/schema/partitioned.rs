@@ -423,7 +423,11 @@ async fn in_doubt_holds_across_partitions_act_once_per_claim_and_never_over_a_li
             .trim_start_matches("acct_")
             .parse()
             .expect("an account");
-        let expected = if n.is_multiple_of(2) { "in_doubt" } else { "pending" };
+        let expected = if n.is_multiple_of(2) {
+            "in_doubt"
+        } else {
+            "pending"
+        };
         assert_eq!(state, expected, "{account}");
     }
 }

@@ -555,3 +555,85 @@ async fn an_operators_release_inside_a_step_is_told_claim_lost_and_the_success_r
         "a repeatable step: {all}"
     );
 }
+
+/// An operator holds a claim in doubt (`Outcome::Failed(InDoubt)`) while
+/// its holder's body is still at work (no lease, or one run out): from
+/// then on "nobody runs the action until a reconciler or an operator finds
+/// out", so no step of that body runs, whichever kind, and the holder is
+/// told its outcome was not recorded (a recording that failed), never a
+/// refusal that says its body did not run; the hold stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_after_an_operator_held_its_claim_in_doubt_does_not_run() {
+    let gate = testing::gate().await;
+    for (round, (lease, repeatable)) in [
+        (None, false),
+        (None, true),
+        (Some(80), false),
+        (Some(80), true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = Identity::new("held_mid_body").part(round);
+        let address = id.address();
+        let ran = AtomicUsize::new(0);
+        let step_said = Mutex::new(None);
+        let body = async {
+            // Long enough for a lease to run out; then the operator holds
+            // the claim in doubt, as a stale one.
+            tokio::time::sleep(Duration::from_millis(120)).await;
+            let held = operations::resolve(
+                gate.pool(),
+                Slot::new(gate.account_name(), None, &address),
+                Outcome::Failed(Disposition::InDoubt),
+            )
+            .await
+            .expect("hold");
+            assert!(
+                matches!(held, operations::Resolved::Changed { .. }),
+                "round {round}: {held:?}"
+            );
+            let step = idem::step("charge", async {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<u64, Rejected>(1)
+            });
+            let said = if repeatable {
+                step.repeatable().await
+            } else {
+                step.await
+            };
+            *step_said.lock().unwrap_or_else(|e| e.into_inner()) = Some(said.clone());
+            said
+        };
+        let outcome: Result<u64, Rejected> = match lease {
+            None => gate.guard(&id).run(body).await,
+            Some(ms) => {
+                gate.guard(&id)
+                    .lease(Duration::from_millis(ms))
+                    .run(body)
+                    .await
+            }
+        };
+        let step_said = step_said.into_inner().unwrap_or_else(|e| e.into_inner());
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            0,
+            "round {round} (lease {lease:?}, repeatable {repeatable}): a step ran on a claim held \
+             in doubt; it was told {step_said:?}, the holder {outcome:?}"
+        );
+        assert!(
+            matches!(
+                outcome,
+                Err(Rejected::NotRecorded { .. }
+                    | Rejected::LeaseLost { .. }
+                    | Rejected::ClaimLost { .. })
+            ),
+            "round {round}: the holder was told {outcome:?} (the step {step_said:?})"
+        );
+        assert_eq!(
+            state_of(&gate, &id).await.map(|(s, _)| s).as_deref(),
+            Some("in_doubt"),
+            "round {round}: the hold stands"
+        );
+    }
+}
