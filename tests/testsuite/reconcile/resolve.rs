@@ -626,7 +626,9 @@ async fn an_in_doubt_hold_in_a_namespace_touches_that_namespace_only() {
 /// settle, keep, release or extend, that its outcome is not what the slot
 /// records (a recording that failed: `NotRecorded`, `LeaseLost` or
 /// `ClaimLost`), never a refusal that says its body did not run; and the
-/// hold stands.
+/// hold stands. (Which of the three is right,
+/// `a_holder_whose_claim_was_held_in_doubt_mid_body_is_told_not_recorded`
+/// attacks.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_s_late_end_after_a_hold_is_told_its_outcome_was_not_recorded() {
     let gate = testing::gate().await;
@@ -1030,5 +1032,44 @@ async fn an_unknown_verdict_leaves_a_stale_pending_claim_held() {
         ran.load(Ordering::SeqCst),
         0,
         "the probe could not say whether it happened, and a retry ran it: {retry:?}"
+    );
+}
+
+/// Holding in doubt a claim already in doubt changes nothing (it "keeps the
+/// time it turned"), so it must not be told `Changed` nor rewrite how the
+/// claim got there: a reconciler's `Doubt::reason` still says
+/// `body_in_doubt` after an operator's redundant hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BREAK: a redundant in-doubt hold of a claim already in doubt is told Changed and rewrites its state_reason (body_in_doubt -> operator)"]
+async fn a_redundant_hold_changes_nothing_and_keeps_how_the_claim_got_there() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge").part("already in doubt");
+    let address = id.address();
+    let body: Result<(), Rejected> = gate
+        .guard(&id)
+        .disposition(|_: &Rejected| Disposition::InDoubt)
+        .run(async { Err(Rejected::InFlight) })
+        .await;
+    assert!(body.is_err());
+    let before = state_of(gate.pool(), gate.account_name(), &address).await;
+    assert_eq!(
+        before.as_ref().map(|(state, _)| state.as_str()),
+        Some("in_doubt")
+    );
+    let again = operations::resolve(
+        gate.pool(),
+        slot(&gate, &address),
+        Outcome::Failed(Disposition::InDoubt),
+    )
+    .await
+    .expect("hold");
+    let after = state_of(gate.pool(), gate.account_name(), &address).await;
+    assert_eq!(
+        after, before,
+        "the redundant hold rewrote the claim ({again:?})"
+    );
+    assert!(
+        !matches!(again, Resolved::Changed { .. }),
+        "told Changed for a hold that changed nothing: {again:?}"
     );
 }
