@@ -755,3 +755,71 @@ async fn resolve_of_no_claim_and_release_of_a_claim_in_doubt_are_refused_with_ex
         Some("in_doubt")
     );
 }
+
+/// `claims resolve` (CHANGELOG: operators resolve "exactly once, in the
+/// state and at the fence they saw"; `Resolver::expected_state`: "a
+/// release of a claim whose outcome became unknown lets a retry run it
+/// again"): a pending claim the command found, then turned in doubt at
+/// the same fence before its resolution lands (a retry finding its lease
+/// run out under `on_expiry = "in_doubt"`), is not released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_never_releases_a_claim_that_turned_in_doubt_after_it_was_read() {
+    let mut conn = connect().await;
+    let schema = schema(&mut conn, "rt_turned").await;
+    let stale = insert(
+        &mut conn,
+        "acme",
+        None,
+        &Identity::new("charge").part("turned"),
+        "pending",
+        600.0,
+        None,
+    )
+    .await;
+    // Hold the row's lock: the command reads the claim (no lock), then
+    // waits for it at its resolution.
+    let mut locker = connect().await;
+    run_sql(
+        &mut locker,
+        &format!("SET search_path = {}", ident(&schema)),
+    )
+    .await;
+    run_sql(&mut locker, "BEGIN").await;
+    sqlx::query("SELECT 1 FROM idem_records WHERE address = $1 FOR UPDATE")
+        .bind(&stale)
+        .execute(&mut locker)
+        .await
+        .expect("lock the claim");
+    let command = {
+        let (stale, schema) = (stale.clone(), schema.clone());
+        tokio::task::spawn_blocking(move || {
+            idem(&[
+                "claims",
+                "resolve",
+                &stale,
+                "--release",
+                "--yes",
+                "--schema",
+                &schema,
+            ])
+        })
+    };
+    // Long enough for the command to have read the claim pending and to be
+    // waiting for the lock.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    sqlx::query(
+        "UPDATE idem_records SET state = 'in_doubt', in_doubt_since = now(), \
+         lease_expires_at = NULL, state_reason = 'lease_expired' WHERE address = $1",
+    )
+    .bind(&stale)
+    .execute(&mut locker)
+    .await
+    .expect("turn it in doubt");
+    run_sql(&mut locker, "COMMIT").await;
+    let run = command.await.expect("the command ran");
+    assert_eq!(
+        stored(&mut conn, &stale).await.map(|s| s.0).as_deref(),
+        Some("in_doubt"),
+        "the claim read pending was released in doubt: {run:?}"
+    );
+}

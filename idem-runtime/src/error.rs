@@ -15,7 +15,8 @@ use crate::fault::{self, Fault};
 ///
 /// | kind | variants | the body | what to do |
 /// |---|---|---|---|
-/// | **a refused duplicate**: the slot says not to run | [`InFlight`](Rejected::InFlight), [`InDoubt`](Rejected::InDoubt), [`StepInDoubt`](Rejected::StepInDoubt) | did not run | retry later |
+/// | **a refused duplicate**: the slot says not to run | [`InFlight`](Rejected::InFlight), [`InDoubt`](Rejected::InDoubt) | did not run (but [`InDoubt`](Rejected::InDoubt) to the caller of a [detached run](crate::Guard::run_detached) that a shutdown stopped: its body ran, and is held in doubt) | retry later |
+/// | | [`StepInDoubt`](Rejected::StepInDoubt): a step of the body is in doubt | ran up to that step, which did not run again | retry later |
 /// | | [`AlreadyDone`](Rejected::AlreadyDone), [`AlreadyFailed`](Rejected::AlreadyFailed) | did not run | nothing: the first invocation's outcome stands |
 /// | | [`KeyReused`](Rejected::KeyReused), [`Collision`](Rejected::Collision) | did not run | use a new key |
 /// | | [`Unavailable`](Rejected::Unavailable), [`StoreRefused`](Rejected::StoreRefused): the store could not be asked | did not run (or ran, and its outcome was not recorded) | retry once the database is back; fix what `fix` says |

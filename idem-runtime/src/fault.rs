@@ -78,6 +78,11 @@ const UNFORESEEN: &str =
 /// Classifies `error`.
 pub(crate) fn classify(error: &sqlx::Error) -> Fault {
     match error {
+        // A connection that asks for TLS from a build without it: no retry
+        // mends that (sqlx says so only in its message).
+        sqlx::Error::Tls(why) if why.to_string().contains("without TLS support") => {
+            Fault::Request { fix: NO_TLS }
+        }
         // A closed pool counts as the store being out of reach: to this gate
         // it is (no statement can run), and it is how an application that
         // shuts its pool down mid-request, or a test, takes the store away.
@@ -104,6 +109,11 @@ pub(crate) fn classify(error: &sqlx::Error) -> Fault {
         },
     }
 }
+
+/// What to do about a connection that asks for TLS of a build without it.
+const NO_TLS: &str = "the connection asks for TLS (sslmode=require or verify-*), and this build \
+     has none: connect without it (sslmode=disable or prefer), or enable a TLS feature of the \
+     sqlx that idem is built with";
 
 /// SQLSTATEs of a server that cannot serve now, whatever the request:
 /// 08 connection exception; 53 insufficient resources (too many

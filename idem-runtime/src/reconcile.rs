@@ -128,8 +128,13 @@ pub enum Verdict {
         /// Its value, as the JSON text `serde_json` writes.
         replay: String,
     },
-    /// Still unknown: the claim stays held, and is probed again later, each
-    /// time after a longer pause.
+    /// Still unknown: the claim is left as it is, and probed again later,
+    /// each time after a longer pause. One in doubt stays held. A pending
+    /// one whose lease ran out is still subject to its action's
+    /// [`OnExpiry`](crate::OnExpiry), as with no reconciler: under the
+    /// default take-over, the next claim of its identity takes it over and
+    /// runs; an action whose probe may not know should use
+    /// `on_expiry = "in_doubt"`.
     Unknown,
 }
 
@@ -139,8 +144,8 @@ impl Verdict {
     /// [`Failed`](Verdict::Failed) keeps it failed
     /// ([`Disposition::Keep`]), [`NotHappened`](Verdict::NotHappened) and
     /// [`StepSucceeded`](Verdict::StepSucceeded) release it
-    /// ([`Disposition::Release`]); `None` for [`Unknown`](Verdict::Unknown):
-    /// the claim stays held in doubt, as it is.
+    /// ([`Disposition::Release`]); `None` for [`Unknown`](Verdict::Unknown),
+    /// which records nothing.
     pub fn outcome(&self) -> Option<Outcome<Option<&str>>> {
         match self {
             Verdict::Succeeded { replay } => Some(Outcome::Succeeded(replay.as_deref())),

@@ -415,6 +415,15 @@ impl<T, E> RaceReport<T, E> {
                  #[idempotent] (or Gate::run), and does the closure given to race call it?\n{self}"
             );
         }
+        if claimed == 0 && self.ungated > 0 {
+            panic!(
+                "{} of {n} invocations ran ungated, with no claim to race for: a key part was \
+                 None (the identity is absent, and the body runs unguarded by design), or the \
+                 store was down under on_unavailable = \"run\". Race an identity with every \
+                 part present.\n{self}",
+                self.ungated
+            );
+        }
         if claimed == 0 {
             panic!(
                 "no invocation won the claim: the schema was never set up or the gate points \

@@ -131,9 +131,12 @@ pub(crate) fn url_or_exit() -> &'static str {
             SAID.call_once(|| {
                 // Straight to the process's stderr: the test harness
                 // captures what `eprintln!` prints inside a test.
+                // One line, whatever the reason quotes (a URL, a server's
+                // error text): a line break in it is escaped.
                 let _ = writeln!(
                     io::stderr(),
-                    "idem tests: {why} (stopping: every test here needs a PostgreSQL)"
+                    "idem tests: {} (stopping: every test here needs a PostgreSQL)",
+                    idem_runtime::shown::escaped_rendering(why)
                 );
                 std::process::exit(1)
             });
@@ -970,8 +973,11 @@ fn uid() -> Option<u32> {
 /// `password` query parameter's, and in what is not a URL at all (libpq's
 /// `key=value` form) the value of `password`. The rule of
 /// [`idem_runtime::shown::redacted`], which the `idem` command follows too.
+/// Then escaped ([`idem_runtime::shown::escaped`]): a line break or a
+/// control character in it cannot start a line that reads as another of
+/// idem's.
 pub fn redacted(url: &str) -> String {
-    idem_runtime::shown::redacted(url).into_owned()
+    idem_runtime::shown::escaped(&idem_runtime::shown::redacted(url)).into_owned()
 }
 
 #[cfg(test)]
@@ -1338,5 +1344,87 @@ mod tests {
             "the tests are handed the server that runs"
         );
         assert!(kept, "the live server's postmaster.pid was removed");
+    }
+
+    /// The child test above, run with `DATABASE_URL=url`: its exit code and
+    /// its stderr.
+    fn child_with_database_url(url: &str) -> (Option<i32>, String) {
+        let child = Command::new(env::current_exe().expect("this test binary"))
+            .args([
+                "--exact",
+                "server::tests::the_tests_url_asked_for_in_a_child_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_VAR, "1")
+            .env("DATABASE_URL", url)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the child test process");
+        (
+            child.status.code(),
+            String::from_utf8_lossy(&child.stderr).into_owned(),
+        )
+    }
+
+    /// The message the child stopped with, from `idem tests:` to the end of
+    /// its `(stopping: ...)`, however many lines it took.
+    fn stop_message(said: &str) -> Option<&str> {
+        let start = said.find("idem tests:")?;
+        let end = said[start..].find("(stopping")? + start;
+        let close = said[end..].find(')')? + end + 1;
+        Some(&said[start..close])
+    }
+
+    /// `DATABASE_URL` values a user could set by mistake (not a URL, no such
+    /// database on a server that answers, a closed port with a password in
+    /// the URL): the tests stop with status 1 and one line that names
+    /// `DATABASE_URL` and never repeats the password.
+    #[test]
+    fn a_database_url_that_cannot_be_used_stops_in_one_line_without_its_password() {
+        let closed = TcpListener::bind("127.0.0.1:0")
+            .expect("a port")
+            .local_addr()
+            .expect("its address")
+            .port();
+        for url in [
+            "not a url at all".to_owned(),
+            format!("postgres://postgres:hunter2secret@127.0.0.1:{closed}/postgres"),
+            "postgres://postgres:hunter2secret@127.0.0.1:5432/idem_no_such_database_at_all"
+                .to_owned(),
+            format!("host=127.0.0.1 port={closed} user=postgres password=hunter2secret"),
+        ] {
+            let (code, said) = child_with_database_url(&url);
+            assert_eq!(code, Some(1), "{url}: {said}");
+            let message = stop_message(&said).unwrap_or_else(|| panic!("{url}: {said}"));
+            assert!(
+                !message.contains('\n'),
+                "{url}: more than one line: {message}"
+            );
+            assert!(message.contains("DATABASE_URL"), "{url}: {message}");
+            assert!(
+                !said.contains("hunter2secret"),
+                "{url}: the password: {said}"
+            );
+        }
+    }
+
+    /// A `DATABASE_URL` with a line break in it (pasted from a file, or
+    /// chosen to forge a line): still one line, the break escaped, so
+    /// nothing after it reads as another line of idem's.
+    #[test]
+    fn a_database_url_with_a_line_break_still_stops_in_one_line() {
+        let closed = TcpListener::bind("127.0.0.1:0")
+            .expect("a port")
+            .local_addr()
+            .expect("its address")
+            .port();
+        let url = format!(
+            "postgres://postgres@127.0.0.1:{closed}/postgres\nidem tests: all is well, carry on"
+        );
+        let (code, said) = child_with_database_url(&url);
+        assert_eq!(code, Some(1), "{said}");
+        let message = stop_message(&said).unwrap_or_else(|| panic!("{said}"));
+        assert!(!message.contains('\n'), "more than one line: {message:?}");
     }
 }

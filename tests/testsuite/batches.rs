@@ -1095,3 +1095,171 @@ async fn a_batch_runs_on_a_spawned_task() {
     });
     assert_eq!(spawned.await.expect("the batch ran"), 3);
 }
+
+// ------------------------------- red team: concurrency on the batch guard
+
+/// Runs a batch of `keys` at `concurrency` (none: the default), each body
+/// sleeping a little; returns the order the bodies started in, the most
+/// that ran at once, and the results.
+async fn measured(
+    gate: &Gate,
+    keys: &[String],
+    concurrency: Option<usize>,
+) -> (Vec<String>, usize, Vec<Result<(), JobError>>) {
+    let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let started = Mutex::new(Vec::new());
+    let guard = gate.guard_batch(batch_of(keys));
+    let guard = match concurrency {
+        Some(n) => guard.concurrency(n),
+        None => guard,
+    };
+    let results = guard
+        .run(|key| {
+            let (running, most, started) = (&running, &most, &started);
+            async move {
+                started
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(key.to_owned());
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                // Uneven times, so a bound that leaks shows.
+                let pause = 2 + (key.len() * 7 + started.lock().unwrap().len() * 3) % 9;
+                tokio::time::sleep(Duration::from_millis(pause as u64)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, JobError>(())
+            }
+        })
+        .await;
+    let started = started.into_inner().unwrap_or_else(|e| e.into_inner());
+    (started, most.load(Ordering::SeqCst), results)
+}
+
+/// "One body at a time by default, in the batch's order": the bodies start
+/// in the order the items were pushed (not the address order the claim
+/// visits), never two at once; `concurrency(0)` is one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_and_at_concurrency_zero_bodies_run_one_at_a_time_in_the_batch_s_order() {
+    let gate = testing::gate().await;
+    for (round, concurrency) in [None, Some(0), Some(1)].into_iter().enumerate() {
+        // Keys whose address order is not the batch's.
+        let keys: Vec<String> = (0..16)
+            .rev()
+            .map(|i| format!("order_{round}_{i}"))
+            .collect();
+        let (started, most, results) = measured(&gate, &keys, concurrency).await;
+        assert!(
+            results.iter().all(Result::is_ok),
+            "{concurrency:?}: {results:?}"
+        );
+        assert_eq!(most, 1, "{concurrency:?}: one body at a time");
+        assert_eq!(started, keys, "{concurrency:?}: in the batch's order");
+    }
+}
+
+/// `concurrency(n)` runs at most `n` won bodies at a time, and reaches `n`;
+/// a bound above the batch's size runs them all at once; each result is at
+/// its item's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_s_concurrency_is_a_bound_its_bodies_reach_and_never_pass() {
+    let gate = testing::gate().await;
+    for n in [2usize, 3, 7, 64, usize::MAX] {
+        let keys = keys(&format!("bound_{}", n.min(999)), 0..20);
+        let (started, most, results) = measured(&gate, &keys, Some(n)).await;
+        assert_eq!(results.len(), keys.len());
+        assert!(results.iter().all(Result::is_ok), "{n}: {results:?}");
+        assert_eq!(started.len(), keys.len(), "{n}: every won body ran once");
+        assert!(most <= n, "{n}: {most} ran at once");
+        assert_eq!(most, n.min(keys.len()), "{n}: the bound is reached");
+    }
+}
+
+/// The same identity many times in one batch at a high concurrency: its
+/// body runs once, and each later copy is told what a duplicate made after
+/// the first finished would be told (`AlreadyDone`), in its own place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_one_identity_in_a_concurrent_batch_run_once() {
+    let gate = testing::gate().await;
+    let ledger = Ledger::default();
+    let mut batch = Batch::new();
+    for i in 0..12 {
+        let key = if i % 3 == 0 { "twice" } else { "other" };
+        batch.push((i, key), id(key));
+    }
+    let results = gate
+        .guard_batch(batch)
+        .concurrency(8)
+        .run(|(_, key)| {
+            let ledger = &ledger;
+            async move {
+                ledger.ran(key);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok::<_, JobError>(())
+            }
+        })
+        .await;
+    assert_eq!(
+        ledger.runs(),
+        HashMap::from([("twice".to_owned(), 1), ("other".to_owned(), 1)])
+    );
+    for (i, result) in results.iter().enumerate() {
+        if i <= 1 {
+            assert!(result.is_ok(), "{i}: {results:?}");
+        } else {
+            assert_refused!(result, Rejected::AlreadyDone, "{i}: {results:?}");
+        }
+    }
+}
+
+/// A body waits for its turn within the lease at any concurrency: with two
+/// at a time and each body taking most of the lease, a body whose turn
+/// opens late never starts on a lease that has run out, and every item runs
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_two_at_a_time_no_body_starts_on_a_lease_that_ran_out() {
+    let gate = testing::gate().await;
+    let keys = keys("turns2", 0..6);
+    let lease = Duration::from_millis(400);
+    let ledger = Ledger::default();
+    let started_with = Mutex::new(Vec::new());
+    let results = gate
+        .guard_batch(batch_of(&keys))
+        .lease(lease)
+        .concurrency(2)
+        .run(|key| {
+            let (gate, ledger, started_with) = (&gate, &ledger, &started_with);
+            async move {
+                let left: Option<f64> = idem::sqlx::query_scalar(
+                    "SELECT extract(epoch FROM lease_expires_at - clock_timestamp())::float8 \
+                     FROM idem_records WHERE account = $1 AND kind = 'claim' AND address = $2",
+                )
+                .bind(gate.account_name())
+                .bind(id(key).address())
+                .fetch_one(gate.pool())
+                .await
+                .expect("read the lease");
+                started_with
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((key.to_owned(), left));
+                ledger.ran(key);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                Ok::<_, JobError>(())
+            }
+        })
+        .await;
+    let started = started_with.into_inner().unwrap_or_else(|e| e.into_inner());
+    for (key, left) in &started {
+        let left = left.unwrap_or_else(|| panic!("{key} started without a lease"));
+        assert!(
+            left > 0.15,
+            "{key} started with {left:.3} s of its lease left: {started:?}"
+        );
+    }
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert!(
+        ledger.runs().values().all(|n| *n == 1),
+        "{:?}",
+        ledger.runs()
+    );
+}

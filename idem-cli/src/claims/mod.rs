@@ -252,7 +252,12 @@ pub async fn resolve(
             consequence(&resolution),
         )));
     }
-    let resolver = Resolver::new("operator").expected_fence(claim.fence);
+    // The state and the fence it was read in, as the confirmation showed
+    // them: a claim read pending that went in doubt meanwhile is not what
+    // the operator decided about.
+    let resolver = Resolver::new("operator")
+        .expected_fence(claim.fence)
+        .expected_state(claim.state);
     let resolved = operations::resolve_as(pool, claim.slot(), resolution, resolver)
         .await
         .map_err(CliError::store("resolve the claim"))?;
@@ -270,6 +275,10 @@ pub async fn resolve(
         Resolved::FenceMoved { current, .. } => Err(changed(&format!(
             "its fence is {} now (taken over, or released and claimed anew)",
             current.fence
+        ))),
+        Resolved::StateChanged { current, .. } => Err(changed(&format!(
+            "it is {} now, at the same fence",
+            current.state
         ))),
         Resolved::LeaseLive(_) => Err(CliError::Refused(format!(
             "{what}: its lease is live, so its holder is at work and may settle it at any \

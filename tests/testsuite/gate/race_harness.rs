@@ -164,3 +164,37 @@ async fn all_refused_names_every_racer_that_was_not() {
     let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(message.contains("ran and succeeded"), "{message}");
 }
+
+/// A race whose identity is absent (a `None` key part: every invocation
+/// runs ungated, all of them) fails `assert_exactly_once`, and its message
+/// names that cause: the invocations ran ungated, not that "the schema was
+/// never set up or the gate points elsewhere".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absent_identity_running_every_racer_ungated_is_named_as_the_cause() {
+    let gate = testing::gate().await;
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    let report = race(4, || {
+        let id = Identity::new("absent").part(None::<&str>);
+        let ran = &ran;
+        let gate = &gate;
+        async move {
+            gate.run(&id, async {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, Rejected>(())
+            })
+            .await
+        }
+    })
+    .await;
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 4, "all ran");
+    assert_eq!(report.ungated(), 4, "{report}");
+    let message = why_not_exactly_once(&report);
+    assert!(
+        message.contains("ungated"),
+        "four bodies ran ungated, and the message says: {message}"
+    );
+    assert!(
+        !message.contains("schema was never set up"),
+        "the cause named is not the cause: {message}"
+    );
+}

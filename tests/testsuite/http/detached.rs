@@ -591,3 +591,43 @@ async fn a_detached_run_begun_after_shutdown_claims_nothing() {
         "and no claim is left behind"
     );
 }
+
+/// `Rejected`'s table: a caller still awaiting its `run_detached` when
+/// `Detached::shutdown`'s grace ends and stops its body is told `InDoubt`,
+/// the one case of that refusal whose body ran; its slot is held in doubt.
+#[tokio::test]
+async fn a_caller_whose_detached_body_was_stopped_at_shutdown_is_told_in_doubt() {
+    use idem::{Identity, Rejected};
+
+    let (gate, _account) = gate().await;
+    let detached = idem::Detached::new();
+    let effects = Effects::default();
+    let began = std::sync::Arc::new(tokio::sync::Notify::new());
+    let caller = {
+        let (effects, began, gate, detached) = (
+            effects.clone(),
+            began.clone(),
+            gate.clone(),
+            detached.clone(),
+        );
+        tokio::spawn(async move {
+            gate.guard(&Identity::new("charge").part("stopped under its caller"))
+                .run_detached(&detached, async move {
+                    effects.start();
+                    began.notify_one();
+                    std::future::pending::<()>().await;
+                    Ok::<(), Rejected>(())
+                })
+                .await
+        })
+    };
+    began.notified().await;
+    let stopped = detached.shutdown(Duration::from_millis(100)).await;
+    assert_eq!(stopped.held_in_doubt, 1, "{stopped:?}");
+    let told = tokio::time::timeout(Duration::from_secs(10), caller)
+        .await
+        .expect("the caller hears back")
+        .expect("no panic");
+    assert_eq!(effects.started(), 1, "the body ran");
+    assert!(matches!(told, Err(Rejected::InDoubt)), "{told:?}");
+}

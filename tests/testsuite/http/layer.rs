@@ -1278,3 +1278,96 @@ async fn a_store_outage_is_503_or_unavailable_and_the_service_is_never_called() 
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert_eq!(effects.count(), 0, "nothing ran unguarded");
 }
+
+// ------------------------------ red team: what each outcome of a policy leads to
+
+/// Serves `/charges` (a 201 after a little effect) behind a single-tenant
+/// layer with `policy`; sends the same keyed request twice and returns
+/// both answers (the first `None` if it got none), the effects and the
+/// claim's row.
+async fn twice_under_policy(
+    prefix: &str,
+    policy: impl Fn(StatusCode) -> idem::Outcome + Send + Sync + 'static,
+) -> (
+    Option<crate::support::http::Read>,
+    crate::support::http::Read,
+    crate::support::http::Effects,
+    Vec<(String, Option<String>)>,
+) {
+    use crate::support::http::{Effects, charges, gate, rows, send, serve, try_send};
+
+    let (gate, account) = gate(prefix).await;
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(gate.clone())
+        .single_tenant()
+        .status_policy(policy);
+    let (address, _server) = serve(charges(&effects, Duration::from_millis(20)).layer(layer)).await;
+    let request = || {
+        Request::post("/charges")
+            .header("host", "127.0.0.1")
+            .header("idempotency-key", "policy-1")
+            .body(Full::new(Bytes::from_static(b"x")))
+            .expect("a request")
+    };
+    let first = try_send(address, request()).await;
+    // Whatever the first was told, its call has ended before the retry.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let retry = send(address, request()).await;
+    let rows = rows(gate.pool(), &account).await;
+    (first, retry, effects, rows)
+}
+
+/// `Failed(InDoubt)` from the policy: the first client gets the service's
+/// response, the key is held in doubt, and the retry is a 409
+/// `outcome-in-doubt` that does not run the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_s_in_doubt_holds_the_key_and_refuses_the_retry_as_in_doubt() {
+    use idem::{Disposition, Outcome};
+    let (first, retry, effects, rows) =
+        twice_under_policy("policy-doubt", |_| Outcome::Failed(Disposition::InDoubt)).await;
+    let first = first.expect("the first client is answered");
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert!(
+        retry.problem_type().contains("outcome-in-doubt"),
+        "{retry:?}"
+    );
+    assert!(!retry.replayed());
+    assert_eq!(effects.started(), 1, "the retry did not run");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].0, "in_doubt", "{rows:?}");
+}
+
+/// `Failed(Keep)` from the policy: the key is kept failed, and the retry is
+/// a 409 `already-failed`, never the kept response nor a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_s_keep_refuses_the_retry_as_already_failed() {
+    use idem::{Disposition, Outcome};
+    let (first, retry, effects, rows) =
+        twice_under_policy("policy-keep", |_| Outcome::Failed(Disposition::Keep)).await;
+    assert_eq!(first.expect("answered").status, StatusCode::CREATED);
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert!(retry.problem_type().contains("already-failed"), "{retry:?}");
+    assert_eq!(effects.started(), 1);
+    assert_eq!(
+        rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        ["failed"]
+    );
+}
+
+/// A status policy that panics after the service took its effect: idem
+/// fails closed, as for a panicking body: the key is never released, and
+/// the retry does not run the service again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_policy_that_panics_never_releases_a_key_whose_service_ran() {
+    let (_first, retry, effects, rows) =
+        twice_under_policy("policy-panics", |status| panic!("no policy for {status}")).await;
+    assert_eq!(
+        effects.started(),
+        1,
+        "the retry ran the service again: {retry:?}"
+    );
+    assert!(!retry.status.is_success(), "{retry:?}");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_ne!(rows[0].0, "success", "{rows:?}");
+}

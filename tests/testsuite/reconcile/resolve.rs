@@ -4,10 +4,11 @@
 //! success.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem::operations::{self, ClaimState, Resolved, Resolver, Slot};
 use idem::sqlx::{self, PgPool};
-use idem::{Claim, Disposition, Gate, Identity, Outcome, testing};
+use idem::{Claim, Disposition, Gate, Identity, Outcome, Rejected, testing};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
@@ -283,4 +284,169 @@ async fn holding_a_claim_in_doubt_is_refused_and_changes_nothing() {
         );
     }
     drop(holder);
+}
+
+/// An operator's success whose kept text is not JSON, or not the
+/// function's type: the slot is settled, and a `replay` duplicate gets a
+/// refusal (or an error), never another value, never a panic, and never a
+/// run of its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_s_kept_text_that_does_not_read_back_is_never_handed_as_a_value() {
+    let gate = testing::gate().await;
+    for (round, kept) in ["{not json", "\"text\"", "1e400", "null", ""]
+        .into_iter()
+        .enumerate()
+    {
+        let id = Identity::new("charge").part(round).part("odd kept text");
+        let address = id.address();
+        let (_holder, _) = pending(&gate, &id).await;
+        let resolved = operations::resolve(
+            gate.pool(),
+            slot(&gate, &address),
+            Outcome::Succeeded(Some(kept)),
+        )
+        .await;
+        match resolved {
+            // Refused by the store: nothing changed, and it says so.
+            Err(error) => {
+                assert!(!error.is_outage(), "{kept:?}: {error}");
+                continue;
+            }
+            Ok(resolved) => assert!(
+                matches!(
+                    resolved,
+                    Resolved::Changed {
+                        after: Some(ClaimState::Success),
+                        ..
+                    }
+                ),
+                "{kept:?}: {resolved:?}"
+            ),
+        }
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let duplicate = std::panic::AssertUnwindSafe(gate.guard(&id).replay().run(async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok::<u64, Rejected>(42)
+        }));
+        let duplicate = futures_util::FutureExt::catch_unwind(duplicate)
+            .await
+            .unwrap_or_else(|_| panic!("{kept:?}: a duplicate panicked"));
+        assert!(
+            !ran.load(std::sync::atomic::Ordering::SeqCst),
+            "{kept:?}: ran again"
+        );
+        assert!(
+            duplicate.is_err(),
+            "{kept:?}: handed a value: {duplicate:?}"
+        );
+    }
+}
+
+/// "Never over a success or a kept failure": a claim kept `failed` by its
+/// body is left as it is by every outcome, from an operator or a
+/// reconciler expecting its fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_failure_is_never_resolved_over() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge").part("kept failed");
+    let address = id.address();
+    let (claim, fence) = pending(&gate, &id).await;
+    claim.dispose(Disposition::Keep).await.expect("keep");
+    for resolution in [
+        Outcome::Succeeded(Some("1")),
+        Outcome::Failed(Disposition::Keep),
+        Outcome::Failed(Disposition::Release),
+    ] {
+        for by in [
+            Resolver::OPERATOR,
+            Resolver::new("reconciled").expected_fence(fence),
+        ] {
+            match operations::resolve_as(gate.pool(), slot(&gate, &address), resolution, by)
+                .await
+                .expect("resolve")
+            {
+                Resolved::NotResolvable(row) => assert_eq!(row.state, ClaimState::Failed),
+                other => panic!("{resolution:?} over a kept failure: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        state_of(gate.pool(), gate.account_name(), &address).await,
+        Some(("failed".to_owned(), Some("kept_failure".to_owned())))
+    );
+}
+
+/// `resolve` acts on claims only: given the address of a step (as
+/// `operations::pending_steps` lists it), every outcome finds no claim
+/// there and the step's marker is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_s_address_is_never_resolved_as_a_claim() {
+    use crate::support::steps::cut_off_inside;
+
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("step address");
+    let lease = Duration::from_millis(100);
+    cut_off_inside(&gate, &id, "charge", lease, &Arc::default()).await;
+    let steps = operations::pending_steps(gate.pool(), slot(&gate, &id.address()))
+        .await
+        .expect("pending steps");
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    let step_address = steps[0].address.clone();
+    for resolution in [
+        Outcome::Succeeded(Some("1")),
+        Outcome::Failed(Disposition::Keep),
+        Outcome::Failed(Disposition::Release),
+    ] {
+        let resolved = operations::resolve(gate.pool(), slot(&gate, &step_address), resolution)
+            .await
+            .expect("resolve");
+        assert!(
+            matches!(resolved, Resolved::Missing),
+            "{resolution:?}: {resolved:?}"
+        );
+    }
+    let after = operations::pending_steps(gate.pool(), slot(&gate, &id.address()))
+        .await
+        .expect("pending steps");
+    assert_eq!(after, steps, "the step's marker is untouched");
+}
+
+/// `Verdict::Unknown` leaves the claim as it is: a stale pending claim
+/// (its lease run out, `on_expiry` the default take-over) is not turned in
+/// doubt by the probe's ignorance, and the next claim takes it over and
+/// runs, as it would with no reconciler (`Verdict::Unknown`'s docs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_verdict_leaves_a_stale_pending_claim_to_its_expiry_policy() {
+    use idem::reconcile::{Reconciler, Verdict};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let gate = testing::gate().await;
+    let action = testing::unique_name("unknown_stale");
+    let id = Identity::new(action.as_str()).part(1u8);
+    let lease = Duration::from_millis(50);
+    let claim = gate.guard(&id).lease(lease).claim().await.expect("claim");
+    std::mem::forget(claim);
+    tokio::time::sleep(lease + Duration::from_millis(30)).await;
+    let pass = Reconciler::new(gate.pool().clone())
+        .account(gate.account_name())
+        .probe(action.clone(), |_| async { Verdict::Unknown })
+        .reconcile_once()
+        .await
+        .expect("a pass");
+    assert_eq!((pass.probed, pass.unknown), (1, 1), "{pass:?}");
+    let ran = AtomicUsize::new(0);
+    let retry: Result<(), Rejected> = gate
+        .guard(&id)
+        .lease(lease)
+        .run(async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .await;
+    assert!(retry.is_ok(), "{retry:?}");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the expired claim is taken over, as its on_expiry says"
+    );
 }

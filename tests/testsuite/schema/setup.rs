@@ -493,3 +493,135 @@ async fn status_says_whether_the_index_of_open_claims_is_there() {
     let status = idem::schema::status(&pool).await.expect("status");
     assert!(!status.open_claims_index_present, "{status:?}");
 }
+
+// ------------------------- red team: every schema function's error, outage or not
+
+/// Each schema function on `pool`, by name, with what it returned as an
+/// `idem::Error` (`None`: it succeeded).
+async fn every_schema_function(pool: &PgPool) -> Vec<(&'static str, Option<Error>)> {
+    use idem::schema;
+    vec![
+        ("set_up", schema::set_up(pool).await.err()),
+        ("verify", schema::verify(pool).await.err()),
+        ("layout", schema::layout(pool).await.err()),
+        ("status", schema::status(pool).await.err()),
+        (
+            "set_up_partitioned",
+            schema::set_up_partitioned(pool, 4).await.err(),
+        ),
+        (
+            "set_up_distributed",
+            schema::set_up_distributed(pool).await.err(),
+        ),
+    ]
+}
+
+/// A server down is an outage for every schema function: each fails, and
+/// `is_outage` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_schema_function_calls_a_server_down_an_outage() {
+    use idem::sqlx::postgres::PgPoolOptions;
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a port")
+        .local_addr()
+        .expect("its address")
+        .port();
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_millis(500))
+        .connect_lazy(&format!("postgres://postgres@127.0.0.1:{closed}/postgres"))
+        .expect("a lazy pool");
+    for (function, error) in every_schema_function(&pool).await {
+        let error = error.unwrap_or_else(|| panic!("{function} succeeded on a server down"));
+        assert!(error.is_outage(), "{function}: {error}");
+    }
+}
+
+/// A schema missing from the `search_path`, and a role without the right
+/// to create there: errors of the request, never outages; the set-ups fail,
+/// and the readers say there is no table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_schema_or_a_role_without_rights_is_never_an_outage() {
+    use idem::sqlx::postgres::PgPoolOptions;
+
+    // search_path names a schema that does not exist.
+    let missing = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(schemas::options_in(&idem::testing::unique_name(
+            "no_such_schema",
+        )))
+        .await
+        .expect("connect");
+    // A role that may log in and use a fresh schema, and create nothing.
+    let (schema, owner) = schemas::fresh_schema(1).await;
+    let role = idem::testing::unique_name("idem_norights");
+    exec(&owner, &format!("CREATE ROLE \"{role}\" LOGIN")).await;
+    exec(
+        &owner,
+        &format!("GRANT USAGE ON SCHEMA {schema} TO \"{role}\""),
+    )
+    .await;
+    exec(
+        &owner,
+        &format!("REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC"),
+    )
+    .await;
+    let powerless = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(schemas::options_in(&schema).username(&role))
+        .await
+        .expect("log in as the role");
+    for (place, pool) in [
+        ("a missing schema", &missing),
+        ("a role without rights", &powerless),
+    ] {
+        for (function, error) in every_schema_function(pool).await {
+            if let Some(error) = &error {
+                assert!(!error.is_outage(), "{place}: {function}: {error}");
+            }
+            match function {
+                "set_up" | "set_up_partitioned" | "set_up_distributed" => {
+                    assert!(
+                        error.is_some(),
+                        "{place}: {function} set up nothing and succeeded"
+                    )
+                }
+                _ => assert!(error.is_none(), "{place}: {function} reads: {error:?}"),
+            }
+        }
+        assert!(
+            matches!(idem::schema::verify(pool).await, Ok(Some(_))),
+            "{place}: verify says the table is missing"
+        );
+    }
+    powerless.close().await;
+    exec(&owner, &format!("DROP SCHEMA {schema} CASCADE")).await;
+    exec(&owner, &format!("DROP ROLE \"{role}\"")).await;
+}
+
+/// A connection configured in a way no retry mends (`sslmode=require`, as
+/// managed PostgreSQL services ask, where this build of sqlx has no TLS; or
+/// a certificate that cannot be verified) is an error of the request, not
+/// an outage: `is_outage` is "worth a retry once it is back", and a retry
+/// meets it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_setting_no_retry_mends_is_not_an_outage() {
+    use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+    use std::str::FromStr;
+
+    for mode in [PgSslMode::Require, PgSslMode::VerifyFull] {
+        let options = PgConnectOptions::from_str(&idem::testing::database_url())
+            .expect("the tests' URL")
+            .ssl_mode(mode);
+        let pool = PgPoolOptions::new()
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect_lazy_with(options);
+        for (function, error) in every_schema_function(&pool).await {
+            let error = error.unwrap_or_else(|| panic!("{mode:?}: {function} succeeded"));
+            assert!(
+                !error.is_outage(),
+                "{mode:?}: {function}: a setting no retry mends is called an outage: {error}"
+            );
+        }
+    }
+}

@@ -1135,3 +1135,46 @@ async fn a_repeatable_step_never_records_over_a_marker_of_a_newer_fence() {
     assert_eq!(steps[0].state.as_str(), "pending", "not recorded over");
     assert_eq!(steps[0].fence, NEWER);
 }
+
+/// `Rejected`'s table: a body told `StepInDoubt` "ran up to that step,
+/// which did not run again". A retry that took the claim over runs its
+/// body up to the step in doubt, effects before it included, and is then
+/// told `StepInDoubt`; the step itself does not run.
+#[tokio::test]
+async fn a_step_in_doubt_is_told_to_a_body_that_ran_up_to_it() {
+    let gate = testing::gate().await;
+    let id = Identity::new("checkout").part("ran before the step");
+    let lease = Duration::from_millis(200);
+    cut_off_inside(&gate, &id, "charge", lease, &Arc::default()).await;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+
+    let before_the_step = AtomicUsize::new(0);
+    let stepped = AtomicUsize::new(0);
+    let outcome: Result<u64, Rejected> = gate
+        .guard(&id)
+        .lease(lease)
+        .run(async {
+            // An effect of the body before its first step: an email sent.
+            before_the_step.fetch_add(1, Ordering::SeqCst);
+            idem::step("charge", async {
+                stepped.fetch_add(1, Ordering::SeqCst);
+                Ok::<u64, Rejected>(2)
+            })
+            .await
+        })
+        .await;
+    assert!(
+        matches!(&outcome, Err(Rejected::StepInDoubt { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        before_the_step.load(Ordering::SeqCst),
+        1,
+        "ran up to the step"
+    );
+    assert_eq!(
+        stepped.load(Ordering::SeqCst),
+        0,
+        "the step did not run again"
+    );
+}
