@@ -859,6 +859,11 @@ async fn record<R>(
         .collect();
     let mut alone = Vec::new();
     let mut panicked = None;
+    // A batch's statements carry no step's record: each body's last one is
+    // written on its own before its outcome is chosen.
+    for (_, _, _, steps) in &ran {
+        steps.land_carried().await;
+    }
     for (index, claim, output, steps) in ran {
         let wanted = panic::catch_unwind(AssertUnwindSafe(|| {
             outcome.wanted(claim.address(), &output)

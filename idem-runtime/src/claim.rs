@@ -97,6 +97,22 @@ impl Lease {
             .map(|ends| ends.saturating_duration_since(Instant::now()))
     }
 
+    /// How long a step's record may wait for the run's next statement to
+    /// carry it, at most `wait`: that long without a lease (nobody takes
+    /// such a claim over), and with one only while a good margin of it is
+    /// left, so that the record lands long before anyone may take the
+    /// claim over and record the step otherwise. `None`: record it now.
+    pub(crate) fn carry_for(&self, wait: Duration) -> Option<Duration> {
+        if !self.leased {
+            return Some(wait);
+        }
+        match self.left() {
+            // Too long for the clock to hold.
+            None => Some(wait),
+            Some(left) => (left >= wait.saturating_mul(4)).then_some(wait),
+        }
+    }
+
     /// Why the claim at `address` is no longer its holder's, when it was
     /// found gone: `LeaseLost` once its lease ran out by this clock (it was
     /// taken over, then perhaps released), `ClaimLost` before (someone
@@ -317,6 +333,30 @@ impl Claim {
         self.finish(Outcome::Succeeded(output), via).await
     }
 
+    /// Settles a success as [`settle_with`](Claim::settle_with) does, with
+    /// the record of the step its body finished last riding in the same
+    /// statement ([`store::SETTLE_CARRYING_STEP`]). The second value says
+    /// whether that record went in: `false` is for the step to look into
+    /// (an earlier attempt's, whose reply was lost, or somebody else's).
+    pub(crate) async fn settle_carrying(
+        mut self,
+        output: Option<&str>,
+        carried: store::CarriedRecord<'_>,
+        via: &mut Via<'_>,
+    ) -> (Result<(), Rejected>, bool) {
+        let Some(held) = self.held.take() else {
+            return (Ok(()), false);
+        };
+        let outcome = Outcome::Succeeded(output);
+        let mut recorded = false;
+        let recording = Stopwatch::start();
+        let settled = held
+            .record(outcome, Some((carried, &mut recorded)), via)
+            .await;
+        held.report(outcome, &settled, &recording);
+        (settled, recorded)
+    }
+
     /// Records a failure as `disposition` says.
     pub(crate) async fn dispose_via(
         self,
@@ -400,7 +440,7 @@ impl Claim {
             return Ok(());
         };
         let recording = Stopwatch::start();
-        let recorded = held.record(outcome, via).await;
+        let recorded = held.record(outcome, None, via).await;
         held.report(outcome, &recorded, &recording);
         recorded
     }
@@ -509,13 +549,16 @@ impl WonSlot {
     /// Records `outcome`: the statement, retried after a transient failure;
     /// a success whose value the store refuses, again without the value;
     /// and, when it matched no row of ours, what became of the claim.
+    /// `carried`: a step's record to write in the settle's statement, and
+    /// where to say whether it went in.
     async fn record(
         &self,
         outcome: Outcome<Option<&str>>,
+        mut carried: Option<(store::CarriedRecord<'_>, &mut bool)>,
         via: &mut Via<'_>,
     ) -> Result<(), Rejected> {
         let mut written = outcome;
-        let mut attempt = self.record_once(outcome, via).await;
+        let mut attempt = self.record_once(outcome, carried.as_mut(), via).await;
         // Inside the caller's transaction the failure has aborted it: the
         // claim rolls back with the body's writes, and nothing is lost.
         let carries_a_value = matches!(outcome, Outcome::Succeeded(Some(_)));
@@ -530,7 +573,7 @@ impl WonSlot {
                         Some(&Rejected::from_store(error)),
                     );
                     written = Outcome::Succeeded(None);
-                    self.record_once(written, via).await
+                    self.record_once(written, carried.as_mut(), via).await
                 }
                 other => other,
             };
@@ -612,6 +655,7 @@ impl WonSlot {
     async fn record_once(
         &self,
         outcome: Outcome<Option<&str>>,
+        carried: Option<&mut (store::CarriedRecord<'_>, &mut bool)>,
         via: &mut Via<'_>,
     ) -> Result<bool, sqlx::Error> {
         let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
@@ -624,6 +668,18 @@ impl WonSlot {
         } else {
             self.commit
         };
+        if let (Outcome::Succeeded(output), Some((step, recorded))) = (outcome, carried) {
+            let written: store::SettledCarrying = retry::repeat_recording!(via, |conn| {
+                store::settle_carrying_step(
+                    &mut *conn, scope, address, fence, output, *step, commit,
+                )
+                .await
+            })?;
+            // An attempt that wrote it, whose reply was lost, leaves the
+            // next one `false`: said once written, it stays said.
+            **recorded |= written.recorded;
+            return Ok(written.settled);
+        }
         retry::repeat_recording!(via, |conn| match outcome {
             Outcome::Succeeded(output) => {
                 store::settle(&mut *conn, scope, address, fence, output, commit).await

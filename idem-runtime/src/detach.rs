@@ -379,6 +379,8 @@ impl<R> Run<R> {
                     self.outcome.record(claim, output, Some(&steps), &mut via).await,
                 ),
                 Err(payload) => {
+                    // A step it finished is recorded, not left in doubt.
+                    steps.land_carried().await;
                     self.hold(claim, PANICKED, &mut via).await;
                     Finished::Panicked(payload)
                 }
@@ -391,6 +393,7 @@ impl<R> Run<R> {
                         AT_SHUTDOWN
                     }
                 };
+                steps.land_carried().await;
                 self.hold(claim, reason, &mut via).await;
                 Finished::Output(self.outcome.refused(Rejected::InDoubt))
             }

@@ -186,7 +186,21 @@ impl<'a, R> OutcomeOf<'a, R> {
         steps: Option<&Ambient>,
         via: &mut Via<'_>,
     ) -> R {
-        let json = match self.wanted(claim.address(), &output) {
+        let wanted = self.wanted(claim.address(), &output);
+        // The record of the step the body finished last rides with the
+        // settle; any other ending writes it first, on its own, so that
+        // what the steps saw is known before the outcome is chosen.
+        let carried = match (steps, &wanted) {
+            (Some(steps), Outcome::Succeeded(_)) if steps.refused().is_none() => {
+                steps.take_carried().await
+            }
+            (Some(steps), _) => {
+                steps.land_carried().await;
+                None
+            }
+            (None, _) => None,
+        };
+        let json = match wanted {
             Outcome::Failed(disposition) => {
                 let disposition = steps.map_or(disposition, |steps| steps.overrides(disposition));
                 // The body's error is what its caller needs; a failure that
@@ -214,7 +228,17 @@ impl<'a, R> OutcomeOf<'a, R> {
             return (self.rejected)(lost);
         }
         let in_transaction = via.in_transaction();
-        match claim.settle_with(json.as_deref(), via).await {
+        let settled = match (steps, carried) {
+            (Some(steps), Some(carried)) => {
+                let (settled, recorded) = claim
+                    .settle_carrying(json.as_deref(), carried.record(), via)
+                    .await;
+                steps.carried_landed(&carried, recorded).await;
+                settled
+            }
+            _ => claim.settle_with(json.as_deref(), via).await,
+        };
+        match settled {
             Err(
                 lost @ (Rejected::LeaseLost { .. }
                 | Rejected::ClaimLost { .. }

@@ -32,6 +32,7 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -46,7 +47,7 @@ use crate::measure::{self, StepLabel};
 use crate::mode::Disposition;
 use crate::retry;
 use crate::scoped_pool::ScopedPool;
-use crate::store::{self, Commit, StepRow, StepState};
+use crate::store::{self, Commit, Engine, StepRow, StepState};
 use crate::stored_value;
 use crate::via::Via;
 
@@ -83,6 +84,10 @@ pub(crate) struct Ambient {
     /// the one read), and taken from as each step of the run begins (each
     /// name begins once per run, so nothing read is consulted twice).
     read: OnceCell<Mutex<HashMap<String, StepRow>>>,
+    /// Held while a carried record is taken and written on its own, so
+    /// that whoever takes it next finds it written, and what became of it
+    /// noted ([`Carried`]).
+    landing: tokio::sync::Mutex<()>,
 }
 
 enum Under {
@@ -145,6 +150,53 @@ struct Log {
     /// checked before it runs. (Two live connections never share an
     /// address, and the claim's transaction outlives its body.)
     verified: Option<usize>,
+    /// The record of the step finished last, waiting to ride with the
+    /// run's next statement (see [`Carried`]).
+    carried: Option<Carried>,
+}
+
+/// The record of a step its holder finished, not yet written: it rides
+/// with the run's next statement, the next step's begin or the claim's
+/// settle, so that N steps cost N + 2 statements and durable commits with
+/// the claim and its settle instead of 2N + 2.
+///
+/// It waits [`CARRIED_AT_MOST`]: a body that does not reach its next
+/// statement by then has the record written on its own, by a task that
+/// outlives the body (a body dropped or panicking right after the step
+/// still has it recorded). Until it lands, the step is as one cut off
+/// inside it, its marker in: a process killed in those few milliseconds
+/// leaves the step in doubt, never runs it twice. Any other end of the
+/// body writes it before its outcome: a failure, a success a step refused,
+/// a batch's item, a detached body stopped.
+///
+/// Carried only where nobody else can record the step meanwhile, so that
+/// every run sees one value: a claim on the pool, without a lease or with
+/// a good margin of it left ([`Lease::carry_for`]); on one PostgreSQL. In
+/// the caller's transaction every statement commits together anyway, and
+/// Citus plans the `INSERT` of [`store::RECORD_AND_BEGIN_STEP`] apart
+/// from the rest.
+pub(crate) struct Carried {
+    name: String,
+    address: String,
+    json: String,
+    /// The task that writes it on its own once it waited long enough.
+    timer: tokio::task::AbortHandle,
+}
+
+/// How long a step's record waits for the run's next statement to carry
+/// it ([`Carried`]): long enough for a body's next step or its outcome to
+/// follow at once, short enough that a process killed meanwhile rarely
+/// leaves a finished step in doubt.
+const CARRIED_AT_MOST: Duration = Duration::from_millis(20);
+
+impl Carried {
+    /// What the store writes.
+    pub(crate) fn record(&self) -> store::CarriedRecord<'_> {
+        store::CarriedRecord {
+            address: &self.address,
+            output: &self.json,
+        }
+    }
 }
 
 impl Ambient {
@@ -186,6 +238,7 @@ impl Ambient {
             under,
             log: Mutex::default(),
             read: OnceCell::new(),
+            landing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -226,6 +279,36 @@ impl Ambient {
         }
     }
 
+    /// Keeps the value `json` of `held`'s step, which is not repeatable, to
+    /// ride with the run's next statement, if this body's steps carry
+    /// their records and none waits already (two steps joined in one body
+    /// that finish together: the second records on its own). `false`:
+    /// record it now.
+    fn carries(self: &Arc<Self>, held: &Held<'_>, json: &str) -> bool {
+        let Some(wait) = self
+            .carrying()
+            .and_then(|facts| facts.lease.carry_for(CARRIED_AT_MOST))
+        else {
+            return false;
+        };
+        let mut log = self.lock();
+        if log.carried.is_some() {
+            return false;
+        }
+        let ambient = Arc::clone(self);
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            ambient.land_carried().await;
+        });
+        log.carried = Some(Carried {
+            name: held.name.to_owned(),
+            address: held.address.clone(),
+            json: json.to_owned(),
+            timer: timer.abort_handle(),
+        });
+        true
+    }
+
     /// Whether this is the claim of the body being polled now.
     fn is_current(self: &Arc<Self>) -> bool {
         CLAIM
@@ -235,6 +318,86 @@ impl Ambient {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
         lock(&self.log)
+    }
+
+    /// The claim on the pool whose steps carry their records, if this
+    /// body's does ([`Carried`]).
+    fn carrying(&self) -> Option<&ClaimFacts> {
+        match &self.under {
+            Under::Claim(facts) if facts.slots.engine() != Engine::Citus => Some(facts),
+            _ => None,
+        }
+    }
+
+    /// Takes the record waiting to ride with the next statement, if any:
+    /// whoever takes it writes it. Waits for one being written on its own.
+    pub(crate) async fn take_carried(&self) -> Option<Carried> {
+        let _landing = self.landing.lock().await;
+        let carried = self.lock().carried.take()?;
+        // Not under way (the lock says so): it never will be.
+        carried.timer.abort();
+        Some(carried)
+    }
+
+    /// Writes the record waiting to ride with the next statement, if any,
+    /// in a statement of its own: for a run that ends some other way than
+    /// by a settle that could carry it, and once it waited long enough.
+    pub(crate) async fn land_carried(&self) {
+        let Some(facts) = self.carrying() else {
+            return;
+        };
+        let _landing = self.landing.lock().await;
+        let Some(carried) = self.lock().carried.take() else {
+            return;
+        };
+        let held = Held::new(facts, &carried.name);
+        let mut via = Via::Pool(facts.slots.pool());
+        let recorded = held.record(&carried.json, true, self, &mut via).await;
+        self.landed(&held, recorded);
+    }
+
+    /// Says what became of `carried` after the statement that carried it,
+    /// which wrote it (`recorded`) or wrote nothing: looked into then, as
+    /// a record of its own that wrote nothing is.
+    pub(crate) async fn carried_landed(&self, carried: &Carried, recorded: bool) {
+        let Some(facts) = self.carrying() else {
+            return;
+        };
+        let held = Held::new(facts, &carried.name);
+        let found = if recorded {
+            Ok(Recorded::Ours)
+        } else {
+            let mut via = Via::Pool(facts.slots.pool());
+            held.wrote_nothing(&carried.json, self, &mut via).await
+        };
+        self.landed(&held, found);
+    }
+
+    /// Notes what became of a carried record. The body went on with the
+    /// step's value long ago: another's record ([`Recorded::Theirs`]) is
+    /// the step's, and one that could not be written leaves the step in
+    /// doubt, as a record of its own that fails does. A claim found lost
+    /// is a refusal the body did not hear: its success is not recorded.
+    fn landed(&self, held: &Held<'_>, recorded: Result<Recorded, Rejected>) {
+        let facts = held.facts;
+        let count = |outcome| measure::stepped(&facts.slots, &facts.identity, outcome);
+        let unrecorded = match recorded {
+            Ok(Recorded::Ours | Recorded::Theirs(_)) => {
+                count(StepLabel::Recorded);
+                return;
+            }
+            Err(unrecorded) => unrecorded,
+        };
+        count(StepLabel::Unrecorded);
+        self.lock().unknown = Some(held.name.to_owned());
+        if matches!(
+            unrecorded,
+            Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } | Rejected::NotRecorded { .. }
+        ) {
+            self.refusing(&unrecorded);
+        } else {
+            unrecorded_event(facts, held, false, &unrecorded);
+        }
     }
 }
 
@@ -346,15 +509,28 @@ impl Ambient {
 /// - **Ungated**: in a body that runs ungated (an absent identity, on the
 ///   pool or in a transaction, or a store down under `on_unavailable =
 ///   "run"`), `future` runs and nothing is recorded.
-/// - **Cost**: a repeatable step that runs costs one statement, its record;
-///   a step that is not repeatable two (its marker, then its record). Each
-///   record commits asynchronously under an asynchronous
-///   [`outcome_commit`](crate::Guard::outcome_commit); a marker always
-///   durably. A run reads its claim's steps once, at its first repeatable
-///   step, and replays every recorded step it reaches after that from what it
-///   read, with no statement; a step replayed before it costs the look that
-///   finds it. A step's value must be `Serialize + DeserializeOwned`; its
-///   future `Send`.
+/// - **Cost**: a step that is not repeatable costs one statement: its
+///   marker goes in with the record of the step before it, and the last
+///   step's record with the claim's settle, so a body of N steps costs
+///   N + 2 statements and durable commits with its claim and its settle,
+///   as many as N recovery points written by hand. A finished step's record
+///   waits for the run's next statement 20 ms at most, then is written on
+///   its own (by a task that outlives a body dropped meanwhile), and only
+///   where nobody else can record the step in the meantime: a claim on the
+///   pool, without a lease or with a good margin of it left, on one
+///   PostgreSQL. Elsewhere (in the caller's transaction, on Citus, near a
+///   lease's end) each record is a statement of its own, before the body
+///   goes on. A process killed in that wait leaves the finished step in
+///   doubt, as one cut off inside it: never run twice. A repeatable step
+///   that runs costs one statement, its record, written before the body
+///   goes on (another holder's may land first, and every run sees one
+///   value). Records commit asynchronously under an asynchronous
+///   [`outcome_commit`](crate::Guard::outcome_commit), markers always
+///   durably (with the record they carry). A run reads its claim's steps
+///   once, at its first repeatable step, and replays every recorded step it
+///   reaches after that from what it read, with no statement; a step
+///   replayed before it costs the look that finds it. A step's value must
+///   be `Serialize + DeserializeOwned`; its future `Send`.
 pub fn step<'f, F: 'f>(name: impl Into<String>, future: F) -> Step<'f, F> {
     Step {
         name: name.into(),
@@ -592,6 +768,9 @@ where
     };
     match &output {
         Ok(value) => match stored_value::to_json(value) {
+            Ok(json) if marked && ambient.carries(&held, &json) => {
+                // Recorded with the run's next statement ([`Carried`]).
+            }
             Ok(json) => match held.record(&json, marked, &ambient, &mut via).await {
                 Ok(Recorded::Ours) => count(StepLabel::Recorded),
                 Ok(Recorded::Theirs(json)) => {
@@ -631,22 +810,7 @@ where
                     if !step.repeatable {
                         ambient.lock().unknown = Some(step.name.clone());
                     }
-                    tracing::error!(
-                        target: "idem",
-                        account = facts.slots.account(),
-                        namespace = facts.slots.namespace(),
-                        action = facts.identity.action(),
-                        address = held.address.as_str(),
-                        step = step.name.as_str(),
-                        error = %unrecorded,
-                        "{}",
-                        if step.repeatable {
-                            "a step's result could not be recorded: a later run runs it again"
-                        } else {
-                            "a step's result could not be recorded: a later run will find it \
-                             in doubt"
-                        }
-                    );
+                    unrecorded_event(facts, &held, step.repeatable, &unrecorded);
                 }
             },
             Err(error) => {
@@ -679,6 +843,26 @@ where
     }
     cut_off.disarm();
     output
+}
+
+/// Says that the result of `held`'s step could not be recorded, and what
+/// a later run does about it.
+fn unrecorded_event(facts: &ClaimFacts, held: &Held<'_>, repeatable: bool, error: &Rejected) {
+    tracing::error!(
+        target: "idem",
+        account = facts.slots.account(),
+        namespace = facts.slots.namespace(),
+        action = facts.identity.action(),
+        address = held.address.as_str(),
+        step = held.name,
+        error = %error,
+        "{}",
+        if repeatable {
+            "a step's result could not be recorded: a later run runs it again"
+        } else {
+            "a step's result could not be recorded: a later run will find it in doubt"
+        }
+    );
 }
 
 /// The recorded value `json` of step `name`, as the step's type. Not a
@@ -898,11 +1082,43 @@ impl<'a> Held<'a> {
     /// inside it.
     async fn begin(&self, ambient: &Ambient, via: &mut Via<'_>) -> Result<Begun, Rejected> {
         let scope = self.facts.slots.scope();
+        // The step finished last, if its record waits, rides with the
+        // first attempt ([`Carried`]).
+        let mut carried = ambient.take_carried().await;
         for _ in 0..BEGIN_ATTEMPTS {
-            let began: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
-                store::begin_step(&mut *conn, scope, &self.address, self.new_step()).await
-            });
-            if began.map_err(Rejected::from_store)? {
+            let began: Result<bool, Rejected> = match carried.take() {
+                Some(carried) => {
+                    let written: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+                        store::record_and_begin_step(
+                            &mut *conn,
+                            scope,
+                            &self.address,
+                            self.new_step(),
+                            carried.record(),
+                        )
+                        .await
+                    });
+                    match written {
+                        Ok(written) => {
+                            ambient.carried_landed(&carried, written.recorded).await;
+                            Ok(written.begun)
+                        }
+                        Err(error) => {
+                            let refused = Rejected::from_store(error);
+                            let held = Held::new(self.facts, &carried.name);
+                            ambient.landed(&held, Err(refused.clone()));
+                            Err(refused)
+                        }
+                    }
+                }
+                None => {
+                    let began: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
+                        store::begin_step(&mut *conn, scope, &self.address, self.new_step()).await
+                    });
+                    began.map_err(Rejected::from_store)
+                }
+            };
+            if began? {
                 return Ok(Begun::Run);
             }
             let row: Result<_, sqlx::Error> = retry::repeat_recording!(via, |conn| {
@@ -977,6 +1193,19 @@ impl<'a> Held<'a> {
         if recorded.map_err(Rejected::from_store)? {
             return Ok(Recorded::Ours);
         }
+        self.wrote_nothing(json, ambient, via).await
+    }
+
+    /// What became of the step's value `json` when the statement that
+    /// was to record it wrote nothing.
+    async fn wrote_nothing(
+        &self,
+        json: &str,
+        ambient: &Ambient,
+        via: &mut Via<'_>,
+    ) -> Result<Recorded, Rejected> {
+        let scope = self.facts.slots.scope();
+        let fence = self.facts.fence;
         // Wrote nothing: recorded by an earlier attempt whose reply was
         // lost; or recorded by another holder (one that took the claim
         // over, or, for a step without a marker, one cut off inside it

@@ -257,6 +257,53 @@ pub const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
     )
 );
 
+/// The text of [`SETTLE_CARRYING_STEP`] ending in `$select`, with the
+/// namespace test of both rows.
+macro_rules! settle_carrying_step {
+    ($select:expr) => {
+        SplitOnNamespace {
+            without_namespace: settle_carrying_step!(@"namespace IS NULL AND $3::text IS NULL", $select),
+            within_namespace: settle_carrying_step!(@"namespace = $3", $select),
+        }
+    };
+    (@$namespace_test:literal, $select:expr) => {
+        concat!(
+            "WITH recorded AS (UPDATE idem_records \
+               SET state = 'success', settled_at = statement_timestamp(), output_json = $7 \
+               WHERE account = $1 AND kind = 'step' AND address = $6 AND ",
+            $namespace_test,
+            " AND state = 'pending' AND fence = $4 AND claim_address = $2 \
+               RETURNING 1), \
+             settled AS (UPDATE idem_records \
+               SET state = 'success', settled_at = now(), lease_expires_at = NULL, \
+                   output_json = $5 \
+               WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
+            $namespace_test,
+            " AND state = 'pending' AND fence = $4 \
+               RETURNING 1) ",
+            $select
+        )
+    };
+}
+
+/// [`SETTLE`], carrying the record of the step the body finished last
+/// (a [`CarriedRecord`](super::steps::CarriedRecord)): the step's value
+/// goes over the holder's own marker as
+/// [`RECORD_STEP`](super::steps::RECORD_STEP) writes it, and the claim is
+/// settled, in one statement and one commit. Each says in its own column
+/// whether it wrote: the record does not depend on the claim (a success
+/// that happened is never lost), and the settle's `false` is looked into
+/// as [`SETTLE`]'s is. `$1`–`$5` as `SETTLE`'s; `$6` the step's address,
+/// `$7` its value. Index: the partial unique index of its form, for both
+/// rows.
+pub const SETTLE_CARRYING_STEP: PerCommit<SplitOnNamespace> = per_commit!(
+    opening "FROM",
+    settle_carrying_step!(
+        "SELECT EXISTS (SELECT FROM settled) AS settled, \
+                EXISTS (SELECT FROM recorded) AS recorded"
+    )
+);
+
 /// Deletes the holder's pending claim, freeing the slot, and stamps its
 /// steps released (`stamping_released_steps!`). `$4`: the holder's
 /// fence. Index: the partial unique index of its form; the steps', for
@@ -516,6 +563,41 @@ pub async fn settle<'e>(
         executor,
     )
     .await
+}
+
+/// Settles a pending claim, keeping `output`, and records `carried` over
+/// its holder's marker ([`SETTLE_CARRYING_STEP`]).
+pub(crate) async fn settle_carrying_step<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    fence: i64,
+    output: Option<&str>,
+    carried: super::steps::CarriedRecord<'_>,
+    commit: Commit,
+) -> Result<SettledCarrying, sqlx::Error> {
+    let row = SETTLE_CARRYING_STEP
+        .committing(commit)
+        .for_row(scope, address)
+        .bind(fence)
+        .bind(output)
+        .bind(carried.address)
+        .bind(carried.output)
+        .fetch_one(executor)
+        .await?;
+    Ok(SettledCarrying {
+        settled: row.try_get("settled")?,
+        recorded: row.try_get("recorded")?,
+    })
+}
+
+/// What [`SETTLE_CARRYING_STEP`] wrote.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SettledCarrying {
+    /// The claim was settled.
+    pub settled: bool,
+    /// The step's record went over the holder's marker.
+    pub recorded: bool,
 }
 
 /// Deletes a pending claim. `false`: the row is no longer pending under

@@ -88,13 +88,14 @@ pub(crate) use batch::{NewBatchItem, claim_batch, lookup_batch, record_batch};
 pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
     BODY_IN_DOUBT, ClaimAnswer, Existing, KEPT_FAILURE, KeptValue, LATE_SUCCESS, LEASE_EXPIRED,
-    LateSuccess, NewClaim, claim, expire_in_doubt, extend, hold_in_doubt, keep, lookup, release,
-    settle, settle_over, settle_own_hold, settle_vacant, take_over,
+    LateSuccess, NewClaim, SettledCarrying, claim, expire_in_doubt, extend, hold_in_doubt, keep,
+    lookup, release, settle, settle_carrying_step, settle_over, settle_own_hold, settle_vacant,
+    take_over,
 };
 pub(crate) use operations::{ClaimState, StepState};
 pub(crate) use steps::{
-    NewStep, StepRow, abandon_step, begin_step, lookup_step, pending_steps, record_step,
-    record_unmarked_step, resolve_step, steps_for_replay,
+    CarriedRecord, NewStep, StepRow, abandon_step, begin_step, lookup_step, pending_steps,
+    record_and_begin_step, record_step, record_unmarked_step, resolve_step, steps_for_replay,
 };
 
 /// Where a claim (or a usage event) lives, besides its address.
@@ -330,6 +331,7 @@ mod tests {
         let mut pairs = Vec::new();
         for (name, statement) in [
             ("SETTLE", &claims::SETTLE),
+            ("SETTLE_CARRYING_STEP", &claims::SETTLE_CARRYING_STEP),
             ("RELEASE", &claims::RELEASE),
             ("KEEP", &claims::KEEP),
             ("RECORD_STEP", &steps::RECORD_STEP),

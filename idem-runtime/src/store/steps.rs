@@ -141,6 +141,46 @@ pub const ABANDON_STEP: PerCommit<SplitOnNamespace> = per_commit!(
     )
 );
 
+/// The text of [`RECORD_AND_BEGIN_STEP`] with the namespace test of the
+/// step recorded and of the claim.
+macro_rules! record_and_begin_step {
+    ($namespace_test:literal, $claim_namespace_test:literal) => {
+        concat!(
+            "WITH recorded AS (UPDATE idem_records \
+               SET state = 'success', settled_at = statement_timestamp(), output_json = $8 \
+               WHERE account = $1 AND kind = 'step' AND address = $7 AND ",
+            $namespace_test,
+            " AND state = 'pending' AND fence = $5 AND claim_address = $6 \
+               RETURNING 1), \
+             begun AS (",
+            begin_step!($claim_namespace_test),
+            ") SELECT EXISTS (SELECT FROM recorded) AS recorded, \
+                      EXISTS (SELECT FROM begun) AS begun"
+        )
+    };
+}
+
+/// Records the step the holder finished last (a [`CarriedRecord`]) and
+/// begins the next one, in one statement and one durable commit: the
+/// record of step k rides with the marker of step k + 1, so N steps cost
+/// N + 2 statements with the claim and its settle (which carries the
+/// last record, [`SETTLE_CARRYING_STEP`]), not 2N + 2. The record is
+/// [`RECORD_STEP`]'s compare-and-swap on the holder's own marker, the
+/// begin [`BEGIN_STEP`]'s insert while the claim is the holder's; each
+/// says in its own column whether it wrote. Parameters as `BEGIN_STEP`'s,
+/// then `$7` the recorded step's address and `$8` its value as JSON.
+/// Durable only: the marker must be. Not for Citus, which plans an
+/// `INSERT` inside a `WITH` apart from the rest (each step records on its
+/// own there). Index: the partial unique index of its form, for both
+/// rows and the claim's test.
+pub const RECORD_AND_BEGIN_STEP: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: record_and_begin_step!(
+        "namespace IS NULL AND $3::text IS NULL",
+        "c.namespace IS NULL AND $3::text IS NULL"
+    ),
+    within_namespace: record_and_begin_step!("namespace = $3", "c.namespace = $3"),
+};
+
 /// The text of [`RECORD_UNMARKED_STEP`] from `$head`, the statement up to
 /// its `FROM` list (which [`per_commit!`] may open with the async item).
 ///
@@ -255,6 +295,51 @@ pub(crate) struct NewStep<'a> {
     pub fence: i64,
     /// The address of its claim.
     pub claim_address: &'a str,
+}
+
+/// The record of a step its holder finished, carried by the run's next
+/// statement instead of a statement of its own: the next step's begin
+/// ([`RECORD_AND_BEGIN_STEP`]) or the claim's settle
+/// ([`SETTLE_CARRYING_STEP`](super::claims::SETTLE_CARRYING_STEP)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CarriedRecord<'a> {
+    /// The step's address.
+    pub address: &'a str,
+    /// Its value, as JSON.
+    pub output: &'a str,
+}
+
+/// What [`RECORD_AND_BEGIN_STEP`] wrote.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordedAndBegun {
+    /// The carried record went over the holder's marker.
+    pub recorded: bool,
+    /// The next step's marker went in.
+    pub begun: bool,
+}
+
+/// Records `carried` and begins the step at `address`
+/// ([`RECORD_AND_BEGIN_STEP`]).
+pub(crate) async fn record_and_begin_step<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    step: NewStep<'_>,
+    carried: CarriedRecord<'_>,
+) -> Result<RecordedAndBegun, sqlx::Error> {
+    let row = RECORD_AND_BEGIN_STEP
+        .for_row(scope, address)
+        .bind(step.identity)
+        .bind(step.fence)
+        .bind(step.claim_address)
+        .bind(carried.address)
+        .bind(carried.output)
+        .fetch_one(executor)
+        .await?;
+    Ok(RecordedAndBegun {
+        recorded: row.try_get("recorded")?,
+        begun: row.try_get("begun")?,
+    })
 }
 
 /// Begins a step ([`BEGIN_STEP`]). `true`: its marker is in; `false`: the

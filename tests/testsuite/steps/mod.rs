@@ -35,6 +35,10 @@ mod claim_lost;
 // Steps whose claim a reconciler or an operator resolved, or released,
 // while the body ran: what each step and the holder are told.
 mod claim_resolved;
+// What steps cost: a step's record rides with the run's next statement
+// (N steps, N + 2 statements), and lands on its own when the body stalls,
+// is dropped, fails or holds a lease near its end.
+mod carried_records;
 
 use std::future::IntoFuture;
 use std::sync::Arc;
@@ -869,14 +873,14 @@ async fn a_repeatable_step_costs_its_record_and_a_run_reads_its_claim_s_steps_on
     );
     assert_eq!(statements, 1 + 1 + 2 + 1, "claim, read, a, b, release");
 
-    // The retry: a and b replayed from the one read, c recorded, d's marker
-    // and record, the settle.
+    // The retry: a and b replayed from the one read, c recorded, d's
+    // marker, and the settle carrying d's record.
     let (second, statements) = statements_of(&proxy, gate.guard(&id).run(steps(false))).await;
     assert_eq!(second.ok(), Some(10));
     assert_eq!(
         statements,
-        1 + 1 + 1 + 2 + 1,
-        "claim, read, c, d twice, settle"
+        1 + 1 + 1 + 1 + 1,
+        "claim, read, c, d's marker, the settle with d's record"
     );
 }
 

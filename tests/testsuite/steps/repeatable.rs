@@ -523,10 +523,11 @@ async fn a_step_replayed_before_the_read_costs_its_look_and_the_rest_are_free() 
     };
     let (first, statements) = statements_of(&proxy, gate.guard(&id).run(body(true))).await;
     assert!(matches!(first, Err(Rejected::InFlight)), "{first:?}");
+    // x's record rides with z's marker, z's is written before the release.
     assert_eq!(
         statements,
-        1 + 2 + 1 + 1 + 2 + 1,
-        "claim, x, read, y, z, release"
+        1 + 1 + 1 + 1 + 1 + 1 + 1,
+        "claim, x's marker, read, y, z's marker with x's record, z's record, release"
     );
     let (second, statements) = statements_of(&proxy, gate.guard(&id).run(body(false))).await;
     assert_eq!(second.ok(), Some(6));

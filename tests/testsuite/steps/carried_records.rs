@@ -1,0 +1,214 @@
+//! A step's record rides with the run's next statement (the next step's
+//! marker, or the claim's settle), so that N steps that are not
+//! repeatable cost N + 2 statements and durable commits with the claim
+//! and its settle, not 2N + 2 (`idem::step`, **Cost**). What rides is
+//! still written: by the next statement, on its own once the body has
+//! not reached one within a few milliseconds (a body that stalls, or is
+//! dropped), before a failure is recorded, and at once when the claim's
+//! lease is near its end (nobody else may record the step meanwhile).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem::operations::StepState;
+use idem::testing;
+use idem::{Identity, Rejected};
+use idem_test_support::fault_proxy::Proxy;
+
+use crate::support::steps::{pending_of, steps_of};
+
+/// Statements `proxy` saw while `run` ran.
+async fn statements_of<T>(proxy: &Proxy, run: impl std::future::Future<Output = T>) -> (T, u64) {
+    let before = proxy.executions();
+    let output = run.await;
+    (output, proxy.executions() - before)
+}
+
+/// Three steps, back to back, each worth its number.
+async fn three_steps() -> Result<u64, Rejected> {
+    let a: u64 = idem::step("a", async { Ok::<u64, Rejected>(1) }).await?;
+    let b: u64 = idem::step("b", async { Ok::<u64, Rejected>(2) }).await?;
+    let c: u64 = idem::step("c", async { Ok::<u64, Rejected>(4) }).await?;
+    Ok(a + b + c)
+}
+
+/// The names and values of `id`'s recorded steps, and how many are
+/// still pending.
+async fn recorded_steps(gate: &idem::Gate, id: &Identity) -> (Vec<(String, i64)>, usize) {
+    let steps = steps_of(gate, id).await;
+    let mut recorded: Vec<(String, i64)> = steps
+        .iter()
+        .filter(|step| step.state == StepState::Success)
+        .map(|step| {
+            (
+                step.name.clone().unwrap_or_default(),
+                step.output_bytes.unwrap_or(-1),
+            )
+        })
+        .collect();
+    recorded.sort();
+    let pending = steps
+        .iter()
+        .filter(|step| step.state == StepState::Pending)
+        .count();
+    (recorded, pending)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_steps_cost_five_statements_with_the_claim_and_its_settle() {
+    let proxy = Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(2).await).await;
+    for (case, lease) in [
+        ("no lease", None),
+        ("a lease", Some(Duration::from_secs(30))),
+    ] {
+        let id = Identity::new("carried_cost").part(case);
+        let guard = gate.guard(&id);
+        let run = async {
+            match lease {
+                Some(lease) => guard.lease(lease).run(three_steps()).await,
+                None => guard.run(three_steps()).await,
+            }
+        };
+        let (done, statements) = statements_of(&proxy, run).await;
+        assert_eq!(done.ok(), Some(7), "{case}");
+        assert_eq!(
+            statements,
+            1 + 1 + 1 + 1 + 1,
+            "{case}: the claim, a's marker, b's with a's record, c's with b's, the settle \
+             with c's record (N + 2 for N steps)"
+        );
+        let (recorded, pending) = recorded_steps(&gate, &id).await;
+        assert_eq!(pending, 0, "{case}: every step recorded");
+        assert_eq!(
+            recorded,
+            [("a".into(), 1), ("b".into(), 1), ("c".into(), 1)],
+            "{case}"
+        );
+        // Each value is the step's own: a retry replays them, running none.
+        let (again, statements) = statements_of(&proxy, gate.guard(&id).run(three_steps())).await;
+        assert_eq!(
+            again.ok(),
+            None,
+            "{case}: settled, the duplicate is refused"
+        );
+        assert_eq!(statements, 1, "{case}: the duplicate's claim alone");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_writes_the_last_record_before_its_release_and_the_retry_replays_all() {
+    let proxy = Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let id = Identity::new("carried_release").part(1);
+    let ran = AtomicUsize::new(0);
+    let body = |fail: bool| {
+        let ran = &ran;
+        async move {
+            let mut sum = 0;
+            for (name, value) in [("a", 1_u64), ("b", 2), ("c", 4)] {
+                sum += idem::step(name, async move {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u64, Rejected>(value)
+                })
+                .await?;
+            }
+            if fail {
+                return Err(Rejected::InFlight);
+            }
+            Ok::<u64, Rejected>(sum)
+        }
+    };
+    let (failed, statements) = statements_of(&proxy, gate.guard(&id).run(body(true))).await;
+    assert!(matches!(failed, Err(Rejected::InFlight)), "{failed:?}");
+    assert_eq!(
+        statements,
+        1 + 3 + 1 + 1,
+        "the claim, three markers (two carrying), c's record on its own, the release"
+    );
+    assert_eq!(
+        pending_of(&gate, &id).await.len(),
+        0,
+        "nothing left in doubt"
+    );
+    let retried = gate.guard(&id).run(body(false)).await;
+    assert_eq!(retried.ok(), Some(7));
+    assert_eq!(ran.load(Ordering::SeqCst), 3, "each step ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_after_a_step_has_it_recorded_before_its_next_statement() {
+    let gate = testing::gate().await;
+    let id = Identity::new("carried_stall").part(1);
+    let (stalled_tx, stalled) = tokio::sync::oneshot::channel::<()>();
+    let (go_on_tx, go_on) = tokio::sync::oneshot::channel::<()>();
+    let body = gate.guard(&id).run(async {
+        let a: u64 = idem::step("a", async { Ok::<u64, Rejected>(1) }).await?;
+        let _ = stalled_tx.send(());
+        let _ = go_on.await;
+        Ok::<u64, Rejected>(a)
+    });
+    let look = async {
+        let _ = stalled.await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let seen = recorded_steps(&gate, &id).await;
+        let _ = go_on_tx.send(());
+        seen
+    };
+    let (done, (recorded, pending)) = tokio::join!(body, look);
+    assert_eq!(done.ok(), Some(1));
+    assert_eq!(
+        (recorded.len(), pending),
+        (1, 0),
+        "a step is recorded while its body stalls after it: {recorded:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_dropped_right_after_a_step_still_has_it_recorded() {
+    let gate = testing::gate().await;
+    let id = Identity::new("carried_dropped").part(1);
+    let run = gate.guard(&id).run(async {
+        let a: u64 = idem::step("a", async { Ok::<u64, Rejected>(1) }).await?;
+        std::future::pending::<()>().await;
+        Ok::<u64, Rejected>(a)
+    });
+    let dropped = tokio::time::timeout(Duration::from_millis(100), run).await;
+    assert!(dropped.is_err(), "the body never ends: {dropped:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (recorded, pending) = recorded_steps(&gate, &id).await;
+    assert_eq!(
+        (recorded.len(), pending),
+        (1, 0),
+        "the finished step is recorded, not left in doubt: {recorded:?}"
+    );
+    // The claim is held (its body was dropped), and its retry is refused.
+    let retry = gate.guard(&id).run(async { Ok::<u64, Rejected>(0) }).await;
+    assert!(retry.is_err(), "{retry:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_ends_near_its_lease_s_end_is_recorded_at_once() {
+    let proxy = Proxy::start().await;
+    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let id = Identity::new("carried_lease_end").part(1);
+    let lease = Duration::from_millis(400);
+    let run = gate.guard(&id).lease(lease).run(async {
+        // Ends with less than four times the wait of a carried record
+        // left: recorded by a statement of its own, before the body
+        // goes on.
+        let a: u64 = idem::step("a", async {
+            tokio::time::sleep(Duration::from_millis(350)).await;
+            Ok::<u64, Rejected>(1)
+        })
+        .await?;
+        Ok::<u64, Rejected>(a)
+    });
+    let (done, statements) = statements_of(&proxy, run).await;
+    assert_eq!(done.ok(), Some(1));
+    assert_eq!(
+        statements,
+        1 + 2 + 1,
+        "the claim, a's marker and record, the settle"
+    );
+}
