@@ -80,8 +80,7 @@ const FLOOR: &str = "CREATE TABLE floor_keys ( \
      INSERT INTO floor_keys \
      SELECT 'acct_' || lpad((i % {accounts})::text, 4, '0'), \
             substring(decode(md5(i::text), 'hex') FOR 12) \
-     FROM generate_series(1, {rows}) AS i; \
-     VACUUM (ANALYZE) floor_keys";
+     FROM generate_series(1, {rows}) AS i";
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -125,6 +124,81 @@ async fn sizes(pool: &PgPool, table: &str) -> Result<Vec<Relation>, BoxError> {
             })
         })
         .collect()
+}
+
+/// The columns a settled claim fills, with what each holds on average
+/// (`pg_column_size`, as stored: a short text or bytea with its 1-byte
+/// header), over a sample of the table's rows.
+const COLUMNS: [&str; 10] = [
+    "account",
+    "kind",
+    "address",
+    "state",
+    "identity",
+    "created_at",
+    "settled_at",
+    "fence",
+    "first_fence",
+    "namespace",
+];
+
+async fn columns(pool: &PgPool) -> Result<String, BoxError> {
+    let averages: Vec<String> = COLUMNS
+        .iter()
+        .map(|column| format!("coalesce(avg(pg_column_size({column})), 0)::float8"))
+        .collect();
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {}, avg(pg_column_size(r.*))::float8 AS whole \
+         FROM (SELECT * FROM idem_records TABLESAMPLE SYSTEM (1)) r",
+        averages.join(", ")
+    )))
+    .fetch_one(pool)
+    .await?;
+    let mut out = String::from("\n\n| column | bytes, as stored |\n|---|--:|\n");
+    for (place, column) in COLUMNS.iter().enumerate() {
+        let bytes: f64 = row.try_get(place)?;
+        out.push_str(&format!("| `{column}` | {bytes:.1} |\n"));
+    }
+    let whole: f64 = row.try_get("whole")?;
+    out.push_str(&format!(
+        "| the whole row (with its 24-byte header, null bitmap and padding) | {whole:.1} |"
+    ));
+    Ok(out)
+}
+
+/// Each unique index's shape, read with `pgstattuple`'s `pgstatindex`
+/// when the extension can be installed: its height (root to leaf, what a
+/// lookup walks), its leaf and internal pages (their ratio is the
+/// fan-out, by which the keys must grow for one more level) and how full
+/// its leaves are.
+async fn shapes(pool: &PgPool) -> String {
+    if sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        .execute(pool)
+        .await
+        .is_err()
+    {
+        return "\n\nIndex shapes: not read (pgstattuple could not be installed).".into();
+    }
+    let mut out = String::from(
+        "\n\n| index | levels, root to leaf | leaf pages | internal pages | leaf density |\n\
+         |---|--:|--:|--:|--:|\n",
+    );
+    for index in ["idem_records_unique_without_namespace", "floor_keys_pkey"] {
+        let shape: Result<(i64, i64, i64, f64), sqlx::Error> = sqlx::query_as(
+            "SELECT tree_level::int8 + 1, leaf_pages, internal_pages, avg_leaf_density \
+             FROM pgstatindex($1)",
+        )
+        .bind(index)
+        .fetch_one(pool)
+        .await;
+        match shape {
+            Ok((levels, leaves, internal, density)) => out.push_str(&format!(
+                "| `{index}` | {levels} | {leaves} | {internal} | {density:.0}% |\n"
+            )),
+            Err(error) => out.push_str(&format!("| `{index}` | not read: {error} | | | |\n")),
+        }
+    }
+    out
 }
 
 async fn measure(url: &str, schema: &str, flags: &Flags) -> Result<String, BoxError> {
@@ -185,6 +259,11 @@ async fn measure(url: &str, schema: &str, flags: &Flags) -> Result<String, BoxEr
     ))
     .execute(&pool)
     .await?;
+    // Alone: VACUUM refuses to run in the implicit transaction of a
+    // script of several statements.
+    sqlx::raw_sql("VACUUM (ANALYZE) floor_keys")
+        .execute(&pool)
+        .await?;
     eprintln!("laid down and vacuumed in {:.1?}", started.elapsed());
     let keys = flags.sample + flags.rows;
     let idem = sizes(&pool, "idem_records").await?;
@@ -215,5 +294,7 @@ async fn measure(url: &str, schema: &str, flags: &Flags) -> Result<String, BoxEr
         per_key(floor_total),
         idem_total as f64 / floor_total as f64
     ));
+    report.push_str(&columns(&pool).await?);
+    report.push_str(&shapes(&pool).await);
     Ok(report)
 }

@@ -92,3 +92,26 @@ async fn cut_off_inside_step(
         () = began.notified() => {}
     }
 }
+
+/// Whether `gate`'s steps carry their records with the run's next
+/// statement: on one PostgreSQL, not where Citus distributes
+/// `idem_records` (each record is a statement of its own there).
+pub(crate) async fn records_are_carried(gate: &Gate) -> bool {
+    let citus: bool = idem::sqlx::query_scalar(
+        "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')",
+    )
+    .fetch_one(gate.pool())
+    .await
+    .expect("read the extensions");
+    if !citus {
+        return true;
+    }
+    let distributed: bool = idem::sqlx::query_scalar(
+        "SELECT EXISTS (SELECT FROM pg_dist_partition \
+                        WHERE logicalrelid = to_regclass('idem_records'))",
+    )
+    .fetch_one(gate.pool())
+    .await
+    .expect("read Citus's distributed tables");
+    !distributed
+}

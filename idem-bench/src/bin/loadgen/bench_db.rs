@@ -25,11 +25,10 @@ pub enum Contents {
     Empty,
     /// This many settled claims, for the duplicates group to refuse.
     Settled(u64),
-    /// This many settled claims of history in `idem_records`.
-    History(u64),
-    /// Both at once, laid down once for every run of the Citus comparison:
-    /// `history` settled claims, then `settled` ones for the duplicates
-    /// scenarios to refuse.
+    /// Both at once: `history` settled claims laid down in bulk, and
+    /// `settled` ones for the duplicates scenarios to refuse (the history
+    /// group, and every run of the Citus comparison). A larger history
+    /// over the same settled claims only adds rows.
     Preloaded { history: u64, settled: u64 },
 }
 
@@ -156,20 +155,19 @@ impl BenchDb {
     /// next; history is kept too, growing by the few rows each run adds.
     pub async fn prepare(&mut self, want: Contents) -> Result<(), BoxError> {
         match (want, self.contents) {
-            (
-                Contents::Settled(_) | Contents::History(_) | Contents::Preloaded { .. },
-                Some(have),
-            ) if have == want => {}
+            (Contents::Settled(_) | Contents::Preloaded { .. }, Some(have)) if have == want => {}
             (Contents::Settled(count), _) => {
                 self.empty().await?;
                 self.settle(count).await?;
             }
-            (Contents::History(rows), Some(Contents::History(have))) if have < rows => {
-                self.prefill(have, rows).await?;
-            }
-            (Contents::History(rows), _) => {
-                self.empty().await?;
-                self.prefill(0, rows).await?;
+            (
+                Contents::Preloaded { history, settled },
+                Some(Contents::Preloaded {
+                    history: have,
+                    settled: settled_before,
+                }),
+            ) if settled == settled_before && have < history => {
+                self.prefill(have, history).await?;
             }
             (Contents::Preloaded { history, settled }, _) => {
                 self.empty().await?;
@@ -236,6 +234,23 @@ impl BenchDb {
             .execute(&self.admin)
             .await?;
         Ok(())
+    }
+
+    /// What `idem_records` and each of its indexes hold on disk:
+    /// (relation, bytes), the table first. On Citus, the coordinator's
+    /// (empty) shell: not what this reports.
+    pub async fn sizes(&self) -> Result<Vec<(String, i64)>, BoxError> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT c.relname::text, pg_relation_size(c.oid) \
+             FROM pg_class c \
+             WHERE c.oid = 'idem_records'::regclass \
+                OR c.oid IN (SELECT indexrelid FROM pg_index \
+                             WHERE indrelid = 'idem_records'::regclass) \
+             ORDER BY c.relkind DESC, c.relname",
+        )
+        .fetch_all(&self.admin)
+        .await?;
+        Ok(rows)
     }
 
     /// `CHECKPOINT` needs superuser or `pg_checkpoint`; without either, the

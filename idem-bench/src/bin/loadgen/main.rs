@@ -153,6 +153,10 @@ async fn measure(
 ) -> Result<Row, BoxError> {
     let group = run.scenario.group;
     db.prepare(contents).await?;
+    let sizes = match group {
+        scenarios::Group::History(_) => db.sizes().await?,
+        _ => Vec::new(),
+    };
     let pool = db.pool(run.pool, flags.ping_on_acquire).await?;
     let gate = Gate::connect_without_setup(pool.clone()).await?;
     let accounts = db.accounts();
@@ -178,5 +182,7 @@ async fn measure(
     )
     .await;
     pool.close().await;
-    Ok(Row::new(run, run.scenario.spec.messages(flags), &measured?))
+    let mut row = Row::new(run, run.scenario.spec.messages(flags), &measured?);
+    row.sizes = sizes;
+    Ok(row)
 }

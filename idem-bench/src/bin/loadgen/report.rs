@@ -30,6 +30,9 @@ pub struct Row {
     pub p99_ms: f64,
     /// CPU time per message over the measured window, when it was read.
     pub cpu: Option<CpuUse>,
+    /// What the table and each of its indexes held on disk when the run
+    /// started, for a run on history: (relation, bytes).
+    pub sizes: Vec<(String, i64)>,
 }
 
 impl Row {
@@ -44,6 +47,7 @@ impl Row {
             p50_ms: measurement.latency_ms(0.50),
             p99_ms: measurement.latency_ms(0.99),
             cpu: measurement.cpu.map(|per_op| per_op.per(messages)),
+            sizes: Vec::new(),
         }
     }
 }
@@ -84,6 +88,9 @@ pub fn render(
     let mut out = setting.opening("Machine, server and run", cpu, "pre-fills");
     section(&mut out, "Results", &table(rounds, flags));
     section(&mut out, "Targets", &targets(rounds, flags));
+    if let Some(sizes) = history_sizes(rounds, flags) {
+        section(&mut out, "History on disk", &sizes);
+    }
     if let Some(compared) = compared(rounds, flags) {
         section(&mut out, "Ratios without a target", &compared);
     }
@@ -200,6 +207,52 @@ fn table(rounds: &Rounds<Row>, flags: &Flags) -> String {
         );
     }
     out
+}
+
+/// What the table and each index held at each history size, in MiB and in
+/// bytes per row of history, as the first run on it found them.
+fn history_sizes(rounds: &Rounds<Row>, flags: &Flags) -> Option<String> {
+    let mut seen: Vec<(u64, &Vec<(String, i64)>)> = Vec::new();
+    for row in rounds.each().iter().flatten() {
+        if let crate::scenarios::Group::History(rows) = row.run.scenario.group
+            && !row.sizes.is_empty()
+            && !seen.iter().any(|(have, _)| *have == rows)
+        {
+            seen.push((rows, &row.sizes));
+        }
+    }
+    if seen.is_empty() {
+        return None;
+    }
+    seen.sort_by_key(|(rows, _)| *rows);
+    let mut out = String::from("| history | relation | MiB | bytes per row |\n|---|---|--:|--:|\n");
+    for (rows, sizes) in seen {
+        // The settled identities of the duplicates are rows too.
+        let all = rows + flags.duplicates;
+        let total: i64 = sizes.iter().map(|(_, bytes)| bytes).sum();
+        for (relation, bytes) in sizes.iter().filter(|(_, bytes)| *bytes >= 1_048_576) {
+            let _ = writeln!(
+                out,
+                "| {} | `{relation}` | {:.1} | {:.1} |",
+                crate::scenarios::count(rows),
+                *bytes as f64 / 1_048_576.0,
+                *bytes as f64 / all as f64
+            );
+        }
+        let _ = writeln!(
+            out,
+            "| {} | **all** | {:.1} | {:.1} |",
+            crate::scenarios::count(rows),
+            total as f64 / 1_048_576.0,
+            total as f64 / all as f64
+        );
+    }
+    out.push_str(
+        "\nRead (`pg_relation_size`) after the pre-fill's `VACUUM (ANALYZE)`, before the first \
+         run on that size; relations under 1 MiB (indexes no settled claim is in) are left out of \
+         the rows, not of the sums.\n",
+    );
+    Some(out)
 }
 
 /// Throughput of `scenario` over throughput of `baseline`, at `concurrency`,

@@ -6,14 +6,16 @@
 //!
 //! What a step costs, counted from the store's statements
 //! (`idem-runtime/src/store/steps.rs`): a step that is not repeatable sends
-//! two, its marker (`INSERT ... SELECT ... WHERE` the claim is still the
-//! holder's `ON CONFLICT DO NOTHING`, durable, since it is the step's lock)
-//! and then its record (`UPDATE ... SET state = 'success', output_json =
-//! ...`, committing as the claim's outcome does: durable, or with
-//! `outcome_commit(OutcomeCommit::Async)` asynchronously). So three such
-//! steps inside one guarded call are 2 + 3 × 2 = 8 statements, each on a
-//! pooled connection of its own, autocommitted: 8 durable commits, or 4
-//! (the claim and the three markers) with the outcome asynchronous.
+//! one, its marker (`INSERT ... SELECT ... WHERE` the claim is still the
+//! holder's `ON CONFLICT DO NOTHING`, durable, since it is the step's lock),
+//! which carries the record of the step before it (`UPDATE ... SET state =
+//! 'success', output_json = ...`, in the same statement); the settle
+//! carries the last step's record, committing as the claim's outcome does
+//! (durable, or with `outcome_commit(OutcomeCommit::Async)`
+//! asynchronously). So three such steps inside one guarded call are 2 + 3
+//! = 5 statements, each on a pooled connection of its own, autocommitted:
+//! 5 durable commits, or 4 (the claim and the three markers) with the
+//! outcome asynchronous.
 //!
 //! A repeatable step has no marker: the run reads its claim's steps once,
 //! at its first repeatable step (a `SELECT`), and each step sends its

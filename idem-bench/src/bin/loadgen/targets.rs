@@ -96,12 +96,25 @@ pub fn all(flags: &Flags) -> Vec<Target> {
     ];
     // Its two sides need different tables, so they run in different parts
     // of the round: paired within the round, not back to back.
-    if let Some(&largest) = flags.history_sizes().last() {
-        let rows = crate::scenarios::count(largest);
+    for size in flags.history_sizes() {
+        let rows = crate::scenarios::count(size);
+        let history = Group::History(size);
         targets.push(Target {
-            scenario: (Group::History(largest), "gate"),
+            scenario: (history, "gate"),
             ..Target::within(noop, "gate", "gate", 0.85).named(format!(
                 "gate on {rows} rows ≥ 0.85× gate on an empty table"
+            ))
+        });
+        targets.push(Target {
+            scenario: (history, "gate-batch"),
+            ..Target::within(batch, "gate-batch", "gate-batch", 0.85).named(format!(
+                "gate-batch on {rows} rows ≥ 0.85× gate-batch on an empty table"
+            ))
+        });
+        targets.push(Target {
+            scenario: (history, "dup-gate"),
+            ..Target::within(Group::Duplicates, "gate", "gate", 0.85).named(format!(
+                "refused duplicate on {rows} rows ≥ 0.85× refused duplicate without them"
             ))
         });
     }
