@@ -137,7 +137,7 @@ async fn measure(flags: &Flags, url: &str, pool: &PgPool, gate: &Gate) -> Result
         flags.concurrency, flags.window, flags.minutes
     );
     let began = Instant::now();
-    let mut take = async |phase: &str, out: &mut String| -> Result<Figures, BoxError> {
+    let take = async |phase: &str, out: &mut String| -> Result<Figures, BoxError> {
         let started = Instant::now();
         tokio::time::sleep(Duration::from_secs(flags.window)).await;
         let taken = {
