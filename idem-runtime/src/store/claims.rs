@@ -287,7 +287,7 @@ macro_rules! settle_carrying_step {
 }
 
 /// [`SETTLE`], carrying the record of the step the body finished last
-/// (a [`CarriedRecord`](super::steps::CarriedRecord)): the step's value
+/// (its address `$6` and value `$7`): the step's value
 /// goes over the holder's own marker as
 /// [`RECORD_STEP`](super::steps::RECORD_STEP) writes it, and the claim is
 /// settled, in one statement and one commit. Each says in its own column

@@ -160,11 +160,12 @@ macro_rules! record_and_begin_step {
     };
 }
 
-/// Records the step the holder finished last (a [`CarriedRecord`]) and
+/// Records the step the holder finished last (its address `$7`) and
 /// begins the next one, in one statement and one durable commit: the
 /// record of step k rides with the marker of step k + 1, so N steps cost
 /// N + 2 statements with the claim and its settle (which carries the
-/// last record, [`SETTLE_CARRYING_STEP`]), not 2N + 2. The record is
+/// last record, [`SETTLE_CARRYING_STEP`](super::claims::SETTLE_CARRYING_STEP)),
+/// not 2N + 2. The record is
 /// [`RECORD_STEP`]'s compare-and-swap on the holder's own marker, the
 /// begin [`BEGIN_STEP`]'s insert while the claim is the holder's; each
 /// says in its own column whether it wrote. Parameters as `BEGIN_STEP`'s,

@@ -90,14 +90,12 @@ async fn three_steps_cost_five_statements_with_the_claim_and_its_settle() {
             [("a".into(), 1), ("b".into(), 1), ("c".into(), 1)],
             "{case}"
         );
-        // Each value is the step's own: a retry replays them, running none.
-        let (again, statements) = statements_of(&proxy, gate.guard(&id).run(three_steps())).await;
-        assert_eq!(
-            again.ok(),
-            None,
-            "{case}: settled, the duplicate is refused"
+        // Settled: the duplicate is refused, and runs no step.
+        let again = gate.guard(&id).run(three_steps()).await;
+        assert!(
+            matches!(again, Err(Rejected::AlreadyDone)),
+            "{case}: settled, the duplicate is refused: {again:?}"
         );
-        assert_eq!(statements, 1, "{case}: the duplicate's claim alone");
     }
 }
 
