@@ -211,7 +211,7 @@ async fn measure(url: &str, schema: &str, flags: &Flags) -> Result<String, BoxEr
     let started = Instant::now();
     for n in 0..flags.sample {
         let id = identity(n);
-        gate.account(&account(n, flags.accounts))
+        gate.account(account(n, flags.accounts))
             .guard(&id)
             .run(async { Ok::<(), Rejected>(()) })
             .await?;
