@@ -268,13 +268,9 @@ macro_rules! settle_carrying_step {
     };
     (@$namespace_test:literal, $select:expr) => {
         concat!(
-            "WITH recorded AS (UPDATE idem_records \
-               SET state = 'success', settled_at = statement_timestamp(), output_json = $7 \
-               WHERE account = $1 AND kind = 'step' AND address = $6 AND ",
-            $namespace_test,
-            " AND state = 'pending' AND fence = $4 AND claim_address = $2 \
-               RETURNING 1), \
-             settled AS (UPDATE idem_records \
+            "WITH ",
+            super::steps::recording_carried!("$6", "$7", "$4", "$2", $namespace_test),
+            ", settled AS (UPDATE idem_records \
                SET state = 'success', settled_at = now(), lease_expires_at = NULL, \
                    output_json = $5 \
                WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",

@@ -141,18 +141,39 @@ pub const ABANDON_STEP: PerCommit<SplitOnNamespace> = per_commit!(
     )
 );
 
+/// The `recorded` item of a `WITH` that writes a carried record over the
+/// holder's own marker, as [`RECORD_STEP`] does, given its parameters by
+/// name (`$address`, `$output`, `$fence`, `$claim`, each a literal such as
+/// `"$7"`) and its namespace test: what [`RECORD_AND_BEGIN_STEP`] and
+/// [`SETTLE_CARRYING_STEP`](super::claims::SETTLE_CARRYING_STEP) share.
+macro_rules! recording_carried {
+    ($address:literal, $output:literal, $fence:literal, $claim:literal, $namespace_test:literal) => {
+        concat!(
+            "recorded AS (UPDATE idem_records \
+               SET state = 'success', settled_at = statement_timestamp(), output_json = ",
+            $output,
+            " WHERE account = $1 AND kind = 'step' AND address = ",
+            $address,
+            " AND ",
+            $namespace_test,
+            " AND state = 'pending' AND fence = ",
+            $fence,
+            " AND claim_address = ",
+            $claim,
+            " RETURNING 1)"
+        )
+    };
+}
+pub(super) use recording_carried;
+
 /// The text of [`RECORD_AND_BEGIN_STEP`] with the namespace test of the
 /// step recorded and of the claim.
 macro_rules! record_and_begin_step {
     ($namespace_test:literal, $claim_namespace_test:literal) => {
         concat!(
-            "WITH recorded AS (UPDATE idem_records \
-               SET state = 'success', settled_at = statement_timestamp(), output_json = $8 \
-               WHERE account = $1 AND kind = 'step' AND address = $7 AND ",
-            $namespace_test,
-            " AND state = 'pending' AND fence = $5 AND claim_address = $6 \
-               RETURNING 1), \
-             begun AS (",
+            "WITH ",
+            recording_carried!("$7", "$8", "$5", "$6", $namespace_test),
+            ", begun AS (",
             begin_step!($claim_namespace_test),
             ") SELECT EXISTS (SELECT FROM recorded) AS recorded, \
                       EXISTS (SELECT FROM begun) AS begun"
