@@ -101,8 +101,12 @@ impl Lease {
     /// carry it, at most `wait`: that long without a lease (nobody takes
     /// such a claim over), and with one only while a good margin of it is
     /// left, so that the record lands long before anyone may take the
-    /// claim over and record the step otherwise. `None`: record it now.
+    /// claim over and record the step otherwise. `None`: record it now
+    /// (always, for a `wait` of zero).
     pub(crate) fn carry_for(&self, wait: Duration) -> Option<Duration> {
+        if wait.is_zero() {
+            return None;
+        }
         if !self.leased {
             return Some(wait);
         }

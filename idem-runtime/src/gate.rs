@@ -8,6 +8,7 @@
 //! [`store`](crate::store) (the SQL).
 
 use std::fmt;
+use std::time::Duration;
 
 use sqlx::PgPool;
 
@@ -157,6 +158,25 @@ impl Gate {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics_options(&self) -> crate::metrics::MetricsOptions {
         self.slots.metrics()
+    }
+
+    /// A copy of this gate whose steps' records wait at most `wait` to ride
+    /// with the run's next statement (20 ms unless set; see
+    /// [`step`](crate::step), **Cost**). Its [`account`](Gate::account) and
+    /// [`namespace`](Gate::namespace) copies keep it.
+    ///
+    /// Longer suits a body that does work of its own between steps: its
+    /// records still ride with the next step, so N steps keep costing
+    /// N + 2 statements. `Duration::ZERO` writes every record on its own
+    /// as the step ends (2N + 2 statements): no moment in which a process
+    /// killed after a step leaves that step in doubt rather than recorded.
+    /// Either way nothing runs twice: a step whose record never landed is
+    /// held in doubt, as one cut off inside it.
+    #[must_use = "`with_step_record_wait` returns a copy and leaves this gate as it was"]
+    pub fn with_step_record_wait(&self, wait: Duration) -> Gate {
+        Gate {
+            slots: self.slots.with_step_record_wait(wait),
+        }
     }
 
     /// The account this gate claims in.

@@ -7,6 +7,7 @@
 //! [`Gate`](crate::Gate) type itself to reach the store.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::PgPool;
 
@@ -46,6 +47,9 @@ pub(crate) struct ScopedPool {
     /// How this gate's metrics are labelled.
     #[cfg(feature = "metrics")]
     metrics: MetricsOptions,
+    /// How long a finished step's record may wait to ride with the run's
+    /// next statement (`Gate::with_step_record_wait`).
+    step_record_wait: Duration,
 }
 
 impl ScopedPool {
@@ -61,7 +65,19 @@ impl ScopedPool {
             store: Arc::default(),
             #[cfg(feature = "metrics")]
             metrics: MetricsOptions::new(),
+            step_record_wait: crate::step::STEP_RECORD_WAIT,
         }
+    }
+
+    pub(crate) fn with_step_record_wait(&self, wait: Duration) -> ScopedPool {
+        ScopedPool {
+            step_record_wait: wait,
+            ..self.clone()
+        }
+    }
+
+    pub(crate) fn step_record_wait(&self) -> Duration {
+        self.step_record_wait
     }
 
     /// This scoped pool, in the store named `store` (see [`Key::store`]).

@@ -160,7 +160,8 @@ struct Log {
 /// settle, so that N steps cost N + 2 statements and durable commits with
 /// the claim and its settle instead of 2N + 2.
 ///
-/// It waits [`CARRIED_AT_MOST`]: a body that does not reach its next
+/// It waits [`STEP_RECORD_WAIT`] (or what the gate says:
+/// [`Gate::with_step_record_wait`](crate::Gate::with_step_record_wait)): a body that does not reach its next
 /// statement by then has the record written on its own, by a task that
 /// outlives the body (a body dropped or panicking right after the step
 /// still has it recorded). Until it lands, the step is as one cut off
@@ -187,7 +188,7 @@ pub(crate) struct Carried {
 /// it ([`Carried`]): long enough for a body's next step or its outcome to
 /// follow at once, short enough that a process killed meanwhile rarely
 /// leaves a finished step in doubt.
-const CARRIED_AT_MOST: Duration = Duration::from_millis(20);
+pub(crate) const STEP_RECORD_WAIT: Duration = Duration::from_millis(20);
 
 impl Carried {
     /// What the store writes.
@@ -287,7 +288,7 @@ impl Ambient {
     fn carries(self: &Arc<Self>, held: &Held<'_>, json: &str) -> bool {
         let Some(wait) = self
             .carrying()
-            .and_then(|facts| facts.lease.carry_for(CARRIED_AT_MOST))
+            .and_then(|facts| facts.lease.carry_for(facts.slots.step_record_wait()))
         else {
             return false;
         };
@@ -514,8 +515,10 @@ impl Ambient {
 ///   step's record with the claim's settle, so a body of N steps costs
 ///   N + 2 statements and durable commits with its claim and its settle,
 ///   as many as N recovery points written by hand. A finished step's record
-///   waits for the run's next statement 20 ms at most, then is written on
-///   its own (by a task that outlives a body dropped meanwhile), and only
+///   waits for the run's next statement 20 ms at most (the gate's
+///   [`with_step_record_wait`](crate::Gate::with_step_record_wait) sets
+///   another wait, or none), then is written on its own (by a task that
+///   outlives a body dropped meanwhile), and only
 ///   where nobody else can record the step in the meantime: a claim on the
 ///   pool, without a lease or with a good margin of it left, on one
 ///   PostgreSQL. Elsewhere (in the caller's transaction, on Citus, near a

@@ -15,14 +15,9 @@ use idem::testing;
 use idem::{Identity, Rejected};
 use idem_test_support::fault_proxy::Proxy;
 
-use crate::support::steps::{pending_of, records_are_carried, steps_of};
-
-/// Statements `proxy` saw while `run` ran.
-async fn statements_of<T>(proxy: &Proxy, run: impl std::future::Future<Output = T>) -> (T, u64) {
-    let before = proxy.executions();
-    let output = run.await;
-    (output, proxy.executions() - before)
-}
+use crate::support::steps::{
+    counting_gate, pending_of, records_are_carried, statements_of, steps_of,
+};
 
 /// Three steps, back to back, each worth its number.
 async fn three_steps() -> Result<u64, Rejected> {
@@ -57,7 +52,7 @@ async fn recorded_steps(gate: &idem::Gate, id: &Identity) -> (Vec<(String, i64)>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_steps_cost_five_statements_with_the_claim_and_its_settle() {
     let proxy = Proxy::start().await;
-    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let gate = counting_gate(&proxy).await;
     // On Citus each record is a statement of its own: 2N + 2.
     let expected = if records_are_carried(&gate).await {
         5
@@ -99,10 +94,31 @@ async fn three_steps_cost_five_statements_with_the_claim_and_its_settle() {
     }
 }
 
+/// `Gate::with_step_record_wait(Duration::ZERO)`: every record is written
+/// on its own as its step ends, so three steps cost 2N + 2 statements, and
+/// none is left to ride with anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_that_waits_no_time_writes_each_record_as_its_step_ends() {
+    let proxy = Proxy::start().await;
+    let gate = counting_gate(&proxy)
+        .await
+        .with_step_record_wait(Duration::ZERO);
+    let id = Identity::new("carried_none").part(1);
+    let (done, statements) = statements_of(&proxy, gate.guard(&id).run(three_steps())).await;
+    assert_eq!(done.ok(), Some(7));
+    assert_eq!(
+        statements, 8,
+        "the claim, a marker and a record per step, the settle (2N + 2)"
+    );
+    let (recorded, pending) = recorded_steps(&gate, &id).await;
+    assert_eq!(pending, 0, "every step recorded");
+    assert_eq!(recorded.len(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_writes_the_last_record_before_its_release_and_the_retry_replays_all() {
     let proxy = Proxy::start().await;
-    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let gate = counting_gate(&proxy).await;
     let id = Identity::new("carried_release").part(1);
     let ran = AtomicUsize::new(0);
     let body = |fail: bool| {
@@ -228,7 +244,7 @@ async fn a_step_that_ends_near_its_lease_s_end_is_recorded_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_to_a_statement_that_carries_a_record_loses_nothing() {
     let proxy = Proxy::start().await;
-    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let gate = counting_gate(&proxy).await;
     // On Citus no statement carries a record: none is lost, and the rest
     // holds as well.
     let carried = records_are_carried(&gate).await;

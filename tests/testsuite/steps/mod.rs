@@ -51,7 +51,7 @@ use idem::{Disposition, Gate, Identity, Outcome, Rejected};
 use idem_test_support::fault_proxy::Proxy;
 
 use crate::support::doubt::state_of;
-use crate::support::steps::{cut_off_inside, steps_of};
+use crate::support::steps::{counting_gate, cut_off_inside, statements_of, steps_of};
 
 /// Effects, counted per step: what a fake provider would have done.
 #[derive(Default)]
@@ -835,17 +835,10 @@ async fn a_claim_released_after_the_prune_horizon_keeps_its_steps_for_its_retry(
     );
 }
 
-/// `statements` executed by `gate` (behind `proxy`) while `run` ran.
-async fn statements_of<T>(proxy: &Proxy, run: impl std::future::Future<Output = T>) -> (T, u64) {
-    let before = proxy.executions();
-    let output = run.await;
-    (output, proxy.executions() - before)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeatable_step_costs_its_record_and_a_run_reads_its_claim_s_steps_once() {
     let proxy = Proxy::start().await;
-    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let gate = counting_gate(&proxy).await;
     let id = Identity::new("checkout").part("ord_cost");
     let steps = |fail: bool| async move {
         let a: u64 = idem::step("a", async { Ok::<u64, CheckoutError>(1) })

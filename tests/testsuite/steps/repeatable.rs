@@ -18,7 +18,8 @@ use idem_test_support::fault_proxy::Proxy;
 
 use crate::support::doubt::state_of;
 use crate::support::steps::{
-    LEASE, cut_off_inside, cut_off_inside_repeatable, past_the_lease, pending_of, steps_of,
+    LEASE, counting_gate, cut_off_inside, cut_off_inside_repeatable, past_the_lease, pending_of,
+    statements_of, steps_of,
 };
 
 /// A gate on a pool of 4 connections, in an account of its own.
@@ -36,13 +37,6 @@ async fn recorded_value(gate: &Gate, address: &str) -> Option<String> {
     .fetch_one(gate.pool())
     .await
     .expect("the step's record")
-}
-
-/// `statements` executed by `gate` (behind `proxy`) while `run` ran.
-async fn statements_of<T>(proxy: &Proxy, run: impl std::future::Future<Output = T>) -> (T, u64) {
-    let before = proxy.executions();
-    let output = run.await;
-    (output, proxy.executions() - before)
 }
 
 // ---------------------------------------------------------------------
@@ -439,7 +433,7 @@ async fn a_name_used_twice_in_one_run_is_refused_whichever_is_repeatable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_repeatable_steps_joined_in_one_body_read_the_claim_s_steps_once() {
     let proxy = Proxy::start().await;
-    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let gate = counting_gate(&proxy).await;
     let id = Identity::new("rb_join_cost").part(1);
     let body = async {
         let (a, b) = tokio::join!(
@@ -508,7 +502,7 @@ async fn two_repeatable_steps_joined_in_one_body_are_replayed_on_the_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_replayed_before_the_read_costs_its_look_and_the_rest_are_free() {
     let proxy = Proxy::start().await;
-    let gate = testing::gate_on(proxy.pool(2).await).await;
+    let gate = counting_gate(&proxy).await;
     let id = Identity::new("rb_cost_mixed").part(1);
     let body = |fail: bool| async move {
         let x: u64 = idem::step("x", async { Ok::<u64, Rejected>(1) }).await?;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use idem::operations::{self, Slot};
 use idem::{Gate, Identity, Rejected};
+use idem_test_support::fault_proxy::Proxy;
 
 /// The lease of the red teams' holders that get cut off.
 pub(crate) const LEASE: Duration = Duration::from_millis(200);
@@ -114,4 +115,25 @@ pub(crate) async fn records_are_carried(gate: &Gate) -> bool {
     .await
     .expect("read Citus's distributed tables");
     !distributed
+}
+
+/// A gate on `proxy` for a test that counts statements: its steps' records
+/// wait 5 s to ride with the run's next statement, so that a loaded
+/// machine's pause between two steps never writes one on its own and the
+/// count says what the design costs, not what the scheduler did. (A lease
+/// of 20 s or more still carries them: it leaves four waits' margin.)
+pub(crate) async fn counting_gate(proxy: &Proxy) -> Gate {
+    idem::testing::gate_on(proxy.pool(2).await)
+        .await
+        .with_step_record_wait(Duration::from_secs(5))
+}
+
+/// The statements `proxy` saw while `run` ran, and what it returned.
+pub(crate) async fn statements_of<T>(
+    proxy: &Proxy,
+    run: impl std::future::Future<Output = T>,
+) -> (T, u64) {
+    let before = proxy.executions();
+    let output = run.await;
+    (output, proxy.executions() - before)
 }
