@@ -46,6 +46,19 @@ pub enum Rejected {
     )]
     AlreadyDone,
 
+    /// An invocation with the same identity already succeeded, and the
+    /// value it returned was kept for replay only for a window
+    /// ([`Guard::keep_value_for`](crate::Guard::keep_value_for)), which is
+    /// over: the slot still refuses the duplicate, but has nothing to hand
+    /// it. The body did not run again. Only a caller that replays is told
+    /// this; others get [`AlreadyDone`](Rejected::AlreadyDone), as ever.
+    #[error(
+        "this action already succeeded with the same key; the body did not run again; its \
+         value is no longer kept for replay (its window is over), so there is nothing to \
+         return: nothing to do"
+    )]
+    ValueNotKept,
+
     /// The first invocation with the same identity may or may not have
     /// taken effect (its body said so with [`Disposition::InDoubt`], or its
     /// lease ran out under `on_expiry = "in_doubt"`), and the outcome is
@@ -310,7 +323,7 @@ impl Rejected {
     }
 
     /// A short, stable name for logs and metrics: `"in_flight"`,
-    /// `"already_done"`, `"in_doubt"`, `"already_failed"`, `"unavailable"`, `"store_refused"`,
+    /// `"already_done"`, `"value_not_kept"`, `"in_doubt"`, `"already_failed"`, `"unavailable"`, `"store_refused"`,
     /// `"invalid_option"`, `"collision"`, `"key_reused"`, `"lease_lost"`,
     /// `"claim_lost"`, `"invalid_scope"`, `"not_recorded"`, `"wrong_connection"`,
     /// `"step_in_doubt"` or `"not_guarded"`.
@@ -318,6 +331,7 @@ impl Rejected {
         match self {
             Rejected::InFlight => "in_flight",
             Rejected::AlreadyDone => "already_done",
+            Rejected::ValueNotKept => "value_not_kept",
             Rejected::InDoubt => "in_doubt",
             Rejected::AlreadyFailed => "already_failed",
             Rejected::Unavailable { .. } => "unavailable",

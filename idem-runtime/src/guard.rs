@@ -312,6 +312,51 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
         self
     }
 
+    /// Keeps the value a success returned (for [`replay`](Guard::replay);
+    /// a stored HTTP response) and the payload's
+    /// [`fingerprint`](Guard::fingerprint) for `window` after the outcome
+    /// is recorded, instead of for ever. Past it the slot still refuses
+    /// every duplicate, but a caller that replays is told
+    /// [`Rejected::ValueNotKept`] instead of handed the value, whatever its
+    /// payload; `idem prune` then clears what was kept. The attribute's
+    /// `keep_value_for = "..."`.
+    ///
+    /// For values that should not live for ever (personal data, large
+    /// responses) while the action must still never run twice. The window
+    /// is the action's own: it is written with the claim, so a prune
+    /// enforces what each action said when it ran, and is judged by the
+    /// database's clock. Within a [`keep_slot_for`](Guard::keep_slot_for)
+    /// window it ends with the slot at the latest. More than zero and at
+    /// most [`MAX_WINDOW`](crate::MAX_WINDOW), or every claim is refused
+    /// [`Rejected::InvalidOption`] before any statement runs.
+    pub fn keep_value_for(mut self, window: Duration) -> Guard<'a, R, D, P> {
+        self.mode = self.mode.keep_value_for(window);
+        self
+    }
+
+    /// Holds the slot of a recorded outcome (a success, or a failure kept
+    /// with [`Disposition::Keep`](crate::Disposition::Keep)) for `window`
+    /// after it is recorded, instead of for ever: past it the next
+    /// invocation with the same identity **runs again**, as a new action
+    /// (its steps run anew), and `idem prune` deletes the row. The
+    /// attribute's `keep_slot_for = "..."`; the HTTP layer says when a
+    /// response's key expires in its `Idempotency-Key-Expires` header.
+    ///
+    /// Opt in only where a key is reused on purpose after a while, or
+    /// where a provider's own window is the contract (Stripe keeps keys 24
+    /// hours, Adyen 31 days): say the window in your API's documentation,
+    /// as the IETF draft asks. Within it, nothing runs twice, whatever
+    /// prunes meanwhile: expiry is judged by the database's clock against
+    /// the window written with the claim. A claim still pending or in
+    /// doubt never expires (its lease and its reconciler govern it). More
+    /// than zero and at most [`MAX_WINDOW`](crate::MAX_WINDOW), or every
+    /// claim is refused [`Rejected::InvalidOption`] before any statement
+    /// runs.
+    pub fn keep_slot_for(mut self, window: Duration) -> Guard<'a, R, D, P> {
+        self.mode = self.mode.keep_slot_for(window);
+        self
+    }
+
     /// Waits up to `wait` for an in-flight duplicate to finish (polling
     /// with backoff), then takes its outcome (the stored value with
     /// replay, [`Rejected::AlreadyDone`], or its slot, if it released),

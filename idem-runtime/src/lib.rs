@@ -62,7 +62,9 @@ pub use identity::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Identity, KeyPart, NotCanonical, PartValue, PartWriter,
     PartWritten,
 };
-pub use mode::{Disposition, Fingerprint, MAX_LEASE, OnExpiry, OnUnavailable, OutcomeCommit};
+pub use mode::{
+    Disposition, Fingerprint, MAX_LEASE, MAX_WINDOW, OnExpiry, OnUnavailable, OutcomeCommit,
+};
 pub use outcome::Outcome;
 pub use step::{Step, downstream_key, step};
 

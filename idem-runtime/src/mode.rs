@@ -20,6 +20,8 @@ pub(crate) struct Mode {
     fingerprint: Option<Fingerprint>,
     outcome_commit: OutcomeCommit,
     on_expiry: OnExpiry,
+    keep_value_for: Option<Duration>,
+    keep_slot_for: Option<Duration>,
 }
 
 pub use crate::outcome::Disposition;
@@ -183,6 +185,43 @@ impl Mode {
         self
     }
 
+    /// How long after its outcome a settled claim's value (and what else
+    /// is kept with it: the payload's fingerprint) stays kept; see
+    /// [`Guard::keep_value_for`](crate::Guard::keep_value_for).
+    #[must_use]
+    pub(crate) fn keep_value_for(mut self, window: Duration) -> Mode {
+        self.keep_value_for = Some(window);
+        self
+    }
+
+    /// How long after its outcome a settled claim still holds its slot;
+    /// see [`Guard::keep_slot_for`](crate::Guard::keep_slot_for).
+    #[must_use]
+    pub(crate) fn keep_slot_for(mut self, window: Duration) -> Mode {
+        self.keep_slot_for = Some(window);
+        self
+    }
+
+    /// The windows in microseconds, as the store takes them, or why they
+    /// cannot be used.
+    pub(crate) fn windows(&self) -> Result<Windows, Rejected> {
+        Ok(Windows {
+            value_micros: self
+                .keep_value_for
+                .map(|window| window_micros("keep_value_for", window))
+                .transpose()?,
+            slot_micros: self
+                .keep_slot_for
+                .map(|window| window_micros("keep_slot_for", window))
+                .transpose()?,
+        })
+    }
+
+    /// The slot's window, if it has one.
+    pub(crate) fn slot_window(&self) -> Option<Duration> {
+        self.keep_slot_for
+    }
+
     /// What a claim whose lease ran out becomes.
     pub(crate) fn on_expiry_policy(&self) -> OnExpiry {
         self.on_expiry
@@ -219,6 +258,55 @@ impl Mode {
     pub(crate) fn lease_micros(&self) -> Result<Option<i64>, Rejected> {
         self.lease.map(lease_micros).transpose()
     }
+}
+
+/// How long a claim keeps what (see [`Guard::keep_value_for`] and
+/// [`Guard::keep_slot_for`]), in microseconds; `None`: for ever.
+///
+/// [`Guard::keep_value_for`]: crate::Guard::keep_value_for
+/// [`Guard::keep_slot_for`]: crate::Guard::keep_slot_for
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Windows {
+    /// The value's window.
+    pub value_micros: Option<i64>,
+    /// The slot's window.
+    pub slot_micros: Option<i64>,
+}
+
+impl Windows {
+    /// Whether either window is set: the claim's outcome is not final for
+    /// ever, so no process may remember it (the outcome cache).
+    pub fn any(&self) -> bool {
+        self.value_micros.is_some() || self.slot_micros.is_some()
+    }
+}
+
+/// The longest window a claim may keep its value or its slot for: 100
+/// years, as [`MAX_LEASE`]. A slot that should never expire wants no
+/// window at all (the default).
+pub const MAX_WINDOW: Duration = MAX_LEASE;
+
+/// `window` in microseconds, when it is more than zero and at most
+/// [`MAX_WINDOW`]; `option` names it in the refusal.
+fn window_micros(option: &'static str, window: Duration) -> Result<i64, Rejected> {
+    let invalid = |reason| Rejected::InvalidOption {
+        option,
+        value: format!("{window:?}"),
+        reason,
+    };
+    if window.is_zero() {
+        return Err(invalid(
+            "a window of zero would keep nothing: every duplicate would run again (or find \
+             nothing to replay); omit the option to keep it for ever",
+        ));
+    }
+    if window > MAX_WINDOW {
+        return Err(invalid(
+            "it is longer than idem::MAX_WINDOW (100 years); to keep it for ever, omit the \
+             option",
+        ));
+    }
+    i64::try_from(window.as_micros()).map_err(|_| invalid("it does not fit in microseconds"))
 }
 
 /// `lease` in microseconds, as the store takes it, when it is more than zero

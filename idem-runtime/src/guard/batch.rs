@@ -103,6 +103,19 @@ impl<'a, M, R, D, P> BatchGuard<'a, M, R, D, P> {
         self.optioned(|mode| mode.lease(lease))
     }
 
+    /// Keeps each item's value and fingerprint for `window` after its
+    /// outcome, as [`Guard::keep_value_for`](super::Guard::keep_value_for)
+    /// says.
+    pub fn keep_value_for(self, window: Duration) -> BatchGuard<'a, M, R, D, P> {
+        self.optioned(|mode| mode.keep_value_for(window))
+    }
+
+    /// Holds each item's slot for `window` after its outcome, as
+    /// [`Guard::keep_slot_for`](super::Guard::keep_slot_for) says.
+    pub fn keep_slot_for(self, window: Duration) -> BatchGuard<'a, M, R, D, P> {
+        self.optioned(|mode| mode.keep_slot_for(window))
+    }
+
     /// Runs at most `bodies` won bodies at a time (at least one; one by
     /// default, in the batch's order). A body waits for its turn within
     /// the batch's lease (see [`lease`](BatchGuard::lease)).

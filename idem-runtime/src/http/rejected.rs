@@ -67,6 +67,16 @@ impl From<&Rejected> for Problem {
                  kept, so it cannot be sent again. Do not retry: the request took effect; look \
                  its result up instead.",
             ),
+            // The response was kept for a window, which is over: as a
+            // response never kept, said so.
+            Rejected::ValueNotKept => Problem::idem(
+                StatusCode::CONFLICT,
+                "response-no-longer-kept",
+                "Request already succeeded",
+                "A request with this Idempotency-Key already succeeded; its response was kept \
+                 for a while and no longer is, so it cannot be sent again. Do not retry: the \
+                 request took effect; look its result up instead.",
+            ),
             // Like in flight to the client: the same request, later, gets
             // the answer once it is established.
             Rejected::InDoubt => Problem::idem(

@@ -431,6 +431,26 @@ impl<Scope, P> IdempotencyLayer<Scope, P> {
         self.with(|config| config.kept_headers = names)
     }
 
+    /// Keeps each stored response (and the request's fingerprint) for
+    /// `window` after it is recorded, as
+    /// [`Guard::keep_value_for`](crate::Guard::keep_value_for) says: past
+    /// it a retry with the same key is answered 409
+    /// `response-no-longer-kept`, never run again.
+    #[must_use = "`keep_value_for` returns the changed layer"]
+    pub fn keep_value_for(self, window: Duration) -> IdempotencyLayer<Scope, P> {
+        self.optioned(|mode| mode.keep_value_for(window))
+    }
+
+    /// Holds each key for `window` after its outcome is recorded, as
+    /// [`Guard::keep_slot_for`](crate::Guard::keep_slot_for) says: past it
+    /// a request with the same key runs again. Every response the layer
+    /// records says until when its key is kept, in the
+    /// `Idempotency-Key-Expires` header.
+    #[must_use = "`keep_slot_for` returns the changed layer"]
+    pub fn keep_slot_for(self, window: Duration) -> IdempotencyLayer<Scope, P> {
+        self.optioned(|mode| mode.keep_slot_for(window))
+    }
+
     /// A duplicate in flight waits up to `wait` for the first call's
     /// answer (and gets it) instead of a 409, as
     /// [`Guard::wait`](crate::Guard::wait) says.
