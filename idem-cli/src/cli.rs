@@ -373,9 +373,17 @@ pub struct ResolveArgs {
 #[derive(Debug, Args)]
 pub struct PruneArgs {
     /// Delete claims settled before this: YYYY-MM-DD (midnight UTC) or an
-    /// RFC 3339 instant such as 2024-05-01T12:00:00Z.
-    #[arg(long, value_name = "DATE", value_parser = parse_instant)]
-    pub settled_before: Timestamp,
+    /// RFC 3339 instant such as 2024-05-01T12:00:00Z. Their slots open
+    /// again: a retry of one of them runs. A claim whose action keeps its
+    /// slot for a window (`keep_slot_for`) is deleted only once its window
+    /// is over, whatever this says.
+    #[arg(long, value_name = "DATE", value_parser = parse_instant, required_unless_present = "expired")]
+    pub settled_before: Option<Timestamp>,
+    /// Delete the claims whose slot's window (`keep_slot_for`) is over:
+    /// their slots are open already. Every prune deletes them; with this
+    /// alone, nothing else (claims kept for ever stay).
+    #[arg(long)]
+    pub expired: bool,
     /// Only this account.
     #[arg(long, value_name = "ACCOUNT")]
     pub account: Option<String>,

@@ -51,8 +51,9 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(8);
 pub struct Pruned {
     /// Claims deleted.
     pub deleted: u64,
-    /// The cut-off, RFC 3339 in UTC.
-    pub settled_before: String,
+    /// The cut-off, RFC 3339 in UTC; null with `--expired` alone (only
+    /// claims past their window).
+    pub settled_before: Option<String>,
     /// The account pruned, or null for all.
     pub account: Option<String>,
     /// Batches run (each its own transaction).
@@ -66,8 +67,8 @@ pub struct Pruned {
 pub struct WouldPrune {
     /// Claims a prune would delete now.
     pub would_delete: u64,
-    /// The cut-off, RFC 3339 in UTC.
-    pub settled_before: String,
+    /// The cut-off, RFC 3339 in UTC; null with `--expired` alone.
+    pub settled_before: Option<String>,
     /// The account counted, or null for all.
     pub account: Option<String>,
     /// Per account, largest first.
@@ -95,24 +96,31 @@ pub enum Outcome {
 /// The filter and its descriptions, from the command line.
 struct Target<'a> {
     filter: PruneFilter<'a>,
-    /// `2024-02-01T00:00:00Z`.
-    before: String,
+    /// `2024-02-01T00:00:00Z`; `None`: only claims past their window.
+    before: Option<String>,
     /// "in account acme" / "in every account".
     within: String,
 }
 
 impl<'a> Target<'a> {
     fn of(args: &'a PruneArgs) -> Result<Target<'a>, CliError> {
-        let before = args.settled_before.to_string();
-        let settled_before = SystemTime::try_from(args.settled_before).map_err(|error| {
+        let account = args.account.as_deref();
+        let Some(cut) = args.settled_before else {
+            return Ok(Target {
+                filter: PruneFilter::expired().account(account),
+                before: None,
+                within: describe_account(account),
+            });
+        };
+        let before = cut.to_string();
+        let settled_before = SystemTime::try_from(cut).map_err(|error| {
             CliError::Usage(format!(
                 "{before} is beyond what this system's clock can say ({error})"
             ))
         })?;
-        let account = args.account.as_deref();
         Ok(Target {
             filter: PruneFilter::new(settled_before).account(account),
-            before,
+            before: Some(before),
             within: describe_account(account),
         })
     }
@@ -299,24 +307,32 @@ fn on_interrupt() -> watch::Receiver<bool> {
     interrupted
 }
 
+/// Which claims a prune takes, as its output says.
+fn describe_cut(settled_before: Option<&str>) -> String {
+    match settled_before {
+        Some(before) => format!("settled before {before}, or past their window"),
+        None => "past their window".to_owned(),
+    }
+}
+
 /// The output of `idem prune`.
 pub fn render(outcome: &Outcome, format: Format) -> Result<String, CliError> {
     match (outcome, format) {
         (Outcome::Pruned(pruned), Format::Json) => output::json(pruned),
         (Outcome::DryRun(counted), Format::Json) => output::json(counted),
         (Outcome::Pruned(pruned), Format::Text) => Ok(format!(
-            "deleted {} settled claim{} (settled before {}, {})\n{PRUNED_AND_CACHES}\n",
+            "deleted {} settled claim{} ({}, {})\n{PRUNED_AND_CACHES}\n",
             pruned.deleted,
             plural(pruned.deleted),
-            pruned.settled_before,
+            describe_cut(pruned.settled_before.as_deref()),
             describe_account(pruned.account.as_deref()),
         )),
         (Outcome::DryRun(counted), Format::Text) => {
             let mut text = format!(
-                "would delete {} settled claim{} (settled before {}, {}); nothing was deleted\n",
+                "would delete {} settled claim{} ({}, {}); nothing was deleted\n",
                 counted.would_delete,
                 plural(counted.would_delete),
-                counted.settled_before,
+                describe_cut(counted.settled_before.as_deref()),
                 describe_account(counted.account.as_deref()),
             );
             if !counted.accounts.is_empty() {

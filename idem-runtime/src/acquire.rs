@@ -98,15 +98,16 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
         contender.ungated();
         return Ok(Acquired::Won(Claim::ungated()));
     }
-    let lease_micros = slots
+    let (lease_micros, windows) = slots
         .check()
-        .and_then(|()| mode.lease_micros())
+        .and_then(|()| Ok((mode.lease_micros()?, mode.windows()?)))
         .inspect_err(|rejected| contender.refused(rejected))?;
     let fingerprint = mode.payload_fingerprint().map(|f| f.digest());
     let new = NewClaim {
         identity: identity.canonical(),
         fingerprint: fingerprint.as_ref().map(|f| f.as_slice()),
         lease_micros,
+        windows,
     };
     let wait = Wait::of(mode);
     let mut poll = WAIT_FIRST_POLL;
@@ -125,7 +126,13 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
     };
     // A final fact this process already knows answers with no round trip;
     // it is only ever a settled or a refused attempt.
-    let mut recalled = contender.recalled(new, kept_value);
+    // An outcome with a window is never remembered, so never recalled:
+    // its window could end while it is.
+    let mut recalled = if windows.any() {
+        None
+    } else {
+        contender.recalled(new, kept_value)
+    };
     let cached = recalled.is_some();
     loop {
         let attempt = match recalled.take() {
@@ -422,6 +429,7 @@ impl<'a> Contender<'a> {
             lease: Arc::new(Lease::from_now(mode.lease_duration())),
             won: Stopwatch::start(),
             in_transaction,
+            windowed: mode.windows().is_ok_and(|windows| windows.any()),
             // Never under a lease or in the caller's transaction: see
             // OutcomeCommit::Async. Nor on Citus, where the setting is made
             // on the coordinator, the worker that writes the row commits
@@ -495,12 +503,44 @@ impl<'a> Contender<'a> {
         read: ReadFrom,
     ) -> Result<Attempt, sqlx::Error> {
         let (scope, address) = (self.slots.scope(), &*self.address);
+        // Past its window the slot is free: this claim reopens it, and the
+        // insert then decides between all who found it so.
+        if existing.slot_expired {
+            let reopened =
+                store::reopen_expired(&mut *conn, scope, address, existing.fence).await?;
+            if reopened {
+                slot_event!(
+                    info,
+                    self,
+                    previous_fence = existing.fence,
+                    "the slot's window is over: its outcome no longer holds it, and it is \
+                     claimed anew"
+                );
+            }
+            return Ok(Attempt::Undecided(Undecided::Freed));
+        }
         // A final row read on a connection of the pool is committed: this
-        // process may remember it. One read inside the caller's
+        // process may remember it, unless it has a window (which could end
+        // while it is remembered). One read inside the caller's
         // transaction may be that transaction's own uncommitted settle.
-        if read != ReadFrom::Transaction {
+        if read != ReadFrom::Transaction && !existing.windowed {
             self.slots
                 .remember(address, || Final::of_row(&existing, kept_value.is_read()));
+        }
+        // Past the value's window, what was kept with the value (the
+        // fingerprint too) is kept no more: whatever its payload, a
+        // duplicate is refused, and one that replays is told so.
+        if existing.settled && existing.value_expired {
+            if existing.identity != self.identity.canonical() {
+                return Ok(Attempt::Refused(Rejected::Collision {
+                    address: self.address.clone(),
+                }));
+            }
+            return Ok(if kept_value.is_read() {
+                Attempt::Refused(Rejected::ValueNotKept)
+            } else {
+                settled(None, false)
+            });
         }
         let replayable =
             match self.replayable(new, &existing.identity, existing.fingerprint.as_deref()) {

@@ -130,7 +130,7 @@ use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
 use crate::measure::Stopwatch;
-use crate::mode::{Fingerprint, Mode};
+use crate::mode::{Fingerprint, Mode, Windows};
 use crate::observe::{self, GateEvent};
 use crate::outcome::Outcome;
 use crate::retry::{self, SERIALIZATION_BACKOFF};
@@ -403,9 +403,9 @@ impl Claimed {
 
 /// The modes a batch cannot honour are not offered by [`Batch`]; what is
 /// left to check is the lease and the scope, as one claim checks them.
-fn check(slots: &ScopedPool, mode: &Mode) -> Result<Option<i64>, Rejected> {
+fn check(slots: &ScopedPool, mode: &Mode) -> Result<(Option<i64>, Windows), Rejected> {
     slots.check()?;
-    mode.lease_micros()
+    Ok((mode.lease_micros()?, mode.windows()?))
 }
 
 /// Claims every item of a pass (no two share a slot): answers those it can
@@ -422,8 +422,8 @@ async fn claim<R>(
         .iter()
         .map(|item| Contender::new(slots, &item.identity))
         .collect();
-    let lease_micros = match check(slots, mode) {
-        Ok(lease_micros) => lease_micros,
+    let (lease_micros, windows) = match check(slots, mode) {
+        Ok(checked) => checked,
         Err(rejected) => {
             return contenders
                 .iter()
@@ -439,6 +439,7 @@ async fn claim<R>(
         identity: items[index].identity.canonical(),
         fingerprint: items[index].digest.as_ref().map(|f| f.as_slice()),
         lease_micros,
+        windows,
     };
     let conclude = |index: usize, attempt: Attempt, read: ReadFrom| -> Concluded {
         contenders[index].conclude(attempt, mode, items[index].digest, read)
@@ -534,7 +535,7 @@ async fn claim_in_store<'i>(
     let failed = |error: sqlx::Error| batch_failed(slots, to_claim.len(), error);
     let scope = slots.scope();
     let mut conn = slots.pool().acquire().await.map_err(failed)?;
-    let lease_micros = new(to_claim[0]).lease_micros;
+    let (lease_micros, windows) = (new(to_claim[0]).lease_micros, new(to_claim[0]).windows);
     let batch: Vec<NewBatchItem<'_>> = to_claim
         .iter()
         .map(|&index| NewBatchItem {
@@ -550,7 +551,7 @@ async fn claim_in_store<'i>(
         &SERIALIZATION_BACKOFF,
         retry::is_serialization_failure,
         |_, _| observe::record(GateEvent::Retried),
-        store::claim_batch(&mut *conn, scope, &batch, lease_micros).await,
+        store::claim_batch(&mut *conn, scope, &batch, lease_micros, windows).await,
     )
     .map_err(failed)?;
     let won: HashMap<String, i64> = won.into_iter().collect();

@@ -61,6 +61,9 @@ pub(crate) struct WonSlot {
     /// Inside the caller's transaction, the transaction decides: a dropped
     /// claim is rolled back with it, so there is nothing to warn about.
     pub(crate) in_transaction: bool,
+    /// The claim has a retention window: its outcome is never remembered
+    /// by this process (the window could end while it is).
+    pub(crate) windowed: bool,
     /// How the outcome commits.
     pub(crate) commit: Commit,
 }
@@ -639,7 +642,7 @@ impl WonSlot {
     /// failure kept for good. Never from inside the caller's transaction,
     /// which may still roll back.
     fn remember(&self, written: Outcome<Option<&str>>, via: &Via<'_>) {
-        if via.in_transaction() {
+        if via.in_transaction() || self.windowed {
             return;
         }
         let (identity, fingerprint) = (

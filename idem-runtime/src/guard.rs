@@ -17,6 +17,7 @@
 //! | [`outcome_commit`](Guard::outcome_commit) | `P` to [`AsyncCommit`] | no `tx`, no lease |
 //! | [`wait`](Guard::wait), [`on_unavailable`](Guard::on_unavailable) | `P` to [`Pooled`] (unless already on the pool) | no `tx` |
 //! | [`fingerprint`](Guard::fingerprint) | nothing | |
+//! | [`keep_value_for`](Guard::keep_value_for), [`keep_slot_for`](Guard::keep_slot_for) | nothing | how long the value, and the slot, outlive the outcome (for ever unless set) |
 //!
 //! An option given twice takes the second value (the attribute refuses a
 //! repeated option; by hand it is a rebinding, as with sqlx's `bind`).

@@ -191,9 +191,7 @@ impl<'a, R> OutcomeOf<'a, R> {
         // settle; any other ending writes it first, on its own, so that
         // what the steps saw is known before the outcome is chosen.
         let carried = match (steps, &wanted) {
-            (Some(steps), Outcome::Succeeded(_)) if steps.refused().is_none() => {
-                steps.take_carried().await
-            }
+            (Some(steps), Outcome::Succeeded(_)) if steps.refused().is_none() => steps.ride().await,
             (Some(steps), _) => {
                 steps.land_carried().await;
                 None

@@ -114,6 +114,8 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("in_doubt_since", false),
     ("claim_address", false),
     ("released_at", false),
+    ("value_kept_for", false),
+    ("slot_kept_for", false),
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.

@@ -176,12 +176,25 @@ struct Log {
 /// the caller's transaction every statement commits together anyway, and
 /// Citus plans the `INSERT` of [`store::RECORD_AND_BEGIN_STEP`] apart
 /// from the rest.
+///
+/// A statement that carries it takes a copy ([`Riding`]) and leaves the
+/// record, and its timer, where they are until the statement's answer is
+/// in: a body dropped, or no longer polled, in the middle of that
+/// statement still has the record written on its own when the wait is
+/// over. Both may then write it; each write is a compare-and-swap on the
+/// marker, so the second writes nothing and finds the first's.
 pub(crate) struct Carried {
+    riding: Riding,
+    /// The task that writes it on its own once it waited long enough.
+    timer: tokio::task::AbortHandle,
+}
+
+/// What a statement that carries a step's record writes ([`Carried`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Riding {
     name: String,
     address: String,
     json: String,
-    /// The task that writes it on its own once it waited long enough.
-    timer: tokio::task::AbortHandle,
 }
 
 /// How long a step's record waits for the run's next statement to carry
@@ -190,7 +203,24 @@ pub(crate) struct Carried {
 /// leaves a finished step in doubt.
 pub(crate) const STEP_RECORD_WAIT: Duration = Duration::from_millis(20);
 
-impl Carried {
+/// Who writes a waiting record on its own ([`Ambient::land`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Landing {
+    /// Its timer, once it waited long enough: the run goes on.
+    Waited,
+    /// The run's end, before its outcome is chosen.
+    Final,
+}
+
+/// Whether `rejected` says the claim is no longer its holder's.
+fn says_claim_lost(rejected: &Rejected) -> bool {
+    matches!(
+        rejected,
+        Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } | Rejected::NotRecorded { .. }
+    )
+}
+
+impl Riding {
     /// What the store writes.
     pub(crate) fn record(&self) -> store::CarriedRecord<'_> {
         store::CarriedRecord {
@@ -272,10 +302,7 @@ impl Ambient {
     /// Notes `rejected`, about to be returned by a step to the body, if it
     /// says the claim was lost.
     fn refusing(&self, rejected: &Rejected) {
-        if matches!(
-            rejected,
-            Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } | Rejected::NotRecorded { .. }
-        ) {
+        if says_claim_lost(rejected) {
             self.lock().refused.get_or_insert_with(|| rejected.clone());
         }
     }
@@ -299,12 +326,14 @@ impl Ambient {
         let ambient = Arc::clone(self);
         let timer = tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            ambient.land_carried().await;
+            ambient.land(Landing::Waited).await;
         });
         log.carried = Some(Carried {
-            name: held.name.to_owned(),
-            address: held.address.clone(),
-            json: json.to_owned(),
+            riding: Riding {
+                name: held.name.to_owned(),
+                address: held.address.clone(),
+                json: json.to_owned(),
+            },
             timer: timer.abort_handle(),
         });
         true
@@ -330,20 +359,34 @@ impl Ambient {
         }
     }
 
-    /// Takes the record waiting to ride with the next statement, if any:
-    /// whoever takes it writes it. Waits for one being written on its own.
-    pub(crate) async fn take_carried(&self) -> Option<Carried> {
+    /// A copy of the record waiting to ride with the next statement, if
+    /// any, for that statement to write; the record stays, with its timer,
+    /// until the statement's answer is noted ([`carried_landed`]). Waits
+    /// for one being written on its own.
+    ///
+    /// [`carried_landed`]: Ambient::carried_landed
+    pub(crate) async fn ride(&self) -> Option<Riding> {
         let _landing = self.landing.lock().await;
-        let carried = self.lock().carried.take()?;
-        // Not under way (the lock says so): it never will be.
-        carried.timer.abort();
-        Some(carried)
+        self.lock()
+            .carried
+            .as_ref()
+            .map(|carried| carried.riding.clone())
     }
 
     /// Writes the record waiting to ride with the next statement, if any,
     /// in a statement of its own: for a run that ends some other way than
-    /// by a settle that could carry it, and once it waited long enough.
+    /// by a settle that could carry it.
     pub(crate) async fn land_carried(&self) {
+        self.land(Landing::Final).await;
+    }
+
+    /// Writes the record waiting, if any, on its own: at the run's end
+    /// ([`Landing::Final`]), or once it waited long enough
+    /// ([`Landing::Waited`]). A write of the timer's that fails leaves the
+    /// record waiting for the run's next statement or its end, which
+    /// write it again; only one at the end that fails leaves the step in
+    /// doubt.
+    async fn land(&self, landing: Landing) {
         let Some(facts) = self.carrying() else {
             return;
         };
@@ -351,25 +394,49 @@ impl Ambient {
         let Some(carried) = self.lock().carried.take() else {
             return;
         };
-        let held = Held::new(facts, &carried.name);
+        if landing == Landing::Final {
+            carried.timer.abort();
+        }
+        let held = Held::new(facts, &carried.riding.name);
         let mut via = Via::Pool(facts.slots.pool());
-        let recorded = held.record(&carried.json, true, self, &mut via).await;
-        self.landed(&held, recorded);
+        let recorded = held
+            .record(&carried.riding.json, true, self, &mut via)
+            .await;
+        match recorded {
+            Err(ref failed) if landing == Landing::Waited && !says_claim_lost(failed) => {
+                self.lock().carried = Some(carried);
+            }
+            recorded => self.landed(&held, recorded),
+        }
     }
 
-    /// Says what became of `carried` after the statement that carried it,
+    /// Notes what became of `riding` after the statement that carried it,
     /// which wrote it (`recorded`) or wrote nothing: looked into then, as
-    /// a record of its own that wrote nothing is.
-    pub(crate) async fn carried_landed(&self, carried: &Carried, recorded: bool) {
+    /// a record of its own that wrote nothing is. Nothing to note when the
+    /// record was written on its own meanwhile (its timer noted it).
+    pub(crate) async fn carried_landed(&self, riding: &Riding, recorded: bool) {
         let Some(facts) = self.carrying() else {
             return;
         };
-        let held = Held::new(facts, &carried.name);
+        let _landing = self.landing.lock().await;
+        {
+            let mut log = self.lock();
+            match log.carried.take() {
+                Some(carried) if carried.riding.address == riding.address => {
+                    carried.timer.abort();
+                }
+                other => {
+                    log.carried = other;
+                    return;
+                }
+            }
+        }
+        let held = Held::new(facts, &riding.name);
         let found = if recorded {
             Ok(Recorded::Ours)
         } else {
             let mut via = Via::Pool(facts.slots.pool());
-            held.wrote_nothing(&carried.json, self, &mut via).await
+            held.wrote_nothing(&riding.json, self, &mut via).await
         };
         self.landed(&held, found);
     }
@@ -391,10 +458,7 @@ impl Ambient {
         };
         count(StepLabel::Unrecorded);
         self.lock().unknown = Some(held.name.to_owned());
-        if matches!(
-            unrecorded,
-            Rejected::LeaseLost { .. } | Rejected::ClaimLost { .. } | Rejected::NotRecorded { .. }
-        ) {
+        if says_claim_lost(&unrecorded) {
             self.refusing(&unrecorded);
         } else {
             unrecorded_event(facts, held, false, &unrecorded);
@@ -1087,7 +1151,7 @@ impl<'a> Held<'a> {
         let scope = self.facts.slots.scope();
         // The step finished last, if its record waits, rides with the
         // first attempt ([`Carried`]).
-        let mut carried = ambient.take_carried().await;
+        let mut carried = ambient.ride().await;
         for _ in 0..BEGIN_ATTEMPTS {
             let began: Result<bool, Rejected> = match carried.take() {
                 Some(carried) => {
@@ -1106,12 +1170,9 @@ impl<'a> Held<'a> {
                             ambient.carried_landed(&carried, written.recorded).await;
                             Ok(written.begun)
                         }
-                        Err(error) => {
-                            let refused = Rejected::from_store(error);
-                            let held = Held::new(self.facts, &carried.name);
-                            ambient.landed(&held, Err(refused.clone()));
-                            Err(refused)
-                        }
+                        // The record still waits, and is written on its
+                        // own: by its timer, or at the run's end.
+                        Err(error) => Err(Rejected::from_store(error)),
                     }
                 }
                 None => {

@@ -24,6 +24,9 @@ mod by_hand;
 mod steps;
 // Batch claims for message consumers.
 mod batches;
+// How long a claim keeps its value and its slot: windows, their expiry,
+// prune enforcing them, and a history with prune racing the claims.
+mod retention;
 // The tower layer and detached calls, through real servers.
 #[cfg(all(feature = "tower", feature = "axum"))]
 mod http;

@@ -144,13 +144,16 @@ macro_rules! per_batch {
 ///
 /// `$1` account, `$2` addresses (no repeats), `$3` namespace, `$4`
 /// identities, `$5` fingerprints (NULL elements: none), `$6` lease in
-/// microseconds (NULL: none). The same text serves every form: the insert
+/// microseconds (NULL: none), `$7` and `$8` the value's and the slot's
+/// windows in microseconds (NULL: for ever). The same text serves every form: the insert
 /// is arbitrated by the index the new row's namespace falls under, and
 /// Citus routes it by the one account.
 pub const CLAIM_BATCH: &str = "INSERT INTO idem_records \
-       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at) \
+       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at, \
+        value_kept_for, slot_kept_for) \
      SELECT $1, 'claim', item.address, $3, 'pending', item.identity, item.fingerprint, \
-            now() + $6 * interval '1 microsecond' \
+            now() + $6 * interval '1 microsecond', $7 * interval '1 microsecond', \
+            $8 * interval '1 microsecond' \
      FROM unnest($2::text[], $4::bytea[], $5::bytea[]) AS item(address, identity, fingerprint) \
      ORDER BY item.address \
      ON CONFLICT DO NOTHING \
@@ -313,6 +316,7 @@ pub(crate) async fn claim_batch<'e>(
     scope: super::Scope<'_>,
     items: &[NewBatchItem<'_>],
     lease_micros: Option<i64>,
+    windows: crate::mode::Windows,
 ) -> Result<Vec<(String, i64)>, sqlx::Error> {
     let addresses: Vec<&str> = items.iter().map(|item| item.address).collect();
     let identities: Vec<&[u8]> = items.iter().map(|item| item.identity).collect();
@@ -324,6 +328,8 @@ pub(crate) async fn claim_batch<'e>(
         .bind(&identities)
         .bind(&fingerprints)
         .bind(lease_micros)
+        .bind(windows.value_micros)
+        .bind(windows.slot_micros)
         .fetch_all(executor)
         .await?
         .iter()

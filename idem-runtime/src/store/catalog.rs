@@ -31,11 +31,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../../sql/v8.sql"),
     "\n",
-    include_str!("../../sql/v9.sql")
+    include_str!("../../sql/v9.sql"),
+    "\n",
+    include_str!("../../sql/v10.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 9;
+pub const SCHEMA_VERSION: i32 = 10;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -63,6 +65,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(7, include_str!("../../sql/v7.sql")),
     Migration::new(8, include_str!("../../sql/v8.sql")),
     Migration::new(9, include_str!("../../sql/v9.sql")),
+    Migration::new(10, include_str!("../../sql/v10.sql")),
 ];
 
 /// The index of open claims (schema version 9, `sql/v9.sql`).

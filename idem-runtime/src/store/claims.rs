@@ -27,6 +27,7 @@ use sqlx::{PgExecutor, Postgres, Row};
 
 use super::operations::ClaimState;
 use super::{Commit, Engine, PerCommit, Scope, SplitOnNamespace, per_commit, per_row};
+use crate::mode::Windows;
 
 /// What a new claim row carries besides its scope and address.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +38,8 @@ pub struct NewClaim<'a> {
     pub fingerprint: Option<&'a [u8]>,
     /// `None`: the claim holds until resolved.
     pub lease_micros: Option<i64>,
+    /// How long its value and its slot are kept once its outcome is in.
+    pub windows: Windows,
 }
 
 /// A claim row found on conflict: the columns `existing_columns!` names
@@ -67,8 +70,19 @@ pub struct Existing {
     /// How the claim got to its state (`state_reason`): with `resolved`,
     /// who wrote it (`Existing::written_by_its_holder`).
     pub reason: Option<String>,
-    /// The stored `Ok` value, when asked for and present.
+    /// The stored `Ok` value, when asked for and present (and kept: not
+    /// past its window).
     pub output: Option<String>,
+    /// The outcome is in and its slot's window is over (by the
+    /// database's clock): the row holds the slot no more, and the next
+    /// claim reopens it ([`REOPEN_EXPIRED`]).
+    pub slot_expired: bool,
+    /// The success is in and its value's window is over: what was kept
+    /// with it (the value, the fingerprint) is kept no more.
+    pub value_expired: bool,
+    /// The row has a window at all: its outcome is not final for ever, so
+    /// no process may remember it.
+    pub windowed: bool,
 }
 
 /// `state_reason` of a failure its holder kept ([`KEEP`]).
@@ -138,7 +152,8 @@ impl Existing {
 ///
 /// `$1` account, `$2` address, `$3` namespace, `$4` identity, `$5`
 /// fingerprint, `$6` lease in microseconds (NULL: none), `$7` whether to
-/// return the stored output.
+/// return the stored output, `$8` and `$9` the value's and the slot's
+/// windows in microseconds (NULL: for ever).
 ///
 /// Its look is served by the partial unique index its namespace test
 /// implies; its insert is arbitrated by both (`ON CONFLICT DO NOTHING`
@@ -156,9 +171,10 @@ macro_rules! claim_statement {
             " ), claimed AS ( \
                  INSERT INTO idem_records \
                    (account, kind, address, namespace, state, identity, fingerprint, \
-                    lease_expires_at) \
+                    lease_expires_at, value_kept_for, slot_kept_for) \
                  SELECT $1, 'claim', $2, $3, 'pending', $4, $5, \
-                        now() + $6 * interval '1 microsecond' \
+                        now() + $6 * interval '1 microsecond', \
+                        $8 * interval '1 microsecond', $9 * interval '1 microsecond' \
                  WHERE NOT EXISTS (SELECT FROM existing) \
                  ON CONFLICT DO NOTHING \
                  RETURNING fence \
@@ -166,11 +182,12 @@ macro_rules! claim_statement {
              SELECT true AS won, fence, NULL::bigint AS lineage, NULL::boolean AS settled, \
                     NULL::text AS state, NULL::bytea AS identity, NULL::bytea AS fingerprint, \
                     NULL::boolean AS lease_expired, NULL::boolean AS resolved, \
-                    NULL::text AS reason, NULL::text AS output \
+                    NULL::text AS reason, NULL::text AS output, NULL::boolean AS slot_expired, \
+                    NULL::boolean AS value_expired, NULL::boolean AS windowed \
              FROM claimed \
              UNION ALL \
              SELECT false, fence, lineage, settled, state, identity, fingerprint, lease_expired, \
-                    resolved, reason, output \
+                    resolved, reason, output, slot_expired, value_expired, windowed \
              FROM existing"
         )
     };
@@ -180,13 +197,20 @@ macro_rules! claim_statement {
 /// reads; `$7` (claim) or `$4` (lookup) says whether to return the stored
 /// output. A value settled before schema version 4 is still in `output`.
 /// Only a `pending` row's lease can have run out: the states a claim leaves
-/// `pending` for clear it, and the test says so regardless.
+/// `pending` for clear it, and the test says so regardless. Only a
+/// recorded outcome (a success, a kept failure) has windows that run:
+/// one pending or in doubt holds its slot until it is resolved.
 macro_rules! existing_columns {
     () => {
         "state = 'success' AS settled, state, identity, fingerprint, fence, \
          coalesce(first_fence, fence) AS lineage, \
          (state = 'pending' AND coalesce(lease_expires_at < now(), false)) AS lease_expired, \
-         resolved_at IS NOT NULL AS resolved, state_reason AS reason"
+         resolved_at IS NOT NULL AS resolved, state_reason AS reason, \
+         coalesce(state IN ('success', 'failed') AND settled_at + slot_kept_for < now(), false) \
+             AS slot_expired, \
+         coalesce(state = 'success' AND settled_at + value_kept_for < now(), false) \
+             AS value_expired, \
+         (value_kept_for IS NOT NULL OR slot_kept_for IS NOT NULL) AS windowed"
     };
 }
 pub(super) use existing_columns;
@@ -208,7 +232,8 @@ pub const CLAIM: SplitOnNamespace = SplitOnNamespace {
 /// whichever partial unique index the new row's namespace falls under.
 ///
 /// `$1` account, `$2` address, `$3` namespace, `$4` identity, `$5`
-/// fingerprint, `$6` lease in microseconds (NULL: none).
+/// fingerprint, `$6` lease in microseconds (NULL: none), `$7` and `$8` the
+/// value's and the slot's windows in microseconds (NULL: for ever).
 pub const CLAIM_ROUTED: SplitOnNamespace = SplitOnNamespace {
     without_namespace: CLAIM_ROUTED_STATEMENT,
     within_namespace: CLAIM_ROUTED_STATEMENT,
@@ -216,8 +241,10 @@ pub const CLAIM_ROUTED: SplitOnNamespace = SplitOnNamespace {
 
 /// The text of [`CLAIM_ROUTED`].
 const CLAIM_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
-       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at) \
-     VALUES ($1, 'claim', $2, $3, 'pending', $4, $5, now() + $6 * interval '1 microsecond') \
+       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at, \
+        value_kept_for, slot_kept_for) \
+     VALUES ($1, 'claim', $2, $3, 'pending', $4, $5, now() + $6 * interval '1 microsecond', \
+             $7 * interval '1 microsecond', $8 * interval '1 microsecond') \
      ON CONFLICT DO NOTHING \
      RETURNING fence";
 
@@ -502,6 +529,8 @@ pub async fn claim<'e>(
             .bind(claim.identity)
             .bind(claim.fingerprint)
             .bind(claim.lease_micros)
+            .bind(claim.windows.value_micros)
+            .bind(claim.windows.slot_micros)
             .fetch_optional(executor)
             .await?;
         return match fence {
@@ -515,6 +544,8 @@ pub async fn claim<'e>(
         .bind(claim.fingerprint)
         .bind(claim.lease_micros)
         .bind(kept_value.is_read())
+        .bind(claim.windows.value_micros)
+        .bind(claim.windows.slot_micros)
         .fetch_optional(executor)
         .await?;
     let Some(row) = row else {
@@ -642,6 +673,66 @@ pub async fn hold_in_doubt<'e>(
             .bind(fence)
             .bind(reason),
         executor,
+    )
+    .await
+}
+
+/// The test that a claim's slot is past its window: a recorded outcome (a
+/// success, a kept failure) whose `slot_kept_for` has run since it was
+/// recorded, by the database's clock. The one rule the claim, the
+/// reopening and prune share.
+macro_rules! slot_expired {
+    () => {
+        "state IN ('success', 'failed') AND settled_at + slot_kept_for < now()"
+    };
+}
+pub(super) use slot_expired;
+
+/// Deletes the steps of a claim whose slot expired, before the claim
+/// itself ([`REOPEN_EXPIRED`]): the next claim of the slot is a new action,
+/// whose steps must run anew, never replay the old ones. Only steps
+/// written under fences up to the expired claim's (`$4`): a step of a
+/// newer holder (who reopened the slot first) has a higher fence, drawn
+/// after. `$1` account, `$2` the claim's address, `$3` namespace. Index:
+/// the index of a claim's steps.
+pub const REOPEN_EXPIRED_STEPS: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: "DELETE FROM idem_records \
+         WHERE account = $1 AND kind = 'step' AND claim_address = $2 \
+           AND namespace IS NULL AND $3::text IS NULL AND fence <= $4",
+    within_namespace: "DELETE FROM idem_records \
+         WHERE account = $1 AND kind = 'step' AND claim_address = $2 \
+           AND namespace = $3 AND fence <= $4",
+};
+
+/// Deletes the claim last seen with fence `$4` if its slot is past its
+/// window, so that the claim that found it can claim the slot anew (by the
+/// insert, which still decides among several that found it). Index: the
+/// partial unique index of its form.
+pub const REOPEN_EXPIRED: SplitOnNamespace = per_row!(
+    "DELETE FROM idem_records",
+    concat!("fence = $4 AND ", slot_expired!())
+);
+
+/// Reopens the slot whose claim, last seen with fence `seen`, is past its
+/// window: its steps first ([`REOPEN_EXPIRED_STEPS`]), then the claim
+/// ([`REOPEN_EXPIRED`]). Two statements, each on its own: should the
+/// second never run, the claim is still past its window and the next
+/// claim reopens it. `false`: the claim changed since it was seen
+/// (reopened by another, or pruned).
+pub async fn reopen_expired(
+    conn: &mut sqlx::PgConnection,
+    scope: Scope<'_>,
+    address: &str,
+    seen: i64,
+) -> Result<bool, sqlx::Error> {
+    REOPEN_EXPIRED_STEPS
+        .for_row(scope, address)
+        .bind(seen)
+        .execute(&mut *conn)
+        .await?;
+    changed_one(
+        REOPEN_EXPIRED.for_row(scope, address).bind(seen),
+        &mut *conn,
     )
     .await
 }

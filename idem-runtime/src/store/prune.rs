@@ -38,9 +38,14 @@
 //! the cut-off) under its own snapshot and row locks, whatever the window
 //! read saw.
 //!
-//! Only `success` claims are pruned. Pending and in-doubt claims are held
-//! slots (a running or unresolved action), and a kept failure is what
-//! refuses its retries: none of them is ever deleted here.
+//! Which claims go ([`PruneFilter`]): successes that hold their slot for
+//! ever, settled before the cut-off (the operator's horizon: their slots
+//! open again), and any recorded outcome (a success, a kept failure) whose
+//! slot's window ([`keep_slot_for`](crate::Guard::keep_slot_for)) is over
+//! by the database's clock, whenever it was recorded. Never a claim inside
+//! its window, whatever the cut-off. Pending and in-doubt claims are held
+//! slots (a running or unresolved action), and a kept failure without a
+//! window is what refuses its retries: none of them is ever deleted here.
 
 use std::num::NonZeroU32;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -73,6 +78,14 @@ impl<'a> PruneFilter<'a> {
         }
     }
 
+    /// Only the claims whose slot's window is over
+    /// ([`keep_slot_for`](crate::Guard::keep_slot_for)), of every account:
+    /// their slots are open already, so deleting them changes nothing a
+    /// caller sees. Every filter deletes them; this one nothing else.
+    pub fn expired() -> Self {
+        PruneFilter::new(UNIX_EPOCH)
+    }
+
     /// Only this account's (`Some`), or every account's (`None`).
     pub fn account(mut self, account: impl Into<Option<&'a str>>) -> Self {
         self.account = account.into();
@@ -80,14 +93,35 @@ impl<'a> PruneFilter<'a> {
     }
 }
 
-/// The test shared by [`COUNT_PRUNABLE`] and [`PRUNE`]: claims settled
-/// before `$1` (microseconds since the Unix epoch), in account `$2` (NULL:
-/// every account).
+/// Which claims a prune deletes, before the cut-off `$cut` (microseconds
+/// since the Unix epoch): a success that holds its slot for ever, settled
+/// before the cut-off (the operator's horizon, which re-opens it); and a
+/// recorded outcome whose slot's window is over
+/// ([`slot_expired!`](super::claims::slot_expired), by the database's
+/// clock), whenever it was recorded. Never a claim inside its window,
+/// whatever the cut-off: that slot was promised for the window.
+macro_rules! claim_prunable {
+    ($cut:literal) => {
+        concat!(
+            "((state = 'success' AND slot_kept_for IS NULL \
+               AND settled_at < timestamptz 'epoch' + ",
+            $cut,
+            " * interval '1 microsecond') OR (",
+            super::claims::slot_expired!(),
+            "))"
+        )
+    };
+}
+
+/// The test shared by [`COUNT_PRUNABLE`] and [`PRUNE`]: claims prunable
+/// before `$1` (`claim_prunable!`), in account `$2` (NULL: every account).
 macro_rules! prunable {
     () => {
-        "kind = 'claim' AND state = 'success' \
-         AND settled_at < timestamptz 'epoch' + $1 * interval '1 microsecond' \
-         AND ($2::text IS NULL OR account = $2)"
+        concat!(
+            "kind = 'claim' AND ",
+            claim_prunable!("$1"),
+            " AND ($2::text IS NULL OR account = $2)"
+        )
     };
 }
 
@@ -116,8 +150,10 @@ pub(super) const PRUNE: &str = concat!("DELETE FROM idem_records WHERE ", prunab
 /// which the batch deletes the pruned claims' steps ([`STEPS_OF_PRUNED`]).
 macro_rules! prunable_in_batch {
     () => {
-        "state = 'success' AND settled_at < timestamptz 'epoch' + $7 * interval '1 microsecond' \
-         RETURNING kind, account, address, namespace"
+        concat!(
+            claim_prunable!("$7"),
+            " RETURNING kind, account, address, namespace"
+        )
     };
 }
 
@@ -390,9 +426,9 @@ pub const ORPHAN_STEPS: Lane = Lane {
 pub const DELETE_HEAP_PAGES: &str = concat!(
     "DELETE FROM idem_records s \
      WHERE s.ctid >= ('(' || $1::int8 || ',0)')::tid AND s.ctid < ('(' || $2::int8 || ',0)')::tid \
-       AND ((s.kind = 'claim' AND s.state = 'success' \
-             AND s.settled_at < timestamptz 'epoch' + $3 * interval '1 microsecond') \
-            OR (s.kind = 'step' AND ",
+       AND ((s.kind = 'claim' AND ",
+    claim_prunable!("$3"),
+    ") OR (s.kind = 'step' AND ",
     prunable_orphan_step!("$3"),
     ")) RETURNING s.kind, s.account, s.address, s.namespace"
 );

@@ -39,6 +39,9 @@ mod claim_resolved;
 // (N steps, N + 2 statements), and lands on its own when the body stalls,
 // is dropped, fails or holds a lease near its end.
 mod carried_records;
+// The red team's attacks on carried records: the 20 ms window, leases near
+// their end, joined and nested steps, batches, detached runs, faults.
+mod carried_records_at_the_edges;
 
 use std::future::IntoFuture;
 use std::sync::Arc;

@@ -37,6 +37,7 @@ async fn won(conn: &mut PgConnection, address: &str, lease_micros: Option<i64>) 
         identity: b"\x00",
         fingerprint: None,
         lease_micros,
+        windows: Default::default(),
     };
     match claims::claim(
         &mut *conn,
@@ -77,6 +78,7 @@ async fn claim_path_changes_nothing(conn: &mut PgConnection, address: &str, fenc
         identity: b"\x00",
         fingerprint: None,
         lease_micros: Some(1_000_000),
+        windows: Default::default(),
     };
     assert!(
         !claims::settle(&mut *conn, SCOPE, address, fence, None, Commit::Durable)
@@ -154,6 +156,7 @@ async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_
         identity: b"\x00",
         fingerprint: None,
         lease_micros: None,
+        windows: Default::default(),
     };
     match claims::claim(
         &mut *conn,
@@ -289,6 +292,7 @@ async fn a_state_this_build_does_not_know_fails_the_read_saying_so() {
         identity: b"\x00",
         fingerprint: None,
         lease_micros: None,
+        windows: Default::default(),
     };
     let claimed = claims::claim(
         &mut *conn,
