@@ -36,6 +36,7 @@
 //! | `KeyReused` | 422 Unprocessable Content | | `key-reused` | send the new request under a new key |
 //! | `Unavailable` | 503 Service Unavailable | 5 s | `store-unavailable` | retry the same request later |
 //! | `AlreadyDone` | 409 Conflict | | `already-succeeded` | not retry: it took effect; look the result up |
+//! | `ValueNotKept` | 409 Conflict | | `response-no-longer-kept` | not retry: it took effect, and its response was kept only for a window (`keep_value_for`), now over; look the result up |
 //! | `InDoubt` | 409 Conflict | 30 s | `outcome-in-doubt` | retry the same request later: the first one's outcome is being established |
 //! | `AlreadyFailed` | 409 Conflict | | `already-failed` | not retry: it failed definitively; make a new request under a new key |
 //! | `Collision` | 422 Unprocessable Content | | `key-collision` | send the request under a new key |
@@ -48,6 +49,16 @@
 //!
 //! The delays are [`IN_FLIGHT_RETRY_AFTER`], [`IN_DOUBT_RETRY_AFTER`] and [`UNAVAILABLE_RETRY_AFTER`];
 //! for others, answer with `Problem::from(&rejected).with_retry_after(..)`.
+//!
+//! **How long a key is held.** By default for ever: a retry under a key
+//! that succeeded is answered from its outcome however late it comes. The
+//! IETF draft asks a server to publish its keys' expiry policy; say it in
+//! your API's documentation. The tower layer's `keep_slot_for(window)`
+//! holds each key for `window` after its outcome is recorded, then lets
+//! the same key run again, and says when in the
+//! [`IDEMPOTENCY_KEY_EXPIRES`] header of every response it keeps;
+//! `keep_value_for(window)` keeps the response itself only that long, after
+//! which a retry is refused 409 `response-no-longer-kept`, never run again.
 //!
 //! Only a success is kept (with `replay`): a refused request, a failed one
 //! (the body returned `Err`, so the claim was released and the key is free
@@ -115,3 +126,13 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// The response header that marks a replay: `Idempotent-Replayed: true` on a
 /// response given back from the store rather than produced by the handler.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The response header that says until when a response's key is held:
+/// `Idempotency-Key-Expires: Sun, 06 Dec 2026 21:30:00 GMT`, an HTTP-date
+/// (RFC 9110 §5.6.7). The tower layer sends it on every response it keeps
+/// (and so on its replays, byte for byte) when it holds keys for a window
+/// (`IdempotencyLayer::keep_slot_for`); without a window a key is held for
+/// ever and no such header is sent. Until the time stated, a retry with
+/// the same key is answered from the first request's outcome; after it
+/// (once the database's clock says so), it runs again.
+pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");

@@ -201,7 +201,9 @@ fn code_of(problem: &Problem) -> u16 {
         (400 | 422, _) => code::INVALID_ARGUMENT,
         // No caller the layer's scope could name.
         (401, _) => code::UNAUTHENTICATED,
-        (409, "already-succeeded") => code::ALREADY_EXISTS,
+        // Done, and nothing to hand back (never kept, or no longer):
+        // not to retry, unlike the other 409s.
+        (409, "already-succeeded" | "response-no-longer-kept") => code::ALREADY_EXISTS,
         (409, "already-failed") => code::FAILED_PRECONDITION,
         // In flight, or in doubt: retry the same call later.
         (409, _) => code::ABORTED,
@@ -258,6 +260,8 @@ mod tests {
         assert_eq!(code(Problem::from(&Rejected::InFlight)), "10");
         assert_eq!(code(Problem::from(&Rejected::InDoubt)), "10");
         assert_eq!(code(Problem::from(&Rejected::AlreadyDone)), "6");
+        // Done, its response no longer kept: not to retry, as above.
+        assert_eq!(code(Problem::from(&Rejected::ValueNotKept)), "6");
         assert_eq!(code(Problem::from(&Rejected::AlreadyFailed)), "9");
         assert_eq!(code(Problem::from(&Rejected::KeyReused)), "3");
         assert_eq!(code(Problem::from(&KeyRejection::Missing)), "3");

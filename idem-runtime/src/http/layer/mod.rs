@@ -53,6 +53,8 @@ use crate::outcome::Outcome;
 /// | a body over the [limit](IdempotencyLayer::body_limit) | 413 `body-too-large`; the service is not called |
 /// | the first with its key | calls the service; its response is kept (by default: every status but 400, 405, 408, 413, 415, 422, 425, 429, 499 and 5xx) or the key is released |
 /// | a duplicate, the first done | the kept response: status, [kept headers](IdempotencyLayer::keep_headers), body bytes and trailers, plus `Idempotent-Replayed: true` |
+/// | a duplicate, the first done, its response past [`keep_value_for`](IdempotencyLayer::keep_value_for) | 409 `response-no-longer-kept`; the service is not called again |
+/// | the same key past [`keep_slot_for`](IdempotencyLayer::keep_slot_for) | a new request: calls the service again |
 /// | a duplicate, the first still running | 409 `in-flight`, `Retry-After: 1` |
 /// | the same key on the same endpoint, another path, query or body | 422 `key-reused` |
 /// | a key, but no caller the [scope](IdempotencyLayer::scope) can name | 401 `unidentified-caller`; the service is not called |
@@ -135,6 +137,19 @@ use crate::outcome::Outcome;
 /// is streamed, not sent with a `Content-Length`: over HTTP/1.1 it is
 /// chunked, and the server sends its trailers to a client that asked for
 /// them (`TE: trailers`, as HTTP/1.1 requires).
+///
+/// **How long keys are held.** For ever by default: a retry however late
+/// is answered from the first request's outcome, and `idem prune` is how
+/// rows leave. The IETF draft asks a server to publish its keys' expiry
+/// policy: say it in your API's documentation. With
+/// [`keep_slot_for`](IdempotencyLayer::keep_slot_for) each key is held for
+/// a window after its outcome, then a request with it runs again, and every
+/// response the layer keeps says until when in an
+/// [`Idempotency-Key-Expires`](crate::http::IDEMPOTENCY_KEY_EXPIRES)
+/// header, an HTTP-date (its replays carry the same value). With
+/// [`keep_value_for`](IdempotencyLayer::keep_value_for) the response itself
+/// is kept for a window, and a retry past it is refused 409
+/// `response-no-longer-kept`, never run a second time.
 ///
 /// Responses are buffered whole before they are sent, to be kept: guard
 /// requests whose answers are of a size you would store in a row, not
@@ -435,7 +450,10 @@ impl<Scope, P> IdempotencyLayer<Scope, P> {
     /// `window` after it is recorded, as
     /// [`Guard::keep_value_for`](crate::Guard::keep_value_for) says: past
     /// it a retry with the same key is answered 409
-    /// `response-no-longer-kept`, never run again.
+    /// `response-no-longer-kept` (gRPC `ALREADY_EXISTS`), never run again:
+    /// the client must look the result up. Say the window in your API's
+    /// documentation. The key itself stays held for ever, or for
+    /// [`keep_slot_for`](IdempotencyLayer::keep_slot_for).
     #[must_use = "`keep_value_for` returns the changed layer"]
     pub fn keep_value_for(self, window: Duration) -> IdempotencyLayer<Scope, P> {
         self.optioned(|mode| mode.keep_value_for(window))
@@ -443,9 +461,26 @@ impl<Scope, P> IdempotencyLayer<Scope, P> {
 
     /// Holds each key for `window` after its outcome is recorded, as
     /// [`Guard::keep_slot_for`](crate::Guard::keep_slot_for) says: past it
-    /// a request with the same key runs again. Every response the layer
-    /// records says until when its key is kept, in the
-    /// `Idempotency-Key-Expires` header.
+    /// a request with the same key runs again, as a new request. Without
+    /// it a key is held for ever (and no expiry header is sent). The IETF
+    /// draft asks a server to publish its keys' expiry policy: say the
+    /// window in your API's documentation.
+    ///
+    /// Every response the layer keeps says until when its key is held, in
+    /// an [`Idempotency-Key-Expires`](crate::http::IDEMPOTENCY_KEY_EXPIRES)
+    /// header: an HTTP-date (`Sun, 06 Dec 2026 21:30:00 GMT`), the moment
+    /// the response was produced plus `window`, rounded down to the second.
+    /// It is stored with the response, so every replay carries the same
+    /// value; it replaces any such header the service sent, and is kept
+    /// whatever [`keep_headers`](IdempotencyLayer::keep_headers) says.
+    /// Answers the layer does not keep (refusals, released keys, failures
+    /// kept by the status policy) carry none.
+    ///
+    /// The value is computed on this process's clock; the database's clock
+    /// decides the true expiry, at the outcome's recording (just after the
+    /// response was produced) plus `window`. So the time stated is at or
+    /// before the true one, as far as the two clocks agree: keep them in
+    /// sync (NTP) if clients act on the header.
     #[must_use = "`keep_slot_for` returns the changed layer"]
     pub fn keep_slot_for(self, window: Duration) -> IdempotencyLayer<Scope, P> {
         self.optioned(|mode| mode.keep_slot_for(window))

@@ -8,10 +8,11 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, Uri};
+use http::{HeaderMap, HeaderValue, Request, Response, Uri};
 use http_body::Body;
 use http_body_util::Either;
 use sha1::{Digest, Sha1};
@@ -22,7 +23,7 @@ use super::{Config, grpc, refusal};
 use crate::detach::run_detached;
 use crate::error::Rejected;
 use crate::gate::Gate;
-use crate::http::{IdempotencyKey, KeyRejection, Problem, StoredResponse};
+use crate::http::{IDEMPOTENCY_KEY_EXPIRES, IdempotencyKey, KeyRejection, Problem, StoredResponse};
 use crate::identity::Identity;
 use crate::mode::{Disposition, Fingerprint};
 use crate::outcome::Outcome;
@@ -275,9 +276,14 @@ where
     let status = status.unwrap_or_else(|| grpc::status_of_whole(&head.headers, &whole));
     match (config.status_policy)(status) {
         Outcome::Succeeded(()) => {
-            let kept = kept_response(&config, head.status, &head.headers, &whole);
+            let mut headers = head.headers;
+            let expires = key_expires(&config);
+            if let Some(expires) = &expires {
+                headers.insert(IDEMPOTENCY_KEY_EXPIRES, expires.clone());
+            }
+            let kept = kept_response(&config, head.status, &headers, &whole, expires);
             *first_fields.lock().unwrap_or_else(PoisonError::into_inner) =
-                Some((head.headers, whole.trailers));
+                Some((headers, whole.trailers));
             Ok(kept)
         }
         Outcome::Failed(disposition) => Err(Unkept::Answered {
@@ -401,16 +407,20 @@ fn fingerprint_of(parts: &Parts, body: &[u8]) -> Fingerprint {
         .part(body_digest)
 }
 
-/// The response as kept: status, the kept headers and trailers, the body.
+/// The response as kept: status, the kept headers and trailers, the body,
+/// and the layer's `Idempotency-Key-Expires` when it has one (whatever the
+/// kept headers, and instead of any the service sent).
 fn kept_response(
     config: &Config,
     status: http::StatusCode,
     headers: &HeaderMap,
     whole: &Whole,
+    expires: Option<HeaderValue>,
 ) -> StoredResponse {
     let mut kept = StoredResponse::new(status).with_body(whole.data.to_vec());
     for name in &config.kept_headers {
-        for value in headers.get_all(name) {
+        let ours = expires.is_some() && *name == IDEMPOTENCY_KEY_EXPIRES;
+        for value in headers.get_all(name).iter().filter(|_| !ours) {
             kept = kept.with_header(name.clone(), value.clone());
         }
         for value in whole
@@ -421,7 +431,36 @@ fn kept_response(
             kept = kept.with_trailer(name.clone(), value.clone());
         }
     }
+    if let Some(expires) = expires {
+        kept = kept.with_header(IDEMPOTENCY_KEY_EXPIRES, expires);
+    }
     kept
+}
+
+/// The first second past which no HTTP-date can be written (year 10000):
+/// `httpdate` panics there.
+const LAST_HTTP_DATE: u64 = 253_402_300_800;
+
+/// The `Idempotency-Key-Expires` value of a response kept now: now (this
+/// process's clock) plus the layer's slot window, rounded down to the
+/// second, as an HTTP-date (RFC 9110 §5.6.7). `None` without a window (the
+/// key is held for ever).
+///
+/// The slot really expires at its outcome's recording (after this moment,
+/// on the database's clock) plus the window, so the time stated is at or
+/// before the true expiry, as far as the two clocks agree: a client that
+/// trusts it never retries too early to be answered from the outcome. A
+/// clock outside 1970 to 9999 (it cannot be written) sends no header
+/// rather than a wrong one.
+fn key_expires(config: &Config) -> Option<HeaderValue> {
+    let window = config.mode.slot_window()?;
+    let expires = SystemTime::now().checked_add(window)?;
+    let seconds = expires.duration_since(UNIX_EPOCH).ok()?.as_secs();
+    if seconds >= LAST_HTTP_DATE {
+        return None;
+    }
+    let date = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(seconds));
+    HeaderValue::from_str(&date).ok()
 }
 
 /// A kept response as the answer: to the first client with every header
