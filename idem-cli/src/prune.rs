@@ -138,12 +138,12 @@ pub async fn prune(pool: &PgPool, args: &PruneArgs) -> Result<Outcome, CliError>
         .map_err(CliError::store("count the settled claims"))?;
     if !args.yes {
         return Err(CliError::NeedsConfirmation(format!(
-            "would delete {count} settled claim{} (settled before {}, {}).\n\
+            "would delete {count} settled claim{} ({}, {}).\n\
              A retry of a pruned action runs it again: prune only what can no longer be retried. \
              {PRUNED_AND_CACHES}\n\
              Re-run with --yes to delete them (--dry-run counts them per account).",
             plural(count),
-            target.before,
+            describe_cut(target.before.as_deref()),
             target.within,
         )));
     }
@@ -156,11 +156,11 @@ pub async fn prune(pool: &PgPool, args: &PruneArgs) -> Result<Outcome, CliError>
             let done = progress.done();
             progress.finish();
             return Err(CliError::Interrupted(format!(
-                "interrupted: pruned {done} of ~{count} settled claim{} (settled before {}, {}) \
+                "interrupted: pruned {done} of ~{count} settled claim{} ({}, {}) \
                  in {batches} batches; every finished batch is deleted, none is half-done.\n\
                  Run the same command again to prune the rest.",
                 plural(count),
-                target.before,
+                describe_cut(target.before.as_deref()),
                 target.within,
             )));
         }
@@ -187,11 +187,11 @@ pub async fn prune(pool: &PgPool, args: &PruneArgs) -> Result<Outcome, CliError>
                     source,
                     next,
                     progress: format!(
-                        "pruned {done} of ~{count} settled claim{} (settled before {}, {}) in \
+                        "pruned {done} of ~{count} settled claim{} ({}, {}) in \
                          {batches} batches before stopping; every finished batch is deleted, \
                          none is half-done",
                         plural(count),
-                        target.before,
+                        describe_cut(target.before.as_deref()),
                         target.within,
                     ),
                 });

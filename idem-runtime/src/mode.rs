@@ -217,7 +217,8 @@ impl Mode {
         })
     }
 
-    /// The slot's window, if it has one.
+    /// The slot's window, if it has one (the HTTP layer states it).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn slot_window(&self) -> Option<Duration> {
         self.keep_slot_for
     }
