@@ -20,6 +20,8 @@ mod kw {
     syn::custom_keyword!(disposition);
     syn::custom_keyword!(on_expiry);
     syn::custom_keyword!(tx);
+    syn::custom_keyword!(keep_value_for);
+    syn::custom_keyword!(keep_slot_for);
 }
 
 /// Every option, in the order the docs list them.
@@ -38,6 +40,8 @@ pub(crate) const OPTIONS: &[&str] = &[
     "disposition",
     "on_expiry",
     "tx",
+    "keep_value_for",
+    "keep_slot_for",
     "crate",
 ];
 
@@ -66,6 +70,11 @@ pub(crate) struct Args {
     /// `Some((None, literal))` for an explicit `"take_over"`, the default.
     pub on_expiry: Option<(Option<Span>, LitStr)>,
     pub tx: Option<Expr>,
+    /// `keep_value_for = "7d"`: how long the replayed value and the
+    /// fingerprint are kept after the outcome.
+    pub keep_value_for: Option<Timed>,
+    /// `keep_slot_for = "31d"`: how long the slot is held after the outcome.
+    pub keep_slot_for: Option<Timed>,
     /// `crate = "..."`: the path to idem where it is renamed.
     pub krate: Option<syn::Path>,
     pub errors: Errors,
@@ -134,6 +143,8 @@ impl Parse for Args {
             disposition: None,
             on_expiry: None,
             tx: None,
+            keep_value_for: None,
+            keep_slot_for: None,
             krate: None,
             errors: Errors::default(),
         };
@@ -280,6 +291,25 @@ impl Parse for Args {
                 let name: kw::tx = input.parse()?;
                 let value = parse_value(input, name.span, "tx", "tx = tx")?;
                 args.set(name.span, "tx", value, |a| &mut a.tx);
+            } else if lookahead.peek(kw::keep_value_for) {
+                let name: kw::keep_value_for = input.parse()?;
+                let example = "keep_value_for = \"7d\"";
+                let value = parse_value(input, name.span, "keep_value_for", example)?;
+                let value =
+                    value.and_then(|value| args.check_string(value, "keep_value_for", example));
+                let value =
+                    value.and_then(|literal| args.check_duration(literal, "keep_value_for"));
+                args.set(name.span, "keep_value_for", value, |a| {
+                    &mut a.keep_value_for
+                });
+            } else if lookahead.peek(kw::keep_slot_for) {
+                let name: kw::keep_slot_for = input.parse()?;
+                let example = "keep_slot_for = \"31d\"";
+                let value = parse_value(input, name.span, "keep_slot_for", example)?;
+                let value =
+                    value.and_then(|value| args.check_string(value, "keep_slot_for", example));
+                let value = value.and_then(|literal| args.check_duration(literal, "keep_slot_for"));
+                args.set(name.span, "keep_slot_for", value, |a| &mut a.keep_slot_for);
             } else if lookahead.peek(Token![crate]) {
                 let name: Token![crate] = input.parse()?;
                 let example = "crate = \"idem\"";
@@ -411,8 +441,11 @@ impl Args {
         }
     }
 
-    /// A humane duration such as "30s", "5m" or "1h 30m", more than zero.
+    /// A humane duration such as "30s", "5m" or "1h 30m", more than zero;
+    /// a lease or a retention window at most 100 years.
     fn check_duration(&mut self, literal: LitStr, option: &str) -> Option<Timed> {
+        // A retention window: what it keeps, for the messages.
+        let kept = window(option);
         match humantime::parse_duration(&literal.value()) {
             Ok(duration) if option == "lease" && duration > MAX_LEASE => {
                 self.errors.push(syn::Error::new_spanned(
@@ -422,20 +455,38 @@ impl Args {
                 ));
                 None
             }
-            Ok(duration) if !duration.is_zero() => Some(Timed { duration, literal }),
-            Ok(_) => {
-                self.errors.push(syn::Error::new_spanned(
-                    &literal,
-                    format!("`{option}` must be longer than zero; leave it out instead"),
-                ));
-                None
-            }
-            Err(error) => {
+            Ok(duration) if duration > MAX_WINDOW && kept.is_some() => {
+                let kept = kept.unwrap_or_default();
                 self.errors.push(syn::Error::new_spanned(
                     &literal,
                     format!(
-                        "`{option}` takes a duration such as \"30s\", \"5m\", \"1h 30m\" or \
-                         \"500ms\", not {:?} ({error})",
+                        "`{option}` may be at most 100 years (\"100y\", idem::MAX_WINDOW); \
+                         to keep {kept} for ever, leave `{option}` out"
+                    ),
+                ));
+                None
+            }
+            Ok(duration) if !duration.is_zero() => Some(Timed { duration, literal }),
+            Ok(_) => {
+                let message = match kept {
+                    Some(kept) => format!(
+                        "`{option}` must be longer than zero: a window of zero would keep \
+                         nothing; omit the option to keep {kept} for ever"
+                    ),
+                    None => format!("`{option}` must be longer than zero; leave it out instead"),
+                };
+                self.errors.push(syn::Error::new_spanned(&literal, message));
+                None
+            }
+            Err(error) => {
+                let examples = match kept {
+                    Some(_) => "\"24h\", \"7d\", \"31d\" or \"1y\"",
+                    None => "\"30s\", \"5m\", \"1h 30m\" or \"500ms\"",
+                };
+                self.errors.push(syn::Error::new_spanned(
+                    &literal,
+                    format!(
+                        "`{option}` takes a duration such as {examples}, not {:?} ({error})",
                         literal.value()
                     ),
                 ));
@@ -475,6 +526,22 @@ impl Args {
         Some(literal)
     }
 }
+
+/// What a retention window keeps, for its messages; `None` for an option
+/// that is not a window.
+fn window(option: &str) -> Option<&'static str> {
+    match option {
+        "keep_value_for" => Some("the value"),
+        "keep_slot_for" => Some("the slot"),
+        _ => None,
+    }
+}
+
+/// The longest retention window (`keep_value_for`, `keep_slot_for`), as
+/// the runtime's `MAX_WINDOW`, which is its `MAX_LEASE`;
+/// `tests/ui/keep_slot_for_out_of_range.rs` and its passing twin pin the
+/// two together.
+const MAX_WINDOW: std::time::Duration = MAX_LEASE;
 
 /// The longest lease, as the runtime's `MAX_LEASE` (100 years of
 /// 365.25 days); `tests/ui/lease_out_of_range.rs` and its passing twin pin
@@ -534,6 +601,41 @@ mod tests {
             Some(":: my_app :: deps :: idem".to_owned())
         );
         assert!(errors(r#"key = "a", crate = "not a path""#).contains("`crate` takes the path"));
+    }
+
+    #[test]
+    fn retention_windows_parse_as_durations_up_to_100_years() {
+        let args = parse(r#"key = "a", keep_value_for = "7d", keep_slot_for = "100y""#).unwrap();
+        assert!(args.errors.is_empty());
+        let day = 24 * 60 * 60;
+        assert_eq!(
+            args.keep_value_for.map(|w| w.duration.as_secs()),
+            Some(7 * day)
+        );
+        assert_eq!(args.keep_slot_for.map(|w| w.duration), Some(MAX_WINDOW));
+
+        for option in ["keep_value_for", "keep_slot_for"] {
+            let zero = errors(&format!(r#"key = "a", {option} = "0s""#));
+            assert!(zero.contains("must be longer than zero"), "{zero}");
+            assert!(zero.contains("omit the option to keep"), "{zero}");
+            let long = errors(&format!(r#"key = "a", {option} = "100y 1day""#));
+            assert!(long.contains("at most 100 years"), "{long}");
+            assert!(long.contains("idem::MAX_WINDOW"), "{long}");
+            let malformed = errors(&format!(r#"key = "a", {option} = "a week""#));
+            assert!(
+                malformed.contains("takes a duration such as"),
+                "{malformed}"
+            );
+            assert!(
+                errors(&format!(r#"key = "a", {option} = 7"#)).contains("takes a string literal")
+            );
+            assert!(errors(&format!(r#"key = "a", {option}"#)).contains("needs a value"));
+            let twice = errors(&format!(r#"key = "a", {option} = "1d", {option} = "2d""#));
+            assert!(twice.contains("duplicate option"), "{twice}");
+        }
+        assert!(
+            errors(r#"key = "a", keep_slot_fr = "1d""#).contains("did you mean `keep_slot_for`?")
+        );
     }
 
     #[test]

@@ -78,6 +78,11 @@ struct Modes {
     /// `on_expiry = "in_doubt"`.
     expiry_in_doubt: bool,
     tx: Option<syn::Expr>,
+    /// `keep_value_for`: how long the replayed value and the fingerprint
+    /// are kept after the outcome.
+    keep_value_for: Option<std::time::Duration>,
+    /// `keep_slot_for`: how long the slot is held after the outcome.
+    keep_slot_for: Option<std::time::Duration>,
 }
 
 impl Checked {
@@ -97,6 +102,8 @@ impl Checked {
             disposition,
             on_expiry,
             tx,
+            keep_value_for,
+            keep_slot_for,
             krate,
             mut errors,
         } = args;
@@ -190,6 +197,23 @@ impl Checked {
             ));
         }
 
+        // The value is kept in the slot's row: it ends with the slot.
+        if let (Some(value), Some(slot)) = (&keep_value_for, &keep_slot_for)
+            && value.duration > slot.duration
+        {
+            errors.push(syn::Error::new_spanned(
+                &value.literal,
+                format!(
+                    "`keep_value_for` ({:?}) is longer than `keep_slot_for` ({:?}): the value \
+                     cannot outlive its slot, it ends with the slot; shorten `keep_value_for` \
+                     to at most {:?}, or drop it to keep the value as long as the slot",
+                    value.literal.value(),
+                    slot.literal.value(),
+                    slot.literal.value()
+                ),
+            ));
+        }
+
         // An outcome may commit asynchronously only where losing it in a
         // crash leaves the slot closed: see idem::OutcomeCommit::Async.
         if let Some(span) = async_outcome {
@@ -277,6 +301,8 @@ impl Checked {
                 disposition,
                 expiry_in_doubt: on_expiry.is_some_and(|(in_doubt, _)| in_doubt.is_some()),
                 tx,
+                keep_value_for: keep_value_for.map(|k| k.duration),
+                keep_slot_for: keep_slot_for.map(|k| k.duration),
             },
             private: match krate {
                 Some(path) => quote!(#path::__private),
@@ -491,6 +517,14 @@ impl Modes {
                 .map(|part| quote_spanned!(*span=> .part(&(#part))));
             options.extend(quote!(.fingerprint(#private::Fingerprint::new() #(#parts)*)));
         }
+        if let Some(window) = self.keep_value_for {
+            let window = nanos(window);
+            options.extend(quote!(.keep_value_for(#window)));
+        }
+        if let Some(window) = self.keep_slot_for {
+            let window = nanos(window);
+            options.extend(quote!(.keep_slot_for(#window)));
+        }
         options
     }
 }
@@ -518,5 +552,97 @@ fn check_tx(tx: &syn::Expr, parameters: &Parameters, errors: &mut crate::args::E
                  (or `&mut PgConnection`)"
             ),
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proc_macro2::TokenStream;
+    use quote::quote;
+
+    fn expand(args: TokenStream) -> String {
+        let item = quote! {
+            async fn charge(
+                gate: &Gate,
+                tx: &mut Transaction<'_, Postgres>,
+                id: u64,
+            ) -> Result<Receipt, Rejected> {
+                Ok(Receipt)
+            }
+        };
+        super::idempotent(args, item).to_string()
+    }
+
+    /// `keep_value_for` and `keep_slot_for` reach the guard's builder as
+    /// `.keep_value_for(Duration)` and `.keep_slot_for(Duration)`, beside
+    /// every other option, on the pool and in a transaction.
+    #[test]
+    fn retention_windows_reach_the_guard() {
+        let hour = 3_600_000_000_000_u64;
+        let value = format!(". keep_value_for (__idem_glue :: Duration :: from_nanos ({hour}u64))");
+        let slot = format!(
+            ". keep_slot_for (__idem_glue :: Duration :: from_nanos ({}u64))",
+            24 * hour
+        );
+        for args in [
+            quote!(
+                key = "id",
+                keep_value_for = "1h",
+                keep_slot_for = "1d",
+                replay
+            ),
+            quote!(
+                key = "id",
+                keep_slot_for = "24h",
+                keep_value_for = "60m",
+                replay,
+                fingerprint = "id",
+                lease = "30s",
+                on_expiry = "in_doubt",
+                wait = "1s",
+                on_unavailable = "run"
+            ),
+            quote!(
+                key = "id",
+                keep_value_for = "1h",
+                keep_slot_for = "1d",
+                tx = tx
+            ),
+        ] {
+            let output = expand(args.clone());
+            assert!(!output.contains("compile_error"), "{args}: {output}");
+            assert!(output.contains(&value), "{args}: {output}");
+            assert!(output.contains(&slot), "{args}: {output}");
+        }
+
+        let only_the_slot = expand(quote!(key = "id", keep_slot_for = "1d"));
+        assert!(only_the_slot.contains(&slot), "{only_the_slot}");
+        assert!(!only_the_slot.contains("keep_value_for"), "{only_the_slot}");
+        let neither = expand(quote!(key = "id", replay));
+        assert!(!neither.contains("keep_"), "{neither}");
+    }
+
+    /// Equal windows are fine; a value window longer than the slot's is an
+    /// error at the value's window, and the function is still emitted.
+    #[test]
+    fn the_value_cannot_outlive_its_slot() {
+        let equal = expand(quote!(
+            key = "id",
+            keep_value_for = "31d",
+            keep_slot_for = "744h"
+        ));
+        assert!(!equal.contains("compile_error"), "{equal}");
+
+        let longer = expand(quote!(
+            key = "id",
+            keep_value_for = "32d",
+            keep_slot_for = "31d"
+        ));
+        assert!(longer.contains("compile_error"), "{longer}");
+        assert!(
+            longer.contains("the value cannot outlive its slot"),
+            "{longer}"
+        );
+        assert!(longer.contains("async fn charge"), "{longer}");
     }
 }

@@ -66,6 +66,8 @@ const OTHER_WORDS: &[&str] = &[
     "\"order.id\"",
     "\"30s\"",
     "\"0s\"",
+    "\"7d\"",
+    "\"101y\"",
     "\"run\"",
     "\"refuse\"",
     "\"async\"",
@@ -250,7 +252,9 @@ fn crate_points_every_path_of_the_expansion_at_the_renamed_dependency() {
                 wait = "1s",
                 on_unavailable = "run",
                 account = order,
-                namespace = "live"
+                namespace = "live",
+                keep_value_for = "7d",
+                keep_slot_for = "31d"
             ),
             "renamed",
         ),

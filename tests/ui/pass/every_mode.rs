@@ -30,6 +30,34 @@ async fn longest_lease(gate: &Gate, id: u64) -> Result<(), Rejected> {
     Ok(())
 }
 
+// The retention windows, alone, together (equal is fine) and beside
+// every other option; the longest window, idem::MAX_WINDOW.
+#[idempotent(key = "id", keep_value_for = "1h", keep_slot_for = "1d", replay)]
+async fn kept_for_a_while(gate: &Gate, id: u64) -> Result<Receipt, Rejected> {
+    Ok(Receipt { id })
+}
+
+#[idempotent(key = "id", keep_value_for = "7d")]
+async fn value_kept_a_week(gate: &Gate, id: u64) -> Result<(), Rejected> {
+    Ok(())
+}
+
+#[idempotent(key = "id", keep_slot_for = "100y", keep_value_for = "100y", fingerprint = "amount", replay, lease = "30s", on_expiry = "in_doubt", wait = "1s", on_unavailable = "run")]
+async fn longest_windows(gate: &Gate, id: u64, amount: i64) -> Result<Receipt, Rejected> {
+    Ok(Receipt { id: id + amount.unsigned_abs() })
+}
+
+#[idempotent(key = "id", outcome_commit = "async", keep_slot_for = "31d", disposition = ChargeError::disposition)]
+async fn async_kept(gate: &Gate, id: u64) -> Result<(), ChargeError> {
+    Ok(())
+}
+
+#[idempotent(key = "id", tx = tx, replay, keep_value_for = "24h", keep_slot_for = "24h")]
+async fn kept_in_transaction(gate: &Gate, tx: &mut Transaction<'_, Postgres>, id: u64) -> Result<Receipt, Rejected> {
+    let _ = &mut **tx;
+    Ok(Receipt { id })
+}
+
 #[idempotent(key = "id", on_unavailable = "refuse", outcome_commit = "durable")]
 async fn strict(gate: &Gate, id: u64) -> Result<(), Rejected> {
     Ok(())
@@ -102,6 +130,11 @@ async fn exercise(gate: &Gate, tx: &mut Transaction<'_, Postgres>, conn: &mut Pg
     let _ = disposed(gate, 1).await;
     taken_over(gate, 1).await?;
     let _ = disposed_in_transaction(gate, tx, 1, 5).await;
+    kept_for_a_while(gate, 1).await?;
+    value_kept_a_week(gate, 1).await?;
+    longest_windows(gate, 1, 5).await?;
+    let _ = async_kept(gate, 1).await;
+    kept_in_transaction(gate, tx, 1).await?;
     Ok(())
 }
 

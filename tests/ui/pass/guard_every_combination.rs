@@ -96,6 +96,23 @@ async fn exercise(
         .on_expiry(OnExpiry::TakeOver)
         .run(async { Ok(()) })
         .await;
+    // The retention windows: on the pool with any other option, and in a
+    // transaction.
+    let _: Result<Receipt, Rejected> = gate
+        .guard(&id)
+        .keep_value_for(secs(3_600))
+        .lease(secs(30))
+        .keep_slot_for(secs(86_400))
+        .replay()
+        .run(async { Ok(Receipt { id: 1 }) })
+        .await;
+    let _: Result<(), Rejected> = gate
+        .guard(&id)
+        .tx(&mut **tx)
+        .keep_slot_for(secs(86_400))
+        .keep_value_for(secs(3_600))
+        .run(async |_: &mut PgConnection| Ok(()))
+        .await;
 
     // Inside a transaction: a `&mut Transaction` and a bare connection.
     let _: Result<Receipt, ChargeError> = gate
