@@ -467,7 +467,7 @@ async fn claims_are_listed_shown_released_and_pruned() {
     let run = idem_in(&schema, "prune --settled-before 2024-02-01").expect_code(2);
     assert_contains(
         &run.stderr,
-        "would delete 1 settled claim (settled before 2024-02-01T00:00:00Z, in every account).",
+        "would delete 1 settled claim (settled before 2024-02-01T00:00:00Z, or past their window, in every account).",
     );
     assert_contains(
         &run.stderr,
@@ -477,12 +477,23 @@ async fn claims_are_listed_shown_released_and_pruned() {
     let run = idem_in(&schema, "prune --settled-before 2024-02-01 --yes").expect_code(0);
     assert_eq!(
         run.stdout,
-        "deleted 1 settled claim (settled before 2024-02-01T00:00:00Z, in every account)\n\
+        "deleted 1 settled claim (settled before 2024-02-01T00:00:00Z, or past their window, in every account)\n\
          Gates with a local outcome cache may keep refusing retries of a pruned action from it \
          for up to their cache's TTL.\n"
     );
     assert_eq!(count(&mut conn, &settled).await, 0);
     assert_eq!(count(&mut conn, &refund).await, 1);
+    // --expired alone takes only slots past their window: none here, and
+    // the claims kept for ever stay.
+    let run = idem_in(&schema, "prune --expired --yes").expect_code(0);
+    assert_contains(
+        &run.stdout,
+        "deleted 0 settled claims (past their window, in every account)",
+    );
+    assert_eq!(count(&mut conn, &refund).await, 1);
+    // Neither a cut-off nor --expired: a usage error, nothing deleted.
+    let run = idem_in(&schema, "prune --yes").expect_code(2);
+    assert_contains(&run.stderr, "--settled-before");
 
     let pruned = idem_in(
         &schema,

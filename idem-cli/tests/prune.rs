@@ -149,7 +149,7 @@ async fn batches_delete_exactly_the_settled_successes_before_the_cut_off_on_ever
         .expect_code(0);
         assert_contains(
             &text.stdout,
-            "settled claims (settled before 2024-03-01T00:00:00Z, in account acct_3); nothing \
+            "settled claims (settled before 2024-03-01T00:00:00Z, or past their window, in account acct_3); nothing \
              was deleted\nACCOUNT  CLAIMS\nacct_3 ",
         );
         assert_eq!(census(&mut conn, &schema).await, before, "{layout}");

@@ -130,7 +130,7 @@ use crate::claim::Claim;
 use crate::error::Rejected;
 use crate::identity::Identity;
 use crate::measure::Stopwatch;
-use crate::mode::{Fingerprint, Mode, Windows};
+use crate::mode::{Fingerprint, Mode};
 use crate::observe::{self, GateEvent};
 use crate::outcome::Outcome;
 use crate::retry::{self, SERIALIZATION_BACKOFF};
@@ -403,7 +403,7 @@ impl Claimed {
 
 /// The modes a batch cannot honour are not offered by [`Batch`]; what is
 /// left to check is the lease and the scope, as one claim checks them.
-fn check(slots: &ScopedPool, mode: &Mode) -> Result<(Option<i64>, Windows), Rejected> {
+fn check(slots: &ScopedPool, mode: &Mode) -> Result<(Option<i64>, store::Windows), Rejected> {
     slots.check()?;
     Ok((mode.lease_micros()?, mode.windows()?))
 }

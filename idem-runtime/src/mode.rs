@@ -7,6 +7,7 @@ use sha1::{Digest, Sha1};
 
 use crate::error::Rejected;
 use crate::identity::{Identity, KeyPart};
+use crate::store::Windows;
 
 /// How a claim behaves beyond the plain gate, as the guard's option
 /// methods ([`Guard`](crate::Guard)) set it: the one vocabulary the
@@ -258,27 +259,6 @@ impl Mode {
     /// be used.
     pub(crate) fn lease_micros(&self) -> Result<Option<i64>, Rejected> {
         self.lease.map(lease_micros).transpose()
-    }
-}
-
-/// How long a claim keeps what (see [`Guard::keep_value_for`] and
-/// [`Guard::keep_slot_for`]), in microseconds; `None`: for ever.
-///
-/// [`Guard::keep_value_for`]: crate::Guard::keep_value_for
-/// [`Guard::keep_slot_for`]: crate::Guard::keep_slot_for
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Windows {
-    /// The value's window.
-    pub value_micros: Option<i64>,
-    /// The slot's window.
-    pub slot_micros: Option<i64>,
-}
-
-impl Windows {
-    /// Whether either window is set: the claim's outcome is not final for
-    /// ever, so no process may remember it (the outcome cache).
-    pub fn any(&self) -> bool {
-        self.value_micros.is_some() || self.slot_micros.is_some()
     }
 }
 

@@ -24,6 +24,12 @@ use crate::store::{Engine, Scope};
 /// could never be claimed.
 pub(crate) const MAX_NAME_BYTES: usize = 1024;
 
+/// How long a step's record waits for the run's next statement to carry
+/// it (`step::Carried`), unless the gate says otherwise: long enough for a
+/// body's next step or its outcome to follow at once, short enough that a
+/// process killed meanwhile rarely leaves a finished step in doubt.
+pub(crate) const STEP_RECORD_WAIT: Duration = Duration::from_millis(20);
+
 /// A pool plus the scope claims are made in (and the gate's cache and
 /// metrics options, which every scoped copy shares). Cloning is cheap.
 #[derive(Clone)]
@@ -65,7 +71,7 @@ impl ScopedPool {
             store: Arc::default(),
             #[cfg(feature = "metrics")]
             metrics: MetricsOptions::new(),
-            step_record_wait: crate::step::STEP_RECORD_WAIT,
+            step_record_wait: STEP_RECORD_WAIT,
         }
     }
 

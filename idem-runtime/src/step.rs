@@ -32,7 +32,6 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
-use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -160,7 +159,7 @@ struct Log {
 /// settle, so that N steps cost N + 2 statements and durable commits with
 /// the claim and its settle instead of 2N + 2.
 ///
-/// It waits [`STEP_RECORD_WAIT`] (or what the gate says:
+/// It waits [`STEP_RECORD_WAIT`](crate::scoped_pool::STEP_RECORD_WAIT) (or what the gate says:
 /// [`Gate::with_step_record_wait`](crate::Gate::with_step_record_wait)): a body that does not reach its next
 /// statement by then has the record written on its own, by a task that
 /// outlives the body (a body dropped or panicking right after the step
@@ -196,12 +195,6 @@ pub(crate) struct Riding {
     address: String,
     json: String,
 }
-
-/// How long a step's record waits for the run's next statement to carry
-/// it ([`Carried`]): long enough for a body's next step or its outcome to
-/// follow at once, short enough that a process killed meanwhile rarely
-/// leaves a finished step in doubt.
-pub(crate) const STEP_RECORD_WAIT: Duration = Duration::from_millis(20);
 
 /// Who writes a waiting record on its own ([`Ambient::land`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -233,7 +233,7 @@ macro_rules! on_held {
 macro_rules! settle_set {
     () => {
         "UPDATE idem_records r \
-         SET state = 'success', settled_at = now(), lease_expires_at = NULL, \
+         SET state = 'success', settled_at = statement_timestamp(), lease_expires_at = NULL, \
              output_json = item.output \
          FROM"
     };
@@ -250,7 +250,7 @@ macro_rules! settle_items {
 macro_rules! keep_set {
     () => {
         "UPDATE idem_records r \
-         SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5 \
+         SET state = 'failed', settled_at = statement_timestamp(), lease_expires_at = NULL, state_reason = $5 \
          FROM"
     };
 }
@@ -316,7 +316,7 @@ pub(crate) async fn claim_batch<'e>(
     scope: super::Scope<'_>,
     items: &[NewBatchItem<'_>],
     lease_micros: Option<i64>,
-    windows: crate::mode::Windows,
+    windows: super::Windows,
 ) -> Result<Vec<(String, i64)>, sqlx::Error> {
     let addresses: Vec<&str> = items.iter().map(|item| item.address).collect();
     let identities: Vec<&[u8]> = items.iter().map(|item| item.identity).collect();

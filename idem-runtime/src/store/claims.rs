@@ -27,7 +27,6 @@ use sqlx::{PgExecutor, Postgres, Row};
 
 use super::operations::ClaimState;
 use super::{Commit, Engine, PerCommit, Scope, SplitOnNamespace, per_commit, per_row};
-use crate::mode::Windows;
 
 /// What a new claim row carries besides its scope and address.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +39,24 @@ pub struct NewClaim<'a> {
     pub lease_micros: Option<i64>,
     /// How long its value and its slot are kept once its outcome is in.
     pub windows: Windows,
+}
+
+/// How long a claim keeps what (`Guard::keep_value_for`,
+/// `Guard::keep_slot_for`), in microseconds; `None`: for ever.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Windows {
+    /// The value's window.
+    pub value_micros: Option<i64>,
+    /// The slot's window.
+    pub slot_micros: Option<i64>,
+}
+
+impl Windows {
+    /// Whether either window is set: the claim's outcome is not final for
+    /// ever, so no process may remember it (the outcome cache).
+    pub fn any(&self) -> bool {
+        self.value_micros.is_some() || self.slot_micros.is_some()
+    }
 }
 
 /// A claim row found on conflict: the columns `existing_columns!` names
@@ -274,12 +291,16 @@ pub const LOOKUP: SplitOnNamespace = per_row!(concat!(
 /// the output to keep, or NULL. The output
 /// is kept as the text serde_json wrote, not as `jsonb`, which refuses some
 /// of what JSON can say (`\u0000`): a settle must never fail because of the
-/// value it carries. Index: the partial unique index of its form.
+/// value it carries. `settled_at` is the statement's time, not its
+/// transaction's start (`now()`): in the caller's transaction, begun long
+/// before, a window (`slot_expired!`) must run from the outcome, not end
+/// before the commit that records it. Every outcome statement stamps it
+/// so. Index: the partial unique index of its form.
 pub const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
     opening "FROM",
     per_row!(
         "UPDATE idem_records \
-         SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5",
+         SET state = 'success', settled_at = statement_timestamp(), lease_expires_at = NULL, output_json = $5",
         "state = 'pending' AND fence = $4"
     )
 );
@@ -298,7 +319,7 @@ macro_rules! settle_carrying_step {
             "WITH ",
             super::steps::recording_carried!("$6", "$7", "$4", "$2", $namespace_test),
             ", settled AS (UPDATE idem_records \
-               SET state = 'success', settled_at = now(), lease_expires_at = NULL, \
+               SET state = 'success', settled_at = statement_timestamp(), lease_expires_at = NULL, \
                    output_json = $5 \
                WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
             $namespace_test,
@@ -347,7 +368,7 @@ pub const KEEP: PerCommit<SplitOnNamespace> = per_commit!(
     opening "FROM",
     per_row!(
         "UPDATE idem_records \
-         SET state = 'failed', settled_at = now(), lease_expires_at = NULL, state_reason = $5",
+         SET state = 'failed', settled_at = statement_timestamp(), lease_expires_at = NULL, state_reason = $5",
         "state = 'pending' AND fence = $4"
     )
 );
@@ -431,7 +452,7 @@ pub const TAKE_OVER: SplitOnNamespace = per_row!(
 pub const SETTLE_OVER: SplitOnNamespace = per_row!(
     concat!(
         "UPDATE idem_records \
-         SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
+         SET state = 'success', settled_at = statement_timestamp(), lease_expires_at = NULL, output_json = $5, \
              fingerprint = $6, state_reason = '",
         late_success!(),
         "'"
@@ -450,7 +471,7 @@ pub const SETTLE_OVER: SplitOnNamespace = per_row!(
 /// of its form.
 pub const SETTLE_OWN_HOLD: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
-     SET state = 'success', settled_at = now(), lease_expires_at = NULL, output_json = $5, \
+     SET state = 'success', settled_at = statement_timestamp(), lease_expires_at = NULL, output_json = $5, \
          fingerprint = $6, state_reason = NULL",
     concat!(
         "state = 'in_doubt' AND state_reason = '",
@@ -473,7 +494,7 @@ pub const SETTLE_VACANT: SplitOnNamespace = SplitOnNamespace {
 /// The text of [`SETTLE_VACANT`].
 const SETTLE_VACANT_STATEMENT: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, settled_at, output_json) \
-     VALUES ($1, 'claim', $2, $3, 'success', $4, $5, now(), $6) \
+     VALUES ($1, 'claim', $2, $3, 'success', $4, $5, statement_timestamp(), $6) \
      ON CONFLICT DO NOTHING";
 
 /// Runs `query` (a statement matched on one row's address and fence, or an

@@ -88,9 +88,9 @@ pub(crate) use batch::{NewBatchItem, claim_batch, lookup_batch, record_batch};
 pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
     BODY_IN_DOUBT, ClaimAnswer, Existing, KEPT_FAILURE, KeptValue, LATE_SUCCESS, LEASE_EXPIRED,
-    LateSuccess, NewClaim, SettledCarrying, claim, expire_in_doubt, extend, hold_in_doubt, keep,
-    lookup, release, reopen_expired, settle, settle_carrying_step, settle_over, settle_own_hold,
-    settle_vacant, take_over,
+    LateSuccess, NewClaim, SettledCarrying, Windows, claim, expire_in_doubt, extend, hold_in_doubt,
+    keep, lookup, release, reopen_expired, settle, settle_carrying_step, settle_over,
+    settle_own_hold, settle_vacant, take_over,
 };
 pub(crate) use operations::{ClaimState, StepState};
 pub(crate) use steps::{

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use idem::operations::{self, PruneFilter};
 use idem::{Fingerprint, Identity, Rejected, testing};
 
+mod at_the_edges;
 mod history;
 
 /// A window short enough to wait out in a test.

@@ -290,6 +290,8 @@ async fn the_batch_claim_is_an_insert_arbitrated_by_the_partial_unique_indexes()
         .bind(vec![vec![0_u8]])
         .bind(vec![None::<Vec<u8>>])
         .bind(None::<i64>)
+        .bind(None::<i64>)
+        .bind(None::<i64>)
         .fetch_all(&mut *conn)
         .await
         .expect("EXPLAIN the batch claim")

@@ -126,14 +126,21 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
         per_row(
             "claim",
             &claims::CLAIM,
-            &[Bytes, Bytes, Int(1_000), Bool(true)],
+            &[Bytes, Bytes, Int(1_000), Bool(true), Int(1_000), Int(1_000)],
             lookup,
         ),
         per_row(
             "claim_routed",
             &claims::CLAIM_ROUTED,
-            &[Bytes, Bytes, Int(1_000)],
+            &[Bytes, Bytes, Int(1_000), Int(1_000), Int(1_000)],
             Expect::ArbitratedInsert,
+        ),
+        per_row("reopen_expired", &claims::REOPEN_EXPIRED, &[Int(1)], lookup),
+        per_row(
+            "reopen_expired_steps",
+            &claims::REOPEN_EXPIRED_STEPS,
+            &[Int(1)],
+            Expect::StepsOfClaim,
         ),
         per_row("lookup", &claims::LOOKUP, &[Bool(true)], lookup),
         per_row("settle", &claims::SETTLE.durable, &[Int(1), output], lookup),
