@@ -223,9 +223,9 @@ macro_rules! existing_columns {
          coalesce(first_fence, fence) AS lineage, \
          (state = 'pending' AND coalesce(lease_expires_at < now(), false)) AS lease_expired, \
          resolved_at IS NOT NULL AS resolved, state_reason AS reason, \
-         coalesce(state IN ('success', 'failed') AND settled_at + slot_kept_for < now(), false) \
+         coalesce(state IN ('success', 'failed') AND now() - settled_at > slot_kept_for, false) \
              AS slot_expired, \
-         coalesce(state = 'success' AND settled_at + value_kept_for < now(), false) \
+         coalesce(state = 'success' AND now() - settled_at > value_kept_for, false) \
              AS value_expired, \
          (value_kept_for IS NOT NULL OR slot_kept_for IS NOT NULL) AS windowed"
     };
@@ -702,9 +702,16 @@ pub async fn hold_in_doubt<'e>(
 /// success, a kept failure) whose `slot_kept_for` has run since it was
 /// recorded, by the database's clock. The one rule the claim, the
 /// reopening and prune share.
+///
+/// Written `now() - settled_at > slot_kept_for`, not `settled_at +
+/// slot_kept_for < now()`: adding an interval to a `timestamptz` is a
+/// stable function (it depends on the time zone, for days and months), and
+/// Citus refuses a stable function over a column in an `UPDATE` or a
+/// `DELETE`; the difference of two `timestamptz` is immutable, and `now()`
+/// alone it evaluates first.
 macro_rules! slot_expired {
     () => {
-        "state IN ('success', 'failed') AND settled_at + slot_kept_for < now()"
+        "state IN ('success', 'failed') AND now() - settled_at > slot_kept_for"
     };
 }
 pub(super) use slot_expired;
