@@ -323,7 +323,14 @@ async fn a_body_dropped_as_the_next_step_s_marker_is_to_carry_the_record_keeps_i
             Some(StepState::Success),
             "{case}: the finished step is recorded, not left in doubt; the retry got {retry:?}"
         );
-        assert_eq!(retry.ok(), Some(21), "{case}: a replayed (1), b run (20)");
+        // b's marker, carrying a's record, may have gone in before the
+        // drop (under load the statement is often already sent): then b
+        // is in doubt, as any step cut off inside, and never runs twice.
+        match &retry {
+            Ok(sum) => assert_eq!(*sum, 21, "{case}: a replayed (1), b run (20)"),
+            Err(Rejected::StepInDoubt { step, .. }) if step == "b" => {}
+            Err(other) => panic!("{case}: a replayed, then b run or in doubt: {other:?}"),
+        }
     }
 }
 
