@@ -31,7 +31,7 @@ use idem::{Gate, Identity, Rejected};
 use idem_test_support::fault_proxy::Proxy;
 
 use crate::support::doubt::state_of;
-use crate::support::steps::steps_of;
+use crate::support::steps::{records_are_carried, steps_of};
 
 /// How long every test waits for a record that may still be on its way
 /// (the docs promise 20 ms; this is generous on a loaded 2-core machine).
@@ -1150,6 +1150,15 @@ fn kind_of(sql: &str) -> &'static str {
 /// lease never runs `a` again and sees one value for it.
 async fn cancel_the_statement_carrying_a_s_record(place: &'static str) {
     let gate = testing::gate().await;
+    if !records_are_carried(&gate).await {
+        // Said, not skipped silently: where Citus distributes the table no
+        // statement carries a record (each is its own, written before the
+        // body goes on), and a row lock taken through the coordinator
+        // holds no worker's statement for this harness to find and
+        // cancel. steps::under_faults covers records cut off there.
+        eprintln!("{place}: records are not carried on Citus; nothing to cancel here");
+        return;
+    }
     let admin = testing::pool_with(3).await;
     let lease = Duration::from_millis(300);
     let case = place.to_owned();
