@@ -336,7 +336,7 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     }
 
     /// Holds the slot of a recorded outcome (a success, or a failure kept
-    /// with [`Disposition::Keep`](crate::Disposition::Keep)) for `window`
+    /// with [`Disposition::Keep`]) for `window`
     /// after it is recorded, instead of for ever: past it the next
     /// invocation with the same identity **runs again**, as a new action
     /// (its steps run anew), and `idem prune` deletes the row. The
