@@ -31,7 +31,7 @@ use idem::{Gate, Identity, Rejected};
 use idem_test_support::fault_proxy::Proxy;
 
 use crate::support::doubt::state_of;
-use crate::support::steps::{records_are_carried, steps_of};
+use crate::support::steps::{recorded, records_are_carried, steps_of};
 
 /// How long every test waits for a record that may still be on its way
 /// (the docs promise 20 ms; this is generous on a loaded 2-core machine).
@@ -44,24 +44,6 @@ async fn state_of_step(gate: &Gate, id: &Identity, name: &str) -> Option<StepSta
         .into_iter()
         .find(|step| step.name.as_deref() == Some(name))
         .map(|step| step.state)
-}
-
-/// The recorded value (JSON) of `id`'s step `name`, if recorded.
-async fn recorded(gate: &Gate, id: &Identity, name: &str) -> Option<String> {
-    let steps = steps_of(gate, id).await;
-    let step = steps.iter().find(|s| s.name.as_deref() == Some(name))?;
-    idem::sqlx::query_scalar(
-        "SELECT output_json FROM idem_records WHERE account = $1 AND kind = 'step' \
-         AND address = $2 AND state = 'success' \
-         AND namespace IS NOT DISTINCT FROM $3",
-    )
-    .bind(gate.account_name())
-    .bind(&step.address)
-    .bind(gate.namespace_name())
-    .fetch_optional(gate.pool())
-    .await
-    .expect("the step's record")
-    .flatten()
 }
 
 /// Names and states of every step of `id`, sorted by name: for messages.

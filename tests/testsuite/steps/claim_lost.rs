@@ -15,29 +15,11 @@ use idem::testing;
 use idem::{Disposition, Gate, Identity, Outcome, OutcomeCommit, Rejected};
 
 use crate::support::doubt::state_of;
-use crate::support::steps::steps_of;
+use crate::support::steps::recorded;
 
 /// A gate on a pool of 4 connections, in an account of its own.
 async fn small_gate() -> Gate {
     testing::gate_on(testing::pool_with(4).await).await
-}
-
-/// The recorded value (JSON) of `id`'s step `name`, if recorded.
-async fn recorded(gate: &Gate, id: &Identity, name: &str) -> Option<String> {
-    let steps = steps_of(gate, id).await;
-    let step = steps.iter().find(|s| s.name.as_deref() == Some(name))?;
-    idem::sqlx::query_scalar(
-        "SELECT output_json FROM idem_records WHERE account = $1 AND kind = 'step' \
-         AND address = $2 AND state = 'success' \
-         AND namespace IS NOT DISTINCT FROM $3",
-    )
-    .bind(gate.account_name())
-    .bind(&step.address)
-    .bind(gate.namespace_name())
-    .fetch_optional(gate.pool())
-    .await
-    .expect("the step's record")
-    .flatten()
 }
 
 /// An operator's release of `id`'s pending claim.

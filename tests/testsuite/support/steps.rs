@@ -137,3 +137,21 @@ pub(crate) async fn statements_of<T>(
     let output = run.await;
     (output, proxy.executions() - before)
 }
+
+/// The recorded value (JSON) of `id`'s step `name`, if recorded.
+pub(crate) async fn recorded(gate: &Gate, id: &Identity, name: &str) -> Option<String> {
+    let steps = steps_of(gate, id).await;
+    let step = steps.iter().find(|s| s.name.as_deref() == Some(name))?;
+    idem::sqlx::query_scalar(
+        "SELECT output_json FROM idem_records WHERE account = $1 AND kind = 'step' \
+         AND address = $2 AND state = 'success' \
+         AND namespace IS NOT DISTINCT FROM $3",
+    )
+    .bind(gate.account_name())
+    .bind(&step.address)
+    .bind(gate.namespace_name())
+    .fetch_optional(gate.pool())
+    .await
+    .expect("the step's record")
+    .flatten()
+}
