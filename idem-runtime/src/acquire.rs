@@ -531,15 +531,11 @@ impl<'a> Contender<'a> {
         // fingerprint too) is kept no more: whatever its payload, a
         // duplicate is refused, and one that replays is told so.
         if existing.settled && existing.value_expired {
-            if existing.identity != self.identity.canonical() {
-                return Ok(Attempt::Refused(Rejected::Collision {
-                    address: self.address.clone(),
-                }));
-            }
-            return Ok(if kept_value.is_read() {
-                Attempt::Refused(Rejected::ValueNotKept)
-            } else {
-                settled(None, false)
+            let judged = self.replayable(new, &existing.identity, existing.fingerprint.as_deref());
+            return Ok(match judged {
+                Err(collision @ Rejected::Collision { .. }) => Attempt::Refused(collision),
+                _ if kept_value.is_read() => Attempt::Refused(Rejected::ValueNotKept),
+                _ => settled(None, false),
             });
         }
         let replayable =
