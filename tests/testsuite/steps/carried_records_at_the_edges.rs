@@ -308,7 +308,10 @@ async fn a_body_dropped_as_the_next_step_s_marker_is_to_carry_the_record_keeps_i
         // b's marker, carrying a's record, may have gone in before the
         // drop (under load the statement is often already sent): then b
         // is in doubt, as any step cut off inside, and never runs twice.
+        // Rarer, `select!` may poll the body once more before the drop,
+        // far enough that b itself finishes: then b is replayed (2).
         match &retry {
+            Ok(3) if effects.count("b") == 1 => {}
             Ok(sum) => assert_eq!(*sum, 21, "{case}: a replayed (1), b run (20)"),
             Err(Rejected::StepInDoubt { step, .. }) if step == "b" => {}
             Err(other) => panic!("{case}: a replayed, then b run or in doubt: {other:?}"),
