@@ -51,6 +51,10 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(8);
 pub struct Pruned {
     /// Claims deleted.
     pub deleted: u64,
+    /// Claims compacted: successes past the window in which their value
+    /// is kept, whose value, fingerprint and steps were deleted and whose
+    /// identity was replaced by a check of it. Their slots stay.
+    pub compacted: u64,
     /// The cut-off, RFC 3339 in UTC; null with `--expired` alone (only
     /// claims past their window).
     pub settled_before: Option<String>,
@@ -208,6 +212,7 @@ pub async fn prune(pool: &PgPool, args: &PruneArgs) -> Result<Outcome, CliError>
     progress.finish();
     Ok(Outcome::Pruned(Pruned {
         deleted,
+        compacted: pruning.compacted(),
         settled_before: target.before,
         account: args.account.clone(),
         batches,
@@ -315,17 +320,35 @@ fn describe_cut(settled_before: Option<&str>) -> String {
     }
 }
 
+/// The line that says how many claims were compacted, if any were.
+fn describe_compacted(compacted: u64) -> String {
+    if compacted == 0 {
+        return String::new();
+    }
+    format!(
+        "compacted {compacted} claim{} past the window in which {} value{} kept: \
+         {} slot{} still refuse{} duplicates\n",
+        plural(compacted),
+        if compacted == 1 { "its" } else { "their" },
+        if compacted == 1 { " is" } else { "s are" },
+        if compacted == 1 { "its" } else { "their" },
+        plural(compacted),
+        if compacted == 1 { "s" } else { "" },
+    )
+}
+
 /// The output of `idem prune`.
 pub fn render(outcome: &Outcome, format: Format) -> Result<String, CliError> {
     match (outcome, format) {
         (Outcome::Pruned(pruned), Format::Json) => output::json(pruned),
         (Outcome::DryRun(counted), Format::Json) => output::json(counted),
         (Outcome::Pruned(pruned), Format::Text) => Ok(format!(
-            "deleted {} settled claim{} ({}, {})\n{PRUNED_AND_CACHES}\n",
+            "deleted {} settled claim{} ({}, {})\n{}{PRUNED_AND_CACHES}\n",
             pruned.deleted,
             plural(pruned.deleted),
             describe_cut(pruned.settled_before.as_deref()),
             describe_account(pruned.account.as_deref()),
+            describe_compacted(pruned.compacted),
         )),
         (Outcome::DryRun(counted), Format::Text) => {
             let mut text = format!(

@@ -505,6 +505,7 @@ async fn claims_are_listed_shown_released_and_pruned() {
         pruned,
         serde_json::json!({
             "deleted": 0,
+            "compacted": 0,
             "settled_before": "2024-12-30T22:00:00Z",
             "account": "acme",
             // One per lane (no namespace, a namespace, steps whose claim

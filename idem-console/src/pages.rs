@@ -405,6 +405,7 @@ pub(super) fn claim(frame: &Frame, c: &ClaimView, extras: &ClaimExtras<'_>) -> R
             dt { "key parts" } dd { code { (shown_rendering(&decoded.parts)) } }
             dt { "address check" } dd {
                 @if decoded.address_matches { span.ok { "the address is the digest of this identity" } }
+                @else if idem_runtime::operations::is_compacted(&c.identity) { "compacted past its value's window: only a check of the identity is kept" }
                 @else { span.refusal { "the address is not the digest of the stored identity" } }
             }
             dt { "state" } dd { (state_badge(c.state)) @if let Some(r) = &c.state_reason { " (" (shown(r)) ")" } }

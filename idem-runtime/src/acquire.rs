@@ -604,7 +604,7 @@ impl<'a> Contender<'a> {
         identity: &[u8],
         fingerprint: Option<&[u8]>,
     ) -> Result<bool, Rejected> {
-        if identity != self.identity.canonical() {
+        if !self.identity.is_stored_as(identity) {
             return Err(Rejected::Collision {
                 address: self.address.clone(),
             });

@@ -749,7 +749,7 @@ impl WonSlot {
                 Err(self.lease.lost(&self.address))
             }
         };
-        let Some(row) = row.filter(|row| row.identity == self.identity.canonical()) else {
+        let Some(row) = row.filter(|row| self.identity.is_stored_as(&row.identity)) else {
             return removed();
         };
         if row.fence == self.fence {
@@ -792,7 +792,7 @@ impl WonSlot {
                 None => (None, self.lease.lost(&self.address)),
                 // A colliding identity claimed the vacant slot: the success
                 // cannot be written there. Said loudly by `finish`.
-                Some(row) if row.identity != self.identity.canonical() => {
+                Some(row) if !self.identity.is_stored_as(&row.identity) => {
                     return Err(self.claim_lost());
                 }
                 // Still under our fence and settled: by an earlier attempt

@@ -319,8 +319,11 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// is recorded, instead of for ever. Past it the slot still refuses
     /// every duplicate, but a caller that replays is told
     /// [`Rejected::ValueNotKept`] instead of handed the value, whatever its
-    /// payload; `idem prune` then clears what was kept. The attribute's
-    /// `keep_value_for = "..."`.
+    /// payload. `idem prune` then compacts the claim: it deletes the value,
+    /// the fingerprint and the steps, and keeps of the identity only an
+    /// 8-byte check of it (its slot still refuses duplicates and a
+    /// colliding identity; the row no longer says which action and key it
+    /// was). The attribute's `keep_value_for = "..."`.
     ///
     /// For values that should not live for ever (personal data, large
     /// responses) while the action must still never run twice. The window

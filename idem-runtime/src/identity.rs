@@ -46,6 +46,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use sha1::{Digest, Sha1};
+use sha2::Sha256;
 
 /// The first bytes of every canonical identity: the format and its version.
 const MAGIC: &[u8] = b"idem\x01";
@@ -169,6 +170,16 @@ impl Identity {
         &self.canonical
     }
 
+    /// Whether `stored`, the identity a claim's row keeps, is this
+    /// identity's: its canonical encoding, or, once a prune compacted the
+    /// row past its value's window, the [`compacted`] check of it.
+    pub(crate) fn is_stored_as(&self, stored: &[u8]) -> bool {
+        if stored.len() == COMPACTED_LEN {
+            return stored == compacted(&self.canonical);
+        }
+        stored == &self.canonical[..]
+    }
+
     /// Reads back a canonical encoding, as stored in `idem_records.identity`,
     /// checking that it is one this version of the encoding can produce.
     ///
@@ -181,6 +192,11 @@ impl Identity {
     /// assert_eq!(format!("{back:?}"), r#"Identity { action: "charge", parts: ["ord_1", -5], absent: false }"#);
     /// ```
     pub fn from_canonical(canonical: &[u8]) -> Result<Identity, NotCanonical> {
+        if is_compacted(canonical) {
+            return Err(NotCanonical(
+                "compacted past its value's window: only a check of the identity is kept",
+            ));
+        }
         let fields = canonical.strip_prefix(MAGIC).ok_or(NotCanonical(
             "it does not start with idem's magic bytes and version 1",
         ))?;
@@ -274,6 +290,37 @@ impl Identity {
         write_field(&mut canonical, TAG_STEP, name.as_bytes());
         canonical
     }
+}
+
+/// How many bytes a compacted row keeps of its identity ([`compacted`]).
+/// No canonical encoding is this short (the magic and the action's field
+/// header alone are 14 bytes), so the length says which a row holds.
+pub(crate) const COMPACTED_LEN: usize = 8;
+
+/// What a claim's row keeps of its identity once a prune compacted it,
+/// past the window in which its value is kept
+/// ([`keep_value_for`](crate::Guard::keep_value_for)): the first 8 bytes of
+/// the SHA-256 of the canonical encoding, which the database computes
+/// itself (`substring(sha256(identity) FROM 1 FOR 8)`, PostgreSQL 11 and
+/// later). With the 96 bits of SHA-1 the address holds, a refusal still
+/// re-checks 160 bits of two digests, so a digest collision is refused,
+/// never merged; the identity itself (the action, the key parts) is gone.
+/// Stable forever, like the encoding: the golden vectors pin it.
+pub(crate) fn compacted(canonical: &[u8]) -> [u8; COMPACTED_LEN] {
+    let digest = Sha256::digest(canonical);
+    let mut check = [0; COMPACTED_LEN];
+    check.copy_from_slice(&digest[..COMPACTED_LEN]);
+    check
+}
+
+/// Whether `stored`, the identity a claim's row keeps, is the check a
+/// prune leaves of it past the value's window
+/// ([`keep_value_for`](crate::Guard::keep_value_for)) rather than its
+/// canonical encoding: the row no longer says which action and key it was
+/// ([`Identity::from_canonical`] refuses it), though a duplicate of it is
+/// still refused.
+pub fn is_compacted(stored: &[u8]) -> bool {
+    stored.len() == COMPACTED_LEN
 }
 
 /// The name of the step whose canonical encoding (as a step's row keeps it
@@ -904,6 +951,30 @@ mod tests {
              74000000000000000101"
                 .replace(' ', "")
         );
+    }
+
+    /// The check a compacted row keeps: pinned as the encoding is, since a
+    /// changed check would refuse every compacted duplicate as a collision.
+    /// (`substring(sha256(identity) FROM 1 FOR 8)`, as the database
+    /// computes it; the testsuite's retention::compaction proves the two
+    /// agree.)
+    #[test]
+    fn a_compacted_identity_is_a_golden_check_of_8_bytes_and_matches_only_its_identity() {
+        let id = Identity::new("charge").part("ord_1");
+        assert_eq!(id.address(), "claim_7e00c387c43cf6e870502615");
+        let check = compacted(id.canonical());
+        assert_eq!(hex(&check), "9d24828078834630");
+        assert!(is_compacted(&check));
+        assert!(id.is_stored_as(&check));
+        assert!(id.is_stored_as(id.canonical()));
+        let other = Identity::new("charge").part("ord_2");
+        assert!(!other.is_stored_as(&check));
+        assert!(!other.is_stored_as(id.canonical()));
+        // The shortest canonical encoding is longer than a check.
+        assert!(Identity::new("").canonical().len() > COMPACTED_LEN);
+        assert!(!is_compacted(Identity::new("").canonical()));
+        let refused = Identity::from_canonical(&check).expect_err("a check is no identity");
+        assert!(refused.to_string().contains("compacted"), "{refused}");
     }
 
     #[test]

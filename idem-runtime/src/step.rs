@@ -1062,7 +1062,7 @@ impl<'a> Held<'a> {
         match row {
             Ok(Some(row))
                 if row.fence == self.facts.fence
-                    && row.identity == self.facts.identity.canonical()
+                    && self.facts.identity.is_stored_as(&row.identity)
                     && matches!(
                         row.state,
                         store::ClaimState::Success | store::ClaimState::Failed

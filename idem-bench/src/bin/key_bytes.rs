@@ -21,9 +21,10 @@
 //! That floor is what any design that refuses a duplicate by a unique
 //! constraint pays at least: the key and its index entry, nothing else.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
+use idem::operations::{DEFAULT_BATCH_SIZE, PruneFilter, Pruning};
 use idem::sqlx::{self, PgPool, Row};
 use idem::{Gate, Identity, Rejected};
 use idem_bench::BoxError;
@@ -41,6 +42,11 @@ struct Flags {
     /// Accounts the keys are spread over.
     #[arg(long, default_value_t = 100)]
     accounts: i64,
+    /// Keys past their value's window, compacted by a prune: the sample
+    /// settles with `keep_value_for` and `idem prune --expired` compacts
+    /// it, and the bulk rows copy that shape.
+    #[arg(long)]
+    compacted: bool,
 }
 
 /// A charge's identity, as payment code writes it: an action and an
@@ -58,7 +64,8 @@ fn account(n: i64, accounts: i64) -> String {
 /// `gate.guard(&id).run` settles (its claim sets `fence` and `first_fence`,
 /// its settle `settled_at`; nothing else), with an address of 30
 /// characters and an identity of the sample's length (`$3`), over `$4`
-/// accounts named as the sample's.
+/// accounts named as the sample's; `$5`: compacted, so without
+/// `first_fence` (equal to `fence`, a prune clears it).
 const BULK: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, created_at, settled_at, \
         fence, first_fence) \
@@ -66,7 +73,7 @@ const BULK: &str = "INSERT INTO idem_records \
             'claim_' || left(md5(i::text), 24), NULL, 'success', \
             substring(decode(md5(i::text) || md5((-i)::text) || md5((i * 7)::text), 'hex') \
                       FOR $3), \
-            now(), now(), f, f \
+            now(), now(), f, CASE WHEN $5 THEN NULL ELSE f END \
      FROM generate_series($1::bigint + 1, $2::bigint) AS i, \
           LATERAL (SELECT nextval('idem_records_fence_seq') AS f) AS fence";
 
@@ -211,16 +218,33 @@ async fn measure(url: &str, schema: &str, flags: &Flags) -> Result<String, BoxEr
     let started = Instant::now();
     for n in 0..flags.sample {
         let id = identity(n);
-        gate.account(account(n, flags.accounts))
-            .guard(&id)
-            .run(async { Ok::<(), Rejected>(()) })
-            .await?;
+        let gate = gate.account(account(n, flags.accounts));
+        let guard = gate.guard(&id);
+        let guard = if flags.compacted {
+            guard.keep_value_for(Duration::from_millis(1))
+        } else {
+            guard
+        };
+        guard.run(async { Ok::<(), Rejected>(()) }).await?;
     }
     eprintln!(
         "settled {} through the gate in {:.1?}",
         flags.sample,
         started.elapsed()
     );
+    if flags.compacted {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut pruning = Pruning::new(&PruneFilter::expired(), DEFAULT_BATCH_SIZE);
+        while pruning.next_batch(&pool).await?.is_some() {}
+        if pruning.compacted() != flags.sample as u64 {
+            return Err(format!(
+                "prune compacted {} of the {} sample keys",
+                pruning.compacted(),
+                flags.sample
+            )
+            .into());
+        }
+    }
     let sample: (f64, i32) = sqlx::query_as(
         "SELECT avg(pg_column_size(r.*))::float8, max(length(identity)) \
          FROM idem_records r WHERE kind = 'claim'",
@@ -233,6 +257,7 @@ async fn measure(url: &str, schema: &str, flags: &Flags) -> Result<String, BoxEr
         .bind(flags.sample + flags.rows)
         .bind(sample.1)
         .bind(flags.accounts)
+        .bind(flags.compacted)
         .execute(&pool)
         .await?;
     let bulk: (f64,) = sqlx::query_as(

@@ -318,6 +318,10 @@ pub fn render_claim(
             "address_check".into(),
             if decoded.address_matches {
                 "the address is the digest of the identity".into()
+            } else if idem_runtime::operations::is_compacted(&claim.identity) {
+                "compacted past its value's window: the identity is a check of 8 bytes, \
+                 which still refuses its duplicates"
+                    .into()
             } else {
                 "MISMATCH: the address is not the digest of the stored identity \
                  (the row was not written by this idem)"

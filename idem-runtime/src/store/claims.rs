@@ -216,7 +216,10 @@ macro_rules! claim_statement {
 /// Only a `pending` row's lease can have run out: the states a claim leaves
 /// `pending` for clear it, and the test says so regardless. Only a
 /// recorded outcome (a success, a kept failure) has windows that run:
-/// one pending or in doubt holds its slot until it is resolved.
+/// one pending or in doubt holds its slot until it is resolved. A success
+/// a prune compacted (`compacted!`: its identity an 8-byte check, its
+/// value window cleared) is past its value's window for good, and is
+/// never remembered by a cache that would hand out a value.
 macro_rules! existing_columns {
     () => {
         "state = 'success' AS settled, state, identity, fingerprint, fence, \
@@ -225,9 +228,11 @@ macro_rules! existing_columns {
          resolved_at IS NOT NULL AS resolved, state_reason AS reason, \
          coalesce(state IN ('success', 'failed') AND now() - settled_at > slot_kept_for, false) \
              AS slot_expired, \
-         coalesce(state = 'success' AND now() - settled_at > value_kept_for, false) \
+         (state = 'success' AND (coalesce(now() - settled_at > value_kept_for, false) \
+                                 OR octet_length(identity) <= 8)) \
              AS value_expired, \
-         (value_kept_for IS NOT NULL OR slot_kept_for IS NOT NULL) AS windowed"
+         (value_kept_for IS NOT NULL OR slot_kept_for IS NOT NULL \
+          OR octet_length(identity) <= 8) AS windowed"
     };
 }
 pub(super) use existing_columns;
@@ -715,6 +720,39 @@ macro_rules! slot_expired {
     };
 }
 pub(super) use slot_expired;
+
+/// The test of a claim a prune compacts ([`compacted!`]): a success past
+/// the window in which its value is kept
+/// ([`keep_value_for`](crate::Guard::keep_value_for)), by the database's
+/// clock as every duplicate judges it (`value_expired` in
+/// `existing_columns!`), and not compacted yet (no canonical identity is
+/// 8 bytes or shorter: `identity::COMPACTED_LEN`), so that compacting is
+/// idempotent and a batch never rewrites a row twice.
+macro_rules! compactable {
+    () => {
+        "kind = 'claim' AND state = 'success' AND now() - settled_at > value_kept_for \
+         AND octet_length(identity) > 8"
+    };
+}
+pub(super) use compactable;
+
+/// What a prune leaves of a claim past its value's window: the slot, its
+/// state and windows, and of the identity only the check a duplicate's
+/// collision test needs (`identity::compacted`: the first 8 bytes of its
+/// SHA-256); no value, no fingerprint (whose window is the value's),
+/// `first_fence` only where it says something (`coalesce(first_fence,
+/// fence)` reads the same without it when the two are equal), and no
+/// value window (a compacted identity says the value's window is over:
+/// `existing_columns!`). What stays: BENCHMARKS.md, "Bytes per settled
+/// key".
+macro_rules! compacted {
+    () => {
+        "identity = substring(sha256(identity) FROM 1 FOR 8), fingerprint = NULL, \
+         output = NULL, output_json = NULL, first_fence = NULLIF(first_fence, fence), \
+         value_kept_for = NULL"
+    };
+}
+pub(super) use compacted;
 
 /// Deletes the steps of a claim whose slot expired, before the claim
 /// itself ([`REOPEN_EXPIRED`]): the next claim of the slot is a new action,

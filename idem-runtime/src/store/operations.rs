@@ -49,6 +49,7 @@ pub use super::prune::{
     DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_prunable, count_prunable_by_account, prune,
 };
 use crate::error::Error;
+pub use crate::identity::is_compacted;
 use crate::outcome::{Disposition, Outcome};
 
 /// Which claims, by account and namespace: every account and namespace

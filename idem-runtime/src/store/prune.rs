@@ -157,6 +157,19 @@ macro_rules! prunable_in_batch {
     };
 }
 
+/// The test a batch's compaction adds to its window: a success past its
+/// value's window not compacted yet (`compactable!`), and the rows it
+/// returns, whose steps the batch deletes with them. `$7`, the cut-off,
+/// is bound to every statement of a batch alike and not needed here.
+macro_rules! compactable_in_batch {
+    () => {
+        concat!(
+            super::claims::compactable!(),
+            " AND $7::int8 IS NOT NULL RETURNING kind, account, address, namespace"
+        )
+    };
+}
+
 /// The test that the step `s` has no claim any more (released, or resolved
 /// by releasing it, and never claimed again): no claim row at its
 /// `claim_address` in its account and namespace. One `NOT EXISTS` per
@@ -248,6 +261,52 @@ pub struct Walker {
     /// as NULL. Index: the lane's partial unique index, from the position
     /// on.
     pub delete_rest: &'static str,
+    /// Compacts the claims past their value's window in the window
+    /// [`Walker::delete_window`] covers, bound alike (`compactable!`), and
+    /// returns them, for their steps; `None` in the lane of steps.
+    pub compact_window: Option<&'static str>,
+    /// The same, over what [`Walker::delete_rest`] covers.
+    pub compact_rest: Option<&'static str>,
+}
+
+/// A [`Walker`] of claims, from its `window_end` statement and the test
+/// of the rows in a window (`window`) and in the rest of the walk
+/// (`rest`): each deletes the prunable claims there and compacts those
+/// past their value's window.
+macro_rules! claims_walker {
+    (window_end: $end:literal, window: $window:literal, rest: $rest:literal $(,)?) => {
+        Walker {
+            window_end: $end,
+            delete_window: concat!(
+                "DELETE FROM idem_records WHERE ",
+                $window,
+                " AND ",
+                prunable_in_batch!()
+            ),
+            delete_rest: concat!(
+                "DELETE FROM idem_records WHERE ",
+                $rest,
+                " AND ",
+                prunable_in_batch!()
+            ),
+            compact_window: Some(concat!(
+                "UPDATE idem_records SET ",
+                super::claims::compacted!(),
+                " WHERE ",
+                $window,
+                " AND ",
+                compactable_in_batch!()
+            )),
+            compact_rest: Some(concat!(
+                "UPDATE idem_records SET ",
+                super::claims::compacted!(),
+                " WHERE ",
+                $rest,
+                " AND ",
+                compactable_in_batch!()
+            )),
+        }
+    };
 }
 
 /// The lane of claims without a namespace: `(account, kind, address) WHERE
@@ -260,45 +319,29 @@ pub const WITHOUT_NAMESPACE: Lane = Lane {
                     WHERE kind = 'claim' AND namespace IS NULL",
     next_account: "SELECT min(account) AS account FROM idem_records \
                    WHERE account > $1 AND kind = 'claim' AND namespace IS NULL",
-    by_account: Walker {
+    by_account: claims_walker! {
         window_end: "SELECT account, address, namespace FROM idem_records \
                      WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
                        AND address > $2 AND $3::text IS NULL \
                      ORDER BY address OFFSET $4 LIMIT 1",
-        delete_window: concat!(
-            "DELETE FROM idem_records \
-             WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
+        window: "account = $1 AND kind = 'claim' AND namespace IS NULL \
                AND address > $2 AND $3::text IS NULL \
-               AND $4::text IS NULL AND address <= $5 AND $6::text IS NULL AND ",
-            prunable_in_batch!()
-        ),
-        delete_rest: concat!(
-            "DELETE FROM idem_records \
-             WHERE account = $1 AND kind = 'claim' AND namespace IS NULL \
+               AND $4::text IS NULL AND address <= $5 AND $6::text IS NULL",
+        rest: "account = $1 AND kind = 'claim' AND namespace IS NULL \
                AND address > $2 AND $3::text IS NULL \
-               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
-            prunable_in_batch!()
-        ),
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL",
     },
-    across: Walker {
+    across: claims_walker! {
         window_end: "SELECT account, address, namespace FROM idem_records \
                      WHERE kind = 'claim' AND namespace IS NULL \
                        AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
                      ORDER BY account, kind, address OFFSET $4 LIMIT 1",
-        delete_window: concat!(
-            "DELETE FROM idem_records \
-             WHERE kind = 'claim' AND namespace IS NULL \
+        window: "kind = 'claim' AND namespace IS NULL \
                AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
-               AND (account, kind, address) <= ($4, 'claim', $5) AND $6::text IS NULL AND ",
-            prunable_in_batch!()
-        ),
-        delete_rest: concat!(
-            "DELETE FROM idem_records \
-             WHERE kind = 'claim' AND namespace IS NULL \
+               AND (account, kind, address) <= ($4, 'claim', $5) AND $6::text IS NULL",
+        rest: "kind = 'claim' AND namespace IS NULL \
                AND (account, kind, address) > ($1, 'claim', $2) AND $3::text IS NULL \
-               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
-            prunable_in_batch!()
-        ),
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL",
     },
 };
 
@@ -312,45 +355,29 @@ pub const WITHIN_NAMESPACE: Lane = Lane {
                     WHERE kind = 'claim' AND namespace IS NOT NULL",
     next_account: "SELECT min(account) AS account FROM idem_records \
                    WHERE account > $1 AND kind = 'claim' AND namespace IS NOT NULL",
-    by_account: Walker {
+    by_account: claims_walker! {
         window_end: "SELECT account, address, namespace FROM idem_records \
                      WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
                        AND (address, namespace) > ($2, $3) \
                      ORDER BY address, namespace OFFSET $4 LIMIT 1",
-        delete_window: concat!(
-            "DELETE FROM idem_records \
-             WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
+        window: "account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
                AND (address, namespace) > ($2, $3) \
-               AND $4::text IS NULL AND (address, namespace) <= ($5, $6) AND ",
-            prunable_in_batch!()
-        ),
-        delete_rest: concat!(
-            "DELETE FROM idem_records \
-             WHERE account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
+               AND $4::text IS NULL AND (address, namespace) <= ($5, $6)",
+        rest: "account = $1 AND kind = 'claim' AND namespace IS NOT NULL \
                AND (address, namespace) > ($2, $3) \
-               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
-            prunable_in_batch!()
-        ),
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL",
     },
-    across: Walker {
+    across: claims_walker! {
         window_end: "SELECT account, address, namespace FROM idem_records \
                      WHERE kind = 'claim' AND namespace IS NOT NULL \
                        AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
                      ORDER BY account, kind, address, namespace OFFSET $4 LIMIT 1",
-        delete_window: concat!(
-            "DELETE FROM idem_records \
-             WHERE kind = 'claim' AND namespace IS NOT NULL \
+        window: "kind = 'claim' AND namespace IS NOT NULL \
                AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
-               AND (account, kind, address, namespace) <= ($4, 'claim', $5, $6) AND ",
-            prunable_in_batch!()
-        ),
-        delete_rest: concat!(
-            "DELETE FROM idem_records \
-             WHERE kind = 'claim' AND namespace IS NOT NULL \
+               AND (account, kind, address, namespace) <= ($4, 'claim', $5, $6)",
+        rest: "kind = 'claim' AND namespace IS NOT NULL \
                AND (account, kind, address, namespace) > ($1, 'claim', $2, $3) \
-               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL AND ",
-            prunable_in_batch!()
-        ),
+               AND $4::text IS NULL AND $5::text IS NULL AND $6::text IS NULL",
     },
 };
 
@@ -390,6 +417,8 @@ pub const ORPHAN_STEPS: Lane = Lane {
             prunable_orphan_step!("$7"),
             " RETURNING s.kind, s.account, s.address, s.namespace"
         ),
+        compact_window: None,
+        compact_rest: None,
     },
     across: Walker {
         window_end: "SELECT account, claim_address AS address, NULL::text AS namespace \
@@ -413,6 +442,8 @@ pub const ORPHAN_STEPS: Lane = Lane {
             prunable_orphan_step!("$7"),
             " RETURNING s.kind, s.account, s.address, s.namespace"
         ),
+        compact_window: None,
+        compact_rest: None,
     },
 };
 
@@ -431,6 +462,21 @@ pub const DELETE_HEAP_PAGES: &str = concat!(
     ") OR (s.kind = 'step' AND ",
     prunable_orphan_step!("$3"),
     ")) RETURNING s.kind, s.account, s.address, s.namespace"
+);
+
+/// Compacts the claims past their value's window (`compactable!`) stored
+/// in heap pages `$1` (included) to `$2` (excluded), and returns them, for
+/// their steps; `$3`, the cut-off, is bound alike and not needed. The
+/// compaction of a batch of the walk in heap order. Index: a TID range
+/// scan of those pages only. A row compacted into a later page is not
+/// compacted again there: it is 8 bytes of identity already.
+pub const COMPACT_HEAP_PAGES: &str = concat!(
+    "UPDATE idem_records SET ",
+    super::claims::compacted!(),
+    " WHERE ctid >= ('(' || $1::int8 || ',0)')::tid AND ctid < ('(' || $2::int8 || ',0)')::tid \
+       AND ",
+    super::claims::compactable!(),
+    " AND $3::int8 IS NOT NULL RETURNING kind, account, address, namespace"
 );
 
 /// The statements that delete the steps of the claims a batch just
@@ -628,6 +674,8 @@ pub struct Pruning {
     /// Steps deleted so far: the pruned claims' and those whose claim is
     /// gone.
     steps_deleted: u64,
+    /// Claims compacted so far, past their value's window.
+    compacted: u64,
 }
 
 /// How a walk goes.
@@ -710,6 +758,7 @@ impl Pruning {
             lane: 0,
             at: Position::Start,
             steps_deleted: 0,
+            compacted: 0,
         }
     }
 
@@ -725,6 +774,16 @@ impl Pruning {
     /// claimed again) that were recorded before the cut-off.
     pub fn steps_deleted(&self) -> u64 {
         self.steps_deleted
+    }
+
+    /// How many claims the batches so far compacted: successes past the
+    /// window in which their value is kept
+    /// ([`keep_value_for`](crate::Guard::keep_value_for)), whose value,
+    /// fingerprint and steps a batch deletes, and whose identity it
+    /// replaces by the check a duplicate's collision test needs. Their
+    /// slots stay; a duplicate is refused as before.
+    pub fn compacted(&self) -> u64 {
+        self.compacted
     }
 
     /// Whether the walk is over: [`Pruning::next_batch`] would return
@@ -812,20 +871,28 @@ impl Pruning {
                 ),
                 None => (walker.delete_rest, (None, None, None)),
             };
-            let delete = sqlx::query(statement)
-                .bind(&account)
-                .bind(&address)
-                .bind(&namespace)
-                .bind(end.0)
-                .bind(end.1)
-                .bind(end.2)
-                .bind(self.cut_off);
+            let compaction = match &window_end {
+                Some(_) => walker.compact_window,
+                None => walker.compact_rest,
+            };
+            let bound = |statement| {
+                sqlx::query(statement)
+                    .bind(&account)
+                    .bind(&address)
+                    .bind(&namespace)
+                    .bind(end.0)
+                    .bind(end.1)
+                    .bind(end.2)
+                    .bind(self.cut_off)
+            };
             let steps_of = match order {
                 IndexOrder::ByAccount => StepsOf::Account(&account),
                 IndexOrder::Across => StepsOf::AnyAccount,
             };
-            let deleted = delete_batch(pool, delete, steps_of).await?;
+            let deleted =
+                delete_batch(pool, bound(statement), compaction.map(bound), steps_of).await?;
             self.steps_deleted += deleted.steps;
+            self.compacted += deleted.compacted;
             // Committed: only now does the walk move on.
             self.at = match (window_end, order) {
                 (Some((account, address, namespace)), _) => Position::After {
@@ -861,12 +928,21 @@ impl Pruning {
             return Ok(None);
         }
         let to = from.saturating_add(pages);
-        let delete = sqlx::query(DELETE_HEAP_PAGES)
-            .bind(from)
-            .bind(to)
-            .bind(self.cut_off);
-        let deleted = delete_batch(pool, delete, StepsOf::AnyAccount).await?;
+        let bound = |statement| {
+            sqlx::query(statement)
+                .bind(from)
+                .bind(to)
+                .bind(self.cut_off)
+        };
+        let deleted = delete_batch(
+            pool,
+            bound(DELETE_HEAP_PAGES),
+            Some(bound(COMPACT_HEAP_PAGES)),
+            StepsOf::AnyAccount,
+        )
+        .await?;
         self.steps_deleted += deleted.steps;
+        self.compacted += deleted.compacted;
         self.at = Position::Page(to);
         Ok(Some(deleted.claims))
     }
@@ -934,38 +1010,52 @@ enum StepsOf<'a> {
     AnyAccount,
 }
 
-/// What one batch deleted.
+/// What one batch deleted, and compacted.
 #[derive(Debug, Clone, Copy, Default)]
 struct Deleted {
     claims: u64,
     steps: u64,
+    compacted: u64,
 }
 
 /// Runs a batch's `DELETE`, which returns the rows it deleted (`kind`,
-/// `account`, `address`, `namespace`), and deletes the steps of the claims
-/// among them ([`STEPS_OF_PRUNED`]), in one transaction: a pruned claim
-/// never leaves its steps behind, and a batch that fails deletes neither.
-/// The claims' rows stay locked until the commit, so no retry can claim
-/// the slot anew (and begin steps under it) in between.
+/// `account`, `address`, `namespace`), then its compaction, which returns
+/// the claims it compacted alike, and deletes the steps of the claims
+/// among both ([`STEPS_OF_PRUNED`]), in one transaction: a pruned or
+/// compacted claim never leaves its steps behind, and a batch that fails
+/// changes nothing. The claims' rows stay locked until the commit, so no
+/// retry can claim the slot anew (and begin steps under it) in between.
 async fn delete_batch(
     pool: &PgPool,
     delete: Query<'_, Postgres, PgArguments>,
+    compact: Option<Query<'_, Postgres, PgArguments>>,
     steps_of: StepsOf<'_>,
 ) -> Result<Deleted, Error> {
     let mut tx = pool.begin().await?;
     let rows = delete.fetch_all(&mut *tx).await?;
-    let mut deleted = Deleted::default();
+    let compacted = match compact {
+        Some(compact) => compact.fetch_all(&mut *tx).await?,
+        None => Vec::new(),
+    };
+    let mut deleted = Deleted {
+        compacted: compacted.len() as u64,
+        ..Deleted::default()
+    };
     // The pruned claims, by the namespace test of the statement that
     // deletes their steps: accounts, addresses, namespaces.
     let mut without: (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
     let mut within: (Vec<String>, Vec<String>, Vec<String>) = (Vec::new(), Vec::new(), Vec::new());
-    for row in &rows {
+    for (row, was_deleted) in rows
+        .iter()
+        .map(|row| (row, true))
+        .chain(compacted.iter().map(|row| (row, false)))
+    {
         let kind: String = row.try_get("kind")?;
         if kind != "claim" {
             deleted.steps += 1;
             continue;
         }
-        deleted.claims += 1;
+        deleted.claims += u64::from(was_deleted);
         let account: String = row.try_get("account")?;
         let address: String = row.try_get("address")?;
         match row.try_get::<Option<String>, _>("namespace")? {

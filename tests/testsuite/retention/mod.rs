@@ -14,6 +14,7 @@ use idem::operations::{self, PruneFilter};
 use idem::{Fingerprint, Identity, Rejected, testing};
 
 mod at_the_edges;
+mod compaction;
 mod history;
 
 /// A window short enough to wait out in a test.

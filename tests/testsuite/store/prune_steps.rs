@@ -224,6 +224,21 @@ async fn pool_in(schema: &str) -> PgPool {
         .expect("connect a pool to the tests' PostgreSQL")
 }
 
+/// A scratch schema named after `name`, with idem's tables set up, and a
+/// pool in it.
+async fn scratch_schema(name: &str) -> (Scratch, PgPool) {
+    let mut scratch = Scratch::new(name).await;
+    catalog::set_up(&mut scratch.conn)
+        .await
+        .expect("set the schema up");
+    let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(&mut scratch.conn)
+        .await
+        .expect("the scratch schema");
+    let pool = pool_in(&schema).await;
+    (scratch, pool)
+}
+
 /// Plants [`ROWS`] afresh.
 async fn plant(pool: &PgPool) {
     pool.execute("DELETE FROM idem_records")
@@ -287,15 +302,7 @@ async fn run(pool: &PgPool, mut pruning: Pruning) -> (u64, u64) {
 
 #[tokio::test]
 async fn prune_takes_a_settled_claims_steps_with_it_on_every_walk_and_leaves_the_rest() {
-    let mut scratch = Scratch::new("idem_prune_steps").await;
-    catalog::set_up(&mut scratch.conn)
-        .await
-        .expect("set the schema up");
-    let schema: String = sqlx::query_scalar("SELECT current_schema()::text")
-        .fetch_one(&mut scratch.conn)
-        .await
-        .expect("the scratch schema");
-    let pool = pool_in(&schema).await;
+    let (scratch, pool) = scratch_schema("idem_prune_steps").await;
     let cut_off = UNIX_EPOCH + Duration::from_secs(1_709_251_200); // 2024-03-01
     // A batch of one entry: every window boundary is crossed, a claim's
     // steps and the claim in different batches.
@@ -352,6 +359,128 @@ async fn prune_takes_a_settled_claims_steps_with_it_on_every_walk_and_leaves_the
     let addresses: Vec<&str> = steps.iter().map(|step| step.address.as_str()).collect();
     if addresses != ["step_b1"] || steps[0].output_bytes != Some(2) {
         failures.push(format!("the steps of claim_a in live: {steps:?}"));
+    }
+    pool.close().await;
+    scratch.drop().await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Plants the claims a compaction is tried on: two successes past their
+/// value's window (one in `live`, with a step), one inside it, one kept
+/// for ever; none past a slot's window, so an expired-only prune deletes
+/// none of them.
+async fn plant_for_compaction(pool: &PgPool) {
+    pool.execute("DELETE FROM idem_records")
+        .await
+        .expect("empty the table");
+    let claims: [(&str, &str, Option<&str>, Option<&str>); 4] = [
+        ("acme", "claim_v", None, Some("1 day")),
+        ("beta", "claim_w", Some("live"), Some("1 day")),
+        ("acme", "claim_x", None, Some("1000 years")),
+        ("acme", "claim_y", None, None),
+    ];
+    for (account, address, namespace, window) in claims {
+        sqlx::query(
+            "INSERT INTO idem_records \
+                 (account, kind, address, namespace, state, identity, created_at, settled_at, \
+                  output_json, fingerprint, fence, first_fence, value_kept_for) \
+             VALUES ($1, 'claim', $2, $3, 'success', $4, timestamptz '2024-06-01', \
+                     timestamptz '2024-06-01', '\"v\"', '\\x01', 3, 3, $5::interval)",
+        )
+        .bind(account)
+        .bind(address)
+        .bind(namespace)
+        .bind(idem::Identity::new("compact").part(address).canonical())
+        .bind(window)
+        .execute(pool)
+        .await
+        .expect("plant a claim");
+    }
+    sqlx::query(
+        "INSERT INTO idem_records \
+             (account, kind, address, namespace, state, identity, settled_at, claim_address) \
+         VALUES ('beta', 'step', 'step_w1', 'live', 'success', '\\x00', \
+                 timestamptz '2024-06-01', 'claim_w')",
+    )
+    .execute(pool)
+    .await
+    .expect("plant a step");
+}
+
+/// Per claim address: the length of its identity, whether it still has
+/// its value, fingerprint and `first_fence`; and how many steps are left.
+async fn compaction_left(pool: &PgPool) -> (Vec<(String, i32, bool)>, i64) {
+    let claims = sqlx::query_as(
+        "SELECT address, octet_length(identity), \
+                output_json IS NOT NULL OR fingerprint IS NOT NULL OR first_fence IS NOT NULL \
+         FROM idem_records WHERE kind = 'claim' ORDER BY address",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read the claims");
+    let steps = sqlx::query_scalar("SELECT count(*) FROM idem_records WHERE kind = 'step'")
+        .fetch_one(pool)
+        .await
+        .expect("count the steps");
+    (claims, steps)
+}
+
+#[tokio::test]
+async fn every_walk_compacts_the_successes_past_their_value_window_once_with_their_steps() {
+    let (scratch, pool) = scratch_schema("idem_prune_compaction").await;
+    let one = NonZeroU32::MIN;
+    let expired = PruneFilter::expired();
+    let walks: Vec<(&str, Vec<Pruning>)> = vec![
+        ("the default walk", vec![Pruning::new(&expired, one)]),
+        (
+            "across the indexes",
+            vec![Pruning::new(&expired, one).across_indexes()],
+        ),
+        (
+            "by account",
+            ["acme", "beta"]
+                .into_iter()
+                .map(|account| Pruning::new(&PruneFilter::expired().account(account), one))
+                .collect(),
+        ),
+    ];
+    let full = |_: i32| {
+        idem::Identity::new("compact")
+            .part("claim_v")
+            .canonical()
+            .len() as i32
+    };
+    let expected = vec![
+        ("claim_v".to_owned(), 8, false),
+        ("claim_w".to_owned(), 8, false),
+        ("claim_x".to_owned(), full(0), true),
+        ("claim_y".to_owned(), full(0), true),
+    ];
+    let mut failures = Vec::new();
+    for (walk, prunings) in walks {
+        plant_for_compaction(&pool).await;
+        let (mut compacted, mut deleted) = (0, 0);
+        for mut pruning in prunings.clone() {
+            while let Some(batch) = pruning.next_batch(&pool).await.expect("a batch") {
+                deleted += batch;
+            }
+            compacted += pruning.compacted();
+        }
+        let left = compaction_left(&pool).await;
+        if (compacted, deleted) != (2, 0) || left != (expected.clone(), 0) {
+            failures.push(format!(
+                "{walk}: compacted {compacted}, deleted {deleted}, left {left:?}"
+            ));
+        }
+        // Once: a walk again compacts nothing more.
+        let mut again = 0;
+        for mut pruning in prunings {
+            while pruning.next_batch(&pool).await.expect("a batch").is_some() {}
+            again += pruning.compacted();
+        }
+        if again != 0 {
+            failures.push(format!("{walk}: compacted {again} more the second time"));
+        }
     }
     pool.close().await;
     scratch.drop().await;
