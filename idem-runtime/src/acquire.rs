@@ -429,7 +429,7 @@ impl<'a> Contender<'a> {
             lease: Arc::new(Lease::from_now(mode.lease_duration())),
             won: Stopwatch::start(),
             in_transaction,
-            windowed: mode.windows().is_ok_and(|windows| windows.any()),
+            windows: mode.windows().unwrap_or_default(),
             // Never under a lease or in the caller's transaction: see
             // OutcomeCommit::Async. Nor on Citus, where the setting is made
             // on the coordinator, the worker that writes the row commits

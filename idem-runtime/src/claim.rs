@@ -61,9 +61,10 @@ pub(crate) struct WonSlot {
     /// Inside the caller's transaction, the transaction decides: a dropped
     /// claim is rolled back with it, so there is nothing to warn about.
     pub(crate) in_transaction: bool,
-    /// The claim has a retention window: its outcome is never remembered
-    /// by this process (the window could end while it is).
-    pub(crate) windowed: bool,
+    /// The claim's retention windows: with either, its outcome is never
+    /// remembered by this process (the window could end while it is), and
+    /// a late success written into its vacant slot keeps them.
+    pub(crate) windows: store::Windows,
     /// How the outcome commits.
     pub(crate) commit: Commit,
 }
@@ -642,7 +643,7 @@ impl WonSlot {
     /// failure kept for good. Never from inside the caller's transaction,
     /// which may still roll back.
     fn remember(&self, written: Outcome<Option<&str>>, via: &Via<'_>) {
-        if via.in_transaction() || self.windowed {
+        if via.in_transaction() || self.windows.any() {
             return;
         }
         let (identity, fingerprint) = (
@@ -873,6 +874,7 @@ impl WonSlot {
             identity: self.identity.canonical(),
             fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
             output,
+            windows: self.windows,
         };
         // Matched on the fence: a repeat changes nothing.
         let written: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
@@ -905,6 +907,7 @@ impl WonSlot {
             identity: self.identity.canonical(),
             fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
             output,
+            windows: self.windows,
         };
         let address = &*self.address;
         // Both are safe to repeat: the first is matched on the fence seen,

@@ -488,7 +488,10 @@ pub const SETTLE_OWN_HOLD: SplitOnNamespace = per_row!(
 /// Records the success of a holder whose claim was released (by the holder
 /// that took it over, or by an operator) while nobody holds the slot: a
 /// settled row, as if claimed and settled at once. `$4`: the identity;
-/// `$5`: the fingerprint; `$6`: the output. One text serves both forms: it
+/// `$5`: the fingerprint; `$6`: the output; `$7`, `$8`: the value's and the
+/// slot's windows in microseconds (NULL: for ever), as the claim wrote
+/// them, so that the late success is kept no longer, and no shorter, than
+/// its action said. One text serves both forms: it
 /// finds no row, it inserts one, and the insert is arbitrated by whichever
 /// partial unique index the new row's namespace falls under.
 pub const SETTLE_VACANT: SplitOnNamespace = SplitOnNamespace {
@@ -498,8 +501,10 @@ pub const SETTLE_VACANT: SplitOnNamespace = SplitOnNamespace {
 
 /// The text of [`SETTLE_VACANT`].
 const SETTLE_VACANT_STATEMENT: &str = "INSERT INTO idem_records \
-       (account, kind, address, namespace, state, identity, fingerprint, settled_at, output_json) \
-     VALUES ($1, 'claim', $2, $3, 'success', $4, $5, statement_timestamp(), $6) \
+       (account, kind, address, namespace, state, identity, fingerprint, settled_at, output_json, \
+        value_kept_for, slot_kept_for) \
+     VALUES ($1, 'claim', $2, $3, 'success', $4, $5, statement_timestamp(), $6, \
+             $7 * interval '1 microsecond', $8 * interval '1 microsecond') \
      ON CONFLICT DO NOTHING";
 
 /// Runs `query` (a statement matched on one row's address and fence, or an
@@ -874,6 +879,9 @@ pub(crate) struct LateSuccess<'a> {
     pub identity: &'a [u8],
     pub fingerprint: Option<&'a [u8]>,
     pub output: Option<&'a str>,
+    /// The late holder's windows: written only into a vacant slot (a row
+    /// it settles over has the windows its claim wrote).
+    pub windows: Windows,
 }
 
 /// Settles the pending row last seen with fence `seen` with a late success
@@ -930,7 +938,9 @@ pub(crate) async fn settle_vacant<'e>(
             .for_row(scope, address)
             .bind(late.identity)
             .bind(late.fingerprint)
-            .bind(late.output),
+            .bind(late.output)
+            .bind(late.windows.value_micros)
+            .bind(late.windows.slot_micros),
         executor,
     )
     .await

@@ -364,3 +364,42 @@ async fn a_kept_failure_past_its_slot_window_runs_again() {
         "past it the key ran again, once"
     );
 }
+
+/// A holder whose claim an operator released, and which then succeeds,
+/// writes its success into the vacant slot (a success that happened is
+/// never lost): with the windows its action set, not for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_written_into_a_vacant_slot_keeps_its_windows() {
+    let gate = testing::gate().await;
+    let id = Identity::new("late_export").part("acct_vacant");
+    let claim = gate
+        .guard(&id)
+        .keep_slot_for(WINDOW)
+        .claim()
+        .await
+        .expect("won");
+    let address = id.address();
+    let slot = operations::Slot::new(gate.account_name(), gate.namespace_name(), &address);
+    let released = operations::release_pending(gate.pool(), slot)
+        .await
+        .expect("released by an operator");
+    assert!(released.is_some());
+    let told = claim.settle().await;
+    assert!(
+        told.is_err(),
+        "the holder is told its claim was lost: {told:?}"
+    );
+    let ok = || async { Ok::<_, Rejected>(()) };
+    let inside = gate.guard(&id).keep_slot_for(WINDOW).run(ok()).await;
+    assert!(
+        matches!(inside, Err(Rejected::AlreadyDone)),
+        "the late success holds the slot: {inside:?}"
+    );
+    past_the_window().await;
+    let past = gate.guard(&id).keep_slot_for(WINDOW).run(ok()).await;
+    assert!(
+        past.is_ok(),
+        "past the action's slot window the late success's slot runs again, as the \
+         action said: {past:?}"
+    );
+}

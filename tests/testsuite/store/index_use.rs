@@ -96,7 +96,7 @@ fn row_params(namespace: Option<&'static str>) -> Vec<Param> {
 /// Every statement that finds a row by address, in the form for
 /// `namespace`.
 fn cases(namespace: Option<&'static str>) -> Vec<Case> {
-    use Param::{Bool, Bytes, BytesArray, Int, IntArray, Text, TextArray};
+    use Param::{Bool, Bytes, BytesArray, Int, IntArray, NullInt, Text, TextArray};
     let per_row = |name, statement: &SplitOnNamespace, extra: &[Param], expect| Case {
         name,
         namespace,
@@ -204,7 +204,7 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
         per_row(
             "settle_vacant",
             &claims::SETTLE_VACANT,
-            &[Bytes, Bytes, output],
+            &[Bytes, Bytes, output, NullInt, Int(60_000_000)],
             Expect::ArbitratedInsert,
         ),
         Case {
