@@ -329,7 +329,12 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// responses) while the action must still never run twice. The window
     /// is the action's own: it is written with the claim, so a prune
     /// enforces what each action said when it ran, and is judged by the
-    /// database's clock. Within a [`keep_slot_for`](Guard::keep_slot_for)
+    /// database's clock from the statement that records the outcome. With
+    /// [`tx`](Guard::tx), that statement runs inside your transaction: the
+    /// window counts from it, not from your commit, so a transaction left
+    /// open after `run` returns shortens the window by as long (commit
+    /// promptly, or keep the window far longer than your transactions).
+    /// Within a [`keep_slot_for`](Guard::keep_slot_for)
     /// window it ends with the slot at the latest. More than zero and at
     /// most [`MAX_WINDOW`](crate::MAX_WINDOW), or every claim is refused
     /// [`Rejected::InvalidOption`] before any statement runs.
@@ -351,7 +356,10 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// hours, Adyen 31 days): say the window in your API's documentation,
     /// as the IETF draft asks. Within it, nothing runs twice, whatever
     /// prunes meanwhile: expiry is judged by the database's clock against
-    /// the window written with the claim. A claim still pending or in
+    /// the window written with the claim, counted from the statement that
+    /// recorded the outcome (with [`tx`](Guard::tx), inside your
+    /// transaction, not at its commit: see
+    /// [`keep_value_for`](Guard::keep_value_for)). A claim still pending or in
     /// doubt never expires (its lease and its reconciler govern it). More
     /// than zero and at most [`MAX_WINDOW`](crate::MAX_WINDOW), or every
     /// claim is refused [`Rejected::InvalidOption`] before any statement

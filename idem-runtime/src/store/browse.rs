@@ -150,12 +150,15 @@ pub struct ClaimView {
     /// How it got there (`body_in_doubt`, `operator`, ...), when written.
     pub state_reason: Option<String>,
     /// The canonical identity
-    /// ([`Identity::from_canonical`](crate::Identity::from_canonical)).
+    /// ([`Identity::from_canonical`](crate::Identity::from_canonical)), or,
+    /// for a success a prune compacted past its value's window, an 8-byte
+    /// check of it ([`is_compacted`](crate::operations::is_compacted)).
     pub identity: Vec<u8>,
     /// The fencing token of its current holder.
     pub fence: i64,
     /// The fence it was first claimed with; a takeover raised `fence`
-    /// above it. `None` for rows from before schema version 4.
+    /// above it. `None` for rows from before schema version 4, and for a
+    /// compacted success never taken over (it equalled `fence`).
     pub first_fence: Option<i64>,
     /// When it was claimed, in microseconds since the Unix epoch.
     pub created_micros: i64,

@@ -317,7 +317,8 @@ pub struct ClaimRow {
     pub state: ClaimState,
     /// The canonical identity encoding
     /// ([`Identity::from_canonical`](crate::Identity::from_canonical) reads
-    /// it back).
+    /// it back), or, for a success a prune compacted past its value's
+    /// window, an 8-byte check of it ([`is_compacted`]).
     pub identity: Vec<u8>,
     /// `created_at`, in microseconds since the Unix epoch.
     pub created_micros: i64,

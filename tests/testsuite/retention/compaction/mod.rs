@@ -2,7 +2,8 @@
 //! (`keep_value_for`): the slot, which still refuses every duplicate and a
 //! colliding identity; not the value, the fingerprint, the steps or the
 //! canonical identity, which give way to an 8-byte check of it. (Every
-//! walk compacts, once: `store::prune_steps`.)
+//! walk compacts, once: `store::prune_steps`.) `at_the_edges`: a red
+//! team's attacks, from the docs alone.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -16,15 +17,19 @@ use idem::{Fingerprint, Gate, Identity, Rejected, testing};
 use super::{WINDOW, counted, past_the_window};
 use crate::support::steps::steps_of;
 
+mod at_the_edges;
+
 /// The stored row of `id` in `gate`'s account: its identity, value,
 /// fingerprint and `first_fence`.
 async fn stored(gate: &Gate, id: &Identity) -> (Vec<u8>, Option<String>, Option<Vec<u8>>) {
     sqlx::query_as(
         "SELECT identity, output_json, fingerprint FROM idem_records \
-         WHERE account = $1 AND kind = 'claim' AND address = $2",
+         WHERE account = $1 AND kind = 'claim' AND address = $2 \
+         AND namespace IS NOT DISTINCT FROM $3",
     )
     .bind(gate.account_name())
     .bind(id.address())
+    .bind(gate.namespace_name())
     .fetch_one(gate.pool())
     .await
     .expect("the claim's row")
