@@ -127,6 +127,20 @@ async fn observed(
     let id = invocation_of(request.headers());
     let (response, events) = idem::testing::observe(next.run(request)).await;
     if let Some(id) = id {
+        // What the store said of an outage, for when rule 4 finds no fault
+        // near it: the cause (a pool timeout, a Citus worker's error) is
+        // in no event the checker sees.
+        for event in &events {
+            if let idem::testing::GateEvent::Refused(rejected)
+            | idem::testing::GateEvent::Unrecorded(rejected) = event
+                && rejected.is_outage()
+            {
+                eprintln!(
+                    "history (tower layer): #{id} unavailable: {:?}",
+                    std::error::Error::source(rejected)
+                );
+            }
+        }
         let events = events.iter().map(Event::from).collect();
         lock(&registry.reported).insert(id, events);
     }
