@@ -71,6 +71,9 @@ pub struct Pruned {
 pub struct WouldPrune {
     /// Claims a prune would delete now.
     pub would_delete: u64,
+    /// Claims a prune would compact now (successes past the window in
+    /// which their value is kept).
+    pub would_compact: u64,
     /// The cut-off, RFC 3339 in UTC; null with `--expired` alone.
     pub settled_before: Option<String>,
     /// The account counted, or null for all.
@@ -225,8 +228,12 @@ async fn dry_run(pool: &PgPool, target: &Target<'_>) -> Result<WouldPrune, CliEr
     let accounts = operations::count_prunable_by_account(pool, &target.filter)
         .await
         .map_err(CliError::store("count the settled claims"))?;
+    let would_compact = operations::count_compactable(pool, &target.filter)
+        .await
+        .map_err(CliError::store("count the claims to compact"))?;
     Ok(WouldPrune {
         would_delete: accounts.iter().map(|(_, claims)| claims).sum(),
+        would_compact,
         settled_before: target.before.clone(),
         account: target.filter.account.map(str::to_owned),
         accounts: accounts
@@ -320,13 +327,14 @@ fn describe_cut(settled_before: Option<&str>) -> String {
     }
 }
 
-/// The line that says how many claims were compacted, if any were.
-fn describe_compacted(compacted: u64) -> String {
+/// The line that says how many claims were (or would be: `verb`)
+/// compacted, if any.
+fn describe_compacted(compacted: u64, verb: &str) -> String {
     if compacted == 0 {
         return String::new();
     }
     format!(
-        "compacted {compacted} claim{} past the window in which {} value{} kept: \
+        "{verb} {compacted} claim{} past the window in which {} value{} kept: \
          {} slot{} still refuse{} duplicates\n",
         plural(compacted),
         if compacted == 1 { "its" } else { "their" },
@@ -348,7 +356,7 @@ pub fn render(outcome: &Outcome, format: Format) -> Result<String, CliError> {
             plural(pruned.deleted),
             describe_cut(pruned.settled_before.as_deref()),
             describe_account(pruned.account.as_deref()),
-            describe_compacted(pruned.compacted),
+            describe_compacted(pruned.compacted, "compacted"),
         )),
         (Outcome::DryRun(counted), Format::Text) => {
             let mut text = format!(
@@ -358,6 +366,7 @@ pub fn render(outcome: &Outcome, format: Format) -> Result<String, CliError> {
                 describe_cut(counted.settled_before.as_deref()),
                 describe_account(counted.account.as_deref()),
             );
+            text.push_str(&describe_compacted(counted.would_compact, "would compact"));
             if !counted.accounts.is_empty() {
                 let rows: Vec<Vec<String>> = counted
                     .accounts

@@ -491,6 +491,32 @@ async fn claims_are_listed_shown_released_and_pruned() {
         "deleted 0 settled claims (past their window, in every account)",
     );
     assert_eq!(count(&mut conn, &refund).await, 1);
+    // A success past the window in which its value is kept: the dry run
+    // says it would be compacted, the prune compacts it, its slot stays.
+    sqlx::query(
+        "UPDATE idem_records SET value_kept_for = '1 second', \
+             settled_at = now() - interval '1 hour' WHERE address = $1",
+    )
+    .bind(&refund)
+    .execute(&mut conn)
+    .await
+    .expect("give the refund a value window, long past");
+    let run = idem_in(&schema, "prune --expired --dry-run").expect_code(0);
+    assert_contains(
+        &run.stdout,
+        "would compact 1 claim past the window in which its value is kept",
+    );
+    let run = idem_in(&schema, "prune --expired --yes").expect_code(0);
+    assert_contains(
+        &run.stdout,
+        "compacted 1 claim past the window in which its value is kept: its slot still \
+         refuses duplicates",
+    );
+    assert_eq!(count(&mut conn, &refund).await, 1, "its slot stays");
+    let shown = idem_in(&schema, &format!("claims show {refund} --account globex"))
+        .expect_code(0)
+        .stdout;
+    assert_contains(&shown, "compacted past its value's window");
     // Neither a cut-off nor --expired: a usage error, nothing deleted.
     let run = idem_in(&schema, "prune --yes").expect_code(2);
     assert_contains(&run.stderr, "--settled-before");

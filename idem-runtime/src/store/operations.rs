@@ -46,7 +46,8 @@ pub use super::browse::{
     describe, open_counts, open_totals, row_estimate, stored_values,
 };
 pub use super::prune::{
-    DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_prunable, count_prunable_by_account, prune,
+    DEFAULT_BATCH_SIZE, PruneFilter, Pruning, count_compactable, count_prunable,
+    count_prunable_by_account, prune,
 };
 use crate::error::Error;
 pub use crate::identity::is_compacted;

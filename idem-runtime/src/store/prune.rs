@@ -139,6 +139,15 @@ pub(super) const COUNT_PRUNABLE_BY_ACCOUNT: &str = concat!(
     " GROUP BY account ORDER BY claims DESC, account"
 );
 
+/// Counts what a prune would compact now (`compactable!`), in account
+/// `$1` (NULL: every account). Index: none; counting reads the table (or,
+/// with an account, one partition or shard of it).
+pub(super) const COUNT_COMPACTABLE: &str = concat!(
+    "SELECT count(*) AS claims FROM idem_records WHERE ",
+    super::claims::compactable!(),
+    " AND ($1::text IS NULL OR account = $1)"
+);
+
 /// Deletes every settled claim in one statement: what `prune` did before
 /// it went in batches, kept for [`prune_in_one_statement`] (the baseline
 /// the prune benchmark measures batches against). Index: none; it reads
@@ -568,6 +577,19 @@ pub const DEFAULT_BATCH_SIZE: NonZeroU32 = match NonZeroU32::new(10_000) {
 pub async fn count_prunable(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
     let row = sqlx::query(COUNT_PRUNABLE)
         .bind(micros_rounded_up(filter.settled_before))
+        .bind(filter.account)
+        .fetch_one(pool)
+        .await?;
+    let claims: i64 = row.try_get("claims")?;
+    Ok(u64::try_from(claims).unwrap_or_default())
+}
+
+/// How many claims [`prune`] would compact now: successes past the window
+/// in which their value is kept, in the filter's account or all
+/// ([`Pruning::compacted`] says what compacting does). The cut-off plays
+/// no part: every prune compacts them.
+pub async fn count_compactable(pool: &PgPool, filter: &PruneFilter<'_>) -> Result<u64, Error> {
+    let row = sqlx::query(COUNT_COMPACTABLE)
         .bind(filter.account)
         .fetch_one(pool)
         .await?;
