@@ -46,6 +46,11 @@
 //! its window, whatever the cut-off. Pending and in-doubt claims are held
 //! slots (a running or unresolved action), and a kept failure without a
 //! window is what refuses its retries: none of them is ever deleted here.
+//!
+//! Each batch also compacts, in its transaction and over the same window,
+//! the successes past the window in which their value is kept
+//! (`compactable!`, `compacted!`): their value, fingerprint and steps go,
+//! and their identity becomes an 8-byte check of it. Their slots stay.
 
 use std::num::NonZeroU32;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -1212,8 +1217,16 @@ mod tests {
             for statement in [walker.window_end, walker.delete_window, walker.delete_rest] {
                 assert!(statement.contains("account = $1"), "{statement}");
             }
+            let compactions = [walker.compact_window, walker.compact_rest];
+            for statement in compactions.into_iter().flatten() {
+                assert!(statement.contains("account = $1"), "{statement}");
+            }
             for walker in [&lane.by_account, &lane.across] {
-                for statement in [walker.delete_window, walker.delete_rest] {
+                let compactions = [walker.compact_window, walker.compact_rest];
+                let statements = [walker.delete_window, walker.delete_rest]
+                    .into_iter()
+                    .chain(compactions.into_iter().flatten());
+                for statement in statements {
                     assert!(statement.contains("state = 'success'"), "{statement}");
                     assert!(statement.contains("$7"), "{statement}");
                     assert!(!statement.contains("LIMIT"), "{statement}");
@@ -1221,5 +1234,6 @@ mod tests {
             }
         }
         assert!(DELETE_HEAP_PAGES.contains("state = 'success'"));
+        assert!(COMPACT_HEAP_PAGES.contains("state = 'success'"));
     }
 }
