@@ -517,6 +517,10 @@ async fn claims_are_listed_shown_released_and_pruned() {
         .expect_code(0)
         .stdout;
     assert_contains(&shown, "compacted past its value's window");
+    assert_contains(
+        &shown,
+        "its settle: a compacted claim keeps no creation time",
+    );
     // Neither a cut-off nor --expired: a usage error, nothing deleted.
     let run = idem_in(&schema, "prune --yes").expect_code(2);
     assert_contains(&run.stderr, "--settled-before");

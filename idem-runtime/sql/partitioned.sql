@@ -20,7 +20,7 @@ CREATE TABLE idem_records (
     namespace        text        NULL,
     state            text        NOT NULL,
     identity         bytea       NOT NULL,
-    created_at       timestamptz NOT NULL DEFAULT now(),
+    created_at       timestamptz NULL DEFAULT now(),
     settled_at       timestamptz NULL,
     meter            text        NULL,
     quantity         bigint      NULL,

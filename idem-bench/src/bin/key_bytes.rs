@@ -65,7 +65,7 @@ fn account(n: i64, accounts: i64) -> String {
 /// its settle `settled_at`; nothing else), with an address of 30
 /// characters and an identity of the sample's length (`$3`), over `$4`
 /// accounts named as the sample's; `$5`: compacted, so without
-/// `first_fence` (equal to `fence`, a prune clears it).
+/// `first_fence` (equal to `fence`, a prune clears it) and `created_at`.
 const BULK: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, created_at, settled_at, \
         fence, first_fence) \
@@ -73,7 +73,7 @@ const BULK: &str = "INSERT INTO idem_records \
             'claim_' || left(md5(i::text), 24), NULL, 'success', \
             substring(decode(md5(i::text) || md5((-i)::text) || md5((i * 7)::text), 'hex') \
                       FOR $3), \
-            now(), now(), f, CASE WHEN $5 THEN NULL ELSE f END \
+            CASE WHEN $5 THEN NULL ELSE now() END, now(), f, CASE WHEN $5 THEN NULL ELSE f END \
      FROM generate_series($1::bigint + 1, $2::bigint) AS i, \
           LATERAL (SELECT nextval('idem_records_fence_seq') AS f) AS fence";
 

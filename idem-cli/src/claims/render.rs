@@ -294,9 +294,16 @@ pub fn render_claim(
         (
             "created_at".into(),
             format!(
-                "{} ({} ago)",
+                "{} ({} ago){}",
                 timestamps::instant(claim.created_micros),
-                timestamps::age(claim.age_seconds)
+                timestamps::age(claim.age_seconds),
+                // A compacted row keeps no creation time; the store reads
+                // its settle time for it.
+                if idem_runtime::operations::is_compacted(&claim.identity) {
+                    ", its settle: a compacted claim keeps no creation time"
+                } else {
+                    ""
+                }
             ),
         ),
         (

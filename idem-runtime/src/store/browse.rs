@@ -51,12 +51,13 @@ macro_rules! action_of_identity {
 
 /// Since when a claim's age counts, over `idem_records r`: a claim in
 /// doubt's from when it went in doubt (or its creation, for a row that
-/// turned before `in_doubt_since` existed), any other's from its creation.
+/// turned before `in_doubt_since` existed), any other's from its creation
+/// (a compacted success keeps none: from its settle, `sql/v11.sql`).
 /// The rule `idem claims list --older-than` follows.
 macro_rules! age_since {
     () => {
         "CASE WHEN r.state = 'in_doubt' THEN coalesce(r.in_doubt_since, r.created_at) \
-              ELSE r.created_at END"
+              ELSE coalesce(r.created_at, r.settled_at) END"
     };
 }
 
@@ -104,7 +105,8 @@ macro_rules! view_columns {
         concat!(
             "r.account, r.namespace, r.address, r.state, r.state_reason, r.identity, r.fence, \
              r.first_fence, \
-             floor(extract(epoch FROM r.created_at) * 1000000)::int8 AS created_micros, \
+             floor(extract(epoch FROM coalesce(r.created_at, r.settled_at)) * 1000000)::int8 \
+                 AS created_micros, \
              floor(extract(epoch FROM r.settled_at) * 1000000)::int8 AS settled_micros, \
              floor(extract(epoch FROM r.in_doubt_since) * 1000000)::int8 AS in_doubt_micros, \
              floor(extract(epoch FROM r.resolved_at) * 1000000)::int8 AS resolved_micros, \
@@ -160,7 +162,8 @@ pub struct ClaimView {
     /// above it. `None` for rows from before schema version 4, and for a
     /// compacted success never taken over (it equalled `fence`).
     pub first_fence: Option<i64>,
-    /// When it was claimed, in microseconds since the Unix epoch.
+    /// When it was claimed, in microseconds since the Unix epoch. A
+    /// compacted success keeps no creation time: when it settled.
     pub created_micros: i64,
     /// When it settled.
     pub settled_micros: Option<i64>,

@@ -33,11 +33,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../../sql/v9.sql"),
     "\n",
-    include_str!("../../sql/v10.sql")
+    include_str!("../../sql/v10.sql"),
+    "\n",
+    include_str!("../../sql/v11.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 10;
+pub const SCHEMA_VERSION: i32 = 11;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +68,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(8, include_str!("../../sql/v8.sql")),
     Migration::new(9, include_str!("../../sql/v9.sql")),
     Migration::new(10, include_str!("../../sql/v10.sql")),
+    Migration::new(11, include_str!("../../sql/v11.sql")),
 ];
 
 /// The index of open claims (schema version 9, `sql/v9.sql`).

@@ -748,13 +748,15 @@ pub(super) use compactable;
 /// `first_fence` only where it says something (`coalesce(first_fence,
 /// fence)` reads the same without it when the two are equal), and no
 /// value window (a compacted identity says the value's window is over:
-/// `existing_columns!`). What stays: BENCHMARKS.md, "Bytes per settled
-/// key".
+/// `existing_columns!`), and no creation time (nothing judges a settled
+/// claim by it, and what shows one reads `coalesce(created_at,
+/// settled_at)`: `sql/v11.sql`). What stays: BENCHMARKS.md, "Bytes per
+/// settled key".
 macro_rules! compacted {
     () => {
         "identity = substring(sha256(identity) FROM 1 FOR 8), fingerprint = NULL, \
          output = NULL, output_json = NULL, first_fence = NULLIF(first_fence, fence), \
-         value_kept_for = NULL"
+         value_kept_for = NULL, created_at = NULL"
     };
 }
 pub(super) use compacted;

@@ -321,11 +321,13 @@ pub struct ClaimRow {
     /// it back), or, for a success a prune compacted past its value's
     /// window, an 8-byte check of it ([`is_compacted`]).
     pub identity: Vec<u8>,
-    /// `created_at`, in microseconds since the Unix epoch.
+    /// `created_at`, in microseconds since the Unix epoch. A compacted
+    /// success ([`is_compacted`]) keeps no creation time: its `settled_at`.
     pub created_micros: i64,
     /// `settled_at`, in microseconds since the Unix epoch.
     pub settled_micros: Option<i64>,
-    /// Seconds since `created_at`, by the database's clock.
+    /// Seconds since `created_at` (`settled_at` for a compacted success),
+    /// by the database's clock.
     pub age_seconds: i64,
     /// The fencing token of the claim's current holder: a takeover raises
     /// it, so a resolution made against a fence that was seen
@@ -360,9 +362,10 @@ impl ClaimRow {
 macro_rules! claim_columns {
     () => {
         "r.account, r.namespace, r.kind, r.address, r.state, r.identity, \
-         floor(extract(epoch FROM r.created_at) * 1000000)::int8 AS created_micros, \
+         floor(extract(epoch FROM coalesce(r.created_at, r.settled_at)) * 1000000)::int8 \
+             AS created_micros, \
          floor(extract(epoch FROM r.settled_at) * 1000000)::int8 AS settled_micros, \
-         floor(extract(epoch FROM now() - r.created_at))::int8 AS age_seconds, \
+         floor(extract(epoch FROM now() - coalesce(r.created_at, r.settled_at)))::int8 AS age_seconds, \
          r.fence, r.state_reason, \
          (to_jsonb(r) - ARRAY['account', 'namespace', 'kind', 'address', 'state', 'identity', \
                               'created_at', 'settled_at']) AS other_columns"
@@ -425,7 +428,7 @@ fn list_conditions(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String
          AND ($3::text IS NULL OR r.state = $3) \
          AND ($4::float8 IS NULL \
               OR CASE WHEN r.state = 'in_doubt' THEN coalesce(r.in_doubt_since, r.created_at) \
-                      ELSE r.created_at END \
+                      ELSE coalesce(r.created_at, r.settled_at) END \
                  < now() - make_interval(secs => $4::float8))",
         scope = scope_test(scope),
     )
@@ -436,7 +439,7 @@ fn list_conditions(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String
 pub(crate) fn list_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
     format!(
         "SELECT {columns} FROM idem_records r WHERE {conditions} \
-         ORDER BY r.created_at DESC, r.account, r.namespace NULLS FIRST, r.address \
+         ORDER BY coalesce(r.created_at, r.settled_at) DESC, r.account, r.namespace NULLS FIRST, r.address \
          LIMIT $5",
         columns = claim_columns!(),
         conditions = list_conditions(scope, state),

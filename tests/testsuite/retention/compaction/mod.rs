@@ -193,3 +193,72 @@ async fn prune_compacts_only_successes_past_their_value_window() {
     assert!(read_back.to_string().contains("compacted"), "{read_back}");
     claim.settle().await.expect("settled");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_claim_keeps_no_creation_time_and_is_still_listed_by_its_settle() {
+    let gate = testing::gate().await;
+    let account = gate.account_name().to_owned();
+    let older = Identity::new("compact_listed").part("older");
+    let newer = Identity::new("compact_listed").part("newer");
+    let forever = Identity::new("compact_listed").part("forever");
+    for id in [&older, &newer] {
+        gate.guard(id)
+            .keep_value_for(WINDOW)
+            .run(async { Ok::<_, Rejected>(()) })
+            .await
+            .expect("settled");
+    }
+    past_the_window().await;
+    assert_eq!(compact(gate.pool(), &account).await, 2);
+    gate.guard(&forever)
+        .run(async { Ok::<_, Rejected>(()) })
+        .await
+        .expect("settled");
+
+    // The compacted rows hold no creation time (the 8 bytes that bring a
+    // key under twice its floor), the others keep theirs.
+    let created: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT address, created_at IS NULL FROM idem_records \
+         WHERE account = $1 AND kind = 'claim' ORDER BY address",
+    )
+    .bind(&account)
+    .fetch_all(gate.pool())
+    .await
+    .expect("rows");
+    let mut expected = vec![
+        (older.address(), true),
+        (newer.address(), true),
+        (forever.address(), false),
+    ];
+    expected.sort();
+    assert_eq!(created, expected);
+
+    // Listed newest first by their settle, each shown created when it
+    // settled, and found by age as settled claims are.
+    let scope = ScopeFilter::new()
+        .account(account.as_str())
+        .namespace(NamespaceFilter::Any);
+    let listed = operations::list(gate.pool(), &operations::ListFilter::new().scope(scope))
+        .await
+        .expect("list");
+    let order: Vec<String> = listed.iter().map(|row| row.address.clone()).collect();
+    assert_eq!(order, [forever.address(), newer.address(), older.address()]);
+    for row in &listed[1..] {
+        assert_eq!(Some(row.created_micros), row.settled_micros, "{row:?}");
+        assert!(row.age_seconds >= 0, "{row:?}");
+    }
+    let old = operations::ListFilter::new()
+        .scope(scope)
+        .older_than(WINDOW);
+    let aged: Vec<String> = operations::list(gate.pool(), &old)
+        .await
+        .expect("list older")
+        .into_iter()
+        .map(|row| row.address)
+        .collect();
+    assert_eq!(aged, [newer.address(), older.address()]);
+    assert_eq!(
+        operations::count(gate.pool(), &old).await.expect("count"),
+        2
+    );
+}
