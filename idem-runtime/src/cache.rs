@@ -188,12 +188,45 @@ impl Key {
 
 /// A [`Key`] borrowed from the caller's scope and address: a lookup
 /// allocates nothing. Hashed as the key it stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct KeyRef<'a> {
     pub(crate) store: &'a str,
     pub(crate) account: &'a str,
     pub(crate) namespace: Option<&'a str>,
     pub(crate) address: &'a str,
+}
+
+/// Whether two strings are equal, first by where they are: a gate's
+/// lookups borrow the store and the account from the same allocations its
+/// entries were made with, so a hit compares the address alone.
+fn same(a: &str, b: &str) -> bool {
+    core::ptr::eq(a, b) || a == b
+}
+
+impl PartialEq for KeyRef<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        same(self.address, other.address)
+            && same(self.account, other.account)
+            && match (self.namespace, other.namespace) {
+                (None, None) => true,
+                (Some(a), Some(b)) => same(a, b),
+                _ => false,
+            }
+            && same(self.store, other.store)
+    }
+}
+
+impl Eq for KeyRef<'_> {}
+
+/// The store is left out of the hash: a process rarely reaches more than
+/// one, so it would spread nothing, and hashing its ~45 bytes cost every
+/// lookup. Equality still compares it.
+impl Hash for KeyRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.address.hash(state);
+        self.account.hash(state);
+        self.namespace.hash(state);
+    }
 }
 
 impl Hash for Key {
