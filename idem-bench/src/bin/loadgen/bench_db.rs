@@ -16,7 +16,7 @@ use idem::sqlx::{self, AssertSqlSafe, PgPool};
 use crate::BoxError;
 use crate::accounts::Accounts;
 use crate::duplicates::Settled;
-use crate::{advisory, brandur, recovery_points};
+use crate::{advisory, brandur, recovery_points, steps_in_row};
 
 /// What the tables hold when a run starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,8 +72,8 @@ const PREFILL: &str = "INSERT INTO idem_records \
 
 /// Two statements: Citus truncates a distributed table, but not in one
 /// statement with tables of the coordinator's own.
-const EMPTY: &str =
-    "TRUNCATE idem_records; TRUNCATE idempotency_keys, advisory_outcomes, recovery_points";
+const EMPTY: &str = "TRUNCATE idem_records; TRUNCATE idempotency_keys, advisory_outcomes, recovery_points, \
+     steps_in_row";
 
 impl BenchDb {
     /// Drops `schema` if it exists (a crashed run's leftovers), creates it
@@ -114,6 +114,7 @@ impl BenchDb {
         sqlx::raw_sql(recovery_points::SCHEMA)
             .execute(&admin)
             .await?;
+        sqlx::raw_sql(steps_in_row::SCHEMA).execute(&admin).await?;
         Ok(BenchDb {
             schema: schema.to_owned(),
             connect,

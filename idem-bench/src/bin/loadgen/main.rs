@@ -49,6 +49,7 @@ mod river;
 mod runner;
 mod scenarios;
 mod stepped;
+mod steps_in_row;
 mod targets;
 mod workload;
 

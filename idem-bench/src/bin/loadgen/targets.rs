@@ -167,6 +167,11 @@ pub fn compared() -> Vec<Comparison> {
             "three-repeatable-async",
             "recovery-points",
         ),
+        compare(
+            "sketch: steps in the claim's row ÷ recovery points by hand",
+            "in-row-sketch",
+            "recovery-points",
+        ),
     ]
 }
 

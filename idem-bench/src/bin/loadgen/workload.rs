@@ -12,7 +12,7 @@ use crate::floor::Floor;
 use crate::fused::Fused;
 use crate::http::{Routers, Way};
 use crate::stepped::{self, Commit, Steps};
-use crate::{BoxError, advisory, brandur, gated, keys, recovery_points};
+use crate::{BoxError, advisory, brandur, gated, keys, recovery_points, steps_in_row};
 
 /// What one operation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +35,9 @@ pub enum Work {
     /// The same three phases by hand, as recovery points
     /// ([`recovery_points`]).
     RecoveryPoints,
+    /// A sketch of three steps kept in the claim's own row, by hand
+    /// ([`steps_in_row`]).
+    StepsInRow,
     /// A session advisory lock held across the body.
     Advisory,
     /// Refuses a settled identity with one `SELECT`.
@@ -102,6 +105,7 @@ impl Workload {
                 stepped::three_steps(self.gates.of(n), n, steps, commit).await
             }
             Work::RecoveryPoints => recovery_points::run(&self.pool, n).await,
+            Work::StepsInRow => steps_in_row::run(&self.pool, self.accounts.of(n), n).await,
             Work::Advisory => advisory::run(&self.pool, n, self.body).await,
             Work::RefuseByLookup => self.settled()?.refuse_by_lookup(&self.pool, n).await,
             // The gates of a cached run carry the cache (`cached::gate_for`).
