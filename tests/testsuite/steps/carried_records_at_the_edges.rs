@@ -657,9 +657,16 @@ async fn a_step_ending_right_at_the_lease_margin_is_replayed_by_the_taker_over()
 /// finished (its record waits, then is written on its own), the other is
 /// cut off inside. The quick one must be recorded, the other in doubt; a
 /// retry replays the first and is refused the second, running neither.
+///
+/// Where records are not carried (Citus), the quick step's record is a
+/// statement of its own that its future awaits before it returns: a panic
+/// beside it can cut that statement off, and the step is then in doubt as
+/// one cut off inside it (`idem::step`, **Cost**). Either way nothing runs
+/// twice, and a retry is refused at the first step in doubt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_of_a_finished_step_and_a_panicking_one_records_the_finished_one() {
     let gate = testing::gate().await;
+    let carried = records_are_carried(&gate).await;
     let lease = Duration::from_millis(200);
     for delay in [0_u64, 5, 19, 21, 30] {
         let case = format!("b panics {delay} ms in");
@@ -692,16 +699,22 @@ async fn join_of_a_finished_step_and_a_panicking_one_records_the_finished_one() 
         assert!(task.await.expect_err("it panicked").is_panic(), "{case}");
         tokio::time::sleep(SETTLE).await;
         let steps = all_steps(&gate, &id).await;
-        assert_eq!(
-            state_of_step(&gate, &id, "a").await,
-            Some(StepState::Success),
-            "{case}: the finished step is recorded: {steps:?}"
+        let a = state_of_step(&gate, &id, "a").await;
+        assert!(
+            a == Some(StepState::Success) || (!carried && a == Some(StepState::Pending)),
+            "{case}: the finished step is recorded (or, where its record is not carried, \
+             in doubt): {steps:?}"
         );
         assert_eq!(
             state_of_step(&gate, &id, "b").await,
             Some(StepState::Pending),
             "{case}: the one cut off is in doubt: {steps:?}"
         );
+        let first_in_doubt = if a == Some(StepState::Success) {
+            "b"
+        } else {
+            "a"
+        };
         let retry = gate
             .guard(&id)
             .lease(lease)
@@ -712,7 +725,7 @@ async fn join_of_a_finished_step_and_a_panicking_one_records_the_finished_one() 
             })
             .await;
         assert!(
-            matches!(&retry, Err(Rejected::StepInDoubt { step, .. }) if step == "b"),
+            matches!(&retry, Err(Rejected::StepInDoubt { step, .. }) if step == first_in_doubt),
             "{case}: {retry:?}"
         );
         effects.at_most_once(&case);
