@@ -30,7 +30,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use super::operations::{ClaimState, NamespaceFilter, ScopeFilter, Slot, age_in_seconds};
-use super::{SplitOnNamespace, open_claims};
+use super::{SplitOnNamespace, age_since, began_at, open_claims};
 use crate::Error;
 
 /// The action of a claim's canonical identity, as bytes (`NULL` when the
@@ -46,18 +46,6 @@ macro_rules! action_of_identity {
                    (get_byte(r.identity, 10)::int8 << 24) | (get_byte(r.identity, 11)::int8 << 16) \
                    | (get_byte(r.identity, 12)::int8 << 8) | get_byte(r.identity, 13)::int8)::int4) \
          END"
-    };
-}
-
-/// Since when a claim's age counts, over `idem_records r`: a claim in
-/// doubt's from when it went in doubt (or its creation, for a row that
-/// turned before `in_doubt_since` existed), any other's from its creation
-/// (a compacted success keeps none: from its settle, `sql/v11.sql`).
-/// The rule `idem claims list --older-than` follows.
-macro_rules! age_since {
-    () => {
-        "CASE WHEN r.state = 'in_doubt' THEN coalesce(r.in_doubt_since, r.created_at) \
-              ELSE coalesce(r.created_at, r.settled_at) END"
     };
 }
 
@@ -105,8 +93,9 @@ macro_rules! view_columns {
         concat!(
             "r.account, r.namespace, r.address, r.state, r.state_reason, r.identity, r.fence, \
              r.first_fence, \
-             floor(extract(epoch FROM coalesce(r.created_at, r.settled_at)) * 1000000)::int8 \
-                 AS created_micros, \
+             floor(extract(epoch FROM ",
+            began_at!(),
+            ") * 1000000)::int8 AS created_micros, \
              floor(extract(epoch FROM r.settled_at) * 1000000)::int8 AS settled_micros, \
              floor(extract(epoch FROM r.in_doubt_since) * 1000000)::int8 AS in_doubt_micros, \
              floor(extract(epoch FROM r.resolved_at) * 1000000)::int8 AS resolved_micros, \

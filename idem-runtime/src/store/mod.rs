@@ -183,6 +183,33 @@ macro_rules! open_claims {
 }
 use open_claims;
 
+/// When a claim began, over `idem_records r`: its `created_at`, or, for a
+/// success a prune compacted (which keeps none: `sql/v11.sql`), its
+/// settle. What every listing shows, counts ages from and orders by.
+macro_rules! began_at {
+    () => {
+        "coalesce(r.created_at, r.settled_at)"
+    };
+}
+use began_at;
+
+/// Since when a claim's age counts, over `idem_records r`: a claim in
+/// doubt's from when it went in doubt (or its creation, for a row that
+/// turned before `in_doubt_since` existed), any other's from when it
+/// began (`began_at!`). The rule `idem claims list --older-than` and the
+/// console's filters follow.
+macro_rules! age_since {
+    () => {
+        concat!(
+            "CASE WHEN r.state = 'in_doubt' THEN coalesce(r.in_doubt_since, r.created_at) \
+                  ELSE ",
+            began_at!(),
+            " END"
+        )
+    };
+}
+use age_since;
+
 /// The end of a statement that deletes one claim (it opens with
 /// `WITH released AS (DELETE FROM idem_records`, and its `WHERE` finds the
 /// claim as [`per_row!`]'s does): in the same statement, when the claim was

@@ -39,7 +39,7 @@ use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgTypeInfo, PgValueRef};
 use sqlx::{AssertSqlSafe, FromRow, PgPool, Postgres};
 
-use super::{Scope, SplitOnNamespace, open_claims, per_row};
+use super::{Scope, SplitOnNamespace, age_since, began_at, open_claims, per_row};
 
 pub use super::browse::{
     BrowseFilter, ClaimPage, ClaimView, OpenCount, OpenTotals, PageCursor, StoredValues, browse,
@@ -361,14 +361,19 @@ impl ClaimRow {
 /// of its fields.
 macro_rules! claim_columns {
     () => {
-        "r.account, r.namespace, r.kind, r.address, r.state, r.identity, \
-         floor(extract(epoch FROM coalesce(r.created_at, r.settled_at)) * 1000000)::int8 \
-             AS created_micros, \
-         floor(extract(epoch FROM r.settled_at) * 1000000)::int8 AS settled_micros, \
-         floor(extract(epoch FROM now() - coalesce(r.created_at, r.settled_at)))::int8 AS age_seconds, \
-         r.fence, r.state_reason, \
-         (to_jsonb(r) - ARRAY['account', 'namespace', 'kind', 'address', 'state', 'identity', \
-                              'created_at', 'settled_at']) AS other_columns"
+        concat!(
+            "r.account, r.namespace, r.kind, r.address, r.state, r.identity, \
+             floor(extract(epoch FROM ",
+            began_at!(),
+            ") * 1000000)::int8 AS created_micros, \
+             floor(extract(epoch FROM r.settled_at) * 1000000)::int8 AS settled_micros, \
+             floor(extract(epoch FROM now() - ",
+            began_at!(),
+            "))::int8 AS age_seconds, \
+             r.fence, r.state_reason, \
+             (to_jsonb(r) - ARRAY['account', 'namespace', 'kind', 'address', 'state', 'identity', \
+                                  'created_at', 'settled_at']) AS other_columns"
+        )
     };
 }
 
@@ -427,10 +432,9 @@ fn list_conditions(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String
         "{kind} AND {scope} \
          AND ($3::text IS NULL OR r.state = $3) \
          AND ($4::float8 IS NULL \
-              OR CASE WHEN r.state = 'in_doubt' THEN coalesce(r.in_doubt_since, r.created_at) \
-                      ELSE coalesce(r.created_at, r.settled_at) END \
-                 < now() - make_interval(secs => $4::float8))",
+              OR {since} < now() - make_interval(secs => $4::float8))",
         scope = scope_test(scope),
+        since = age_since!(),
     )
 }
 
@@ -439,9 +443,10 @@ fn list_conditions(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String
 pub(crate) fn list_statement(scope: &ScopeFilter<'_>, state: Option<ClaimState>) -> String {
     format!(
         "SELECT {columns} FROM idem_records r WHERE {conditions} \
-         ORDER BY coalesce(r.created_at, r.settled_at) DESC, r.account, r.namespace NULLS FIRST, r.address \
+         ORDER BY {began} DESC, r.account, r.namespace NULLS FIRST, r.address \
          LIMIT $5",
         columns = claim_columns!(),
+        began = began_at!(),
         conditions = list_conditions(scope, state),
     )
 }
