@@ -123,10 +123,10 @@
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
     ADDRESS_DIGEST_HEX, ADDRESS_PREFIX, Claim, ClaimOrReplay, Detached, Disposition, Error,
-    Fingerprint, Gate, Guard, Identity, KeyPart, MAX_LEASE, MAX_WINDOW, NotCanonical, OnExpiry,
-    OnUnavailable, Outcome, OutcomeCommit, PartValue, PartWriter, PartWritten, Rejected,
-    SchemaProblem, SchemaProblems, Shutdown, Step, TxClaim, batch, detach, downstream_key, guard,
-    meter, operations, reconcile, schema, shown, sqlx, step,
+    EventOrder, Fingerprint, Gate, Guard, Identity, KeyPart, MAX_LEASE, MAX_WINDOW, NotCanonical,
+    OnExpiry, OnUnavailable, OrderOutOfRange, Outcome, OutcomeCommit, PartValue, PartWriter,
+    PartWritten, Rejected, SchemaProblem, SchemaProblems, Shutdown, Step, TxClaim, batch, detach,
+    downstream_key, guard, meter, operations, reconcile, schema, shown, sqlx, step,
 };
 
 /// Not a stable API: what idem's own `idem` command, benchmarks and tests

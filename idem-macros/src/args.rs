@@ -22,6 +22,8 @@ mod kw {
     syn::custom_keyword!(tx);
     syn::custom_keyword!(keep_value_for);
     syn::custom_keyword!(keep_slot_for);
+    syn::custom_keyword!(entity);
+    syn::custom_keyword!(order);
 }
 
 /// Every option, in the order the docs list them.
@@ -42,6 +44,8 @@ pub(crate) const OPTIONS: &[&str] = &[
     "tx",
     "keep_value_for",
     "keep_slot_for",
+    "entity",
+    "order",
     "crate",
 ];
 
@@ -75,6 +79,13 @@ pub(crate) struct Args {
     pub keep_value_for: Option<Timed>,
     /// `keep_slot_for = "31d"`: how long the slot is held after the outcome.
     pub keep_slot_for: Option<Timed>,
+    /// `entity = "event.object_id"`: the entity an ordered event belongs to.
+    pub entity: Option<Key>,
+    /// `order = "event.sequence"`: the event's order within its entity.
+    pub order: Option<Ordered>,
+    /// `entity` and `order` as written, valid or not: a mistake in one is
+    /// not also reported as the other's missing partner.
+    pub ordering_written: (bool, bool),
     /// `crate = "..."`: the path to idem where it is renamed.
     pub krate: Option<syn::Path>,
     pub errors: Errors,
@@ -84,6 +95,12 @@ pub(crate) struct Args {
 pub(crate) struct Timed {
     pub duration: std::time::Duration,
     pub literal: LitStr,
+}
+
+/// `order = "event.sequence"`: the literal, and the expression in it.
+pub(crate) struct Ordered {
+    pub literal: LitStr,
+    pub expr: Expr,
 }
 
 /// `key = "a.b, c"`: the literal, and the expressions written in it.
@@ -145,6 +162,9 @@ impl Parse for Args {
             tx: None,
             keep_value_for: None,
             keep_slot_for: None,
+            entity: None,
+            order: None,
+            ordering_written: (false, false),
             krate: None,
             errors: Errors::default(),
         };
@@ -310,6 +330,22 @@ impl Parse for Args {
                     value.and_then(|value| args.check_string(value, "keep_slot_for", example));
                 let value = value.and_then(|literal| args.check_duration(literal, "keep_slot_for"));
                 args.set(name.span, "keep_slot_for", value, |a| &mut a.keep_slot_for);
+            } else if lookahead.peek(kw::entity) {
+                let name: kw::entity = input.parse()?;
+                args.ordering_written.0 = true;
+                let example = "entity = \"event.object_id\"";
+                let value = parse_value(input, name.span, "entity", example)?;
+                let value = value.and_then(|value| args.check_string(value, "entity", example));
+                let value = value.and_then(|literal| args.check_exprs(literal, "entity", example));
+                args.set(name.span, "entity", value, |a| &mut a.entity);
+            } else if lookahead.peek(kw::order) {
+                let name: kw::order = input.parse()?;
+                args.ordering_written.1 = true;
+                let example = "order = \"event.sequence\"";
+                let value = parse_value(input, name.span, "order", example)?;
+                let value = value.and_then(|value| args.check_string(value, "order", example));
+                let value = value.and_then(|literal| args.check_order(literal));
+                args.set(name.span, "order", value, |a| &mut a.order);
             } else if lookahead.peek(Token![crate]) {
                 let name: Token![crate] = input.parse()?;
                 let example = "crate = \"idem\"";
@@ -413,10 +449,10 @@ impl Args {
         let parsed = literal.parse_with(Punctuated::<Expr, Token![,]>::parse_terminated);
         match parsed {
             Ok(parts) if parts.is_empty() => {
-                let what = if option == "key" {
-                    "name what makes one invocation different from another"
-                } else {
-                    "name the arguments that make up the payload"
+                let what = match option {
+                    "key" => "name what makes one invocation different from another",
+                    "entity" => "name what the event belongs to",
+                    _ => "name the arguments that make up the payload",
                 };
                 self.errors.push(syn::Error::new_spanned(
                     &literal,
@@ -434,6 +470,23 @@ impl Args {
                     format!(
                         "`{option}` must be a comma-separated list of Rust expressions on the \
                          function's parameters ({error}): write e.g. {example}"
+                    ),
+                ));
+                None
+            }
+        }
+    }
+
+    /// `order = "..."`: one Rust expression.
+    fn check_order(&mut self, literal: LitStr) -> Option<Ordered> {
+        match literal.parse::<Expr>() {
+            Ok(expr) => Some(Ordered { literal, expr }),
+            Err(error) => {
+                self.errors.push(syn::Error::new_spanned(
+                    &literal,
+                    format!(
+                        "`order` must be one Rust expression on the function's parameters, an \
+                         integer or a SystemTime ({error}): write e.g. order = \"event.sequence\""
                     ),
                 ));
                 None

@@ -83,6 +83,16 @@ struct Modes {
     keep_value_for: Option<std::time::Duration>,
     /// `keep_slot_for`: how long the slot is held after the outcome.
     keep_slot_for: Option<std::time::Duration>,
+    /// `entity` and `order`: an ordered event, its entity's key parts (and
+    /// where they were written), and its order.
+    ordered: Option<OrderedEvent>,
+}
+
+/// `entity = "..."` and `order = "..."`, checked.
+struct OrderedEvent {
+    entity: Vec<syn::Expr>,
+    entity_span: Span,
+    order: syn::Expr,
 }
 
 impl Checked {
@@ -104,6 +114,9 @@ impl Checked {
             tx,
             keep_value_for,
             keep_slot_for,
+            entity,
+            order,
+            ordering_written: (entity_written, order_written),
             krate,
             mut errors,
         } = args;
@@ -187,6 +200,55 @@ impl Checked {
                 }
             }
         }
+
+        // An ordered event names its entity and its order, both or neither.
+        for part in entity.iter().flat_map(|entity| &entity.parts) {
+            if let Some(entity) = &entity
+                && let Err(error) = parameters.check_rooted(part, &entity.literal, "entity part")
+            {
+                errors.push(error);
+            }
+        }
+        if let Some(order) = &order
+            && let Err(error) = parameters.check_rooted(&order.expr, &order.literal, "order")
+        {
+            errors.push(error);
+        }
+        let ordered = match (entity, order) {
+            (Some(entity), Some(order)) => {
+                if let Some(slot) = &keep_slot_for {
+                    errors.push(syn::Error::new_spanned(
+                        &slot.literal,
+                        "`keep_slot_for` cannot be combined with `entity` and `order`: an \
+                         ordered event keeps its slot for ever, since its entity's order is \
+                         judged from it (a slot that reopened could run an old event after a \
+                         newer one); drop `keep_slot_for` (`keep_value_for` is allowed)",
+                    ));
+                }
+                Some(OrderedEvent {
+                    entity: entity.parts,
+                    entity_span: entity.literal.span(),
+                    order: order.expr,
+                })
+            }
+            (Some(entity), None) if !order_written => {
+                errors.push(syn::Error::new_spanned(
+                    &entity.literal,
+                    "`entity` needs `order`: an ordered event is refused when an event of its \
+                     entity with a newer order was applied; add e.g. order = \"event.sequence\"",
+                ));
+                None
+            }
+            (None, Some(order)) if !entity_written => {
+                errors.push(syn::Error::new_spanned(
+                    &order.literal,
+                    "`order` needs `entity`: an event's order is compared with the other events \
+                     of its entity; add e.g. entity = \"event.object_id\"",
+                ));
+                None
+            }
+            _ => None,
+        };
 
         // Only a lease can expire.
         if let (Some((_, literal)), None) = (&on_expiry, &lease) {
@@ -303,6 +365,7 @@ impl Checked {
                 tx,
                 keep_value_for: keep_value_for.map(|k| k.duration),
                 keep_slot_for: keep_slot_for.map(|k| k.duration),
+                ordered,
             },
             private: match krate {
                 Some(path) => quote!(#path::__private),
@@ -347,6 +410,17 @@ impl Checked {
         let parts = key
             .iter()
             .map(|part| quote_spanned!(key_span=> .part(&(#part))));
+        // An ordered event's entity: an identity of the action's name, so
+        // the events of one action and entity are ordered together.
+        let entity_var = Ident::new("__idem_entity", Span::mixed_site());
+        let entity = modes.ordered.as_ref().map(|ordered| {
+            let span = ordered.entity_span;
+            let parts = ordered
+                .entity
+                .iter()
+                .map(|part| quote_spanned!(span=> .part(&(#part))));
+            quote!(let #entity_var = #private::Identity::new(#action) #(#parts)*;)
+        });
         let gate_span = gate.span();
         let glue_at = |span: Span| respanned(&private, span);
         let gate_glue = glue_at(gate_span);
@@ -367,6 +441,10 @@ impl Checked {
         // The guard, as a caller would write it by hand: the options, then
         // `replay` and the classifier.
         let mut guard = modes.options(&private);
+        if let Some(ordered) = &modes.ordered {
+            let order = &ordered.order;
+            guard.extend(quote_spanned!(order.span()=> .ordered(&#entity_var, #order)));
+        }
         if modes.replay {
             guard.extend(quote!(.replay()));
         }
@@ -475,6 +553,7 @@ impl Checked {
                 #(#inner)*
                 #glue_import
                 let #identity_var = #private::Identity::new(#action) #(#parts)*;
+                #entity
                 let #gate_var = #gate_of;
                 #account
                 #namespace

@@ -107,12 +107,21 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
         .check()
         .and_then(|()| Ok((mode.lease_micros()?, mode.windows()?)))
         .inspect_err(|rejected| contender.refused(rejected))?;
+    let ordered = ordered_by(slots, mode).inspect_err(|rejected| contender.refused(rejected))?;
+    let entity_address = ordered.map(|(entity, _)| entity.address());
     let fingerprint = mode.payload_fingerprint().map(|f| f.digest());
     let new = NewClaim {
         identity: identity.canonical(),
         fingerprint: fingerprint.as_ref().map(|f| f.as_slice()),
         lease_micros,
         windows,
+        ordered: ordered
+            .zip(entity_address.as_deref())
+            .map(|((entity, order), address)| store::OrderedBy {
+                entity: address,
+                entity_identity: entity.canonical(),
+                order: order.get(),
+            }),
     };
     let wait = Wait::of(mode);
     let mut poll = WAIT_FIRST_POLL;
@@ -200,6 +209,25 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
             }
         }
     }
+}
+
+/// The entity and order of an ordered event, or why they cannot be used
+/// ([`Mode::ordered_by`]; on Citus, not yet: the one statement that takes
+/// the entity and claims the event would not be routed to one worker).
+fn ordered_by<'m>(
+    slots: &ScopedPool,
+    mode: &'m Mode,
+) -> Result<Option<(&'m Identity, crate::EventOrder)>, Rejected> {
+    let ordered = mode.ordered_by()?;
+    if ordered.is_some() && slots.engine() == Engine::Citus {
+        return Err(Rejected::InvalidOption {
+            option: "ordered",
+            value: "on a table Citus distributes".to_owned(),
+            reason: "ordered events are not supported on Citus yet; order them on one \
+                     PostgreSQL, or guard the events by their key alone",
+        });
+    }
+    Ok(ordered)
 }
 
 /// How long a duplicate that finds its slot held waits for it.
@@ -478,6 +506,27 @@ impl<'a> Contender<'a> {
         {
             store::ClaimAnswer::Won(fence) => return Ok(Attempt::Won(Fenced::new(fence))),
             store::ClaimAnswer::Holder(existing) => existing,
+            store::ClaimAnswer::Superseded { applied } => {
+                slot_event!(
+                    debug,
+                    self,
+                    applied,
+                    "an event of the entity with a newer order was applied"
+                );
+                return Ok(Attempt::Refused(Rejected::Superseded));
+            }
+            // Another event of the entity runs: wait for it, or be refused
+            // as in flight, as a duplicate of a claim in flight is.
+            store::ClaimAnswer::EntityHeld => {
+                return Ok(Attempt::Undecided(Undecided::HeldByAnother));
+            }
+            store::ClaimAnswer::EntityCollision => {
+                return Ok(Attempt::Refused(Rejected::Collision {
+                    address: new
+                        .ordered
+                        .map_or_else(|| self.address.clone(), |ordered| ordered.entity.to_owned()),
+                }));
+            }
             // Stopped by a row the statement could not see: look again,
             // with a new snapshot, to tell the caller why.
             store::ClaimAnswer::Hidden => {

@@ -440,6 +440,9 @@ async fn claim<R>(
         fingerprint: items[index].digest.as_ref().map(|f| f.as_slice()),
         lease_micros,
         windows,
+        // A batch takes no ordered events (`Guard::ordered` is the single
+        // call's): its claim statement does not take entities.
+        ordered: None,
     };
     let conclude = |index: usize, attempt: Attempt, read: ReadFrom| -> Concluded {
         contenders[index].conclude(attempt, mode, items[index].digest, read)

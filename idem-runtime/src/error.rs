@@ -84,6 +84,18 @@ pub enum Rejected {
     )]
     AlreadyFailed,
 
+    /// An ordered event ([`Guard::ordered`](crate::Guard::ordered)) older
+    /// than the newest event applied for its entity: applying it now would
+    /// roll the entity back. The body did not run, and never will for this
+    /// event: nothing to do (acknowledge it). A duplicate of an event that
+    /// ran is told what its own slot says
+    /// ([`AlreadyDone`](Rejected::AlreadyDone), ...), not this.
+    #[error(
+        "a newer event of this entity was already applied, so this older one would roll it \
+         back; the body did not run; nothing to do"
+    )]
+    Superseded,
+
     /// The store could not be reached (connection refused or lost, pool
     /// timed out, server shutting down or starting up, out of resources),
     /// so the gate failed closed: the body did not run. Only this refusal
@@ -323,7 +335,7 @@ impl Rejected {
     }
 
     /// A short, stable name for logs and metrics: `"in_flight"`,
-    /// `"already_done"`, `"value_not_kept"`, `"in_doubt"`, `"already_failed"`, `"unavailable"`, `"store_refused"`,
+    /// `"already_done"`, `"value_not_kept"`, `"in_doubt"`, `"already_failed"`, `"superseded"`, `"unavailable"`, `"store_refused"`,
     /// `"invalid_option"`, `"collision"`, `"key_reused"`, `"lease_lost"`,
     /// `"claim_lost"`, `"invalid_scope"`, `"not_recorded"`, `"wrong_connection"`,
     /// `"step_in_doubt"` or `"not_guarded"`.
@@ -334,6 +346,7 @@ impl Rejected {
             Rejected::ValueNotKept => "value_not_kept",
             Rejected::InDoubt => "in_doubt",
             Rejected::AlreadyFailed => "already_failed",
+            Rejected::Superseded => "superseded",
             Rejected::Unavailable { .. } => "unavailable",
             Rejected::StoreRefused { .. } => "store_refused",
             Rejected::InvalidOption { .. } => "invalid_option",

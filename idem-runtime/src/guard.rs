@@ -369,6 +369,75 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
         self
     }
 
+    /// An ordered event: the call is an event of `entity` at `order`
+    /// (greater is newer: an integer, or a [`SystemTime`](std::time::SystemTime);
+    /// see [`EventOrder`](crate::EventOrder)). It still runs at most once
+    /// by its own identity, and besides:
+    ///
+    /// - **an older event never runs after a newer one**: an event whose
+    ///   order is below the newest applied for its entity is refused
+    ///   [`Rejected::Superseded`] without running. An event of equal order
+    ///   is not older: it runs (once, by its own key).
+    /// - **events of one entity never run at once**: while one runs (or
+    ///   its outcome is in doubt), every other event of the entity is
+    ///   refused [`Rejected::InFlight`] (with [`wait`](Guard::wait), waits
+    ///   for it), so its redelivery comes after the outcome is in.
+    ///
+    /// "Applied" is a recorded success: the holder's settle, an earlier
+    /// holder's late success, a reconciler's or an operator's resolution
+    /// as succeeded. A failure that is released (the default) or kept
+    /// ([`Disposition::Keep`](crate::Disposition::Keep)) applied nothing:
+    /// the entity stays where it was, and an older event may still run. An
+    /// outcome in doubt holds the entity until it is resolved, since it
+    /// may have applied (fail closed: nothing older runs meanwhile, and
+    /// nothing newer runs beside what it may be doing). A lease that runs
+    /// out leaves the entity with the event whose lease it was, for its
+    /// own retry to take over. Inside your transaction ([`tx`](Guard::tx))
+    /// the entity is taken with the claim and handed back if the
+    /// transaction rolls back, and other events of it wait for your commit.
+    ///
+    /// It costs the claim one more row (the entity's, in the same account
+    /// and namespace) locked and written in the same statement: no round
+    /// trip. The attribute's `entity = "..."` and `order = "..."`.
+    ///
+    /// Refused [`Rejected::InvalidOption`] before any statement runs: an
+    /// `order` beyond an `i64` (a `u64` above `i64::MAX`); an `entity`
+    /// that is absent (a `None` part); with
+    /// [`keep_slot_for`](Guard::keep_slot_for) (the slot of an ordered
+    /// event is kept for ever: its entity's order is judged from it); on a
+    /// table Citus distributes (not yet supported there). Not in a
+    /// [batch](crate::batch) nor the HTTP layer yet.
+    ///
+    /// ```no_run
+    /// # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {
+    /// use idem_runtime::{Identity, Rejected};
+    ///
+    /// // A webhook: `evt_42` moved subscription `sub_7` to version 12.
+    /// let event = Identity::new("subscription_event").part("evt_42");
+    /// let subscription = Identity::new("subscription").part("sub_7");
+    /// let applied: Result<(), Rejected> = gate
+    ///     .guard(&event)
+    ///     .ordered(&subscription, 12)
+    ///     .run(async { /* write version 12 of sub_7 */ Ok(()) })
+    ///     .await;
+    /// match applied {
+    ///     // A newer event was applied: this one has nothing left to do.
+    ///     Ok(()) | Err(Rejected::Superseded) | Err(Rejected::AlreadyDone) => {}
+    ///     // Another event of sub_7 is running: redeliver this one later.
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn ordered<O>(mut self, entity: &Identity, order: O) -> Guard<'a, R, D, P>
+    where
+        O: TryInto<crate::EventOrder>,
+        O::Error: std::fmt::Display,
+    {
+        let order = order.try_into().map_err(|error| error.to_string());
+        self.mode = self.mode.ordered(entity.clone(), order);
+        self
+    }
+
     /// Waits up to `wait` for an in-flight duplicate to finish (polling
     /// with backoff), then takes its outcome (the stored value with
     /// replay, [`Rejected::AlreadyDone`], or its slot, if it released),

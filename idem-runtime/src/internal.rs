@@ -30,7 +30,7 @@ pub mod store {
     pub use crate::store::gauges;
     pub use crate::store::{
         Commit, Engine, PerCommit, Scope, SplitOnNamespace, batch, browse, catalog, claims,
-        metering, prune, steps,
+        metering, ordered, prune, steps,
     };
 
     /// The operators' API ([`crate::operations`]) and the statements behind

@@ -40,6 +40,7 @@ pub mod meter;
 pub mod metrics;
 mod mode;
 mod observe;
+mod order;
 mod outcome;
 pub mod reconcile;
 mod retry;
@@ -65,6 +66,7 @@ pub use identity::{
 pub use mode::{
     Disposition, Fingerprint, MAX_LEASE, MAX_WINDOW, OnExpiry, OnUnavailable, OutcomeCommit,
 };
+pub use order::{EventOrder, OrderOutOfRange};
 pub use outcome::Outcome;
 pub use step::{Step, downstream_key, step};
 

@@ -7,6 +7,7 @@ use sha1::{Digest, Sha1};
 
 use crate::error::Rejected;
 use crate::identity::{Identity, KeyPart};
+use crate::order::EventOrder;
 use crate::store::Windows;
 
 /// How a claim behaves beyond the plain gate, as the guard's option
@@ -23,6 +24,16 @@ pub(crate) struct Mode {
     on_expiry: OnExpiry,
     keep_value_for: Option<Duration>,
     keep_slot_for: Option<Duration>,
+    ordered: Option<Ordered>,
+}
+
+/// An ordered event's entity and order ([`Guard::ordered`](crate::Guard::ordered)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ordered {
+    /// The entity the event belongs to.
+    pub(crate) entity: Identity,
+    /// Its order, or the order as given when it does not fit.
+    pub(crate) order: Result<EventOrder, String>,
 }
 
 pub use crate::outcome::Disposition;
@@ -201,6 +212,50 @@ impl Mode {
     pub(crate) fn keep_slot_for(mut self, window: Duration) -> Mode {
         self.keep_slot_for = Some(window);
         self
+    }
+
+    /// An ordered event of `entity`, at `order` (or the order as given,
+    /// when it does not fit); see [`Guard::ordered`](crate::Guard::ordered).
+    #[must_use]
+    pub(crate) fn ordered(mut self, entity: Identity, order: Result<EventOrder, String>) -> Mode {
+        self.ordered = Some(Ordered { entity, order });
+        self
+    }
+
+    /// The entity and order of an ordered event, or why they cannot be
+    /// used: an order beyond an `i64`, an absent entity (a `None` part), or
+    /// a slot window (an event whose slot reopened could run again after a
+    /// newer one, and a prune could delete the success its entity has not
+    /// yet counted).
+    pub(crate) fn ordered_by(&self) -> Result<Option<(&Identity, EventOrder)>, Rejected> {
+        let Some(ordered) = &self.ordered else {
+            return Ok(None);
+        };
+        let order = ordered
+            .order
+            .clone()
+            .map_err(|value| Rejected::InvalidOption {
+                option: "order",
+                value,
+                reason: "an event's order is an i64 (or a time): give one that fits",
+            })?;
+        if ordered.entity.is_absent() {
+            return Err(Rejected::InvalidOption {
+                option: "entity",
+                value: format!("{:?}", ordered.entity),
+                reason: "the entity's identity is absent (a part is None): an ordered event \
+                         needs its entity; give every part, or do not order the event",
+            });
+        }
+        if let Some(window) = self.keep_slot_for {
+            return Err(Rejected::InvalidOption {
+                option: "keep_slot_for",
+                value: format!("{window:?}"),
+                reason: "an ordered event keeps its slot for ever: its entity's order is judged \
+                         from it; drop keep_slot_for (keep_value_for is allowed)",
+            });
+        }
+        Ok(Some((&ordered.entity, order)))
     }
 
     /// The windows in microseconds, as the store takes them, or why they

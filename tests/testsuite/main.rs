@@ -24,6 +24,9 @@ mod by_hand;
 mod steps;
 // Batch claims for message consumers.
 mod batches;
+// Ordered events: an older event never runs after a newer one of its
+// entity, and events of one entity never run at once.
+mod ordered_events;
 // How long a claim keeps its value and its slot: windows, their expiry,
 // prune enforcing them, and a history with prune racing the claims.
 mod retention;

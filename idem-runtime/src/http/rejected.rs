@@ -99,6 +99,16 @@ impl From<&Rejected> for Problem {
                  the same request, with the same key, after the Retry-After delay.",
             )
             .with_retry_after(IN_DOUBT_RETRY_AFTER),
+            // As a request already done: nothing is left to do, and
+            // retrying never helps, so no Retry-After.
+            Rejected::Superseded => Problem::idem(
+                StatusCode::CONFLICT,
+                "superseded",
+                "Event superseded",
+                "A newer event of the same entity was already applied, so this older one was \
+                 not run: applying it would roll the entity back. Do not retry it: there is \
+                 nothing left to do.",
+            ),
             // A definite failure was kept: retrying fails the same way.
             Rejected::AlreadyFailed => Problem::idem(
                 StatusCode::CONFLICT,

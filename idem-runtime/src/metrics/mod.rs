@@ -70,7 +70,7 @@
 //! | `replayed` | a duplicate of a settled action got its stored value | does not run |
 //! | `ungated` | a key part was `None`: there is no slot | runs unguarded |
 //! | `failed_open` | the store was down, and `on_unavailable = "run"` | runs unguarded |
-//! | `in_flight`, `already_done`, `in_doubt`, `already_failed`, `key_reused`, `collision`, `unavailable`, `store_refused`, `invalid_option`, `invalid_scope` | the claim was refused: [`Rejected::reason`](crate::Rejected::reason) | does not run |
+//! | `in_flight`, `already_done`, `in_doubt`, `already_failed`, `superseded`, `key_reused`, `collision`, `unavailable`, `store_refused`, `invalid_option`, `invalid_scope` | the claim was refused: [`Rejected::reason`](crate::Rejected::reason) | does not run |
 //! | `settled` | the success was recorded | ran |
 //! | `released` | the failure was recorded: the claim deleted, a retry runs | ran |
 //! | `kept_failure` | a definite failure was kept (`Disposition::Keep`) | ran |

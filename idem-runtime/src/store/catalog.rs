@@ -35,11 +35,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../../sql/v10.sql"),
     "\n",
-    include_str!("../../sql/v11.sql")
+    include_str!("../../sql/v11.sql"),
+    "\n",
+    include_str!("../../sql/v12.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 11;
+pub const SCHEMA_VERSION: i32 = 12;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +71,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(9, include_str!("../../sql/v9.sql")),
     Migration::new(10, include_str!("../../sql/v10.sql")),
     Migration::new(11, include_str!("../../sql/v11.sql")),
+    Migration::new(12, include_str!("../../sql/v12.sql")),
 ];
 
 /// The index of open claims (schema version 9, `sql/v9.sql`).

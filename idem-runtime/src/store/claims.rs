@@ -39,6 +39,8 @@ pub struct NewClaim<'a> {
     pub lease_micros: Option<i64>,
     /// How long its value and its slot are kept once its outcome is in.
     pub windows: Windows,
+    /// The entity and order of an ordered event (`Guard::ordered`).
+    pub ordered: Option<super::ordered::OrderedBy<'a>>,
 }
 
 /// How long a claim keeps what (`Guard::keep_value_for`,
@@ -280,6 +282,18 @@ pub enum ClaimAnswer {
     /// The insert met a row the statement's snapshot cannot see (or, on
     /// Citus, any row: the routed claim does not look): look again.
     Hidden,
+    /// An ordered event: an event of its entity with a newer order
+    /// (`applied`) was applied. Nothing was written but the entity's fold.
+    Superseded {
+        /// The newest order applied for the entity.
+        applied: i64,
+    },
+    /// An ordered event: another event of its entity runs, or may have run
+    /// (pending or in doubt). Nothing was claimed.
+    EntityHeld,
+    /// An ordered event: the entity's address is held by another entity's
+    /// identity (a digest collision). Nothing was claimed.
+    EntityCollision,
 }
 
 /// The row holding a slot, as [`Existing`] reads it. `$4`: whether to return
@@ -362,7 +376,7 @@ pub const RELEASE: PerCommit<SplitOnNamespace> = per_commit!(
     per_row!(
         "WITH released AS (DELETE FROM idem_records",
         "state = 'pending' AND fence = $4";
-        super::stamping_released_steps!("1", "")
+        released("1", "")
     )
 );
 
@@ -554,6 +568,10 @@ pub async fn claim<'e>(
     claim: NewClaim<'_>,
     kept_value: KeptValue,
 ) -> Result<ClaimAnswer, sqlx::Error> {
+    if let Some(ordered) = claim.ordered {
+        return super::ordered::claim_ordered(executor, scope, address, claim, ordered, kept_value)
+            .await;
+    }
     if engine == Engine::Citus {
         let fence = CLAIM_ROUTED
             .for_row(scope, address)

@@ -9,6 +9,7 @@
 //! | `claims` | the claim path: claim, lookup, take over, settle, release, extend, late successes, keep a failure, hold in doubt |
 //! | `batch` | the claim path for many slots at once: claim, look up, and one statement per kind of outcome |
 //! | `metering` | usage events: record a batch, total a meter |
+//! | `ordered` | ordered events: the claim that takes an event's entity, and what each outcome does to it |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
 //! | `browse` | what the operator console reads (re-exported by [`operations`]): open claims counted, pages of claims by keyset, one claim described |
 //! | `gauges` | the claim gauges of feature `metrics`: pending past an age, in doubt, the oldest of each |
@@ -73,6 +74,8 @@ pub mod gauges;
 pub mod metering;
 pub mod operations;
 #[doc(hidden)]
+pub mod ordered;
+#[doc(hidden)]
 pub mod prune;
 #[doc(hidden)]
 pub mod steps;
@@ -93,6 +96,7 @@ pub(crate) use claims::{
     settle_own_hold, settle_vacant, take_over,
 };
 pub(crate) use operations::{ClaimState, StepState};
+pub(crate) use ordered::OrderedBy;
 pub(crate) use steps::{
     CarriedRecord, NewStep, StepRow, abandon_step, begin_step, lookup_step, pending_steps,
     record_and_begin_step, record_step, record_unmarked_step, resolve_step, steps_for_replay,
@@ -212,25 +216,40 @@ use age_since;
 
 /// The end of a statement that deletes one claim (it opens with
 /// `WITH released AS (DELETE FROM idem_records`, and its `WHERE` finds the
-/// claim as [`per_row!`]'s does): in the same statement, when the claim was
-/// deleted, its steps are stamped `released_at = now()`, so that prune
-/// measures their age from the release, not from when they were recorded
-/// (a claim held in doubt for weeks and then released keeps the steps its
-/// retry replays). It selects (`$select`, of the deleted row `r`) a row per claim deleted, none when the
-/// claim was no longer there to delete, so the statement's count is the
-/// `DELETE`'s. The steps are found through `idem_records_steps_of_claim`
-/// (`$1` the account, `$2` the claim's address); `namespace IS NOT
-/// DISTINCT FROM $3` serves both namespace forms. The stamp waits for the
-/// `DELETE` (the `EXISTS` reads its rows), so a release locks its claim
-/// before its steps, as every other statement that locks both does.
+/// claim as [`per_row!`]'s does), in the form of `$entity_namespace_test`
+/// (`"e.namespace IS NULL"` or `"e.namespace = $3"`, as the claim's). In
+/// the same statement, when the claim was deleted:
+/// - its steps are stamped `released_at = now()`, so that prune measures
+///   their age from the release, not from when they were recorded (a claim
+///   held in doubt for weeks and then released keeps the steps its retry
+///   replays). They are found through `idem_records_steps_of_claim` (`$1`
+///   the account, `$2` the claim's address); `namespace IS NOT DISTINCT
+///   FROM $3` serves both namespace forms. The stamp waits for the
+///   `DELETE` (the `EXISTS` reads its rows), so a release locks its claim
+///   before its steps, as every other statement that locks both does.
+/// - the entity of an ordered event (`entity`, schema v12) is freed, if
+///   this claim holds it: a claim that finds its entity's holder missing
+///   cannot tell a deleted row from one committed after its snapshot, and
+///   takes the entity as held (`store::ordered`). Through the partial
+///   unique index of the claim's form; a claim of no entity finds none.
+///
+/// It selects (`$select`, of the deleted row `r`) a row per claim deleted,
+/// none when the claim was no longer there to delete, so the statement's
+/// count is the `DELETE`'s.
 macro_rules! stamping_released_steps {
-    ($returning:literal, $select:expr) => {
+    ($returning:literal, $select:expr, $entity_namespace_test:literal) => {
         concat!(
-            "RETURNING ",
+            "RETURNING entity AS released_entity, ",
             $returning,
             "), stamped AS (UPDATE idem_records SET released_at = now() \
              WHERE account = $1 AND kind = 'step' AND claim_address = $2 \
-               AND namespace IS NOT DISTINCT FROM $3 AND EXISTS (SELECT FROM released)) \
+               AND namespace IS NOT DISTINCT FROM $3 AND EXISTS (SELECT FROM released)), \
+             freed AS (UPDATE idem_records e SET claim_address = NULL, event_order = NULL \
+             FROM released r \
+             WHERE e.account = $1 AND e.kind = 'entity' AND e.address = r.released_entity \
+               AND ",
+            $entity_namespace_test,
+            " AND e.claim_address = $2) \
              SELECT ",
             $select,
             " FROM released r"
@@ -302,7 +321,9 @@ impl SplitOnNamespace {
 /// A statement over one row found by its address, in both forms: `$1`
 /// account, `$2` address, `$3` namespace ([`SplitOnNamespace::for_row`]),
 /// then `AND $and` and a `$tail` (a `RETURNING` list) if given. A claim's
-/// row unless `kind "..."` leads (a step's: `kind "step"`).
+/// row unless `kind "..."` leads (a step's: `kind "step"`). A statement
+/// that deletes the claim ends `; released(returning, select)`: the end
+/// `stamping_released_steps!` writes, in each form's namespace test.
 macro_rules! per_row {
     (kind $kind:literal, $statement:expr $(, $and:expr)? $(; $tail:expr)?) => {
         $crate::store::SplitOnNamespace {
@@ -316,6 +337,25 @@ macro_rules! per_row {
                 $statement,
                 " WHERE account = $1 AND kind = '", $kind, "' AND address = $2 AND namespace = $3"
                 $(, " AND ", $and)? $(, " ", $tail)?
+            ),
+        }
+    };
+    ($statement:expr, $and:expr; released($returning:literal, $select:expr)) => {
+        $crate::store::SplitOnNamespace {
+            without_namespace: concat!(
+                $statement,
+                " WHERE account = $1 AND kind = 'claim' AND address = $2 \
+                  AND namespace IS NULL AND $3::text IS NULL AND ",
+                $and,
+                " ",
+                $crate::store::stamping_released_steps!($returning, $select, "e.namespace IS NULL")
+            ),
+            within_namespace: concat!(
+                $statement,
+                " WHERE account = $1 AND kind = 'claim' AND address = $2 AND namespace = $3 AND ",
+                $and,
+                " ",
+                $crate::store::stamping_released_steps!($returning, $select, "e.namespace = $3")
             ),
         }
     };

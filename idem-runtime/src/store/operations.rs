@@ -726,7 +726,7 @@ pub async fn steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<ClaimStep>, Erro
 pub(crate) const RELEASE_PENDING: SplitOnNamespace = per_row!(
     "WITH released AS (DELETE FROM idem_records",
     "state = 'pending'";
-    super::stamping_released_steps!("*", claim_columns!())
+    released("*", claim_columns!())
 );
 
 /// Locks the claim at one address for the rest of the transaction and
@@ -792,7 +792,7 @@ pub(crate) const RESOLVE_RELEASE: SplitOnNamespace = per_row!(
     "WITH released AS (DELETE FROM idem_records",
     "state IN ('pending', 'in_doubt') AND state = $5::text AND fence = $4 \
      AND (state = 'in_doubt' OR lease_expires_at IS NULL OR lease_expires_at <= now())";
-    super::stamping_released_steps!("1", "")
+    released("1", "")
 );
 
 /// The longest age a statement is asked about, in seconds (about 317

@@ -24,7 +24,7 @@ use super::browse::{self, Start};
 use super::catalog::OPEN_CLAIMS_INDEX;
 use super::operations::{self, ClaimState, NamespaceFilter, ScopeFilter};
 use super::scratch::Scratch;
-use super::{SplitOnNamespace, catalog, claims, metering, prune, steps};
+use super::{SplitOnNamespace, catalog, claims, metering, ordered, prune, steps};
 
 const ACCOUNT: &str = "acme";
 const ADDRESS: &str = "claim_0123456789abcdef01234567";
@@ -127,6 +127,24 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             "claim",
             &claims::CLAIM,
             &[Bytes, Bytes, Int(1_000), Bool(true), Int(1_000), Int(1_000)],
+            lookup,
+        ),
+        // An ordered event's claim: its own row, its entity's (upserted)
+        // and the entity's holder's, each through a partial unique index.
+        per_row(
+            "claim_ordered",
+            &ordered::CLAIM_ORDERED,
+            &[
+                Bytes,
+                Bytes,
+                Int(1_000),
+                Bool(true),
+                Int(1_000),
+                Int(1_000),
+                Text(Some("claim_fedcba9876543210fedcba98")),
+                Bytes,
+                Int(7),
+            ],
             lookup,
         ),
         per_row(

@@ -20,5 +20,5 @@ mod scratch;
 use idem::__internal::store::gauges;
 use idem::__internal::store::{
     Commit, Engine, Scope, SplitOnNamespace, batch, browse, catalog, claims, metering, operations,
-    prune, steps,
+    ordered, prune, steps,
 };

@@ -38,6 +38,7 @@ async fn won(conn: &mut PgConnection, address: &str, lease_micros: Option<i64>) 
         fingerprint: None,
         lease_micros,
         windows: Default::default(),
+        ordered: None,
     };
     match claims::claim(
         &mut *conn,
@@ -79,6 +80,7 @@ async fn claim_path_changes_nothing(conn: &mut PgConnection, address: &str, fenc
         fingerprint: None,
         lease_micros: Some(1_000_000),
         windows: Default::default(),
+        ordered: None,
     };
     assert!(
         !claims::settle(&mut *conn, SCOPE, address, fence, None, Commit::Durable)
@@ -157,6 +159,7 @@ async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_
         fingerprint: None,
         lease_micros: None,
         windows: Default::default(),
+        ordered: None,
     };
     match claims::claim(
         &mut *conn,
@@ -293,6 +296,7 @@ async fn a_state_this_build_does_not_know_fails_the_read_saying_so() {
         fingerprint: None,
         lease_micros: None,
         windows: Default::default(),
+        ordered: None,
     };
     let claimed = claims::claim(
         &mut *conn,

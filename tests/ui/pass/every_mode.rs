@@ -139,3 +139,28 @@ async fn exercise(gate: &Gate, tx: &mut Transaction<'_, Postgres>, conn: &mut Pg
 }
 
 fn main() {}
+
+// Ordered events: an integer order (a u64 too: one beyond an i64 is
+// refused when it runs), a time, beside other options and in a transaction.
+pub struct Event {
+    pub id: String,
+    pub object_id: String,
+    pub sequence: u64,
+    pub occurred_at: std::time::SystemTime,
+}
+
+#[idempotent(key = "event.id", entity = "event.object_id", order = "event.sequence")]
+async fn ordered(gate: &Gate, event: &Event) -> Result<(), Rejected> {
+    Ok(())
+}
+
+#[idempotent(key = "event.id", entity = "event.object_id, event.id.len()", order = "event.occurred_at", replay, keep_value_for = "7d", wait = "2s")]
+async fn ordered_by_time(gate: &Gate, event: &Event) -> Result<Receipt, Rejected> {
+    Ok(Receipt { id: event.sequence })
+}
+
+#[idempotent(key = "event.id", entity = "event.object_id", order = "event.sequence", tx = tx)]
+async fn ordered_in_transaction(gate: &Gate, tx: &mut Transaction<'_, Postgres>, event: &Event) -> Result<(), Rejected> {
+    let _ = &mut **tx;
+    Ok(())
+}

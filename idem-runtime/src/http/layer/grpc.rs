@@ -203,7 +203,10 @@ fn code_of(problem: &Problem) -> u16 {
         (401, _) => code::UNAUTHENTICATED,
         // Done, and nothing to hand back (never kept, or no longer):
         // not to retry, unlike the other 409s.
-        (409, "already-succeeded" | "response-no-longer-kept") => code::ALREADY_EXISTS,
+        // Superseded by a newer event: nothing left to do either.
+        (409, "already-succeeded" | "response-no-longer-kept" | "superseded") => {
+            code::ALREADY_EXISTS
+        }
         (409, "already-failed") => code::FAILED_PRECONDITION,
         // In flight, or in doubt: retry the same call later.
         (409, _) => code::ABORTED,

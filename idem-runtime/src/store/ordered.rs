@@ -1,0 +1,214 @@
+//! Ordered events: the claim of an event that belongs to an entity and has
+//! an order (`Guard::ordered`), and what its outcomes do to the entity.
+//!
+//! An entity is a row of its own (`kind = 'entity'`, schema version 12) at
+//! its own address, in the event's account and namespace, found through the
+//! same two partial unique indexes as every claim. It says which event
+//! holds it (`claim_address`, with that event's `event_order`: one that
+//! runs, or may have run) and the newest order applied (`applied_order`).
+//! An event's claim row names its entity (`entity`) and its order.
+//!
+//! **Why a row, upserted.** Under READ COMMITTED a statement reads the
+//! table as of its start, so two events of one entity claimed at the same
+//! instant would each see the other's claim missing. `INSERT ... ON
+//! CONFLICT DO UPDATE` is the one read PostgreSQL makes of a row's latest
+//! version: it locks the entity's row (waiting for a transaction that holds
+//! it) and evaluates its update on what is committed now. So the entity
+//! row decides, one event at a time, and in the same statement the event's
+//! own claim is inserted only if it took the entity.
+//!
+//! **What each outcome does.** The hold is judged from the holder's claim
+//! row when the next event of the entity comes, so no outcome statement
+//! has to touch the entity (a settle costs what it did):
+//! - a success (a settle, a late success, a reconciler's or an operator's)
+//!   is applied: the next claim folds the holder's order into
+//!   `applied_order` and frees the hold;
+//! - a kept failure is not applied: the next claim frees the hold and
+//!   `applied_order` stays;
+//! - pending or in doubt holds the entity: every other event of it is
+//!   refused as in flight, never run beside it, until its outcome is in
+//!   (a lease that runs out leaves the hold with the event, whose own
+//!   retry takes its claim over);
+//! - a release (the holder's, an operator's, a reconciler's) deletes the
+//!   claim row, and frees the hold in the same statement
+//!   (`stamping_released_steps!`): a row that is gone cannot be told apart
+//!   from one inserted after the statement's snapshot, so a claim that
+//!   finds its holder's row missing takes it as still held;
+//! - a claim inside the caller's transaction that rolls back takes the
+//!   entity's change back with it.
+//!
+//! The holder's row is read with the statement's snapshot, so a success
+//! committed after it was taken reads as pending: the event is refused as
+//! in flight, a retry then sees the success. Never the other way.
+
+use sqlx::{FromRow, PgExecutor, Row};
+
+use super::claims::{ClaimAnswer, Existing, KeptValue, NewClaim, existing_columns};
+use super::{Scope, SplitOnNamespace};
+
+/// The entity and order of an event's claim (`Guard::ordered`).
+#[derive(Debug, Clone, Copy)]
+pub struct OrderedBy<'a> {
+    /// The entity's address (`Identity::address` of the entity's identity).
+    pub entity: &'a str,
+    /// The entity identity's canonical encoding: a colliding address of
+    /// another entity is refused, never shared.
+    pub entity_identity: &'a [u8],
+    /// The event's order: greater is newer.
+    pub order: i64,
+}
+
+/// The text of [`CLAIM_ORDERED`] with its namespace tests: of the event's
+/// row and of the holder's (`$namespace_test`), of the entity's conflict
+/// target (`$conflict_target`).
+///
+/// `existing` looks for the event's own row first, as [`CLAIM`]'s does: a
+/// duplicate of an event is answered by its own slot (done, in flight, in
+/// doubt), and the entity is not touched. Otherwise `taken` upserts the
+/// entity: a new entity is held by this event at once; an existing one is
+/// taken when it is free (no holder, or a holder whose claim row reads
+/// settled or kept failed) and nothing newer than this event was applied
+/// (`applied_order`, with a succeeded holder's order folded in, at most
+/// `$12`), and is otherwise left held (its fold written all the same).
+/// `RETURNING` reads the row the update wrote, from its latest version, so
+/// what it says is current: whether this event holds it, what was
+/// applied, whether the identity is the entity's. Then `claimed` inserts
+/// the event's claim if this event holds the entity, arbitrated by the
+/// partial unique indexes as every claim is.
+///
+/// The final select returns one row: the claim won; the event's own row;
+/// or, when the entity was not taken, what the entity says. None at all
+/// when the claim's insert met a row it cannot see ([`ClaimAnswer::Hidden`]).
+///
+/// [`CLAIM`]: super::claims::CLAIM
+macro_rules! claim_ordered_statement {
+    ($namespace_test:literal, $holder_namespace_test:literal, $conflict_target:literal) => {
+        concat!(
+            "WITH existing AS ( \
+                 SELECT ",
+            existing_columns!(),
+            ", CASE WHEN $7 THEN coalesce(output_json, output::text) END AS output \
+                 FROM idem_records \
+                 WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
+            $namespace_test,
+            " ), taken AS ( \
+                 INSERT INTO idem_records AS e \
+                   (account, kind, address, namespace, state, identity, claim_address, event_order) \
+                 SELECT $1, 'entity', $10, $3, 'entity', $11, $2, $12 \
+                 WHERE NOT EXISTS (SELECT FROM existing) \
+                 ON CONFLICT ",
+            $conflict_target,
+            " DO UPDATE SET (claim_address, event_order, applied_order) = ( \
+                 SELECT CASE WHEN takes THEN EXCLUDED.claim_address \
+                             WHEN holder IN ('success', 'failed') THEN NULL \
+                             ELSE e.claim_address END, \
+                        CASE WHEN takes THEN EXCLUDED.event_order \
+                             WHEN holder IN ('success', 'failed') THEN NULL \
+                             ELSE e.event_order END, \
+                        folded \
+                 FROM (SELECT folded, holder, \
+                              e.identity = EXCLUDED.identity \
+                              AND (e.claim_address IS NULL OR holder IN ('success', 'failed')) \
+                              AND coalesce(folded <= EXCLUDED.event_order, true) AS takes \
+                       FROM (SELECT holder, \
+                                    CASE WHEN holder = 'success' \
+                                         THEN greatest(e.applied_order, e.event_order) \
+                                         ELSE e.applied_order END AS folded \
+                             FROM (SELECT (SELECT h.state FROM idem_records h \
+                                           WHERE h.account = $1 AND h.kind = 'claim' \
+                                             AND h.address = e.claim_address AND ",
+            $holder_namespace_test,
+            ") AS holder) AS held) AS judged) AS decided) \
+                 RETURNING claim_address IS NOT DISTINCT FROM $2 \
+                           AND event_order IS NOT DISTINCT FROM $12 AS took, \
+                           applied_order, identity = $11 AS same_entity \
+             ), claimed AS ( \
+                 INSERT INTO idem_records \
+                   (account, kind, address, namespace, state, identity, fingerprint, \
+                    lease_expires_at, value_kept_for, slot_kept_for, entity, event_order) \
+                 SELECT $1, 'claim', $2, $3, 'pending', $4, $5, \
+                        now() + $6 * interval '1 microsecond', \
+                        $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10, $12 \
+                 WHERE EXISTS (SELECT FROM taken WHERE took) \
+                 ON CONFLICT DO NOTHING \
+                 RETURNING fence \
+             ) \
+             SELECT true AS won, fence, NULL::bigint AS lineage, NULL::boolean AS settled, \
+                    NULL::text AS state, NULL::bytea AS identity, NULL::bytea AS fingerprint, \
+                    NULL::boolean AS lease_expired, NULL::boolean AS resolved, \
+                    NULL::text AS reason, NULL::text AS output, NULL::boolean AS slot_expired, \
+                    NULL::boolean AS value_expired, NULL::boolean AS windowed, \
+                    NULL::boolean AS entity_refused, NULL::bigint AS applied_order, \
+                    NULL::boolean AS same_entity \
+             FROM claimed \
+             UNION ALL \
+             SELECT false, fence, lineage, settled, state, identity, fingerprint, lease_expired, \
+                    resolved, reason, output, slot_expired, value_expired, windowed, \
+                    false, NULL, NULL \
+             FROM existing \
+             UNION ALL \
+             SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+                    NULL, NULL, true, applied_order, same_entity \
+             FROM taken WHERE NOT took"
+        )
+    };
+}
+
+/// Claims an event's slot and takes its entity, or says why not, in one
+/// statement (see `claim_ordered_statement!`). `$1`–`$9` as
+/// [`CLAIM`](super::claims::CLAIM)'s; `$10` the entity's address, `$11`
+/// its identity, `$12` the event's order. Index: the partial unique index
+/// of its form, for the event's row, the entity's and its holder's.
+pub const CLAIM_ORDERED: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: claim_ordered_statement!(
+        "namespace IS NULL AND $3::text IS NULL",
+        "h.namespace IS NULL AND $3::text IS NULL",
+        "(account, kind, address) WHERE namespace IS NULL"
+    ),
+    within_namespace: claim_ordered_statement!(
+        "namespace = $3",
+        "h.namespace = $3",
+        "(account, kind, address, namespace) WHERE namespace IS NOT NULL"
+    ),
+};
+
+/// Claims an event's slot with [`CLAIM_ORDERED`].
+pub(super) async fn claim_ordered<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    claim: NewClaim<'_>,
+    ordered: OrderedBy<'_>,
+    kept_value: KeptValue,
+) -> Result<ClaimAnswer, sqlx::Error> {
+    let row = CLAIM_ORDERED
+        .for_row(scope, address)
+        .bind(claim.identity)
+        .bind(claim.fingerprint)
+        .bind(claim.lease_micros)
+        .bind(kept_value.is_read())
+        .bind(claim.windows.value_micros)
+        .bind(claim.windows.slot_micros)
+        .bind(ordered.entity)
+        .bind(ordered.entity_identity)
+        .bind(ordered.order)
+        .fetch_optional(executor)
+        .await?;
+    let Some(row) = row else {
+        return Ok(ClaimAnswer::Hidden);
+    };
+    if row.try_get::<bool, _>("won")? {
+        return Ok(ClaimAnswer::Won(row.try_get("fence")?));
+    }
+    if !row.try_get::<bool, _>("entity_refused")? {
+        return Existing::from_row(&row).map(ClaimAnswer::Holder);
+    }
+    if !row.try_get::<bool, _>("same_entity")? {
+        return Ok(ClaimAnswer::EntityCollision);
+    }
+    let applied: Option<i64> = row.try_get("applied_order")?;
+    Ok(match applied {
+        Some(applied) if applied > ordered.order => ClaimAnswer::Superseded { applied },
+        _ => ClaimAnswer::EntityHeld,
+    })
+}
