@@ -21,6 +21,7 @@ use super::{
     WAIT, identity,
 };
 use crate::error::JobError;
+use crate::history;
 
 /// The `#[idempotent]` functions, one per guard: the same action and key as
 /// the [`Entry::Run`] and [`Entry::Claim`] paths, so all three meet in one
@@ -85,6 +86,19 @@ mod attribute {
         body.run(None).await
     }
 
+    // An ordered event: `entity` and `order` are `history::entity_of(n)`
+    // and `history::order_of(n)`, as the by-hand paths give them.
+    #[idempotent(key = "n", action = "history", entity = "entity", order = "order")]
+    pub async fn ordered(
+        gate: &Gate,
+        n: u64,
+        entity: u64,
+        order: i64,
+        body: Body,
+    ) -> Result<u64, JobError> {
+        body.run(None).await
+    }
+
     // The body's steps (`Body::stepped`) run under this claim.
     #[idempotent(key = "n", action = "history", lease = "80ms")]
     pub async fn stepped(gate: &Gate, n: u64, body: Body) -> Result<u64, JobError> {
@@ -110,6 +124,7 @@ async fn dispatch(gate: &Gate, call: Call, body: Body) -> Result<u64, JobError> 
     match (call.entry, call.guard) {
         (Entry::Attribute, _) => by_attribute(gate, call, body).await,
         (_, Guard::Tx) => by_claim_in(gate, call, body).await,
+        (entry, Guard::Ordered) => by_ordered(gate, call, entry, body).await,
         // Steps are recorded under the claim a guard's run makes ambient to
         // its body; a body between a hand claim and its settle has none.
         (Entry::Claim, guard) if !guard.replays() && guard != Guard::Stepped => {
@@ -157,6 +172,7 @@ impl Guard {
             Guard::Stepped => guard.lease(SHORT_LEASE).run(body).await,
             // Its body writes through the transaction's connection.
             Guard::Tx => panic!("a tx guard runs on the caller's transaction, not on the pool"),
+            Guard::Ordered => panic!("an ordered event is called through `by_ordered`"),
         }
     }
 
@@ -183,7 +199,7 @@ impl Guard {
                     .claim()
                     .await
             }
-            Guard::Replay | Guard::Fingerprint | Guard::Tx | Guard::Stepped => {
+            Guard::Replay | Guard::Fingerprint | Guard::Tx | Guard::Stepped | Guard::Ordered => {
                 panic!("no plain claim on the pool for {self:?}")
             }
         }
@@ -236,6 +252,10 @@ async fn by_attribute(gate: &Gate, call: Call, body: Body) -> Result<u64, JobErr
         Guard::AsyncOutcome => attribute::async_outcome(gate, n, body).await,
         Guard::FailOpen => attribute::fail_open(gate, n, body).await,
         Guard::Stepped => attribute::stepped(gate, n, body).await,
+        Guard::Ordered => {
+            let entity = history::entity_of(call.identity) as u64;
+            attribute::ordered(gate, n, entity, history::order_of(call.identity), body).await
+        }
         Guard::Lease(_) => panic!("no attribute function has the lease of {call:?}"),
         Guard::Reconciled => panic!("the reconciler's workload makes its own calls: {call:?}"),
     }
@@ -268,6 +288,28 @@ async fn by_claim_in(gate: &Gate, call: Call, body: Body) -> Result<u64, JobErro
     };
     recorded?;
     commit_unless_refused(tx, output).await
+}
+
+/// An ordered event, of `history::entity_identity(n)` at
+/// `history::order_of(n)`, through `run` or through `claim` then `settle`
+/// or `release`.
+async fn by_ordered(gate: &Gate, call: Call, entry: Entry, body: Body) -> Result<u64, JobError> {
+    let id = identity(call.identity);
+    let entity = history::entity_identity(call.identity);
+    let guard = gate
+        .guard(&id)
+        .ordered(&entity, history::order_of(call.identity));
+    if entry != Entry::Claim {
+        return guard.run(body.run(None)).await;
+    }
+    let claim = guard.claim().await?;
+    match body.run(None).await {
+        Ok(value) => claim.settle().await.map(|()| value).map_err(Into::into),
+        Err(error) => {
+            let _released = claim.release().await;
+            Err(error)
+        }
+    }
 }
 
 async fn by_claim(gate: &Gate, call: Call, body: Body) -> Result<u64, JobError> {

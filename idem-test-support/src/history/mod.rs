@@ -42,6 +42,11 @@
 //!    instead of 1 to 5). No step of an identity that is not declared
 //!    repeatable runs twice, in gated bodies: not after a release, a
 //!    takeover, a holder cut off inside it, or a reply lost.
+//! 10. **Ordered** (identities of [`Guard::Ordered`], with rules 1 to 3 and
+//!     5 instead of 1 to 5). No two bodies of one entity run at once; no
+//!     body runs after an event of its entity with a newer order was
+//!     settled; every event refused `superseded` is older than an event of
+//!     its entity whose body succeeded before the refusal.
 //!
 //! Where a fault makes the truth unknowable the checker gives the benefit
 //! of the doubt, and only there: a claim refused as unavailable (or run
@@ -155,11 +160,17 @@ pub enum Guard {
     /// future ran. Rule 9 judges it with rules 1 to 3; rules 4 and 5 know
     /// nothing of a claim a step in doubt holds.
     Stepped,
+    /// Ordered events (`Guard::ordered`): identity `n` is an event of the
+    /// entity [`entity_of`]`(n)`, at the order [`order_of`]`(n)`, with
+    /// the other ordered identities of its group of [`EVENTS_PER_ENTITY`].
+    /// Rule 10 judges the entity; rule 4 does not, since an event is also
+    /// refused in flight while another event of its entity runs.
+    Ordered,
 }
 
 impl Guard {
     /// Every guard, each lease length once.
-    pub const EVERY: [Guard; 10] = [
+    pub const EVERY: [Guard; 11] = [
         Guard::Plain,
         Guard::Replay,
         Guard::Fingerprint,
@@ -170,6 +181,7 @@ impl Guard {
         Guard::AsyncOutcome,
         Guard::FailOpen,
         Guard::Stepped,
+        Guard::Ordered,
     ];
 
     /// Its name in figures and anomalies.
@@ -185,6 +197,7 @@ impl Guard {
             Guard::FailOpen => "fail_open",
             Guard::Reconciled => "reconciled",
             Guard::Stepped => "stepped",
+            Guard::Ordered => "ordered",
         }
     }
 
@@ -598,6 +611,27 @@ pub fn address_of(keys: Keys, n: usize) -> String {
 /// The `Idempotency-Key` of identity `n` through the tower layer.
 pub fn http_key(n: usize) -> String {
     format!("key-{n}")
+}
+
+/// How many consecutive identities are the events of one entity, for
+/// those guarded [`Guard::Ordered`].
+pub const EVENTS_PER_ENTITY: usize = 4;
+
+/// The entity's number of identity `n` ([`Guard::Ordered`]).
+pub fn entity_of(n: usize) -> usize {
+    n / EVENTS_PER_ENTITY
+}
+
+/// The entity identity of identity `n` ([`Guard::Ordered`]): of the
+/// action's name, as the attribute's `entity` makes it.
+pub fn entity_identity(n: usize) -> Identity {
+    Identity::new(ACTION).part(entity_of(n) as u64)
+}
+
+/// The order of identity `n` among its entity's events ([`Guard::Ordered`]):
+/// two of the four are equal, so that an event of equal order runs too.
+pub fn order_of(n: usize) -> i64 {
+    [1, 2, 2, 3][n % EVENTS_PER_ENTITY]
 }
 
 /// Identity `n` through every entry point of the gate.

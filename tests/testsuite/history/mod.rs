@@ -129,6 +129,23 @@ async fn every_mode_across_restarts_and_crashes_keeps_every_promise() {
     every_mode_keeps_every_promise(target, CALLS, faults, "history (every fault)").await;
 }
 
+/// Ordered events alone, four to an entity (`history::EVENTS_PER_ENTITY`),
+/// every entity's events in play at once, through every entry point that
+/// orders them, under the connection faults: rule 10 with rules 1 to 3
+/// and 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_events_under_connection_faults_keep_every_promise() {
+    let target = Target::proxied(CONNECTIONS).await;
+    let workload = Workload {
+        guards: vec![Guard::Ordered],
+        metering: false,
+        ..every_mode(CALLS / 2)
+    };
+    let run = history::run(&target, &workload, Some(&faults(connection_faults()))).await;
+    history::assert_no_anomalies(&run, "history (ordered events)", SEED_VARIABLE);
+    history::assert_recovers(&target).await;
+}
+
 /// The long run: `cargo test --test testsuite history:: -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the long history (minutes): run it with -- --ignored"]

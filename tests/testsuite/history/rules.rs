@@ -332,3 +332,79 @@ fn a_step_run_twice_by_an_ungated_body_breaks_nothing() {
     let rules = broken(&history, &success());
     assert!(!rules.contains(&Rule::Steps), "{rules:?}");
 }
+
+// ---------------------------------------------------------------- rule 10
+
+/// Four ordered identities, the events of entity 0 at orders 1, 2, 2, 3:
+/// #0 (identity 3, order 3) runs and settles; then identity 0 (order 1) is
+/// refused superseded; then identity 1 (order 2) is too.
+fn ordered_in_turn() -> History {
+    let mut history = History::of(vec![Guard::Ordered; 4]);
+    history
+        .call(3, 0, 10 * MS)
+        .body(MS, 9 * MS, Left::Ok(0))
+        .got(Got::Value(0))
+        .events(&[Event::Won, Event::Settled]);
+    for identity in [0, 1] {
+        history
+            .call(identity, 20 * MS, 21 * MS)
+            .got(Got::refused("superseded"))
+            .events(&[Event::Refused("superseded")]);
+    }
+    history
+}
+
+fn ordered_rows() -> Final {
+    Final::rows(&[(3, "success")])
+}
+
+#[test]
+fn an_ordered_history_that_keeps_its_entity_in_order_has_no_anomalies() {
+    let mut history = ordered_in_turn();
+    // The newest, delivered again, is a duplicate.
+    history
+        .call(3, 30 * MS, 31 * MS)
+        .got(Got::refused("already_done"))
+        .events(&[Event::Refused("already_done")]);
+    assert_eq!(broken(&history, &ordered_rows()), []);
+}
+
+#[test]
+fn two_events_of_one_entity_at_once_break_rule_10() {
+    let mut history = ordered_in_turn();
+    // Identity 2 (order 2) ran beside #0, before it was applied.
+    history
+        .call(2, 0, 8 * MS)
+        .body(2 * MS, 7 * MS, Left::Err)
+        .got(Got::Failed)
+        .events(&[Event::Won, Event::Released]);
+    assert_eq!(broken(&history, &ordered_rows()), [Rule::Ordered]);
+}
+
+#[test]
+fn an_older_event_run_after_a_newer_one_was_applied_breaks_rule_10() {
+    let mut history = ordered_in_turn();
+    history
+        .call(2, 40 * MS, 50 * MS)
+        .body(41 * MS, 49 * MS, Left::Err)
+        .got(Got::Failed)
+        .events(&[Event::Won, Event::Released]);
+    assert_eq!(broken(&history, &ordered_rows()), [Rule::Ordered]);
+}
+
+#[test]
+fn a_refusal_as_superseded_with_nothing_newer_applied_breaks_rule_10() {
+    let mut history = History::of(vec![Guard::Ordered; 4]);
+    history
+        .call(1, 0, MS)
+        .got(Got::refused("superseded"))
+        .events(&[Event::Refused("superseded")]);
+    assert_eq!(broken(&history, &Final::default()), [Rule::Ordered]);
+    // Told to an identity that is not ordered, it is a false answer.
+    let mut plain = History::of(vec![Guard::Plain]);
+    plain
+        .call(0, 0, MS)
+        .got(Got::refused("superseded"))
+        .events(&[Event::Refused("superseded")]);
+    assert_eq!(broken(&plain, &Final::default()), [Rule::TrueAnswers]);
+}

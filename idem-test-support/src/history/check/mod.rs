@@ -10,6 +10,7 @@ mod invocation;
 mod kept;
 mod ledger;
 mod metering;
+mod ordered;
 mod steps;
 mod true_answers;
 mod view;
@@ -52,6 +53,9 @@ pub enum Rule {
     Detached = 8,
     /// No step that is not repeatable runs twice.
     Steps = 9,
+    /// No event runs beside another of its entity, nor after a newer one
+    /// was applied, and a superseded event was truly older.
+    Ordered = 10,
 }
 
 impl Rule {
@@ -66,6 +70,7 @@ impl Rule {
             Rule::Ledger => "ledger",
             Rule::Detached => "detached",
             Rule::Steps => "steps",
+            Rule::Ordered => "ordered",
         }
     }
 }
@@ -124,6 +129,16 @@ pub fn check(history: &History, last: &Final) -> Vec<Anomaly> {
             found.steps();
             continue;
         }
+        if view.guard == Guard::Ordered {
+            // An event is also refused in flight while another event of its
+            // entity runs, which rule 4 does not know: rule 10 judges the
+            // entity, below.
+            found.exclusive();
+            found.kept();
+            found.done_means_done();
+            found.final_rows();
+            continue;
+        }
         found.exclusive();
         found.kept();
         found.done_means_done();
@@ -131,6 +146,7 @@ pub fn check(history: &History, last: &Final) -> Vec<Anomaly> {
         found.final_rows();
         found.detached();
     }
+    ordered::ordered(history, &mut anomalies);
     final_rows::stray_rows(last, &mut anomalies);
     metering::metering(history, last, &mut anomalies);
     anomalies
