@@ -12,13 +12,17 @@
 -- indexes serialise the events of one entity: a claim upserts it, and
 -- PostgreSQL's ON CONFLICT DO UPDATE locks it and reads its latest version,
 -- which no snapshot read can do under READ COMMITTED. It holds:
---   claim_address   the address of the event that holds it (runs, or may
+--   held_by         the address of the event that holds it (runs, or may
 --                   have run: pending or in doubt), NULL when none does;
 --   event_order     that event's order;
 --   applied_order   the newest order applied: of an event that succeeded.
 -- What each outcome does to it is in idem-runtime/src/store/ordered.rs.
 --
--- Three nullable columns without defaults: adding them changes the catalog
+-- The holder is a column of its own, not claim_address (a step's claim),
+-- which an index reads: an update of the entity then changes no indexed
+-- column, and can stay on its page (a heap-only tuple) with no index entry.
+--
+-- Four nullable columns without defaults: adding them changes the catalog
 -- only (no rewrite, no scan), but takes an ACCESS EXCLUSIVE lock; looked up
 -- first, as version 10 does, so that applying this script again takes no
 -- lock at all. No constraint is added: validating one would read the whole
@@ -39,9 +43,13 @@ BEGIN
                    WHERE attrelid = records AND attname = 'applied_order' AND NOT attisdropped) THEN
         ALTER TABLE idem_records ADD COLUMN applied_order bigint NULL;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = records AND attname = 'held_by' AND NOT attisdropped) THEN
+        ALTER TABLE idem_records ADD COLUMN held_by text NULL;
+    END IF;
 END
 $$;
 
 INSERT INTO idem_schema_version (version, description)
-VALUES (12, 'ordered events: entity, event_order, applied_order')
+VALUES (12, 'ordered events: entity, event_order, applied_order, held_by')
 ON CONFLICT (version) DO NOTHING;

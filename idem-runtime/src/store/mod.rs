@@ -244,12 +244,12 @@ macro_rules! stamping_released_steps {
             "), stamped AS (UPDATE idem_records SET released_at = now() \
              WHERE account = $1 AND kind = 'step' AND claim_address = $2 \
                AND namespace IS NOT DISTINCT FROM $3 AND EXISTS (SELECT FROM released)), \
-             freed AS (UPDATE idem_records e SET claim_address = NULL, event_order = NULL \
+             freed AS (UPDATE idem_records e SET held_by = NULL, event_order = NULL \
              FROM released r \
              WHERE e.account = $1 AND e.kind = 'entity' AND e.address = r.released_entity \
                AND ",
             $entity_namespace_test,
-            " AND e.claim_address = $2) \
+            " AND e.held_by = $2) \
              SELECT ",
             $select,
             " FROM released r"

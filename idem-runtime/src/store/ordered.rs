@@ -4,7 +4,7 @@
 //! An entity is a row of its own (`kind = 'entity'`, schema version 12) at
 //! its own address, in the event's account and namespace, found through the
 //! same two partial unique indexes as every claim. It says which event
-//! holds it (`claim_address`, with that event's `event_order`: one that
+//! holds it (`held_by`, with that event's `event_order`: one that
 //! runs, or may have run) and the newest order applied (`applied_order`).
 //! An event's claim row names its entity (`entity`) and its order.
 //!
@@ -93,22 +93,22 @@ macro_rules! claim_ordered_statement {
             $namespace_test,
             " ), taken AS ( \
                  INSERT INTO idem_records AS e \
-                   (account, kind, address, namespace, state, identity, claim_address, event_order) \
+                   (account, kind, address, namespace, state, identity, held_by, event_order) \
                  SELECT $1, 'entity', $10, $3, 'entity', $11, $2, $12 \
                  WHERE NOT EXISTS (SELECT FROM existing) \
                  ON CONFLICT ",
             $conflict_target,
-            " DO UPDATE SET (claim_address, event_order, applied_order) = ( \
-                 SELECT CASE WHEN takes THEN EXCLUDED.claim_address \
+            " DO UPDATE SET (held_by, event_order, applied_order) = ( \
+                 SELECT CASE WHEN takes THEN EXCLUDED.held_by \
                              WHEN holder IN ('success', 'failed') THEN NULL \
-                             ELSE e.claim_address END, \
+                             ELSE e.held_by END, \
                         CASE WHEN takes THEN EXCLUDED.event_order \
                              WHEN holder IN ('success', 'failed') THEN NULL \
                              ELSE e.event_order END, \
                         folded \
                  FROM (SELECT folded, holder, \
                               e.identity = EXCLUDED.identity \
-                              AND (e.claim_address IS NULL OR holder IN ('success', 'failed')) \
+                              AND (e.held_by IS NULL OR holder IN ('success', 'failed')) \
                               AND coalesce(folded <= EXCLUDED.event_order, true) AS takes \
                        FROM (SELECT holder, \
                                     CASE WHEN holder = 'success' \
@@ -116,10 +116,10 @@ macro_rules! claim_ordered_statement {
                                          ELSE e.applied_order END AS folded \
                              FROM (SELECT (SELECT h.state FROM idem_records h \
                                            WHERE h.account = $1 AND h.kind = 'claim' \
-                                             AND h.address = e.claim_address AND ",
+                                             AND h.address = e.held_by AND ",
             $holder_namespace_test,
             ") AS holder) AS held) AS judged) AS decided) \
-                 RETURNING claim_address IS NOT DISTINCT FROM $2 \
+                 RETURNING held_by IS NOT DISTINCT FROM $2 \
                            AND event_order IS NOT DISTINCT FROM $12 AS took, \
                            applied_order, identity = $11 AS same_entity \
              ), claimed AS ( \

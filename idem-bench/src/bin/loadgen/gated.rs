@@ -71,6 +71,21 @@ pub async fn guarded_lease(gate: &Gate, n: u64, body: Body) -> Result<(), Reject
     Ok(())
 }
 
+/// How many entities the ordered events of [`guarded_ordered`] fall
+/// into: operation `n` is an event of entity `n % ORDERED_ENTITIES`, so
+/// each entity gets a newer event every that many operations, never two
+/// at once (fewer operations than that are ever in flight).
+pub const ORDERED_ENTITIES: u64 = 1_024;
+
+/// The same, as an ordered event of entity `entity` at order `n`: the
+/// claim also takes the entity's row, and finds its previous event
+/// settled.
+#[idempotent(key = "n", action = "loadgen", entity = "entity", order = "n")]
+pub async fn guarded_ordered(gate: &Gate, n: u64, entity: u64, body: Body) -> Result<(), Rejected> {
+    body.run().await;
+    Ok(())
+}
+
 /// The same inside the caller's transaction: claim and settle on its
 /// connection, committed with it.
 #[idempotent(key = "n", action = "loadgen", tx = tx)]

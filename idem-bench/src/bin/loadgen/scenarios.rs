@@ -242,6 +242,14 @@ const GATE_LEASE: Spec = Spec {
     cost: cost(2, 2, 2),
 };
 
+const GATE_ORDERED: Spec = Spec {
+    name: "gate-ordered",
+    work: Work::GateMode(GateMode::Ordered),
+    summary: "the gate with entity and order: each call an event of one of 1,024 entities, newer than its last; \
+              the claim statement also upserts the entity's row (and reads its last event's claim)",
+    cost: cost(2, 2, 2),
+};
+
 const GATE_TX: Spec = Spec {
     name: "gate-tx",
     work: Work::GateMode(GateMode::InTransaction),
@@ -416,6 +424,7 @@ const NO_OP: &[Spec] = &[
     GATE_REPLAY,
     GATE_FINGERPRINT,
     GATE_LEASE,
+    GATE_ORDERED,
     GATE_TX,
     // An HTTP request guarded per handler, then by the layer.
     HTTP_ATTRIBUTE,

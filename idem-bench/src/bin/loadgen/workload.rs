@@ -61,6 +61,7 @@ pub enum GateMode {
     Replay,
     Fingerprint,
     Lease,
+    Ordered,
     InTransaction,
 }
 
@@ -136,6 +137,9 @@ impl Workload {
                 gated::guarded_fingerprint(gate, n, amount, "EUR", body).await?
             }
             GateMode::Lease => gated::guarded_lease(gate, n, body).await?,
+            GateMode::Ordered => {
+                gated::guarded_ordered(gate, n, n % gated::ORDERED_ENTITIES, body).await?
+            }
             GateMode::InTransaction => {
                 let mut tx = self.pool.begin().await?;
                 gated::guarded_in_transaction(gate, &mut tx, n, body).await?;
