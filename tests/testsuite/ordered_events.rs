@@ -564,3 +564,46 @@ async fn the_attribute_orders_the_events_of_one_entity() {
     );
     assert_eq!(*applied.lock().unwrap(), [2, 1, 3]);
 }
+
+/// A prune by age never deletes the claim of the event that holds its
+/// entity (its success is read from that row at the entity's next event):
+/// were it gone, the entity would stay held for good. Once a newer event
+/// has taken the entity, it may go, and the entity remembers it applied.
+#[tokio::test]
+async fn a_prune_keeps_the_event_that_holds_its_entity_until_the_next_one_came() {
+    let gate = testing::gate().await;
+    let log = Mutex::new(Vec::new());
+    let sub = entity("sub_1");
+    let present = |key: &str| {
+        let address = event(key).address();
+        let gate = gate.clone();
+        async move {
+            idem_test_support::rows::row_state(&gate, &address)
+                .await
+                .is_some()
+        }
+    };
+    let prune_all = || async {
+        // Everything settled up to a second from now, in this account.
+        let filter =
+            operations::PruneFilter::new(std::time::SystemTime::now() + Duration::from_secs(1))
+                .account(gate.account_name());
+        operations::prune(gate.pool(), &filter)
+            .await
+            .expect("prune")
+    };
+    assert_eq!(deliver(&gate, &sub, "e5", 5, None, &log).await, RAN);
+    prune_all().await;
+    assert!(present("e5").await, "the holder's claim was pruned");
+    assert_eq!(deliver(&gate, &sub, "e7", 7, None, &log).await, RAN);
+    prune_all().await;
+    assert!(
+        !present("e5").await,
+        "a claim its entity no longer needs is pruned"
+    );
+    assert!(present("e7").await, "the new holder's claim was pruned");
+    // Its entity remembers that 5 applied, and 7 holds it, settled.
+    assert_eq!(deliver(&gate, &sub, "e6", 6, None, &log).await, SUPERSEDED);
+    assert_eq!(deliver(&gate, &sub, "e8", 8, None, &log).await, RAN);
+    assert_eq!(ran(&log), ["e5", "e7", "e8"]);
+}

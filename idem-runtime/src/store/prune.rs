@@ -105,15 +105,66 @@ impl<'a> PruneFilter<'a> {
 /// ([`slot_expired!`](super::claims::slot_expired), by the database's
 /// clock), whenever it was recorded. Never a claim inside its window,
 /// whatever the cut-off: that slot was promised for the window.
+///
+/// Never an ordered event's claim that still holds its entity
+/// (`not_holding_an_entity!`): the entity reads whether that event applied
+/// from its claim row at its next event, and a row gone would hold the
+/// entity for good.
 macro_rules! claim_prunable {
     ($cut:literal) => {
+        claim_prunable!($cut, "idem_records")
+    };
+    ($cut:literal, $row:literal) => {
         concat!(
             "((state = 'success' AND slot_kept_for IS NULL \
                AND settled_at < timestamptz 'epoch' + ",
             $cut,
             " * interval '1 microsecond') OR (",
             super::claims::slot_expired!(),
-            "))"
+            ")) AND ",
+            not_holding_an_entity!($row)
+        )
+    };
+}
+
+/// The test that the claim `$row` (the deleting statement's name for its
+/// row) is not an ordered event that holds its entity (`held_by`, schema
+/// v12; `store::ordered`). A claim of no entity passes at once; an
+/// event's entity is found through the partial unique index of its
+/// namespace form, one `EXISTS` each, as `claim_gone!` does for steps.
+macro_rules! not_holding_an_entity {
+    ($row:literal) => {
+        concat!(
+            "NOT (",
+            $row,
+            ".entity IS NOT NULL AND ( \
+               EXISTS (SELECT FROM idem_records e \
+                       WHERE e.account = ",
+            $row,
+            ".account AND e.kind = 'entity' \
+                         AND e.address = ",
+            $row,
+            ".entity AND e.held_by = ",
+            $row,
+            ".address \
+                         AND e.namespace IS NULL AND ",
+            $row,
+            ".namespace IS NULL) \
+               OR EXISTS (SELECT FROM idem_records e \
+                          WHERE e.account = ",
+            $row,
+            ".account AND e.kind = 'entity' \
+                            AND e.address = ",
+            $row,
+            ".entity AND e.held_by = ",
+            $row,
+            ".address \
+                            AND e.namespace = ",
+            $row,
+            ".namespace \
+                            AND ",
+            $row,
+            ".namespace IS NOT NULL)))"
         )
     };
 }
@@ -472,7 +523,7 @@ pub const DELETE_HEAP_PAGES: &str = concat!(
     "DELETE FROM idem_records s \
      WHERE s.ctid >= ('(' || $1::int8 || ',0)')::tid AND s.ctid < ('(' || $2::int8 || ',0)')::tid \
        AND ((s.kind = 'claim' AND ",
-    claim_prunable!("$3"),
+    claim_prunable!("$3", "s"),
     ") OR (s.kind = 'step' AND ",
     prunable_orphan_step!("$3"),
     ")) RETURNING s.kind, s.account, s.address, s.namespace"
