@@ -463,6 +463,11 @@ impl<'a> Contender<'a> {
             won: Stopwatch::start(),
             in_transaction,
             windows: mode.windows().unwrap_or_default(),
+            ordered: mode
+                .ordered_by()
+                .ok()
+                .flatten()
+                .map(|(entity, order)| (entity.address(), order.get())),
             // Never under a lease or in the caller's transaction: see
             // OutcomeCommit::Async. Nor on Citus, where the setting is made
             // on the coordinator, the worker that writes the row commits

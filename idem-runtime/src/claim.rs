@@ -67,6 +67,9 @@ pub(crate) struct WonSlot {
     pub(crate) windows: store::Windows,
     /// How the outcome commits.
     pub(crate) commit: Commit,
+    /// An ordered event's entity address and order: a late success written
+    /// into its vacant slot counts as applied for the entity.
+    pub(crate) ordered: Option<(String, i64)>,
 }
 
 /// The claim's lease, if it has one, by this process's clock: only to
@@ -870,12 +873,7 @@ impl WonSlot {
         output: Option<&str>,
     ) -> Result<bool, Rejected> {
         let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
-        let late = LateSuccess {
-            identity: self.identity.canonical(),
-            fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
-            output,
-            windows: self.windows,
-        };
+        let late = self.late_success(output);
         // Matched on the fence: a repeat changes nothing.
         let written: Result<bool, sqlx::Error> = retry::repeat_recording!(via, |conn| {
             store::settle_own_hold(&mut *conn, scope, address, fence, late).await
@@ -893,6 +891,22 @@ impl WonSlot {
         Ok(written)
     }
 
+    /// What a success of this holder recorded after its claim was lost
+    /// carries: its identity, payload and `output`, and, for a vacant
+    /// slot, its windows and its entity.
+    fn late_success<'s>(&'s self, output: Option<&'s str>) -> LateSuccess<'s> {
+        LateSuccess {
+            identity: self.identity.canonical(),
+            fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
+            output,
+            windows: self.windows,
+            ordered: self
+                .ordered
+                .as_ref()
+                .map(|(entity, order)| (entity.as_str(), *order)),
+        }
+    }
+
     /// Writes this holder's success into the slot it no longer holds: over
     /// the pending row last seen with fence `seen`, or into the vacant slot.
     /// `false`: the slot changed between the look and the write.
@@ -903,12 +917,7 @@ impl WonSlot {
         output: Option<&str>,
     ) -> Result<bool, Rejected> {
         let scope = self.slots.scope();
-        let late = LateSuccess {
-            identity: self.identity.canonical(),
-            fingerprint: self.fingerprint.as_ref().map(|f| f.as_slice()),
-            output,
-            windows: self.windows,
-        };
+        let late = self.late_success(output);
         let address = &*self.address;
         // Both are safe to repeat: the first is matched on the fence seen,
         // the second inserts only into a vacant slot.

@@ -607,3 +607,39 @@ async fn a_prune_keeps_the_event_that_holds_its_entity_until_the_next_one_came()
     assert_eq!(deliver(&gate, &sub, "e8", 8, None, &log).await, RAN);
     assert_eq!(ran(&log), ["e5", "e7", "e8"]);
 }
+
+/// "A success (... an earlier holder's late one ...) is applied": an
+/// event whose claim an operator released while its body ran, and which
+/// then succeeded, is told `ClaimLost`, and its success is recorded in its
+/// vacant slot; its entity counts it as applied, so an older event is
+/// superseded after it.
+#[tokio::test]
+async fn a_late_success_in_a_vacant_slot_is_applied_for_its_entity() {
+    let gate = testing::gate().await;
+    let log = Mutex::new(Vec::new());
+    let sub = entity("sub_1");
+    let id = event("e7");
+    let address = id.address();
+    let slot = Slot::new(gate.account_name(), gate.namespace_name(), &address);
+    let result: Result<(), Rejected> = gate
+        .guard(&id)
+        .ordered(&sub, 7)
+        .run(async {
+            let released = operations::release_pending(gate.pool(), slot)
+                .await
+                .expect("release");
+            assert!(released.is_some(), "the operator released the claim");
+            Ok(())
+        })
+        .await;
+    assert!(
+        matches!(result, Err(Rejected::ClaimLost { .. })),
+        "{result:?}"
+    );
+    assert_eq!(
+        deliver(&gate, &sub, "e7", 7, None, &log).await,
+        ALREADY_DONE
+    );
+    assert_eq!(deliver(&gate, &sub, "e3", 3, None, &log).await, SUPERSEDED);
+    assert_eq!(deliver(&gate, &sub, "e9", 9, None, &log).await, RAN);
+}

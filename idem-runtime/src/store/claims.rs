@@ -499,27 +499,42 @@ pub const SETTLE_OWN_HOLD: SplitOnNamespace = per_row!(
     )
 );
 
+/// The text of [`SETTLE_VACANT`], with the entity's namespace test.
+macro_rules! settle_vacant_statement {
+    ($entity_namespace_test:literal) => {
+        concat!(
+            "WITH settled AS (INSERT INTO idem_records \
+               (account, kind, address, namespace, state, identity, fingerprint, settled_at, \
+                output_json, value_kept_for, slot_kept_for, entity, event_order) \
+             VALUES ($1, 'claim', $2, $3, 'success', $4, $5, statement_timestamp(), $6, \
+                     $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9, $10) \
+             ON CONFLICT DO NOTHING RETURNING 1), \
+             applied AS (UPDATE idem_records e SET applied_order = greatest(e.applied_order, $10) \
+               WHERE e.account = $1 AND e.kind = 'entity' AND e.address = $9 AND ",
+            $entity_namespace_test,
+            " AND EXISTS (SELECT FROM settled)) \
+             SELECT FROM settled"
+        )
+    };
+}
+
 /// Records the success of a holder whose claim was released (by the holder
 /// that took it over, or by an operator) while nobody holds the slot: a
 /// settled row, as if claimed and settled at once. `$4`: the identity;
 /// `$5`: the fingerprint; `$6`: the output; `$7`, `$8`: the value's and the
 /// slot's windows in microseconds (NULL: for ever), as the claim wrote
 /// them, so that the late success is kept no longer, and no shorter, than
-/// its action said. One text serves both forms: it
-/// finds no row, it inserts one, and the insert is arbitrated by whichever
-/// partial unique index the new row's namespace falls under.
+/// its action said. `$9`, `$10`: an ordered event's entity and order (NULL
+/// for any other claim): the row names them as its claim did, and the
+/// entity counts the success as applied in the same statement (its release
+/// freed the entity, so no later claim would read this row as its holder's).
+/// The insert is arbitrated by whichever partial unique index the new
+/// row's namespace falls under; the entity is found through the one of its
+/// form.
 pub const SETTLE_VACANT: SplitOnNamespace = SplitOnNamespace {
-    without_namespace: SETTLE_VACANT_STATEMENT,
-    within_namespace: SETTLE_VACANT_STATEMENT,
+    without_namespace: settle_vacant_statement!("e.namespace IS NULL AND $3::text IS NULL"),
+    within_namespace: settle_vacant_statement!("e.namespace = $3"),
 };
-
-/// The text of [`SETTLE_VACANT`].
-const SETTLE_VACANT_STATEMENT: &str = "INSERT INTO idem_records \
-       (account, kind, address, namespace, state, identity, fingerprint, settled_at, output_json, \
-        value_kept_for, slot_kept_for) \
-     VALUES ($1, 'claim', $2, $3, 'success', $4, $5, statement_timestamp(), $6, \
-             $7 * interval '1 microsecond', $8 * interval '1 microsecond') \
-     ON CONFLICT DO NOTHING";
 
 /// Runs `query` (a statement matched on one row's address and fence, or an
 /// insert into one slot); `true` when it changed exactly that row.
@@ -902,6 +917,9 @@ pub(crate) struct LateSuccess<'a> {
     /// The late holder's windows: written only into a vacant slot (a row
     /// it settles over has the windows its claim wrote).
     pub windows: Windows,
+    /// An ordered event's entity address and order: written only into a
+    /// vacant slot, whose entity then counts the success as applied.
+    pub ordered: Option<(&'a str, i64)>,
 }
 
 /// Settles the pending row last seen with fence `seen` with a late success
@@ -960,7 +978,9 @@ pub(crate) async fn settle_vacant<'e>(
             .bind(late.fingerprint)
             .bind(late.output)
             .bind(late.windows.value_micros)
-            .bind(late.windows.slot_micros),
+            .bind(late.windows.slot_micros)
+            .bind(late.ordered.map(|(entity, _)| entity))
+            .bind(late.ordered.map(|(_, order)| order)),
         executor,
     )
     .await

@@ -222,7 +222,15 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
         per_row(
             "settle_vacant",
             &claims::SETTLE_VACANT,
-            &[Bytes, Bytes, output, NullInt, Int(60_000_000)],
+            &[
+                Bytes,
+                Bytes,
+                output,
+                NullInt,
+                Int(60_000_000),
+                Text(Some("claim_fedcba9876543210fedcba98")),
+                Int(7),
+            ],
             Expect::ArbitratedInsert,
         ),
         Case {
