@@ -216,6 +216,14 @@ impl Checked {
         }
         let ordered = match (entity, order) {
             (Some(entity), Some(order)) => {
+                if let Some(span) = fail_open {
+                    errors.push(syn::Error::new(
+                        span,
+                        "`on_unavailable = \"run\"` cannot be combined with `entity` and `order`: \
+                         run unguarded when the store is down, an event would be neither \
+                         deduplicated nor ordered; drop `on_unavailable`",
+                    ));
+                }
                 if let Some(slot) = &keep_slot_for {
                     errors.push(syn::Error::new_spanned(
                         &slot.literal,

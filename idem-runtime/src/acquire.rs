@@ -99,6 +99,17 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
 ) -> Result<Acquired, Rejected> {
     let mut stop = std::pin::pin!(stop);
     let contender = Contender::new(slots, identity);
+    if identity.is_absent() && mode.is_ordered() {
+        // Ungated, it would be neither deduplicated nor ordered.
+        let rejected = Rejected::InvalidOption {
+            option: "key",
+            value: format!("{identity:?}"),
+            reason: "an ordered event's key is absent (a part is None): run ungated, it would \
+                     be neither deduplicated nor ordered; give every part of its key",
+        };
+        contender.refused(&rejected);
+        return Err(rejected);
+    }
     if identity.is_absent() {
         contender.ungated();
         return Ok(Acquired::Won(Claim::ungated()));
@@ -522,8 +533,13 @@ impl<'a> Contender<'a> {
             }
             // Another event of the entity runs: wait for it, or be refused
             // as in flight, as a duplicate of a claim in flight is.
-            store::ClaimAnswer::EntityHeld => {
+            store::ClaimAnswer::EntityHeld { stale: false } => {
                 return Ok(Attempt::Undecided(Undecided::HeldByAnother));
+            }
+            // Read as it was before the statement waited for the entity:
+            // ask again at once, as for a slot freed meanwhile.
+            store::ClaimAnswer::EntityHeld { stale: true } => {
+                return Ok(Attempt::Undecided(Undecided::Freed));
             }
             store::ClaimAnswer::EntityCollision => {
                 return Ok(Attempt::Refused(Rejected::Collision {

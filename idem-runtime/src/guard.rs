@@ -392,21 +392,30 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// may have applied (fail closed: nothing older runs meanwhile, and
     /// nothing newer runs beside what it may be doing). A lease that runs
     /// out leaves the entity with the event whose lease it was, for its
-    /// own retry to take over. Inside your transaction ([`tx`](Guard::tx))
-    /// the entity is taken with the claim and handed back if the
-    /// transaction rolls back, and other events of it wait for your commit.
+    /// own retry to take over: from then on the first holder is counted
+    /// gone, for its entity as for its slot (it is told
+    /// [`Rejected::LeaseLost`] when it ends, and its success is applied).
+    /// An event whose claim an operator released while it ran applied
+    /// nothing, unless its body then succeeds: it is told
+    /// [`Rejected::ClaimLost`], and its success is recorded and applied.
+    /// Inside your transaction ([`tx`](Guard::tx)) the entity is taken
+    /// with the claim and handed back if the transaction rolls back, and
+    /// other events of it wait for your commit, then see it.
     ///
     /// It costs the claim one more row (the entity's, in the same account
     /// and namespace) locked and written in the same statement: no round
     /// trip. The attribute's `entity = "..."` and `order = "..."`.
     ///
     /// Refused [`Rejected::InvalidOption`] before any statement runs: an
-    /// `order` beyond an `i64` (a `u64` above `i64::MAX`); an `entity`
-    /// that is absent (a `None` part); with
+    /// `order` beyond an `i64` (a `u64` above `i64::MAX`); an `entity`, or
+    /// the event's own identity, that is absent (a `None` part: an ordered
+    /// event never runs ungated); with
     /// [`keep_slot_for`](Guard::keep_slot_for) (the slot of an ordered
-    /// event is kept for ever: its entity's order is judged from it); on a
-    /// table Citus distributes (not yet supported there). Not in a
-    /// [batch](crate::batch) nor the HTTP layer yet.
+    /// event is kept for ever: its entity's order is judged from it); with
+    /// [`OnUnavailable::Run`] (run unguarded, it would be neither
+    /// deduplicated nor ordered); on a table Citus distributes (not yet
+    /// supported there). Not in a [batch](crate::batch) nor the HTTP layer
+    /// yet.
     ///
     /// ```no_run
     /// # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {

@@ -222,11 +222,17 @@ impl Mode {
         self
     }
 
+    /// Whether the call is an ordered event ([`Mode::ordered`]).
+    pub(crate) fn is_ordered(&self) -> bool {
+        self.ordered.is_some()
+    }
+
     /// The entity and order of an ordered event, or why they cannot be
     /// used: an order beyond an `i64`, an absent entity (a `None` part), or
     /// a slot window (an event whose slot reopened could run again after a
     /// newer one, and a prune could delete the success its entity has not
-    /// yet counted).
+    /// yet counted), or failing open (run unguarded, it would be neither
+    /// deduplicated nor ordered).
     pub(crate) fn ordered_by(&self) -> Result<Option<(&Identity, EventOrder)>, Rejected> {
         let Some(ordered) = &self.ordered else {
             return Ok(None);
@@ -245,6 +251,14 @@ impl Mode {
                 value: format!("{:?}", ordered.entity),
                 reason: "the entity's identity is absent (a part is None): an ordered event \
                          needs its entity; give every part, or do not order the event",
+            });
+        }
+        if self.on_unavailable == OnUnavailable::Run {
+            return Err(Rejected::InvalidOption {
+                option: "on_unavailable",
+                value: "run".to_owned(),
+                reason: "an ordered event cannot fail open: run unguarded, it would be neither \
+                         deduplicated nor ordered; drop on_unavailable",
             });
         }
         if let Some(window) = self.keep_slot_for {

@@ -26,4 +26,9 @@ async fn not_expressions_of_parameters(gate: &Gate, event: &Event) -> Result<(),
     Ok(())
 }
 
+#[idempotent(key = "event.id", entity = "event.object_id", order = "event.sequence", on_unavailable = "run")]
+async fn failing_open(gate: &Gate, event: &Event) -> Result<(), Rejected> {
+    Ok(())
+}
+
 fn main() {}

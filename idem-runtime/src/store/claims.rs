@@ -290,7 +290,11 @@ pub enum ClaimAnswer {
     },
     /// An ordered event: another event of its entity runs, or may have run
     /// (pending or in doubt). Nothing was claimed.
-    EntityHeld,
+    EntityHeld {
+        /// The holder changed after the statement's snapshot: a new
+        /// statement may find it done.
+        stale: bool,
+    },
     /// An ordered event: the entity's address is held by another entity's
     /// identity (a digest collision). Nothing was claimed.
     EntityCollision,

@@ -76,13 +76,20 @@ pub struct OrderedBy<'a> {
 /// the event's claim if this event holds the entity, arbitrated by the
 /// partial unique indexes as every claim is.
 ///
+/// `stale` says that the entity's holder changed after the statement's
+/// snapshot was taken (or the entity was made after it): the holder's row
+/// was read from that snapshot, so "held" may be the past (a claim that
+/// waited on a transaction holding the entity reads it as it was before
+/// the wait), and the caller asks again with a new statement.
+///
 /// The final select returns one row: the claim won; the event's own row;
 /// or, when the entity was not taken, what the entity says. None at all
 /// when the claim's insert met a row it cannot see ([`ClaimAnswer::Hidden`]).
 ///
 /// [`CLAIM`]: super::claims::CLAIM
 macro_rules! claim_ordered_statement {
-    ($namespace_test:literal, $holder_namespace_test:literal, $conflict_target:literal) => {
+    ($namespace_test:literal, $holder_namespace_test:literal, $entity_namespace_test:literal,
+     $conflict_target:literal) => {
         concat!(
             "WITH existing AS ( \
                  SELECT ",
@@ -121,7 +128,12 @@ macro_rules! claim_ordered_statement {
             ") AS holder) AS held) AS judged) AS decided) \
                  RETURNING held_by IS NOT DISTINCT FROM $2 \
                            AND event_order IS NOT DISTINCT FROM $12 AS took, \
-                           applied_order, identity = $11 AS same_entity \
+                           applied_order, identity = $11 AS same_entity, \
+                           NOT EXISTS (SELECT FROM idem_records x \
+                                       WHERE x.account = $1 AND x.kind = 'entity' \
+                                         AND x.address = $10 AND ",
+            $entity_namespace_test,
+            " AND x.held_by IS NOT DISTINCT FROM e.held_by) AS stale \
              ), claimed AS ( \
                  INSERT INTO idem_records \
                    (account, kind, address, namespace, state, identity, fingerprint, \
@@ -139,16 +151,16 @@ macro_rules! claim_ordered_statement {
                     NULL::text AS reason, NULL::text AS output, NULL::boolean AS slot_expired, \
                     NULL::boolean AS value_expired, NULL::boolean AS windowed, \
                     NULL::boolean AS entity_refused, NULL::bigint AS applied_order, \
-                    NULL::boolean AS same_entity \
+                    NULL::boolean AS same_entity, NULL::boolean AS stale \
              FROM claimed \
              UNION ALL \
              SELECT false, fence, lineage, settled, state, identity, fingerprint, lease_expired, \
                     resolved, reason, output, slot_expired, value_expired, windowed, \
-                    false, NULL, NULL \
+                    false, NULL, NULL, NULL \
              FROM existing \
              UNION ALL \
              SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-                    NULL, NULL, true, applied_order, same_entity \
+                    NULL, NULL, true, applied_order, same_entity, stale \
              FROM taken WHERE NOT took"
         )
     };
@@ -163,11 +175,13 @@ pub const CLAIM_ORDERED: SplitOnNamespace = SplitOnNamespace {
     without_namespace: claim_ordered_statement!(
         "namespace IS NULL AND $3::text IS NULL",
         "h.namespace IS NULL AND $3::text IS NULL",
+        "x.namespace IS NULL AND $3::text IS NULL",
         "(account, kind, address) WHERE namespace IS NULL"
     ),
     within_namespace: claim_ordered_statement!(
         "namespace = $3",
         "h.namespace = $3",
+        "x.namespace = $3",
         "(account, kind, address, namespace) WHERE namespace IS NOT NULL"
     ),
 };
@@ -209,6 +223,8 @@ pub(super) async fn claim_ordered<'e>(
     let applied: Option<i64> = row.try_get("applied_order")?;
     Ok(match applied {
         Some(applied) if applied > ordered.order => ClaimAnswer::Superseded { applied },
-        _ => ClaimAnswer::EntityHeld,
+        _ => ClaimAnswer::EntityHeld {
+            stale: row.try_get("stale")?,
+        },
     })
 }

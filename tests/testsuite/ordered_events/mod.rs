@@ -15,6 +15,10 @@ use idem::operations::{self, Slot};
 use idem::{Disposition, EventOrder, Gate, Identity, Outcome, Rejected, testing};
 use tokio::sync::{Barrier, Notify};
 
+// Each promise of the docs attacked at its edges (races, faults, leases,
+// operators, transactions, hostile orders), from the docs alone.
+mod at_the_edges;
+
 /// A body's error: a refusal of its own gate, or a failure disposed of as
 /// its variant says.
 #[derive(Debug)]
