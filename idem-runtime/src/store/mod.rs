@@ -377,7 +377,7 @@ mod tests {
     /// The source of every module of the store, by file name: what the
     /// tests below read to find every pair, so that a pair added without
     /// being listed in [`pairs`] is seen.
-    const SOURCES: [(&str, &str); 12] = [
+    const SOURCES: [(&str, &str); 13] = [
         ("mod.rs", include_str!("mod.rs")),
         ("batch.rs", include_str!("batch.rs")),
         ("browse.rs", include_str!("browse.rs")),
@@ -387,6 +387,7 @@ mod tests {
         ("gauges.rs", include_str!("gauges.rs")),
         ("metering.rs", include_str!("metering.rs")),
         ("operations.rs", include_str!("operations.rs")),
+        ("ordered.rs", include_str!("ordered.rs")),
         ("prune.rs", include_str!("prune.rs")),
         ("steps.rs", include_str!("steps.rs")),
         ("store_id.rs", include_str!("store_id.rs")),
