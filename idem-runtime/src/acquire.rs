@@ -118,7 +118,9 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
         .check()
         .and_then(|()| Ok((mode.lease_micros()?, mode.windows()?)))
         .inspect_err(|rejected| contender.refused(rejected))?;
-    let ordered = ordered_by(slots, mode).inspect_err(|rejected| contender.refused(rejected))?;
+    let ordered = mode
+        .ordered_by()
+        .inspect_err(|rejected| contender.refused(rejected))?;
     let entity_address = ordered.map(|(entity, _)| entity.address());
     let fingerprint = mode.payload_fingerprint().map(|f| f.digest());
     let new = NewClaim {
@@ -220,25 +222,6 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
             }
         }
     }
-}
-
-/// The entity and order of an ordered event, or why they cannot be used
-/// ([`Mode::ordered_by`]; on Citus, not yet: the one statement that takes
-/// the entity and claims the event would not be routed to one worker).
-fn ordered_by<'m>(
-    slots: &ScopedPool,
-    mode: &'m Mode,
-) -> Result<Option<(&'m Identity, crate::EventOrder)>, Rejected> {
-    let ordered = mode.ordered_by()?;
-    if ordered.is_some() && slots.engine() == Engine::Citus {
-        return Err(Rejected::InvalidOption {
-            option: "ordered",
-            value: "on a table Citus distributes".to_owned(),
-            reason: "ordered events are not supported on Citus yet; order them on one \
-                     PostgreSQL, or guard the events by their key alone",
-        });
-    }
-    Ok(ordered)
 }
 
 /// How long a duplicate that finds its slot held waits for it.
@@ -507,12 +490,17 @@ impl<'a> Contender<'a> {
     ) -> Result<Attempt, sqlx::Error> {
         let (scope, address) = (self.slots.scope(), &*self.address);
         let read = ReadFrom::of(via);
+        let within = match read {
+            ReadFrom::Transaction => store::Within::CallersTransaction,
+            ReadFrom::Pool | ReadFrom::Cache => store::Within::Autocommit,
+        };
         // One connection for the whole attempt: every acquire may cost a
         // round trip of its own (the pool's liveness check).
         let mut conn = via.connection().await?;
         let existing = match store::claim(
-            &mut *conn,
+            &mut conn,
             self.slots.engine(),
+            within,
             scope,
             address,
             new,

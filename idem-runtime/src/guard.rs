@@ -404,7 +404,13 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     ///
     /// It costs the claim one more row (the entity's, in the same account
     /// and namespace) locked and written in the same statement: no round
-    /// trip. The attribute's `entity = "..."` and `order = "..."`.
+    /// trip. On a table Citus distributes, which routes no one statement
+    /// that does both, the entity is taken and the event claimed by two
+    /// statements routed to the account's worker and committed together:
+    /// on the gate's pool, four round trips (`BEGIN`, the two, `COMMIT`)
+    /// where one PostgreSQL takes one; inside your transaction, two. A new
+    /// entity costs one statement more. The attribute's `entity = "..."`
+    /// and `order = "..."`.
     ///
     /// Refused [`Rejected::InvalidOption`] before any statement runs: an
     /// `order` beyond an `i64` (a `u64` above `i64::MAX`); an `entity`, or
@@ -413,9 +419,8 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// [`keep_slot_for`](Guard::keep_slot_for) (the slot of an ordered
     /// event is kept for ever: its entity's order is judged from it); with
     /// [`OnUnavailable::Run`] (run unguarded, it would be neither
-    /// deduplicated nor ordered); on a table Citus distributes (not yet
-    /// supported there). Not in a [batch](crate::batch) nor the HTTP layer
-    /// yet.
+    /// deduplicated nor ordered). Not in a [batch](crate::batch) nor the
+    /// HTTP layer yet.
     ///
     /// ```no_run
     /// # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {

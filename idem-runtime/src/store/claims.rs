@@ -23,7 +23,7 @@
 use sqlx::FromRow;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
-use sqlx::{PgExecutor, Postgres, Row};
+use sqlx::{PgConnection, PgExecutor, Postgres, Row};
 
 use super::operations::ClaimState;
 use super::{Commit, Engine, PerCommit, Scope, SplitOnNamespace, per_commit, per_row};
@@ -575,21 +575,45 @@ impl KeptValue {
     }
 }
 
+/// Where a claim's statements run, which a claim of several statements
+/// (an ordered event's, on Citus) must know to commit them as one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Within {
+    /// On a connection of the gate's pool, each statement committing on its
+    /// own: a claim of several statements opens a transaction of its own.
+    Autocommit,
+    /// Inside the caller's transaction, whose commit decides.
+    CallersTransaction,
+}
+
 /// Claims the slot, or finds who holds it: in one statement ([`CLAIM`]) on
 /// PostgreSQL; on Citus the insert alone ([`CLAIM_ROUTED`]), a row it
 /// could not insert then being [`ClaimAnswer::Hidden`] for the caller to look
-/// up.
-pub async fn claim<'e>(
-    executor: impl PgExecutor<'e>,
+/// up. An ordered event's claim is `ordered::claim_ordered`'s (in one
+/// statement), or on Citus `ordered::claim_ordered_routed`'s (in routed
+/// statements, one transaction: `within` says whose).
+pub async fn claim(
+    conn: &mut PgConnection,
     engine: Engine,
+    within: Within,
     scope: Scope<'_>,
     address: &str,
     claim: NewClaim<'_>,
     kept_value: KeptValue,
 ) -> Result<ClaimAnswer, sqlx::Error> {
     if let Some(ordered) = claim.ordered {
-        return super::ordered::claim_ordered(executor, scope, address, claim, ordered, kept_value)
-            .await;
+        return match engine {
+            Engine::PostgreSQL => {
+                super::ordered::claim_ordered(conn, scope, address, claim, ordered, kept_value)
+                    .await
+            }
+            Engine::Citus => {
+                super::ordered::claim_ordered_routed(
+                    conn, within, scope, address, claim, ordered, kept_value,
+                )
+                .await
+            }
+        };
     }
     if engine == Engine::Citus {
         let fence = CLAIM_ROUTED
@@ -599,7 +623,7 @@ pub async fn claim<'e>(
             .bind(claim.lease_micros)
             .bind(claim.windows.value_micros)
             .bind(claim.windows.slot_micros)
-            .fetch_optional(executor)
+            .fetch_optional(conn)
             .await?;
         return match fence {
             Some(row) => Ok(ClaimAnswer::Won(row.try_get("fence")?)),
@@ -614,7 +638,7 @@ pub async fn claim<'e>(
         .bind(kept_value.is_read())
         .bind(claim.windows.value_micros)
         .bind(claim.windows.slot_micros)
-        .fetch_optional(executor)
+        .fetch_optional(conn)
         .await?;
     let Some(row) = row else {
         return Ok(ClaimAnswer::Hidden);

@@ -9,7 +9,7 @@
 //! | `claims` | the claim path: claim, lookup, take over, settle, release, extend, late successes, keep a failure, hold in doubt |
 //! | `batch` | the claim path for many slots at once: claim, look up, and one statement per kind of outcome |
 //! | `metering` | usage events: record a batch, total a meter |
-//! | `ordered` | ordered events: the claim that takes an event's entity, and what each outcome does to it |
+//! | `ordered` | ordered events: the claim that takes an event's entity (in one statement; on Citus, in routed statements in one transaction), and what each outcome does to it |
 //! | [`operations`] | what operators do (the `idem` command): list, show, release, resolve, prune |
 //! | `browse` | what the operator console reads (re-exported by [`operations`]): open claims counted, pages of claims by keyset, one claim described |
 //! | `gauges` | the claim gauges of feature `metrics`: pending past an age, in doubt, the oldest of each |
@@ -51,7 +51,9 @@
 //!   never by position, so a select list can be reordered, or a row shared
 //!   by two statements, without shifting one field into another.
 //! - **One statement, one round trip.** Nothing here opens a transaction of
-//!   its own except the schema set-up: a claim commits the moment it is won.
+//!   its own except the schema set-up, and an ordered event's claim on
+//!   Citus, whose routed statements must commit together (`ordered`): a
+//!   claim commits the moment it is won.
 //! - **The bottom layer.** Nothing here imports the gate, the claim, the
 //!   expansion, the meter, the schema module or the test helpers; they
 //!   import this.
@@ -91,9 +93,9 @@ pub(crate) use batch::{NewBatchItem, claim_batch, lookup_batch, record_batch};
 pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
     BODY_IN_DOUBT, ClaimAnswer, Existing, KEPT_FAILURE, KeptValue, LATE_SUCCESS, LEASE_EXPIRED,
-    LateSuccess, NewClaim, SettledCarrying, Windows, claim, expire_in_doubt, extend, hold_in_doubt,
-    keep, lookup, release, reopen_expired, settle, settle_carrying_step, settle_over,
-    settle_own_hold, settle_vacant, take_over,
+    LateSuccess, NewClaim, SettledCarrying, Windows, Within, claim, expire_in_doubt, extend,
+    hold_in_doubt, keep, lookup, release, reopen_expired, settle, settle_carrying_step,
+    settle_over, settle_own_hold, settle_vacant, take_over,
 };
 pub(crate) use operations::{ClaimState, StepState};
 pub(crate) use ordered::OrderedBy;
@@ -117,10 +119,12 @@ pub enum Engine {
     /// One PostgreSQL, partitioned or not (or a table Citus does not
     /// distribute).
     PostgreSQL,
-    /// A table Citus distributes: a statement whose CTE modifies the table
-    /// is not routed to the one worker holding the account's shard, but
-    /// planned in steps whose intermediate results go to every worker, so
-    /// the claim takes the routed two-statement form there.
+    /// A table Citus distributes: a statement whose CTE inserts into the
+    /// table is not routed to the one worker holding the account's shard,
+    /// but planned in steps whose intermediate results go to every worker,
+    /// so the claim takes the routed two-statement form there, and an
+    /// ordered event's claim its routed statements in one transaction
+    /// (`ordered`).
     Citus,
 }
 

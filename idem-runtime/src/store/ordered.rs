@@ -40,10 +40,32 @@
 //! The holder's row is read with the statement's snapshot, so a success
 //! committed after it was taken reads as pending: the event is refused as
 //! in flight, a retry then sees the success. Never the other way.
+//!
+//! **On Citus** ([`Engine::Citus`](super::Engine::Citus)) the one statement does not run at all:
+//! Citus plans its two inserting CTEs as steps on the coordinator, and the
+//! upsert's look at the holder's row, sent to the worker inside the entity's
+//! `ON CONFLICT` clause, names the distributed table, which a worker refuses
+//! ("cannot execute a distributed query from a query on a shard"). Citus
+//! routes an `UPDATE` (or a `SELECT` whose CTEs update) whose rows are all
+//! in one account, and an `INSERT ... VALUES` without CTEs or subqueries, to
+//! the account's worker whole, so the claim is said there in routed
+//! statements, one transaction: [`TAKE_ENTITY_ROUTED`] looks for the
+//! event's own row and, when there is none, updates the entity row as the
+//! upsert would ([`CLAIM_ORDERED`]'s `DO UPDATE`: an `UPDATE` under READ
+//! COMMITTED also locks the row and re-reads its latest version);
+//! [`CREATE_ENTITY_ROUTED`] inserts an entity that is not there yet (then
+//! the take is said again if another claim inserted it first); and
+//! [`CLAIM_EVENT_ROUTED`] inserts the event's claim once it took its
+//! entity. The entity is taken and the event claimed in one commit, as on
+//! PostgreSQL, so no entity is ever held by a claim that was never made:
+//! on the gate's pool the claim opens its own transaction (two round trips
+//! more than the statements: `BEGIN` and `COMMIT`); inside the caller's
+//! transaction it is the caller's commit.
 
-use sqlx::{FromRow, PgExecutor, Row};
+use sqlx::postgres::PgRow;
+use sqlx::{Connection, FromRow, PgConnection, Row};
 
-use super::claims::{ClaimAnswer, Existing, KeptValue, NewClaim, existing_columns};
+use super::claims::{ClaimAnswer, Existing, KeptValue, NewClaim, Within, existing_columns};
 use super::{Scope, SplitOnNamespace};
 
 /// The entity and order of an event's claim (`Guard::ordered`).
@@ -186,9 +208,151 @@ pub const CLAIM_ORDERED: SplitOnNamespace = SplitOnNamespace {
     ),
 };
 
-/// Claims an event's slot with [`CLAIM_ORDERED`].
-pub(super) async fn claim_ordered<'e>(
-    executor: impl PgExecutor<'e>,
+/// The text of [`TAKE_ENTITY_ROUTED`] with its namespace tests: of the
+/// event's row (`$namespace_test`), of the holder's
+/// (`$holder_namespace_test`), of the entity's (`$entity_namespace_test`).
+///
+/// `existing` looks for the event's own row, as [`CLAIM_ORDERED`]'s does.
+/// When there is none, `taken` updates the entity row with what
+/// [`CLAIM_ORDERED`]'s `DO UPDATE` writes: taken by this event when it is
+/// free and nothing newer was applied, else left held (its fold written
+/// all the same). Under READ COMMITTED the `UPDATE` locks the row, waiting
+/// for a transaction that holds it, and then evaluates its `SET` on the
+/// row's latest version (the holder's row still read with the statement's
+/// snapshot), as the upsert does. `held` is fenced (`OFFSET 0`) so that the
+/// holder's row is read once, not once for each place its state is used.
+///
+/// The final select returns one row: the event's own row; or what the
+/// entity says (`took`, and when not, why not). None when the entity row is
+/// not there (nor the event's): [`CREATE_ENTITY_ROUTED`] inserts it.
+macro_rules! take_entity_statement {
+    ($namespace_test:literal, $holder_namespace_test:literal, $entity_namespace_test:literal,
+     $stale_namespace_test:literal) => {
+        concat!(
+            "WITH existing AS ( \
+                 SELECT ",
+            existing_columns!(),
+            ", CASE WHEN $4 THEN coalesce(output_json, output::text) END AS output \
+                 FROM idem_records \
+                 WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
+            $namespace_test,
+            " ), taken AS ( \
+                 UPDATE idem_records e SET (held_by, event_order, applied_order) = ( \
+                 SELECT CASE WHEN takes THEN $2 \
+                             WHEN holder IN ('success', 'failed') THEN NULL \
+                             ELSE e.held_by END, \
+                        CASE WHEN takes THEN $7::bigint \
+                             WHEN holder IN ('success', 'failed') THEN NULL \
+                             ELSE e.event_order END, \
+                        folded \
+                 FROM (SELECT folded, holder, \
+                              e.identity = $6 \
+                              AND (e.held_by IS NULL OR holder IN ('success', 'failed')) \
+                              AND coalesce(folded <= $7, true) AS takes \
+                       FROM (SELECT holder, \
+                                    CASE WHEN holder = 'success' \
+                                         THEN greatest(e.applied_order, e.event_order) \
+                                         ELSE e.applied_order END AS folded \
+                             FROM (SELECT (SELECT h.state FROM idem_records h \
+                                           WHERE h.account = $1 AND h.kind = 'claim' \
+                                             AND h.address = e.held_by AND ",
+            $holder_namespace_test,
+            ") AS holder OFFSET 0) AS held) AS judged) AS decided) \
+                 WHERE e.account = $1 AND e.kind = 'entity' AND e.address = $5 AND ",
+            $entity_namespace_test,
+            " AND NOT EXISTS (SELECT FROM existing) \
+                 RETURNING e.held_by IS NOT DISTINCT FROM $2 \
+                           AND e.event_order IS NOT DISTINCT FROM $7 AS took, \
+                           e.applied_order, e.identity = $6 AS same_entity, \
+                           NOT EXISTS (SELECT FROM idem_records x \
+                                       WHERE x.account = $1 AND x.kind = 'entity' \
+                                         AND x.address = $5 AND ",
+            $stale_namespace_test,
+            " AND x.held_by IS NOT DISTINCT FROM e.held_by) AS stale \
+             ) \
+             SELECT fence, lineage, settled, state, identity, fingerprint, lease_expired, \
+                    resolved, reason, output, slot_expired, value_expired, windowed, \
+                    false AS entity_refused, NULL::boolean AS took, \
+                    NULL::bigint AS applied_order, NULL::boolean AS same_entity, \
+                    NULL::boolean AS stale \
+             FROM existing \
+             UNION ALL \
+             SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+                    NULL, NOT took, took, applied_order, same_entity, stale \
+             FROM taken"
+        )
+    };
+}
+
+/// On Citus, the first statement of an event's claim: looks for the
+/// event's own row and, when there is none, takes the entity if it is
+/// free (see `take_entity_statement!`). Citus routes it whole to the
+/// account's worker (a `SELECT` whose one modifying CTE is an `UPDATE`,
+/// every row in one account). `$1`–`$3` account, event address,
+/// namespace; `$4` whether to return the stored output; `$5` the entity's
+/// address, `$6` its identity, `$7` the event's order. Index: the partial
+/// unique index of its form, for the event's row, the entity's and its
+/// holder's.
+pub const TAKE_ENTITY_ROUTED: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: take_entity_statement!(
+        "namespace IS NULL AND $3::text IS NULL",
+        "h.namespace IS NULL AND $3::text IS NULL",
+        "e.namespace IS NULL AND $3::text IS NULL",
+        "x.namespace IS NULL AND $3::text IS NULL"
+    ),
+    within_namespace: take_entity_statement!(
+        "namespace = $3",
+        "h.namespace = $3",
+        "e.namespace = $3",
+        "x.namespace = $3"
+    ),
+};
+
+/// On Citus, after [`TAKE_ENTITY_ROUTED`] found no entity: inserts it,
+/// held by this event (`RETURNING` a row), or nothing when another claim
+/// inserted it first (committed, or waited for: the take is then said
+/// again). An `INSERT ... VALUES`, routed to the account's worker. `$1`
+/// account, `$2` the event's address, `$3` namespace, `$4` the entity's
+/// address, `$5` its identity, `$6` the event's order. One text serves
+/// both forms: the insert is arbitrated by whichever partial unique index
+/// the new row's namespace falls under.
+pub const CREATE_ENTITY_ROUTED: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: CREATE_ENTITY_ROUTED_STATEMENT,
+    within_namespace: CREATE_ENTITY_ROUTED_STATEMENT,
+};
+
+/// The text of [`CREATE_ENTITY_ROUTED`].
+const CREATE_ENTITY_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
+       (account, kind, address, namespace, state, identity, held_by, event_order) \
+     VALUES ($1, 'entity', $4, $3, 'entity', $5, $2, $6) \
+     ON CONFLICT DO NOTHING \
+     RETURNING true AS took";
+
+/// On Citus, once the event took its entity: inserts the event's claim,
+/// naming its entity and order, as [`CLAIM_ORDERED`]'s `claimed` does
+/// (`RETURNING fence`; nothing when a row holds the slot, which the caller
+/// then looks up). An `INSERT ... VALUES`, routed to the account's worker.
+/// `$1`–`$8` as [`CLAIM_ROUTED`](super::claims::CLAIM_ROUTED)'s; `$9` the
+/// entity's address, `$10` the event's order. One text serves both forms,
+/// as for [`CREATE_ENTITY_ROUTED`].
+pub const CLAIM_EVENT_ROUTED: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: CLAIM_EVENT_ROUTED_STATEMENT,
+    within_namespace: CLAIM_EVENT_ROUTED_STATEMENT,
+};
+
+/// The text of [`CLAIM_EVENT_ROUTED`].
+const CLAIM_EVENT_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
+       (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at, \
+        value_kept_for, slot_kept_for, entity, event_order) \
+     VALUES ($1, 'claim', $2, $3, 'pending', $4, $5, now() + $6 * interval '1 microsecond', \
+             $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9, $10) \
+     ON CONFLICT DO NOTHING \
+     RETURNING fence";
+
+/// Claims an event's slot and takes its entity, or says why not, with
+/// [`CLAIM_ORDERED`] (on PostgreSQL).
+pub(super) async fn claim_ordered(
+    conn: &mut PgConnection,
     scope: Scope<'_>,
     address: &str,
     claim: NewClaim<'_>,
@@ -206,7 +370,7 @@ pub(super) async fn claim_ordered<'e>(
         .bind(ordered.entity)
         .bind(ordered.entity_identity)
         .bind(ordered.order)
-        .fetch_optional(executor)
+        .fetch_optional(conn)
         .await?;
     let Some(row) = row else {
         return Ok(ClaimAnswer::Hidden);
@@ -217,6 +381,112 @@ pub(super) async fn claim_ordered<'e>(
     if !row.try_get::<bool, _>("entity_refused")? {
         return Existing::from_row(&row).map(ClaimAnswer::Holder);
     }
+    refused(&row, ordered)
+}
+
+/// Claims an event's slot and takes its entity, or says why not, on
+/// Citus: with the routed statements (`claim_ordered_in`), in one
+/// transaction, the caller's or (`Within::Autocommit`) one of its own, so
+/// that should the connection die between the statements the entity is not
+/// left held by a claim never made.
+pub(super) async fn claim_ordered_routed(
+    conn: &mut PgConnection,
+    within: Within,
+    scope: Scope<'_>,
+    address: &str,
+    claim: NewClaim<'_>,
+    ordered: OrderedBy<'_>,
+    kept_value: KeptValue,
+) -> Result<ClaimAnswer, sqlx::Error> {
+    match within {
+        Within::CallersTransaction => {
+            claim_ordered_in(conn, scope, address, claim, ordered, kept_value).await
+        }
+        Within::Autocommit => {
+            let mut tx = conn.begin().await?;
+            let answer =
+                claim_ordered_in(&mut tx, scope, address, claim, ordered, kept_value).await?;
+            tx.commit().await?;
+            Ok(answer)
+        }
+    }
+}
+
+/// Claims an event's slot on Citus, on a connection inside a transaction:
+/// [`TAKE_ENTITY_ROUTED`] (after [`CREATE_ENTITY_ROUTED`], when the entity
+/// is not there yet), then [`CLAIM_EVENT_ROUTED`] once the event took its
+/// entity. Each statement is routed to the account's worker.
+async fn claim_ordered_in(
+    conn: &mut PgConnection,
+    scope: Scope<'_>,
+    address: &str,
+    claim: NewClaim<'_>,
+    ordered: OrderedBy<'_>,
+    kept_value: KeptValue,
+) -> Result<ClaimAnswer, sqlx::Error> {
+    // Once inserted by another claim, the entity is there for the next
+    // take (it is never deleted); a take that still finds none is refused
+    // as held, and its caller tries again.
+    let mut insert_tried = false;
+    loop {
+        let taken = TAKE_ENTITY_ROUTED
+            .for_row(scope, address)
+            .bind(kept_value.is_read())
+            .bind(ordered.entity)
+            .bind(ordered.entity_identity)
+            .bind(ordered.order)
+            .fetch_optional(&mut *conn)
+            .await?;
+        match taken {
+            Some(row) if !row.try_get::<bool, _>("entity_refused")? => {
+                if row.try_get::<Option<bool>, _>("took")?.is_none() {
+                    return Existing::from_row(&row).map(ClaimAnswer::Holder);
+                }
+                break;
+            }
+            Some(row) => return refused(&row, ordered),
+            // Inserted by another claim after this take's snapshot: the
+            // next statement sees it.
+            None if insert_tried => return Ok(ClaimAnswer::EntityHeld { stale: true }),
+            None => {
+                insert_tried = true;
+                let inserted = CREATE_ENTITY_ROUTED
+                    .for_row(scope, address)
+                    .bind(ordered.entity)
+                    .bind(ordered.entity_identity)
+                    .bind(ordered.order)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if inserted.is_some() {
+                    break;
+                }
+            }
+        }
+    }
+    let fence = CLAIM_EVENT_ROUTED
+        .for_row(scope, address)
+        .bind(claim.identity)
+        .bind(claim.fingerprint)
+        .bind(claim.lease_micros)
+        .bind(claim.windows.value_micros)
+        .bind(claim.windows.slot_micros)
+        .bind(ordered.entity)
+        .bind(ordered.order)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match fence {
+        Some(row) => Ok(ClaimAnswer::Won(row.try_get("fence")?)),
+        // The event's own row, committed after the take's snapshot: the
+        // entity stays with this event, whose row says what became of it,
+        // as [`CLAIM_ORDERED`] leaves it when its `claimed` meets a row.
+        None => Ok(ClaimAnswer::Hidden),
+    }
+}
+
+/// Why an event did not take its entity, from a row whose `entity_refused`
+/// is true: another entity's identity holds its address, something newer
+/// was applied, or another event holds it.
+fn refused(row: &PgRow, ordered: OrderedBy<'_>) -> Result<ClaimAnswer, sqlx::Error> {
     if !row.try_get::<bool, _>("same_entity")? {
         return Ok(ClaimAnswer::EntityCollision);
     }

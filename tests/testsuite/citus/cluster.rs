@@ -189,6 +189,140 @@ async fn a_transaction_claiming_on_two_workers_commits_or_rolls_back_both() {
     }
 }
 
+/// An ordered event's claim on Citus is said in statements Citus routes
+/// whole to the account's worker (one task, no subplan run on the
+/// coordinator), in both namespace forms; and events of entities in
+/// accounts on both workers, each entity's delivered all at once, run one
+/// at a time, never older after newer, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Citus coordinator: scripts/test-citus runs it"]
+async fn ordered_events_are_claimed_by_routed_statements_on_both_workers() {
+    use idem::__internal::store::ordered;
+    let pool = coordinator(16).await;
+    let by_worker = accounts_by_worker(&pool, 2).await;
+    let accounts: Vec<String> = by_worker.values().flatten().cloned().collect();
+    let account = accounts[0].as_str();
+    for namespace in [None, Some("ordered")] {
+        let explained = [
+            (
+                "take_entity_routed",
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "EXPLAIN (COSTS OFF) {}",
+                    ordered::TAKE_ENTITY_ROUTED.for_namespace(namespace)
+                )))
+                .bind(account)
+                .bind("claim_event")
+                .bind(namespace)
+                .bind(true)
+                .bind("claim_entity")
+                .bind(b"entity".as_slice())
+                .bind(7_i64),
+            ),
+            (
+                "create_entity_routed",
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "EXPLAIN (COSTS OFF) {}",
+                    ordered::CREATE_ENTITY_ROUTED.for_namespace(namespace)
+                )))
+                .bind(account)
+                .bind("claim_event")
+                .bind(namespace)
+                .bind("claim_entity")
+                .bind(b"entity".as_slice())
+                .bind(7_i64),
+            ),
+            (
+                "claim_event_routed",
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "EXPLAIN (COSTS OFF) {}",
+                    ordered::CLAIM_EVENT_ROUTED.for_namespace(namespace)
+                )))
+                .bind(account)
+                .bind("claim_event")
+                .bind(namespace)
+                .bind(b"event".as_slice())
+                .bind(None::<&[u8]>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind("claim_entity")
+                .bind(7_i64),
+            ),
+        ];
+        for (name, explain) in explained {
+            let plan: Vec<String> = explain
+                .fetch_all(&pool)
+                .await
+                .unwrap_or_else(|error| panic!("{name}: explain: {error}"))
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            assert!(
+                plan.contains("Task Count: 1") && !plan.contains("Subplan"),
+                "{name} ({namespace:?}) is not routed to one worker:\n{plan}"
+            );
+        }
+    }
+
+    let gate = Gate::connect(pool.clone()).await.expect("gate");
+    let events: [(&str, u64); 6] = [("a", 1), ("b", 2), ("c", 2), ("d", 3), ("e", 4), ("f", 5)];
+    let deliveries = accounts.iter().flat_map(|account| {
+        let gate = gate.account(account);
+        let subscription = Identity::new("citus_subscription").part("sub_1");
+        let applied = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(&str, u64)>::new()));
+        let inside = std::sync::Arc::new(AtomicUsize::new(0));
+        events.iter().chain(events.iter()).map(move |(key, order)| {
+            let (gate, subscription, applied, inside) = (
+                gate.clone(),
+                subscription.clone(),
+                applied.clone(),
+                inside.clone(),
+            );
+            let event = Identity::new("citus_subscription_event").part(*key);
+            async move {
+                loop {
+                    let result = gate
+                        .guard(&event)
+                        .ordered(&subscription, *order)
+                        .run(async {
+                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two at once");
+                            applied.lock().unwrap().push((*key, *order));
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            Ok::<(), Rejected>(())
+                        })
+                        .await;
+                    match result {
+                        Err(Rejected::InFlight) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await
+                        }
+                        Ok(()) | Err(Rejected::AlreadyDone | Rejected::Superseded) => {
+                            return applied.clone();
+                        }
+                        Err(other) => panic!("{key} at {order}: {other:?}"),
+                    }
+                }
+            }
+        })
+    });
+    let logs = join_all(deliveries).await;
+    for log in logs.iter().step_by(2 * events.len()) {
+        let applied = log.lock().unwrap().clone();
+        assert!(
+            applied.windows(2).all(|pair| pair[0].1 <= pair[1].1),
+            "the entity moved back: {applied:?}"
+        );
+        assert_eq!(
+            applied.last().map(|(_, order)| *order),
+            Some(5),
+            "{applied:?}"
+        );
+        let keys: std::collections::BTreeSet<&str> = applied.iter().map(|(key, _)| *key).collect();
+        assert_eq!(keys.len(), applied.len(), "an event ran twice: {applied:?}");
+    }
+}
+
 /// Batches for accounts on both workers, recorded at once and re-sent:
 /// every event stored once, every re-send deduplicated, totals exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -147,6 +147,40 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             ],
             lookup,
         ),
+        // On Citus, an ordered event's claim in routed statements: the
+        // take reads the event's row, the entity's and its holder's; the
+        // two inserts look nothing up.
+        per_row(
+            "take_entity_routed",
+            &ordered::TAKE_ENTITY_ROUTED,
+            &[
+                Bool(true),
+                Text(Some("claim_fedcba9876543210fedcba98")),
+                Bytes,
+                Int(7),
+            ],
+            lookup,
+        ),
+        per_row(
+            "create_entity_routed",
+            &ordered::CREATE_ENTITY_ROUTED,
+            &[Text(Some("claim_fedcba9876543210fedcba98")), Bytes, Int(7)],
+            Expect::ArbitratedInsert,
+        ),
+        per_row(
+            "claim_event_routed",
+            &ordered::CLAIM_EVENT_ROUTED,
+            &[
+                Bytes,
+                Bytes,
+                Int(1_000),
+                Int(1_000),
+                Int(1_000),
+                Text(Some("claim_fedcba9876543210fedcba98")),
+                Int(7),
+            ],
+            Expect::ArbitratedInsert,
+        ),
         per_row(
             "claim_routed",
             &claims::CLAIM_ROUTED,

@@ -43,6 +43,7 @@ async fn won(conn: &mut PgConnection, address: &str, lease_micros: Option<i64>) 
     match claims::claim(
         &mut *conn,
         Engine::PostgreSQL,
+        claims::Within::Autocommit,
         SCOPE,
         address,
         new,
@@ -164,6 +165,7 @@ async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_
     match claims::claim(
         &mut *conn,
         Engine::PostgreSQL,
+        claims::Within::Autocommit,
         SCOPE,
         address,
         new,
@@ -301,6 +303,7 @@ async fn a_state_this_build_does_not_know_fails_the_read_saying_so() {
     let claimed = claims::claim(
         &mut *conn,
         Engine::PostgreSQL,
+        claims::Within::Autocommit,
         SCOPE,
         address,
         new,
