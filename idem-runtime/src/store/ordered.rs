@@ -35,11 +35,18 @@
 //!   from one inserted after the statement's snapshot, so a claim that
 //!   finds its holder's row missing takes it as still held;
 //! - a claim inside the caller's transaction that rolls back takes the
-//!   entity's change back with it.
+//!   entity's change back with it;
+//! - a success recorded into the event's vacant slot, after its claim was
+//!   released under it, is folded into the entity by that statement
+//!   (`SETTLE_VACANT`), since no later claim reads that row as a holder's;
+//! - a prune passes over a claim its entity still names
+//!   (`not_holding_an_entity!`), for the same reason a release frees it.
 //!
 //! The holder's row is read with the statement's snapshot, so a success
 //! committed after it was taken reads as pending: the event is refused as
-//! in flight, a retry then sees the success. Never the other way.
+//! in flight, a retry then sees the success. Never the other way. A claim
+//! whose snapshot predates the entity's holder (it waited for the
+//! entity's lock) says so (`stale`), and is asked again at once.
 //!
 //! **On Citus** ([`Engine::Citus`](super::Engine::Citus)) the one statement does not run at all:
 //! Citus plans its two inserting CTEs as steps on the coordinator, and the
