@@ -386,7 +386,7 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// "Applied" is a recorded success: the holder's settle, an earlier
     /// holder's late success, a reconciler's or an operator's resolution
     /// as succeeded. A failure that is released (the default) or kept
-    /// ([`Disposition::Keep`](crate::Disposition::Keep)) applied nothing:
+    /// ([`Disposition::Keep`]) applied nothing:
     /// the entity stays where it was, and an older event may still run. An
     /// outcome in doubt holds the entity until it is resolved, since it
     /// may have applied (fail closed: nothing older runs meanwhile, and
