@@ -23,37 +23,8 @@ use tokio::sync::{Barrier, Notify};
 // Helpers
 // ---------------------------------------------------------------------------
 
-/// A body's error: a refusal of its own gate, or a failure disposed of as
-/// its variant says.
-#[derive(Debug)]
-enum Failure {
-    Rejected(Rejected),
-    Released,
-    Kept,
-    Doubtful,
-}
-
-impl From<Rejected> for Failure {
-    fn from(rejected: Rejected) -> Self {
-        Failure::Rejected(rejected)
-    }
-}
-
-fn classify(failure: &Failure) -> Disposition {
-    match failure {
-        Failure::Kept => Disposition::Keep,
-        Failure::Doubtful => Disposition::InDoubt,
-        Failure::Rejected(_) | Failure::Released => Disposition::Release,
-    }
-}
-
-fn event(key: &str) -> Identity {
-    Identity::new("subscription_event").part(key)
-}
-
-fn entity(name: &str) -> Identity {
-    Identity::new("subscription").part(name)
-}
+// The body's error, its dispositions and the identities: the module's.
+use super::{Failure, classify, entity, event};
 
 /// How a body ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
