@@ -419,8 +419,9 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// [`keep_slot_for`](Guard::keep_slot_for) (the slot of an ordered
     /// event is kept for ever: its entity's order is judged from it); with
     /// [`OnUnavailable::Run`] (run unguarded, it would be neither
-    /// deduplicated nor ordered). Not in a [batch](crate::batch) nor the
-    /// HTTP layer yet.
+    /// deduplicated nor ordered). In a [batch](crate::batch): an item
+    /// added with [`Batch::push_ordered`](crate::batch::Batch::push_ordered).
+    /// Not in the HTTP layer.
     ///
     /// ```no_run
     /// # async fn demo(gate: idem_runtime::Gate) -> Result<(), idem_runtime::Rejected> {

@@ -109,8 +109,29 @@ macro_rules! per_batch {
             },
         }
     };
+    // `$tail!` writes the tail with the namespace test of another row of
+    // the batch's form (an entity's, `e.`), so that it too is found
+    // through the partial unique index of that form.
+    ($head:expr, $items:expr, $and:literal, $tail:ident!) => {
+        PerEngine {
+            postgres: SplitOnNamespace {
+                without_namespace: per_batch!(@postgres $head, $items,
+                    "namespace IS NULL AND $3::text IS NULL", $and,
+                    $tail!("e.namespace IS NULL AND $3::text IS NULL")),
+                within_namespace: per_batch!(@postgres $head, $items,
+                    "namespace = $3", $and, $tail!("e.namespace = $3")),
+            },
+            citus: SplitOnNamespace {
+                without_namespace: per_batch!(@citus $head, $items,
+                    "r.namespace IS NULL AND $3::text IS NULL", $and,
+                    $tail!("e.namespace IS NULL AND $3::text IS NULL")),
+                within_namespace: per_batch!(@citus $head, $items,
+                    "r.namespace = $3", $and, $tail!("e.namespace = $3")),
+            },
+        }
+    };
     (@postgres $head:expr, $items:expr, $namespace_test:literal, $and:literal,
-     $tail:literal) => {
+     $tail:expr) => {
         concat!(
             $head,
             " (SELECT item.*, found.ctid AS row_ctid, found.tableoid AS row_table \
@@ -126,7 +147,7 @@ macro_rules! per_batch {
         )
     };
     (@citus $head:expr, $items:expr, $namespace_test:literal, $and:literal,
-     $tail:literal) => {
+     $tail:expr) => {
         concat!(
             $head,
             " (SELECT item.* FROM ", $items, " ORDER BY item.address) AS item \
@@ -262,24 +283,44 @@ macro_rules! keep_set {
 pub const SETTLE_BATCH: PerCommit<PerEngine> =
     per_commit!(leading, on_held!(settle_set!(), settle_items!()));
 
+/// What [`RELEASE_BATCH`] does with the claims it deleted: stamps their
+/// steps released, and frees the entity each ordered event among them held
+/// (as a single release does, `stamping_released_steps!`: a deleted row
+/// cannot be told from one not yet visible, so only its release frees the
+/// entity), its row found with `$entity_namespace_test`.
+macro_rules! releasing_batch {
+    ($entity_namespace_test:literal) => {
+        concat!(
+            "RETURNING r.address, r.entity), \
+             stamped AS (UPDATE idem_records s SET released_at = now() FROM released \
+                         WHERE s.account = $1 AND s.kind = 'step' \
+                           AND s.claim_address = released.address \
+                           AND s.namespace IS NOT DISTINCT FROM $3), \
+             freed AS (UPDATE idem_records e SET held_by = NULL, event_order = NULL \
+                       FROM released \
+                       WHERE e.account = $1 AND e.kind = 'entity' \
+                         AND e.address = released.entity AND ",
+            $entity_namespace_test,
+            "            AND e.held_by = released.address) \
+             SELECT address FROM released"
+        )
+    };
+}
+
 /// Deletes the holder's pending claims, each matched on its fence, freeing
-/// their slots, and stamps the steps of each claim it deleted released, as
-/// a single release does (`stamping_released_steps!`).
-/// `$4` fences. Returns the released addresses. Index: one probe per
-/// address into the partial unique index of its form, and one per address
-/// released into the steps'.
+/// their slots, stamps the steps of each claim it deleted released, and
+/// frees the entity of each ordered event it deleted, as a single release
+/// does (`stamping_released_steps!`). `$4` fences. Returns the released
+/// addresses. Index: one probe per address into the partial unique index
+/// of its form, one per address released into the steps', and one per
+/// ordered event released into its form's, for its entity.
 pub const RELEASE_BATCH: PerCommit<PerEngine> = per_commit!(
     leading,
     per_batch!(
         "WITH released AS (DELETE FROM idem_records r USING",
         "unnest($2::text[], $4::bigint[]) AS item(address, fence)",
         "r.state = 'pending' AND r.fence = item.fence",
-        "RETURNING r.address), \
-         stamped AS (UPDATE idem_records s SET released_at = now() FROM released \
-                     WHERE s.account = $1 AND s.kind = 'step' \
-                       AND s.claim_address = released.address \
-                       AND s.namespace IS NOT DISTINCT FROM $3) \
-         SELECT address FROM released"
+        releasing_batch!
     )
 );
 

@@ -59,7 +59,8 @@ pub struct Batches {
     pub work: Duration,
     /// Each block's guard is drawn from these: `Plain` (`guard_batch`),
     /// `Replay` (`guard_batch(..).replay()`), `Fingerprint` (replayed, with
-    /// payloads 1 and 2).
+    /// payloads 1 and 2), `Ordered` (replayed, each item an ordered event
+    /// of `history::entity_of(n)`, `Batch::push_ordered`).
     pub guards: Vec<Guard>,
     /// Stop this long after the start, whatever `rounds` says.
     pub until: Option<Duration>,
@@ -205,6 +206,14 @@ async fn one_batch(context: &Context, gate: &Gate, items: Vec<Item>, concurrency
             stepped: false,
         };
         match item.fingerprint {
+            // An ordered event of `history::entity_of(n)` at
+            // `history::order_of(n)`, as the single calls give them.
+            None if guard == Guard::Ordered => batch.push_ordered(
+                body,
+                identity(item.identity),
+                &super::entity_identity(item.identity),
+                super::order_of(item.identity),
+            ),
             Some(payload) => batch.push_fingerprinted(
                 body,
                 identity(item.identity),

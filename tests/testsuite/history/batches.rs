@@ -58,6 +58,21 @@ async fn batches_with_duplicates_inside_under_connection_faults_keep_every_promi
     batches_keep_every_promise(target, batches(400, 15), name).await;
 }
 
+/// Batches of ordered events (`Batch::push_ordered`), ids pushed twice
+/// too: rule 10 on top of every other (no two events of an entity at once,
+/// none after a newer one was applied, a superseded one older than one
+/// applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_of_ordered_events_under_connection_faults_keep_every_promise() {
+    let target = Target::proxied(CONNECTIONS).await;
+    let name = "history (batches of ordered events)";
+    let batches = Batches {
+        guards: vec![Guard::Ordered],
+        ..batches(150, 15)
+    };
+    batches_keep_every_promise(target, batches, name).await;
+}
+
 /// The long run: `IDEM_HISTORY_ROUNDS`, `IDEM_HISTORY_CONSUMERS`, and
 /// `IDEM_HISTORY_DUPLICATES` (percent of items pushed twice; 0 until item
 /// 14 lands).

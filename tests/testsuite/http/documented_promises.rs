@@ -561,6 +561,32 @@ async fn with_a_wait_a_duplicate_of_a_detached_call_gets_the_replay() {
     assert_eq!(effects.started(), 1);
 }
 
+/// "A duplicate in flight waits up to `wait` for the first call's answer
+/// (and gets it) instead of a 409": bounded. Past its wait, a duplicate of
+/// a call still running is the default's answer, a 409 `in-flight` with
+/// `Retry-After`, and the call it waited on is untouched.
+#[tokio::test]
+async fn past_its_wait_a_duplicate_in_flight_is_still_a_409_with_retry_after() {
+    let (gate, _account) = gate().await;
+    let effects = Effects::default();
+    let wait = Duration::from_millis(300);
+    let layer = IdempotencyLayer::new(gate).single_tenant().wait(wait);
+    let address = serve(charges(&effects, Duration::from_secs(3)).layer(layer)).await;
+    let stream = post_and_hold(address, "waited-1", "a").await;
+    effects.began().await;
+    let asked = std::time::Instant::now();
+    let duplicate = send(address, charge("waited-1", "a")).await;
+    assert!(asked.elapsed() >= wait, "it waited: {:?}", asked.elapsed());
+    assert_eq!(duplicate.status, StatusCode::CONFLICT, "{duplicate:?}");
+    assert_eq!(duplicate.headers["retry-after"], "1");
+    assert!(
+        duplicate.problem_type().contains("in-flight"),
+        "{duplicate:?}"
+    );
+    drop(stream);
+    assert_eq!(effects.started(), 1);
+}
+
 /// "returns once every claim is recorded. Never releases a claim whose
 /// body started": many calls in flight, clients gone, a short grace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,8 @@ use tokio::sync::{Barrier, Notify};
 // Each promise of the docs attacked at its edges (races, faults, leases,
 // operators, transactions, hostile orders), from the docs alone.
 mod at_the_edges;
+// A consumer's batch of events for many entities (`Batch::push_ordered`).
+mod in_a_batch;
 
 /// A body's error: a refusal of its own gate, or a failure disposed of as
 /// its variant says.
