@@ -20,6 +20,8 @@ use tokio::sync::{Barrier, Notify};
 mod at_the_edges;
 // A consumer's batch of events for many entities (`Batch::push_ordered`).
 mod in_a_batch;
+// Red team: ordered events in a batch attacked at their edges.
+mod batch_at_the_edges;
 
 /// A body's error: a refusal of its own gate, or a failure disposed of as
 /// its variant says.
