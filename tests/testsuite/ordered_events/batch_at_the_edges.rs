@@ -1045,3 +1045,175 @@ async fn a_backend_terminated_while_the_batch_records() {
         eprintln!("{end:?}: batch said {said}, then g7 {own}, g3 {older}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// More: a panicking classifier, a long batch, drops and kills at random
+// ---------------------------------------------------------------------------
+
+/// "So does a `disposition` classifier that panics on an item's error:
+/// that item alone is held" (and, an ordered event, its entity with it);
+/// the others are recorded.
+#[tokio::test]
+async fn a_classifier_panicking_on_an_ordered_item_holds_it_and_its_entity() {
+    let gate = testing::gate().await;
+    let log = Arc::new(Log::default());
+    let task = {
+        let (gate, log) = (gate.clone(), log.clone());
+        tokio::spawn(async move {
+            let mut b = Batch::new();
+            let items: [Item; 2] = [("cx5", "sub_cx", 5, End::Kept), ("cy1", "sub_cy", 1, End::Ok)];
+            for item in items {
+                b.push_ordered(item, event(item.0), &entity(item.1), item.2);
+            }
+            let log = &log;
+            let _: Vec<Result<(), Failure>> = gate
+                .guard_batch(b)
+                .disposition(|failure: &Failure| match failure {
+                    Failure::Kept => panic!("the classifier panics"),
+                    other => classify(other),
+                })
+                .concurrency(2)
+                .run(|(key, of, order, end)| apply(log, key, of, order, end))
+                .await;
+        })
+    };
+    assert!(task.await.is_err_and(|e| e.is_panic()));
+    let log2 = Log::default();
+    assert_eq!(single(&gate, "cx5", "sub_cx", 5, End::Ok, &log2).await, "in_flight");
+    assert_eq!(single(&gate, "cx3", "sub_cx", 3, End::Ok, &log2).await, "in_flight");
+    assert_eq!(single(&gate, "cx7", "sub_cx", 7, End::Ok, &log2).await, "in_flight");
+    assert_eq!(single(&gate, "cy1", "sub_cy", 1, End::Ok, &log2).await, "already_done");
+}
+
+/// "oldest first, whatever their places in the batch", "one event of an
+/// entity per pass": 150 events of each of two entities, delivered newest
+/// first and interleaved, concurrency 4: every one runs, each entity's in
+/// ascending order, never two of an entity at once.
+#[tokio::test]
+async fn a_long_batch_of_two_entities_delivered_newest_first() {
+    let gate = testing::gate_on(testing::pool_with(6).await).await;
+    let log = Log::default();
+    let mut items: Vec<Item> = Vec::new();
+    for order in (0..150).rev() {
+        for of in ["sub_la", "sub_lb"] {
+            items.push((leak(format!("{of}_{order}")), of, order, End::Ok));
+        }
+    }
+    let answers = batch(&gate, &items, 4, None, &log).await;
+    assert!(answers.iter().all(|a| *a == "ran"), "{answers:?}");
+    assert!(log.overlaps.lock().unwrap().is_empty());
+    for of in ["sub_la", "sub_lb"] {
+        assert_eq!(log.orders_of(of), (0..150).collect::<Vec<i64>>());
+    }
+}
+
+/// Runs `items` by batches until none is in flight (up to `tries`).
+async fn until_settled(gate: &Gate, items: &[Item], lease: Duration, log: &Log, tries: usize) {
+    let mut pending: Vec<Item> = items.to_vec();
+    for _ in 0..tries {
+        let answers = batch(gate, &pending, 3, Some(lease), log).await;
+        pending = pending
+            .into_iter()
+            .zip(answers)
+            .filter(|(_, a)| !matches!(*a, "ran" | "already_done" | "superseded"))
+            .map(|(item, _)| item)
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never settled: {pending:?}");
+}
+
+/// Every body succeeds, so for each entity the orders that started never
+/// go down (a body that started holds its entity until its own outcome or
+/// its own retry), nothing ran beside another event of its entity, and
+/// the newest ran.
+fn check_runs(log: &Log, entities: &[(&str, i64)], what: &str) {
+    let overlaps = log.overlaps.lock().unwrap().clone();
+    assert!(overlaps.is_empty(), "{what}: ran beside another: {overlaps:?}");
+    for &(of, newest) in entities {
+        let orders = log.orders_of(of);
+        assert!(
+            orders.windows(2).all(|p| p[0] <= p[1]),
+            "{what}: {of} moved back: {orders:?}"
+        );
+        assert_eq!(orders.last(), Some(&newest), "{what}: {of}: {orders:?}");
+    }
+}
+
+fn mixed_items() -> Vec<Item> {
+    let mut items = Vec::new();
+    for of in ["sub_xa", "sub_xb", "sub_xc"] {
+        for order in [3, 1, 4, 2] {
+            items.push((leak(format!("{of}_{order}")), of, order, End::Ok));
+        }
+    }
+    items
+}
+
+/// The batch's future dropped at many points (while it claims, runs or
+/// records), with a lease, then the batch redelivered until settled: no
+/// entity moves back, no two events of an entity run at once, the newest
+/// of each runs.
+#[tokio::test]
+async fn a_batch_dropped_at_any_point_then_redelivered() {
+    for step in 0..12u64 {
+        let gate = testing::gate_on(testing::pool_with(4).await).await;
+        let log = Arc::new(Log::default());
+        let items = mixed_items();
+        let lease = Duration::from_millis(300);
+        let task = {
+            let (gate, log, items) = (gate.clone(), log.clone(), items.clone());
+            tokio::spawn(async move { batch(&gate, &items, 3, Some(lease), &log).await })
+        };
+        tokio::time::sleep(Duration::from_micros(step * step * 400)).await;
+        task.abort();
+        let _ = task.await;
+        // The aborted bodies are gone: none runs beside a later one.
+        log.running.lock().unwrap().clear();
+        until_settled(&gate, &items, lease, &log, 100).await;
+        check_runs(&log, &[("sub_xa", 4), ("sub_xb", 4), ("sub_xc", 4)], &format!("step {step}"));
+    }
+}
+
+/// Backends terminated in a loop while a batch claims, runs and records
+/// (with a lease), then the batch redelivered until settled: the same
+/// promises hold.
+#[tokio::test]
+async fn backends_terminated_in_a_loop_under_a_batch() {
+    for round in 0..3 {
+        let name = testing::unique_name("rtb_loop");
+        let gate = testing::gate_on(connections::named_pool(&name, 3).await).await;
+        let admin = testing::pool_with(1).await;
+        let log = Arc::new(Log::default());
+        let items = mixed_items();
+        let lease = Duration::from_millis(400);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let killer = {
+            let (admin, name, stop) = (admin.clone(), name.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut killed = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    killed += connections::terminate_backends(&admin, &name).await;
+                    tokio::time::sleep(Duration::from_millis(3 + round * 4)).await;
+                }
+                killed
+            })
+        };
+        for _ in 0..3 {
+            let _ = batch(&gate, &items, 3, Some(lease), &log).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let killed = killer.await.unwrap();
+        assert!(killed > 0, "round {round}: no backend was terminated");
+        log.running.lock().unwrap().clear();
+        until_settled(&gate, &items, lease, &log, 100).await;
+        check_runs(
+            &log,
+            &[("sub_xa", 4), ("sub_xb", 4), ("sub_xc", 4)],
+            &format!("round {round} ({killed} killed)"),
+        );
+    }
+}
