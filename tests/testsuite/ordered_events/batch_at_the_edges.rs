@@ -1217,3 +1217,131 @@ async fn backends_terminated_in_a_loop_under_a_batch() {
         );
     }
 }
+
+/// "the copy of a failure that released its slot runs, within this batch,
+/// as a redelivery would"; a kept failure's copy is `AlreadyFailed`; and a
+/// released failure applied nothing while a kept one frees its entity for
+/// the next event of the same batch.
+#[tokio::test]
+async fn copies_of_released_and_kept_failures_in_one_batch() {
+    let gate = testing::gate().await;
+    let log = Log::default();
+    let answers = batch(
+        &gate,
+        &[
+            ("e5", "sub_e", 5, End::Released),
+            ("e5", "sub_e", 5, End::Ok),
+            ("e4", "sub_e", 4, End::Ok),
+            ("k5", "sub_k", 5, End::Kept),
+            ("k5", "sub_k", 5, End::Ok),
+            ("k6", "sub_k", 6, End::Ok),
+        ],
+        3,
+        None,
+        &log,
+    )
+    .await;
+    assert_eq!(answers, ["ran", "ran", "ran", "ran", "already_failed", "ran"]);
+    assert_eq!(log.orders_of("sub_e"), [4, 5, 5]);
+    assert_eq!(log.orders_of("sub_k"), [5, 6]);
+    assert_eq!(single(&gate, "e4b", "sub_e", 4, End::Ok, &log).await, "superseded");
+    assert_eq!(single(&gate, "k5b", "sub_k", 5, End::Ok, &log).await, "superseded");
+}
+
+/// `OutcomeCommit::Async` ("Settle, release and keep ... commit with
+/// `synchronous_commit = off`"): the batch's release under it still frees
+/// the entity in the same statement, its settle is still applied.
+#[tokio::test]
+async fn outcome_commit_async_with_ordered_events() {
+    let gate = testing::gate().await;
+    let log = Log::default();
+    let mut b = Batch::new();
+    let items: [Item; 4] = [
+        ("aa7", "sub_aa", 7, End::Released),
+        ("ab7", "sub_ab", 7, End::Released),
+        ("ac5", "sub_ac", 5, End::Ok),
+        ("ad5", "sub_ad", 5, End::Kept),
+    ];
+    for item in items {
+        b.push_ordered(item, event(item.0), &entity(item.1), item.2);
+    }
+    let log_ref = &log;
+    let results: Vec<Result<(), Failure>> = gate
+        .guard_batch(b)
+        .disposition(classify)
+        .outcome_commit(idem::OutcomeCommit::Async)
+        .concurrency(4)
+        .run(|(key, of, order, end)| apply(log_ref, key, of, order, end))
+        .await;
+    assert!(results.iter().all(|r| reason(r) == "ran"), "{results:?}");
+    assert_eq!(single(&gate, "aa3", "sub_aa", 3, End::Ok, &log).await, "ran");
+    assert_eq!(single(&gate, "ab3", "sub_ab", 3, End::Ok, &log).await, "ran");
+    assert_eq!(single(&gate, "ac3", "sub_ac", 3, End::Ok, &log).await, "superseded");
+    assert_eq!(single(&gate, "ad3", "sub_ad", 3, End::Ok, &log).await, "ran");
+}
+
+/// `BatchGuard::lease`: "Should the store fail to renew it, the claim is
+/// released (its body never started) and the item refused with the
+/// store's error." For an ordered event, that release must free its entity
+/// and apply nothing. The renewal is made to wait on the claim's row, and
+/// its backend terminated.
+#[tokio::test]
+async fn a_renewal_killed_mid_batch_releases_the_ordered_item_and_frees_its_entity() {
+    let name = testing::unique_name("rtb_renew");
+    let gate = testing::gate_on(connections::named_pool(&name, 3).await).await;
+    let admin_pool = testing::pool_with(2).await;
+    let admin_gate = Gate::connect(admin_pool.clone()).await.unwrap().account(gate.account_name());
+    let log = Arc::new(Log::default());
+    let task = {
+        let (gate, log) = (gate.clone(), log.clone());
+        tokio::spawn(async move {
+            batch(
+                &gate,
+                &[("nx1", "sub_nx", 1, End::Sleep(1200)), ("ne3", "sub_ne", 3, End::Ok)],
+                1,
+                Some(Duration::from_millis(1000)),
+                &log,
+            )
+            .await
+        })
+    };
+    started(&log, "nx1").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut admin = admin_pool.begin().await.unwrap();
+    let locked = idem::sqlx::query(
+        "SELECT 1 FROM idem_records WHERE account = $1 AND address = $2 AND kind = 'claim' \
+         FOR UPDATE",
+    )
+    .bind(gate.account_name())
+    .bind(event("ne3").address())
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap();
+    assert_eq!(locked.len(), 1);
+    // The renewal is tried three times (its record backoff): each attempt
+    // is killed while it waits; the release that follows then goes through.
+    let mut killed = 0;
+    for _ in 0..400 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        killed += connections::terminate_lock_waiters(&admin_pool, &name).await;
+        if killed >= 3 {
+            break;
+        }
+    }
+    assert!(killed >= 3, "the renewal waited {killed} time(s)");
+    admin.rollback().await.unwrap();
+    let answers = tokio::time::timeout(Duration::from_secs(60), task).await.expect("ends").unwrap();
+    assert_eq!(answers[0], "ran");
+    let log2 = Log::default();
+    let older = single(&admin_gate, "ne1", "sub_ne", 1, End::Ok, &log2).await;
+    eprintln!("batch said {answers:?}; ne3 ran {} time(s); then ne1 {older}", log.times("ne3"));
+    if answers[1] == "ran" {
+        // Renewed after all (retried): applied.
+        assert_eq!(log.times("ne3"), 1);
+        assert_eq!(older, "superseded");
+    } else {
+        assert_eq!(log.times("ne3"), 0, "ne3 ran yet was refused {}", answers[1]);
+        assert_eq!(older, "ran", "released: ne3 applied nothing and freed sub_ne");
+        assert_eq!(single(&admin_gate, "ne3", "sub_ne", 3, End::Ok, &log2).await, "ran");
+    }
+}
