@@ -42,11 +42,21 @@ struct Log {
 
 impl Log {
     fn keys(&self) -> Vec<String> {
-        self.ran.lock().unwrap().iter().map(|(k, _, _)| k.clone()).collect()
+        self.ran
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, _, _)| k.clone())
+            .collect()
     }
 
     fn times(&self, key: &str) -> usize {
-        self.ran.lock().unwrap().iter().filter(|(k, _, _)| k == key).count()
+        self.ran
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _, _)| k == key)
+            .count()
     }
 
     fn orders_of(&self, of: &str) -> Vec<i64> {
@@ -187,7 +197,10 @@ async fn a_panicking_ordered_body_holds_its_entity() {
         tokio::spawn(async move {
             batch(
                 &gate,
-                &[("pa5", "sub_pa", 5, End::Panic), ("pb1", "sub_pb", 1, End::Ok)],
+                &[
+                    ("pa5", "sub_pa", 5, End::Panic),
+                    ("pb1", "sub_pb", 1, End::Ok),
+                ],
                 2,
                 None,
                 &log,
@@ -196,11 +209,23 @@ async fn a_panicking_ordered_body_holds_its_entity() {
         })
     };
     let joined = task.await;
-    assert!(joined.is_err_and(|e| e.is_panic()), "the panic reaches the caller");
+    assert!(
+        joined.is_err_and(|e| e.is_panic()),
+        "the panic reaches the caller"
+    );
     assert_eq!(log.keys(), ["pb1"]);
-    assert_eq!(single(&gate, "pa5", "sub_pa", 5, End::Ok, &log).await, "in_flight");
-    assert_eq!(single(&gate, "pa3", "sub_pa", 3, End::Ok, &log).await, "in_flight");
-    assert_eq!(single(&gate, "pa9", "sub_pa", 9, End::Ok, &log).await, "in_flight");
+    assert_eq!(
+        single(&gate, "pa5", "sub_pa", 5, End::Ok, &log).await,
+        "in_flight"
+    );
+    assert_eq!(
+        single(&gate, "pa3", "sub_pa", 3, End::Ok, &log).await,
+        "in_flight"
+    );
+    assert_eq!(
+        single(&gate, "pa9", "sub_pa", 9, End::Ok, &log).await,
+        "in_flight"
+    );
     let again = batch(
         &gate,
         &[("pa2", "sub_pa", 2, End::Ok), ("pb1", "sub_pb", 1, End::Ok)],
@@ -242,9 +267,15 @@ async fn a_panic_does_not_stop_the_later_events_of_other_entities() {
         })
     };
     let joined = task.await;
-    assert!(joined.is_err_and(|e| e.is_panic()), "the panic reaches the caller");
+    assert!(
+        joined.is_err_and(|e| e.is_panic()),
+        "the panic reaches the caller"
+    );
     // Held or not, the entity of the panic is never moved.
-    assert_eq!(single(&gate, "qa0", "sub_qa", 0, End::Ok, &log).await, "in_flight");
+    assert_eq!(
+        single(&gate, "qa0", "sub_qa", 0, End::Ok, &log).await,
+        "in_flight"
+    );
     assert_eq!(
         log.keys(),
         ["qb1", "qb2"],
@@ -286,12 +317,21 @@ async fn an_ordered_item_taken_over_mid_batch_never_runs_twice() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // lb3's claim (taken with the batch's) ran out of lease: another event
     // of its entity is refused, its own retry takes it over.
-    assert_eq!(single(&gate, "lb1", "sub_lb", 1, End::Ok, &log).await, "in_flight");
-    assert_eq!(single_leased(&gate, "lb3", "sub_lb", 3, End::Ok, &log).await, "ran");
+    assert_eq!(
+        single(&gate, "lb1", "sub_lb", 1, End::Ok, &log).await,
+        "in_flight"
+    );
+    assert_eq!(
+        single_leased(&gate, "lb3", "sub_lb", 3, End::Ok, &log).await,
+        "ran"
+    );
     let answers = task.await.unwrap();
     assert_eq!(log.times("lb3"), 1, "lb3 ran once: {:?}", log.keys());
     assert_eq!(answers, ["ran", "already_done"]);
-    assert_eq!(single(&gate, "lb2", "sub_lb", 2, End::Ok, &log).await, "superseded");
+    assert_eq!(
+        single(&gate, "lb2", "sub_lb", 2, End::Ok, &log).await,
+        "superseded"
+    );
 }
 
 /// `Guard::ordered`: "an event whose order is older than the newest one
@@ -327,7 +367,10 @@ async fn an_ordered_item_whose_claim_was_lost_is_superseded_by_a_newer_event_app
         single_leased(&gate, "mb3", "sub_mb", 3, End::Released, &log).await,
         "ran"
     );
-    assert_eq!(single(&gate, "mb5", "sub_mb", 5, End::Ok, &log).await, "ran");
+    assert_eq!(
+        single(&gate, "mb5", "sub_mb", 5, End::Ok, &log).await,
+        "ran"
+    );
     let answers = task.await.unwrap();
     assert_eq!(answers, ["ran", "superseded"], "ran: {:?}", log.keys());
     assert_eq!(log.times("mb3"), 1);
@@ -380,8 +423,14 @@ async fn an_ordered_item_turned_in_doubt_mid_batch_never_runs_and_holds_its_enti
     let answers = task.await.unwrap();
     assert_eq!(log.times("ib3"), 0, "ib3 ran: {:?}", log.keys());
     assert_eq!(answers, ["ran", "in_doubt"]);
-    assert_eq!(single(&gate, "ib1", "sub_ib", 1, End::Ok, &log).await, "in_flight");
-    assert_eq!(single(&gate, "ib9", "sub_ib", 9, End::Ok, &log).await, "in_flight");
+    assert_eq!(
+        single(&gate, "ib1", "sub_ib", 1, End::Ok, &log).await,
+        "in_flight"
+    );
+    assert_eq!(
+        single(&gate, "ib9", "sub_ib", 9, End::Ok, &log).await,
+        "in_flight"
+    );
 }
 
 /// `Guard::ordered`: "applied" is a recorded success, an earlier holder's
@@ -408,7 +457,10 @@ async fn an_operator_release_under_a_batch_body_then_its_success() {
                 .run(|()| {
                     let (log, go_on) = (log.clone(), go_on.clone());
                     async move {
-                        log.ran.lock().unwrap().push(("v7".into(), "sub_v".into(), 7));
+                        log.ran
+                            .lock()
+                            .unwrap()
+                            .push(("v7".into(), "sub_v".into(), 7));
                         go_on.notified().await;
                         Ok(())
                     }
@@ -420,17 +472,26 @@ async fn an_operator_release_under_a_batch_body_then_its_success() {
     started(&log, "v7").await;
     let address = event("v7").address();
     let slot = idem::operations::Slot::new(gate.account_name(), gate.namespace_name(), &address);
-    let released = idem::operations::release_pending(gate.pool(), slot).await.expect("release");
+    let released = idem::operations::release_pending(gate.pool(), slot)
+        .await
+        .expect("release");
     assert!(released.is_some());
     let log2 = Log::default();
-    assert_eq!(single(&gate, "v3", "sub_v", 3, End::Ok, &log2).await, "ran", "freed");
+    assert_eq!(
+        single(&gate, "v3", "sub_v", 3, End::Ok, &log2).await,
+        "ran",
+        "freed"
+    );
     go_on.notify_one();
     let said = task.await.unwrap();
     let older = single(&gate, "v5", "sub_v", 5, End::Ok, &log2).await;
     let own = single(&gate, "v7", "sub_v", 7, End::Ok, &log2).await;
     match older {
         "superseded" => assert_eq!(own, "already_done", "batch said {said}"),
-        "ran" => assert_eq!(own, "ran", "v7's success is kept yet v5, older, ran (batch said {said})"),
+        "ran" => assert_eq!(
+            own, "ran",
+            "v7's success is kept yet v5, older, ran (batch said {said})"
+        ),
         _ => panic!("v5 {older}, v7 {own}, batch said {said}"),
     }
 }
@@ -516,7 +577,10 @@ async fn batches_and_single_calls_at_one_instant_never_overlap_nor_move_back() {
             task.await.unwrap();
         }
         let overlaps = log.overlaps.lock().unwrap().clone();
-        assert!(overlaps.is_empty(), "round {round}: ran beside another: {overlaps:?}");
+        assert!(
+            overlaps.is_empty(),
+            "round {round}: ran beside another: {overlaps:?}"
+        );
         let mut seen = BTreeSet::new();
         for key in log.keys() {
             assert!(seen.insert(key.clone()), "round {round}: {key} ran twice");
@@ -527,7 +591,11 @@ async fn batches_and_single_calls_at_one_instant_never_overlap_nor_move_back() {
                 orders.windows(2).all(|pair| pair[0] <= pair[1]),
                 "round {round}: {of} moved back: {orders:?}"
             );
-            assert_eq!(orders.last(), Some(&newest), "round {round}: {of}: {orders:?}");
+            assert_eq!(
+                orders.last(),
+                Some(&newest),
+                "round {round}: {of}: {orders:?}"
+            );
         }
     }
 }
@@ -581,7 +649,10 @@ async fn many_entities_with_failures_in_overlapping_batches() {
         let mut held = false;
         for (key, _, order) in ran.iter().filter(|(_, o, _)| *o == of) {
             assert!(!held, "{key} ran after an event of {of} in doubt");
-            assert!(*order >= applied, "{key} at {order} ran after {applied} was applied");
+            assert!(
+                *order >= applied,
+                "{key} at {order} ran after {applied} was applied"
+            );
             match ends[key.as_str()] {
                 End::Ok => {
                     assert!(succeeded.insert(key.clone()), "{key} succeeded twice");
@@ -591,13 +662,29 @@ async fn many_entities_with_failures_in_overlapping_batches() {
                 _ => {}
             }
         }
-        let probe = single(&gate, leak(format!("probe{e}")), leak(of.clone()), applied.max(0), End::Ok, &log).await;
+        let probe = single(
+            &gate,
+            leak(format!("probe{e}")),
+            leak(of.clone()),
+            applied.max(0),
+            End::Ok,
+            &log,
+        )
+        .await;
         if held {
             assert_eq!(probe, "in_flight", "{of} in doubt");
         } else {
             assert_eq!(probe, "ran", "{of} is free and at {applied}");
             if applied > 0 {
-                let older = single(&gate, leak(format!("older{e}")), leak(of.clone()), applied - 1, End::Ok, &log).await;
+                let older = single(
+                    &gate,
+                    leak(format!("older{e}")),
+                    leak(of.clone()),
+                    applied - 1,
+                    End::Ok,
+                    &log,
+                )
+                .await;
                 assert_eq!(older, "superseded", "{of} at {applied}");
             }
         }
@@ -637,9 +724,18 @@ async fn extreme_orders_in_one_batch() {
     assert_eq!(reasons, ["ran", "invalid_option", "ran", "ran", "ran"]);
     assert_eq!(*ran.lock().unwrap(), ["hmin", "hneg", "hzero", "hmax"]);
     let log = Log::default();
-    assert_eq!(single(&gate, "h1", "sub_h", i64::MAX - 1, End::Ok, &log).await, "superseded");
-    assert_eq!(single(&gate, "h2", "sub_h", i64::MIN, End::Ok, &log).await, "superseded");
-    assert_eq!(single(&gate, "h3", "sub_h", i64::MAX, End::Ok, &log).await, "ran");
+    assert_eq!(
+        single(&gate, "h1", "sub_h", i64::MAX - 1, End::Ok, &log).await,
+        "superseded"
+    );
+    assert_eq!(
+        single(&gate, "h2", "sub_h", i64::MIN, End::Ok, &log).await,
+        "superseded"
+    );
+    assert_eq!(
+        single(&gate, "h3", "sub_h", i64::MAX, End::Ok, &log).await,
+        "ran"
+    );
 }
 
 /// System times as orders: before 1970, the epoch, now, far ahead; oldest
@@ -652,8 +748,18 @@ async fn system_times_in_one_batch() {
     let ran = Mutex::new(Vec::new());
     let mut b = Batch::new();
     b.push_ordered("t_now", event("t_now"), &sub, now);
-    b.push_ordered("t_far", event("t_far"), &sub, UNIX_EPOCH + Duration::from_secs(200_000 * 365 * 86_400));
-    b.push_ordered("t_pre", event("t_pre"), &sub, UNIX_EPOCH - Duration::from_secs(86_400));
+    b.push_ordered(
+        "t_far",
+        event("t_far"),
+        &sub,
+        UNIX_EPOCH + Duration::from_secs(200_000 * 365 * 86_400),
+    );
+    b.push_ordered(
+        "t_pre",
+        event("t_pre"),
+        &sub,
+        UNIX_EPOCH - Duration::from_secs(86_400),
+    );
     b.push_ordered("t_epoch", event("t_epoch"), &sub, UNIX_EPOCH);
     let results: Vec<Result<(), Rejected>> = gate
         .guard_batch(b)
@@ -700,9 +806,19 @@ async fn the_same_event_for_two_entities_and_two_orders_in_one_batch() {
     assert_eq!(answers, ["already_done", "already_done", "ran", "ran"]);
     assert_eq!(log.times("w1"), 1);
     assert_eq!(log.orders_of("sub_wa"), [2]);
-    assert_eq!(single(&gate, "wa1", "sub_wa", 1, End::Ok, &log).await, "superseded");
-    assert_eq!(single(&gate, "wa4", "sub_wa", 4, End::Ok, &log).await, "ran");
-    assert_eq!(single(&gate, "wb0", "sub_wb", 0, End::Ok, &log).await, "ran", "sub_wb never moved");
+    assert_eq!(
+        single(&gate, "wa1", "sub_wa", 1, End::Ok, &log).await,
+        "superseded"
+    );
+    assert_eq!(
+        single(&gate, "wa4", "sub_wa", 4, End::Ok, &log).await,
+        "ran"
+    );
+    assert_eq!(
+        single(&gate, "wb0", "sub_wb", 0, End::Ok, &log).await,
+        "ran",
+        "sub_wb never moved"
+    );
 }
 
 /// Fingerprinted items mixed with ordered ones in one batch: each keeps
@@ -770,7 +886,10 @@ async fn replay_with_ordered_events() {
     let first = run(vec![("r5", 5), ("r3", 3), ("r5", 5)]).await;
     assert_eq!(first, ["value of r5", "value of r3", "value of r5"]);
     let second = run(vec![("r4", 4), ("r5", 5), ("r3", 3), ("r9", 9)]).await;
-    assert_eq!(second, ["superseded", "value of r5", "value of r3", "value of r9"]);
+    assert_eq!(
+        second,
+        ["superseded", "value of r5", "value of r3", "value of r9"]
+    );
     assert_eq!(*ran.lock().unwrap(), ["r3", "r5", "r9"]);
 }
 
@@ -782,7 +901,10 @@ async fn replay_with_ordered_events() {
 async fn the_outcome_cache_changes_no_answer_of_an_ordered_batch() {
     let base = testing::gate().await;
     let cached = base.with_cache(idem::cache::OutcomeCache::builder().build());
-    for (gate, ns) in [(base.namespace("plain"), "plain"), (cached.namespace("one"), "cached")] {
+    for (gate, ns) in [
+        (base.namespace("plain"), "plain"),
+        (cached.namespace("one"), "cached"),
+    ] {
         let log = Log::default();
         let first = batch(
             &gate,
@@ -813,7 +935,13 @@ async fn the_outcome_cache_changes_no_answer_of_an_ordered_batch() {
         .await;
         assert_eq!(
             second,
-            ["already_done", "superseded", "already_failed", "ran", "already_done"],
+            [
+                "already_done",
+                "superseded",
+                "already_failed",
+                "ran",
+                "already_done"
+            ],
             "{ns}"
         );
         assert_eq!(log.times("c5"), 1, "{ns}");
@@ -863,13 +991,28 @@ async fn a_batch_release_in_a_namespace_frees_every_entity_it_held() {
     assert_eq!(answers, ["ran"; 4]);
     for of in ["sub_na", "sub_nb", "sub_nc"] {
         let key = leak(format!("{of}_3"));
-        assert_eq!(single(&gate, key, of, 3, End::Ok, &log).await, "ran", "{of} freed, nothing applied");
+        assert_eq!(
+            single(&gate, key, of, 3, End::Ok, &log).await,
+            "ran",
+            "{of} freed, nothing applied"
+        );
     }
-    assert_eq!(single(&gate, "nd3", "sub_nd", 3, End::Ok, &log).await, "superseded");
+    assert_eq!(
+        single(&gate, "nd3", "sub_nd", 3, End::Ok, &log).await,
+        "superseded"
+    );
     // Another namespace, and another account, know nothing of sub_nd.
-    assert_eq!(single(&base, "nd3", "sub_nd", 3, End::Ok, &log).await, "ran");
-    let elsewhere = base.account(testing::unique_name("other")).namespace("ns_rel");
-    assert_eq!(single(&elsewhere, "nd3", "sub_nd", 3, End::Ok, &log).await, "ran");
+    assert_eq!(
+        single(&base, "nd3", "sub_nd", 3, End::Ok, &log).await,
+        "ran"
+    );
+    let elsewhere = base
+        .account(testing::unique_name("other"))
+        .namespace("ns_rel");
+    assert_eq!(
+        single(&elsewhere, "nd3", "sub_nd", 3, End::Ok, &log).await,
+        "ran"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -907,10 +1050,18 @@ async fn dropping_the_batch_mid_body_holds_the_entity() {
     assert!(task.await.is_err_and(|e| e.is_cancelled()));
     let log2 = Log::default();
     for (key, order) in [("dd5", 5), ("dd3", 3), ("dd6", 6), ("dd9", 9)] {
-        assert_eq!(single(&gate, key, "sub_dd", order, End::Ok, &log2).await, "in_flight", "{key}");
+        assert_eq!(
+            single(&gate, key, "sub_dd", order, End::Ok, &log2).await,
+            "in_flight",
+            "{key}"
+        );
     }
     let de1 = single(&gate, "de1", "sub_de", 1, End::Ok, &log2).await;
-    assert_eq!(log.times("de1") + log2.times("de1"), 1, "de1 ran once ({de1})");
+    assert_eq!(
+        log.times("de1") + log2.times("de1"),
+        1,
+        "de1 ran once ({de1})"
+    );
     assert_eq!(log.times("dd6"), 0);
 }
 
@@ -922,7 +1073,10 @@ async fn a_backend_terminated_while_the_batch_claims_an_ordered_event() {
     let name = testing::unique_name("rtb_claim");
     let gate = testing::gate_on(connections::named_pool(&name, 3).await).await;
     let admin_pool = testing::pool_with(2).await;
-    let admin_gate = Gate::connect(admin_pool.clone()).await.unwrap().account(gate.account_name());
+    let admin_gate = Gate::connect(admin_pool.clone())
+        .await
+        .unwrap()
+        .account(gate.account_name());
     let log = Arc::new(Log::default());
     assert_eq!(single(&gate, "k5", "sub_k", 5, End::Ok, &log).await, "ran");
     let mut admin = admin_pool.begin().await.unwrap();
@@ -957,15 +1111,30 @@ async fn a_backend_terminated_while_the_batch_claims_an_ordered_event() {
             break;
         }
     }
-    assert!(killed > 0, "the batch's claim never waited on the entity's row");
-    let answers = tokio::time::timeout(Duration::from_secs(60), task).await.expect("ends").unwrap();
+    assert!(
+        killed > 0,
+        "the batch's claim never waited on the entity's row"
+    );
+    let answers = tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("ends")
+        .unwrap();
     admin.rollback().await.unwrap();
     assert_eq!(answers[1], "ran", "{answers:?}");
     assert_eq!(log.times("k8"), 0, "{answers:?}");
     assert_eq!(answers[0], "unavailable", "{answers:?}");
-    assert_eq!(single(&admin_gate, "k3", "sub_k", 3, End::Ok, &log).await, "superseded");
-    assert_eq!(single(&admin_gate, "k8", "sub_k", 8, End::Ok, &log).await, "ran");
-    assert_eq!(single(&admin_gate, "k6", "sub_k", 6, End::Ok, &log).await, "superseded");
+    assert_eq!(
+        single(&admin_gate, "k3", "sub_k", 3, End::Ok, &log).await,
+        "superseded"
+    );
+    assert_eq!(
+        single(&admin_gate, "k8", "sub_k", 8, End::Ok, &log).await,
+        "ran"
+    );
+    assert_eq!(
+        single(&admin_gate, "k6", "sub_k", 6, End::Ok, &log).await,
+        "superseded"
+    );
 }
 
 /// A backend terminated while the batch records its outcomes (the
@@ -978,8 +1147,10 @@ async fn a_backend_terminated_while_the_batch_records() {
         let name = testing::unique_name("rtb_record");
         let gate = testing::gate_on(connections::named_pool(&name, 3).await).await;
         let admin_pool = testing::pool_with(2).await;
-        let admin_gate =
-            Gate::connect(admin_pool.clone()).await.unwrap().account(gate.account_name());
+        let admin_gate = Gate::connect(admin_pool.clone())
+            .await
+            .unwrap()
+            .account(gate.account_name());
         let log = Arc::new(Log::default());
         let go_on = Arc::new(Notify::new());
         let task = {
@@ -993,7 +1164,10 @@ async fn a_backend_terminated_while_the_batch_records() {
                     .run(|()| {
                         let (log, go_on) = (log.clone(), go_on.clone());
                         async move {
-                            log.ran.lock().unwrap().push(("g7".into(), "sub_g".into(), 7));
+                            log.ran
+                                .lock()
+                                .unwrap()
+                                .push(("g7".into(), "sub_g".into(), 7));
                             go_on.notified().await;
                             match end {
                                 End::Released => Err(Failure::Released),
@@ -1027,7 +1201,10 @@ async fn a_backend_terminated_while_the_batch_records() {
         }
         assert!(killed > 0, "{end:?}: the record never waited");
         admin.rollback().await.unwrap();
-        let said = tokio::time::timeout(Duration::from_secs(60), task).await.expect("ends").unwrap();
+        let said = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("ends")
+            .unwrap();
         let log2 = Log::default();
         // The older event first: it tells whether the entity is held, free
         // with nothing applied, or at 7.
@@ -1061,7 +1238,10 @@ async fn a_classifier_panicking_on_an_ordered_item_holds_it_and_its_entity() {
         let (gate, log) = (gate.clone(), log.clone());
         tokio::spawn(async move {
             let mut b = Batch::new();
-            let items: [Item; 2] = [("cx5", "sub_cx", 5, End::Kept), ("cy1", "sub_cy", 1, End::Ok)];
+            let items: [Item; 2] = [
+                ("cx5", "sub_cx", 5, End::Kept),
+                ("cy1", "sub_cy", 1, End::Ok),
+            ];
             for item in items {
                 b.push_ordered(item, event(item.0), &entity(item.1), item.2);
             }
@@ -1079,10 +1259,22 @@ async fn a_classifier_panicking_on_an_ordered_item_holds_it_and_its_entity() {
     };
     assert!(task.await.is_err_and(|e| e.is_panic()));
     let log2 = Log::default();
-    assert_eq!(single(&gate, "cx5", "sub_cx", 5, End::Ok, &log2).await, "in_flight");
-    assert_eq!(single(&gate, "cx3", "sub_cx", 3, End::Ok, &log2).await, "in_flight");
-    assert_eq!(single(&gate, "cx7", "sub_cx", 7, End::Ok, &log2).await, "in_flight");
-    assert_eq!(single(&gate, "cy1", "sub_cy", 1, End::Ok, &log2).await, "already_done");
+    assert_eq!(
+        single(&gate, "cx5", "sub_cx", 5, End::Ok, &log2).await,
+        "in_flight"
+    );
+    assert_eq!(
+        single(&gate, "cx3", "sub_cx", 3, End::Ok, &log2).await,
+        "in_flight"
+    );
+    assert_eq!(
+        single(&gate, "cx7", "sub_cx", 7, End::Ok, &log2).await,
+        "in_flight"
+    );
+    assert_eq!(
+        single(&gate, "cy1", "sub_cy", 1, End::Ok, &log2).await,
+        "already_done"
+    );
 }
 
 /// "oldest first, whatever their places in the batch", "one event of an
@@ -1108,10 +1300,17 @@ async fn a_long_batch_of_two_entities_delivered_newest_first() {
 }
 
 /// Runs `items` by batches until none is in flight (up to `tries`).
-async fn until_settled(gate: &Gate, items: &[Item], lease: Duration, log: &Log, tries: usize) {
+async fn until_settled(
+    gate: &Gate,
+    items: &[Item],
+    concurrency: usize,
+    lease: Duration,
+    log: &Log,
+    tries: usize,
+) {
     let mut pending: Vec<Item> = items.to_vec();
     for _ in 0..tries {
-        let answers = batch(gate, &pending, 3, Some(lease), log).await;
+        let answers = batch(gate, &pending, concurrency, Some(lease), log).await;
         pending = pending
             .into_iter()
             .zip(answers)
@@ -1132,7 +1331,10 @@ async fn until_settled(gate: &Gate, items: &[Item], lease: Duration, log: &Log, 
 /// the newest ran.
 fn check_runs(log: &Log, entities: &[(&str, i64)], what: &str) {
     let overlaps = log.overlaps.lock().unwrap().clone();
-    assert!(overlaps.is_empty(), "{what}: ran beside another: {overlaps:?}");
+    assert!(
+        overlaps.is_empty(),
+        "{what}: ran beside another: {overlaps:?}"
+    );
     for &(of, newest) in entities {
         let orders = log.orders_of(of);
         assert!(
@@ -1173,8 +1375,12 @@ async fn a_batch_dropped_at_any_point_then_redelivered() {
         let _ = task.await;
         // The aborted bodies are gone: none runs beside a later one.
         log.running.lock().unwrap().clear();
-        until_settled(&gate, &items, lease, &log, 100).await;
-        check_runs(&log, &[("sub_xa", 4), ("sub_xb", 4), ("sub_xc", 4)], &format!("step {step}"));
+        until_settled(&gate, &items, 3, lease, &log, 100).await;
+        check_runs(
+            &log,
+            &[("sub_xa", 4), ("sub_xb", 4), ("sub_xc", 4)],
+            &format!("step {step}"),
+        );
     }
 }
 
@@ -1209,7 +1415,7 @@ async fn backends_terminated_in_a_loop_under_a_batch() {
         let killed = killer.await.unwrap();
         assert!(killed > 0, "round {round}: no backend was terminated");
         log.running.lock().unwrap().clear();
-        until_settled(&gate, &items, lease, &log, 100).await;
+        until_settled(&gate, &items, 3, lease, &log, 100).await;
         check_runs(
             &log,
             &[("sub_xa", 4), ("sub_xb", 4), ("sub_xc", 4)],
@@ -1241,11 +1447,20 @@ async fn copies_of_released_and_kept_failures_in_one_batch() {
         &log,
     )
     .await;
-    assert_eq!(answers, ["ran", "ran", "ran", "ran", "already_failed", "ran"]);
+    assert_eq!(
+        answers,
+        ["ran", "ran", "ran", "ran", "already_failed", "ran"]
+    );
     assert_eq!(log.orders_of("sub_e"), [4, 5, 5]);
     assert_eq!(log.orders_of("sub_k"), [5, 6]);
-    assert_eq!(single(&gate, "e4b", "sub_e", 4, End::Ok, &log).await, "superseded");
-    assert_eq!(single(&gate, "k5b", "sub_k", 5, End::Ok, &log).await, "superseded");
+    assert_eq!(
+        single(&gate, "e4b", "sub_e", 4, End::Ok, &log).await,
+        "superseded"
+    );
+    assert_eq!(
+        single(&gate, "k5b", "sub_k", 5, End::Ok, &log).await,
+        "superseded"
+    );
 }
 
 /// `OutcomeCommit::Async` ("Settle, release and keep ... commit with
@@ -1274,10 +1489,22 @@ async fn outcome_commit_async_with_ordered_events() {
         .run(|(key, of, order, end)| apply(log_ref, key, of, order, end))
         .await;
     assert!(results.iter().all(|r| reason(r) == "ran"), "{results:?}");
-    assert_eq!(single(&gate, "aa3", "sub_aa", 3, End::Ok, &log).await, "ran");
-    assert_eq!(single(&gate, "ab3", "sub_ab", 3, End::Ok, &log).await, "ran");
-    assert_eq!(single(&gate, "ac3", "sub_ac", 3, End::Ok, &log).await, "superseded");
-    assert_eq!(single(&gate, "ad3", "sub_ad", 3, End::Ok, &log).await, "ran");
+    assert_eq!(
+        single(&gate, "aa3", "sub_aa", 3, End::Ok, &log).await,
+        "ran"
+    );
+    assert_eq!(
+        single(&gate, "ab3", "sub_ab", 3, End::Ok, &log).await,
+        "ran"
+    );
+    assert_eq!(
+        single(&gate, "ac3", "sub_ac", 3, End::Ok, &log).await,
+        "superseded"
+    );
+    assert_eq!(
+        single(&gate, "ad3", "sub_ad", 3, End::Ok, &log).await,
+        "ran"
+    );
 }
 
 /// `BatchGuard::lease`: "Should the store fail to renew it, the claim is
@@ -1290,14 +1517,20 @@ async fn a_renewal_killed_mid_batch_releases_the_ordered_item_and_frees_its_enti
     let name = testing::unique_name("rtb_renew");
     let gate = testing::gate_on(connections::named_pool(&name, 3).await).await;
     let admin_pool = testing::pool_with(2).await;
-    let admin_gate = Gate::connect(admin_pool.clone()).await.unwrap().account(gate.account_name());
+    let admin_gate = Gate::connect(admin_pool.clone())
+        .await
+        .unwrap()
+        .account(gate.account_name());
     let log = Arc::new(Log::default());
     let task = {
         let (gate, log) = (gate.clone(), log.clone());
         tokio::spawn(async move {
             batch(
                 &gate,
-                &[("nx1", "sub_nx", 1, End::Sleep(1200)), ("ne3", "sub_ne", 3, End::Ok)],
+                &[
+                    ("nx1", "sub_nx", 1, End::Sleep(1200)),
+                    ("ne3", "sub_ne", 3, End::Ok),
+                ],
                 1,
                 Some(Duration::from_millis(1000)),
                 &log,
@@ -1330,18 +1563,175 @@ async fn a_renewal_killed_mid_batch_releases_the_ordered_item_and_frees_its_enti
     }
     assert!(killed >= 3, "the renewal waited {killed} time(s)");
     admin.rollback().await.unwrap();
-    let answers = tokio::time::timeout(Duration::from_secs(60), task).await.expect("ends").unwrap();
+    let answers = tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("ends")
+        .unwrap();
     assert_eq!(answers[0], "ran");
     let log2 = Log::default();
     let older = single(&admin_gate, "ne1", "sub_ne", 1, End::Ok, &log2).await;
-    eprintln!("batch said {answers:?}; ne3 ran {} time(s); then ne1 {older}", log.times("ne3"));
+    eprintln!(
+        "batch said {answers:?}; ne3 ran {} time(s); then ne1 {older}",
+        log.times("ne3")
+    );
     if answers[1] == "ran" {
         // Renewed after all (retried): applied.
         assert_eq!(log.times("ne3"), 1);
         assert_eq!(older, "superseded");
     } else {
-        assert_eq!(log.times("ne3"), 0, "ne3 ran yet was refused {}", answers[1]);
-        assert_eq!(older, "ran", "released: ne3 applied nothing and freed sub_ne");
-        assert_eq!(single(&admin_gate, "ne3", "sub_ne", 3, End::Ok, &log2).await, "ran");
+        assert_eq!(
+            log.times("ne3"),
+            0,
+            "ne3 ran yet was refused {}",
+            answers[1]
+        );
+        assert_eq!(
+            older, "ran",
+            "released: ne3 applied nothing and freed sub_ne"
+        );
+        assert_eq!(
+            single(&admin_gate, "ne3", "sub_ne", 3, End::Ok, &log2).await,
+            "ran"
+        );
+    }
+}
+
+/// Concurrency far above the pool: 30 ordered events of 30 entities (and
+/// the same again, overlapping, from a second consumer), 16 bodies at a
+/// time on a pool of 2 connections, with a lease: every event runs exactly
+/// once, nothing waits forever.
+#[tokio::test]
+async fn concurrency_far_above_a_tiny_pool() {
+    let gate = testing::gate_on(testing::pool_with(2).await).await;
+    let log = Arc::new(Log::default());
+    let items: Vec<Item> = (0..30)
+        .map(|e| {
+            (
+                leak(format!("tp{e}")),
+                leak(format!("sub_tp{e}")),
+                1,
+                End::Ok,
+            )
+        })
+        .collect();
+    let barrier = Arc::new(Barrier::new(2));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (gate, log, barrier, items) =
+            (gate.clone(), log.clone(), barrier.clone(), items.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            until_settled(&gate, &items, 16, Duration::from_secs(20), &log, 200).await;
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("ends")
+            .unwrap();
+    }
+    for (key, _, _, _) in &items {
+        assert_eq!(log.times(key), 1, "{key}");
+    }
+}
+
+/// One `Guard::ordered` call that waits (`.wait(..)`) for an event in
+/// flight.
+async fn single_waiting(gate: &Gate, key: &str, of: &str, order: i64, log: &Log) -> &'static str {
+    let id = event(key);
+    let result: Result<(), Failure> = gate
+        .guard(&id)
+        .ordered(&entity(of), order)
+        .disposition(classify)
+        .wait(Duration::from_secs(10))
+        .run(apply(log, key, of, order, End::Ok))
+        .await;
+    reason(&result)
+}
+
+/// Single calls that wait for the event in flight, racing two batches at
+/// one instant: they queue behind the batches' events instead of being
+/// refused, and still never run beside one, never after a newer one was
+/// applied, never twice.
+#[tokio::test]
+async fn waiting_single_calls_racing_batches() {
+    for round in 0..4 {
+        let gate = testing::gate_on(testing::pool_with(8).await).await;
+        let log = Arc::new(Log::default());
+        let batches: Vec<Vec<Item>> = vec![
+            vec![
+                ("wa5", "sub_wa", 5, End::Sleep(20)),
+                ("wa2", "sub_wa", 2, End::Sleep(20)),
+                ("wb3", "sub_wb", 3, End::Sleep(20)),
+                ("wa8", "sub_wa", 8, End::Sleep(20)),
+            ],
+            vec![
+                ("wa8", "sub_wa", 8, End::Sleep(20)),
+                ("wb4", "sub_wb", 4, End::Sleep(20)),
+                ("wa6", "sub_wa", 6, End::Sleep(20)),
+            ],
+        ];
+        let singles: Vec<(&str, &str, i64)> = vec![
+            ("wa4", "sub_wa", 4),
+            ("wa9", "sub_wa", 9),
+            ("wb2", "sub_wb", 2),
+            ("wa5", "sub_wa", 5),
+            ("wb5", "sub_wb", 5),
+        ];
+        let barrier = Arc::new(Barrier::new(batches.len() + singles.len()));
+        let mut tasks = Vec::new();
+        for mine in batches {
+            let (gate, log, barrier) = (gate.clone(), log.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let mut pending = mine;
+                for _ in 0..300 {
+                    let answers = batch(&gate, &pending, 2, None, &log).await;
+                    pending = pending
+                        .into_iter()
+                        .zip(answers)
+                        .filter(|(_, answer)| *answer == "in_flight")
+                        .map(|(item, _)| item)
+                        .collect();
+                    if pending.is_empty() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                panic!("still in flight: {pending:?}");
+            }));
+        }
+        for (key, of, order) in singles {
+            let (gate, log, barrier) = (gate.clone(), log.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let said = single_waiting(&gate, key, of, order, &log).await;
+                assert_ne!(said, "in_flight", "{key} waited and was still refused");
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let overlaps = log.overlaps.lock().unwrap().clone();
+        assert!(
+            overlaps.is_empty(),
+            "round {round}: ran beside another: {overlaps:?}"
+        );
+        let mut seen = BTreeSet::new();
+        for key in log.keys() {
+            assert!(seen.insert(key.clone()), "round {round}: {key} ran twice");
+        }
+        for (of, newest) in [("sub_wa", 9), ("sub_wb", 5)] {
+            let orders = log.orders_of(of);
+            assert!(
+                orders.windows(2).all(|p| p[0] <= p[1]),
+                "round {round}: {of} moved back: {orders:?}"
+            );
+            assert_eq!(
+                orders.last(),
+                Some(&newest),
+                "round {round}: {of}: {orders:?}"
+            );
+        }
     }
 }
