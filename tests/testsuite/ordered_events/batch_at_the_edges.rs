@@ -1735,3 +1735,34 @@ async fn waiting_single_calls_racing_batches() {
         }
     }
 }
+
+/// `EventOrder` from a `SystemTime`: "Times more than 292,000 years away
+/// from it hold the nearest order an `i64` can": a time 400,000 years
+/// ahead equals `i64::MAX`, so both run in the batch's order (equal
+/// orders), and a time 400,000 years back is superseded.
+#[tokio::test]
+async fn saturated_system_times_equal_the_extreme_integers() {
+    let gate = testing::gate().await;
+    let sub = entity("sub_sat");
+    let far = Duration::from_secs(400_000 * 365 * 86_400);
+    let ran = Mutex::new(Vec::new());
+    let mut b = Batch::new();
+    b.push_ordered("i_max", event("i_max"), &sub, i64::MAX);
+    b.push_ordered("t_far", event("t_far"), &sub, UNIX_EPOCH + far);
+    b.push_ordered("t_before", event("t_before"), &sub, UNIX_EPOCH - far);
+    let results: Vec<Result<(), Rejected>> = gate
+        .guard_batch(b)
+        .run(|name| {
+            ran.lock().unwrap().push(name);
+            async { Ok(()) }
+        })
+        .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(*ran.lock().unwrap(), ["t_before", "i_max", "t_far"]);
+    let back: Result<(), Rejected> = gate
+        .guard(&event("t_back"))
+        .ordered(&sub, UNIX_EPOCH - far)
+        .run(async { Ok(()) })
+        .await;
+    assert!(matches!(back, Err(Rejected::Superseded)), "{back:?}");
+}
