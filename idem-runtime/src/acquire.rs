@@ -497,7 +497,14 @@ impl<'a> Contender<'a> {
         // One connection for the whole attempt: every acquire may cost a
         // round trip of its own (the pool's liveness check).
         let mut conn = via.connection().await?;
-        let existing = match store::claim(
+        // An ordered event's claim on Citus is a transaction on the pooled
+        // connection: cut short, it must not go back to the pool inside it
+        // (`store::guarded`).
+        let in_a_transaction_of_its_own = new.ordered.is_some()
+            && self.slots.engine() == Engine::Citus
+            && within == store::Within::Autocommit;
+        conn.close_if_dropped(in_a_transaction_of_its_own);
+        let claimed = store::claim(
             &mut conn,
             self.slots.engine(),
             within,
@@ -506,8 +513,10 @@ impl<'a> Contender<'a> {
             new,
             kept_value,
         )
-        .await?
-        {
+        .await;
+        // Done, or failed (sqlx rolls back a transaction it counted).
+        conn.close_if_dropped(false);
+        let existing = match claimed? {
             store::ClaimAnswer::Won(fence) => return Ok(Attempt::Won(Fenced::new(fence))),
             store::ClaimAnswer::Holder(existing) => existing,
             store::ClaimAnswer::Superseded { applied } => {

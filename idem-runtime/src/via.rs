@@ -4,8 +4,9 @@
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool};
+
+use crate::store::guarded::Guarded;
 
 /// Where the statements run.
 pub(crate) enum Via<'c> {
@@ -17,14 +18,25 @@ pub(crate) enum Via<'c> {
 
 /// A connection for one statement.
 pub(crate) enum Conn<'a> {
-    Pooled(PoolConnection<Postgres>),
+    Pooled(Guarded),
     Borrowed(&'a mut PgConnection),
+}
+
+impl Conn<'_> {
+    /// Whether a pooled connection is closed, not returned to the pool,
+    /// if dropped now ([`Guarded::close_if_dropped`]); the caller's
+    /// connection is the caller's.
+    pub(crate) fn close_if_dropped(&mut self, close: bool) {
+        if let Conn::Pooled(pooled) = self {
+            pooled.close_if_dropped(close);
+        }
+    }
 }
 
 impl Via<'_> {
     pub(crate) async fn connection(&mut self) -> Result<Conn<'_>, sqlx::Error> {
         match self {
-            Via::Pool(pool) => pool.acquire().await.map(Conn::Pooled),
+            Via::Pool(pool) => Guarded::acquire(pool).await.map(Conn::Pooled),
             Via::Transaction(connection) => Ok(Conn::Borrowed(connection)),
         }
     }

@@ -72,6 +72,8 @@ pub mod claims;
 #[cfg(feature = "metrics")]
 #[doc(hidden)]
 pub mod gauges;
+// A pooled connection closed, not pooled again, when dropped mid-BEGIN.
+pub(crate) mod guarded;
 #[doc(hidden)]
 pub mod metering;
 pub mod operations;
@@ -381,7 +383,7 @@ mod tests {
     /// The source of every module of the store, by file name: what the
     /// tests below read to find every pair, so that a pair added without
     /// being listed in [`pairs`] is seen.
-    const SOURCES: [(&str, &str); 13] = [
+    const SOURCES: [(&str, &str); 14] = [
         ("mod.rs", include_str!("mod.rs")),
         ("batch.rs", include_str!("batch.rs")),
         ("browse.rs", include_str!("browse.rs")),
@@ -389,6 +391,7 @@ mod tests {
         ("citus.rs", include_str!("citus.rs")),
         ("claims.rs", include_str!("claims.rs")),
         ("gauges.rs", include_str!("gauges.rs")),
+        ("guarded.rs", include_str!("guarded.rs")),
         ("metering.rs", include_str!("metering.rs")),
         ("operations.rs", include_str!("operations.rs")),
         ("ordered.rs", include_str!("ordered.rs")),

@@ -1080,7 +1080,8 @@ pub async fn resolve_as(
         return Err(Error::Refused(NOT_A_RESOLUTION));
     }
     let scope = slot.scope();
-    let mut tx = pool.begin().await?;
+    let mut conn = super::guarded::Guarded::acquire(pool).await?;
+    let mut tx = conn.begin().await?;
     let found = LOCK_FOR_RESOLVE
         .for_row(scope, slot.address)
         .fetch_optional(&mut *tx)

@@ -1109,7 +1109,8 @@ async fn delete_batch(
     compact: Option<Query<'_, Postgres, PgArguments>>,
     steps_of: StepsOf<'_>,
 ) -> Result<Deleted, Error> {
-    let mut tx = pool.begin().await?;
+    let mut conn = super::guarded::Guarded::acquire(pool).await?;
+    let mut tx = conn.begin().await?;
     let rows = delete.fetch_all(&mut *tx).await?;
     let compacted = match compact {
         Some(compact) => compact.fetch_all(&mut *tx).await?,
