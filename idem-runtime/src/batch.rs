@@ -108,11 +108,13 @@
 //!
 //! A body that panics holds its own item, as under [`Guard::run`](crate::Guard::run): its
 //! claim stays `pending` (until its lease, if any, runs out). The other
-//! bodies of the batch still run, and every outcome that finished is
-//! recorded; then the panic resumes, and reaches the caller as it would
-//! from [`Guard::run`](crate::Guard::run). (Later copies of the batch's identities, which run
-//! in passes after it, do not run.) A redelivery finds the finished items
-//! done and the panicked one in flight. So does a
+//! bodies of the batch still run, in every pass, and every outcome that
+//! finished is recorded; then the panic resumes, and reaches the caller as
+//! it would from [`Guard::run`](crate::Guard::run). (A later copy of the panicked item's
+//! identity, or a later event of its entity, is refused
+//! [`Rejected::InFlight`] on the way: the panicked claim holds them.) A
+//! redelivery finds the finished items done and the panicked one in
+//! flight. So does a
 //! [`disposition`](crate::guard::BatchGuard::disposition) classifier that
 //! panics on an item's error: that item alone is held.
 //!
@@ -367,11 +369,23 @@ where
         concurrency,
     } = batch;
     let mut results: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    // The first panic of a body, resumed once every pass has run: the
+    // later passes hold other entities' later events too, which it must
+    // not stop (those of the panicked item's slot or entity are refused
+    // in flight: its claim holds them).
+    let mut panicked = None;
     for pass in passes(items) {
-        let answered = run_pass(slots, pass, &mode, &outcome, &mut body, concurrency).await;
+        let (answered, panic) =
+            run_pass(slots, pass, &mode, &outcome, &mut body, concurrency).await;
         for (index, output) in answered {
             results[index] = Some(output);
         }
+        if let Some(panic) = panic {
+            panicked.get_or_insert(panic);
+        }
+    }
+    if let Some(panic) = panicked {
+        std::panic::resume_unwind(panic);
     }
     results
         .into_iter()
@@ -486,8 +500,8 @@ fn oldest_first<M>(items: Vec<Item<M>>) -> Vec<(usize, Item<M>)> {
 ///
 /// A body that panics holds its own item (its claim is left pending, as
 /// [`Guard::run`](crate::Guard::run) leaves it), every other body of the pass runs and is
-/// recorded, then the panic resumes, reaching the caller as from
-/// [`Guard::run`](crate::Guard::run).
+/// recorded, and the panic is handed back, for the batch to resume once
+/// its last pass is recorded.
 async fn run_pass<M, R, F, Fut>(
     slots: &ScopedPool,
     pass: Vec<Queued<M>>,
@@ -495,7 +509,7 @@ async fn run_pass<M, R, F, Fut>(
     outcome: &OutcomeOf<'_, R>,
     body: &mut F,
     concurrency: usize,
-) -> Vec<(usize, R)>
+) -> (Vec<(usize, R)>, Option<Box<dyn Any + Send>>)
 where
     F: FnMut(M) -> Fut,
     Fut: Future<Output = R>,
@@ -526,10 +540,7 @@ where
     answered.extend(refused);
     let (recorded, classifier_panicked) = record(slots, ran, outcome, concurrency).await;
     answered.extend(recorded);
-    if let Some(panic) = panicked.or(classifier_panicked) {
-        std::panic::resume_unwind(panic);
-    }
-    answered
+    (answered, panicked.or(classifier_panicked))
 }
 
 /// Every item is answered or run and recorded; should one not be, it is
