@@ -87,6 +87,52 @@ pub struct OrderedBy<'a> {
     pub order: i64,
 }
 
+/// What taking an entity writes (the `SET` of [`CLAIM_ORDERED`]'s
+/// `ON CONFLICT DO UPDATE` and of [`TAKE_ENTITY_ROUTED`]'s `UPDATE`, on the
+/// entity row `e`), one text for both so that the two engines decide
+/// alike: the holder's claim row is read (`$holder_namespace_test`, then
+/// `$fence`: `" OFFSET 0"` to read it once where the planner would inline
+/// it), a succeeded holder's order is folded into `applied_order`, and
+/// the event (`$event`, its `$order` and its entity's `$identity`, as the
+/// statement has them) takes the entity when it is free (no holder, or a
+/// holder settled or kept failed) and nothing newer than it was applied;
+/// else the entity is left held, its fold written all the same.
+macro_rules! taking_the_entity {
+    ($event:literal, $order:literal, $identity:literal, $holder_namespace_test:literal,
+     $fence:literal) => {
+        concat!(
+            "(held_by, event_order, applied_order) = ( \
+             SELECT CASE WHEN takes THEN ",
+            $event,
+            "            WHEN holder IN ('success', 'failed') THEN NULL \
+                         ELSE e.held_by END, \
+                    CASE WHEN takes THEN ",
+            $order,
+            "            WHEN holder IN ('success', 'failed') THEN NULL \
+                         ELSE e.event_order END, \
+                    folded \
+             FROM (SELECT folded, holder, \
+                          e.identity = ",
+            $identity,
+            "             AND (e.held_by IS NULL OR holder IN ('success', 'failed')) \
+                          AND coalesce(folded <= ",
+            $order,
+            ", true) AS takes \
+                   FROM (SELECT holder, \
+                                CASE WHEN holder = 'success' \
+                                     THEN greatest(e.applied_order, e.event_order) \
+                                     ELSE e.applied_order END AS folded \
+                         FROM (SELECT (SELECT h.state FROM idem_records h \
+                                       WHERE h.account = $1 AND h.kind = 'claim' \
+                                         AND h.address = e.held_by AND ",
+            $holder_namespace_test,
+            ") AS holder",
+            $fence,
+            ") AS held) AS judged) AS decided)"
+        )
+    };
+}
+
 /// The text of [`CLAIM_ORDERED`] with its namespace tests: of the event's
 /// row and of the holder's (`$namespace_test`), of the entity's conflict
 /// target (`$conflict_target`).
@@ -134,28 +180,15 @@ macro_rules! claim_ordered_statement {
                  WHERE NOT EXISTS (SELECT FROM existing) \
                  ON CONFLICT ",
             $conflict_target,
-            " DO UPDATE SET (held_by, event_order, applied_order) = ( \
-                 SELECT CASE WHEN takes THEN EXCLUDED.held_by \
-                             WHEN holder IN ('success', 'failed') THEN NULL \
-                             ELSE e.held_by END, \
-                        CASE WHEN takes THEN EXCLUDED.event_order \
-                             WHEN holder IN ('success', 'failed') THEN NULL \
-                             ELSE e.event_order END, \
-                        folded \
-                 FROM (SELECT folded, holder, \
-                              e.identity = EXCLUDED.identity \
-                              AND (e.held_by IS NULL OR holder IN ('success', 'failed')) \
-                              AND coalesce(folded <= EXCLUDED.event_order, true) AS takes \
-                       FROM (SELECT holder, \
-                                    CASE WHEN holder = 'success' \
-                                         THEN greatest(e.applied_order, e.event_order) \
-                                         ELSE e.applied_order END AS folded \
-                             FROM (SELECT (SELECT h.state FROM idem_records h \
-                                           WHERE h.account = $1 AND h.kind = 'claim' \
-                                             AND h.address = e.held_by AND ",
-            $holder_namespace_test,
-            ") AS holder) AS held) AS judged) AS decided) \
-                 RETURNING held_by IS NOT DISTINCT FROM $2 \
+            " DO UPDATE SET ",
+            taking_the_entity!(
+                "EXCLUDED.held_by",
+                "EXCLUDED.event_order",
+                "EXCLUDED.identity",
+                $holder_namespace_test,
+                ""
+            ),
+            " RETURNING held_by IS NOT DISTINCT FROM $2 \
                            AND event_order IS NOT DISTINCT FROM $12 AS took, \
                            applied_order, identity = $11 AS same_entity, \
                            NOT EXISTS (SELECT FROM idem_records x \
@@ -244,28 +277,15 @@ macro_rules! take_entity_statement {
                  WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
             $namespace_test,
             " ), taken AS ( \
-                 UPDATE idem_records e SET (held_by, event_order, applied_order) = ( \
-                 SELECT CASE WHEN takes THEN $2 \
-                             WHEN holder IN ('success', 'failed') THEN NULL \
-                             ELSE e.held_by END, \
-                        CASE WHEN takes THEN $7::bigint \
-                             WHEN holder IN ('success', 'failed') THEN NULL \
-                             ELSE e.event_order END, \
-                        folded \
-                 FROM (SELECT folded, holder, \
-                              e.identity = $6 \
-                              AND (e.held_by IS NULL OR holder IN ('success', 'failed')) \
-                              AND coalesce(folded <= $7, true) AS takes \
-                       FROM (SELECT holder, \
-                                    CASE WHEN holder = 'success' \
-                                         THEN greatest(e.applied_order, e.event_order) \
-                                         ELSE e.applied_order END AS folded \
-                             FROM (SELECT (SELECT h.state FROM idem_records h \
-                                           WHERE h.account = $1 AND h.kind = 'claim' \
-                                             AND h.address = e.held_by AND ",
-            $holder_namespace_test,
-            ") AS holder OFFSET 0) AS held) AS judged) AS decided) \
-                 WHERE e.account = $1 AND e.kind = 'entity' AND e.address = $5 AND ",
+                 UPDATE idem_records e SET ",
+            taking_the_entity!(
+                "$2",
+                "$7::bigint",
+                "$6",
+                $holder_namespace_test,
+                " OFFSET 0"
+            ),
+            " WHERE e.account = $1 AND e.kind = 'entity' AND e.address = $5 AND ",
             $entity_namespace_test,
             " AND NOT EXISTS (SELECT FROM existing) \
                  RETURNING e.held_by IS NOT DISTINCT FROM $2 \
