@@ -420,7 +420,13 @@ mod tests {
     }
 
     fn batch_flags() -> Flags {
-        Flags::parse_from(["loadgen", "--scenarios", "batch", "--concurrency", "1"])
+        Flags::parse_from([
+            "loadgen",
+            "--scenarios",
+            "batch/floor,batch/gate,batch/gate-batch",
+            "--concurrency",
+            "1",
+        ])
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl Spec {
     /// ratios count messages.
     pub fn messages(&self, flags: &Flags) -> u64 {
         match self.work {
-            Work::GateBatch => flags.batch_size,
+            Work::GateBatch | Work::GateBatchOrdered => flags.batch_size,
             _ => 1,
         }
     }
@@ -267,6 +267,18 @@ const GATE_BATCH: Spec = Spec {
               ON CONFLICT DO NOTHING RETURNING claims the whole batch, the bodies run, one UPDATE ... FROM unnest(...) \
               settles it, each autocommitted",
     cost: cost(2, 2, 2),
+};
+
+/// A batch of ordered events: the batch's insert takes no entity, so each
+/// event is claimed by the single call's statement (`--batch-size` of
+/// them), and the batch's one settle records them all.
+const GATE_BATCH_ORDERED: Spec = Spec {
+    name: "gate-batch-ordered",
+    work: Work::GateBatchOrdered,
+    summary: "`gate.guard_batch` of new identities, each pushed as an ordered event of its own entity (of 65,536): \
+              each event claimed by the single call's statement (entity upsert and claim, one statement each), \
+              the bodies run, one UPDATE ... FROM unnest(...) settles the batch",
+    cost: cost(101, 101, 101),
 };
 
 const BRANDUR: Spec = Spec {
@@ -447,7 +459,7 @@ const SLOW_BODY: &[Spec] = &[
 /// New identities with a body that does nothing, by the message: the floor
 /// and the gate per call, against the gate's batch API, each of whose
 /// operations is `--batch-size` messages.
-const BATCH: &[Spec] = &[FLOOR, GATE, GATE_BATCH];
+const BATCH: &[Spec] = &[FLOOR, GATE, GATE_BATCH, GATE_BATCH_ORDERED];
 
 const DUPLICATES: &[Spec] = &[
     REFUSE_BY_LOOKUP,
@@ -760,7 +772,10 @@ mod tests {
     fn the_batch_group_is_the_floor_and_the_gate_per_call_against_the_batch_guard() {
         let flags = flags(&["--scenarios", "batch"]);
         let scenarios = selected(&flags).expect("the batch group");
-        assert_eq!(names(&scenarios), ["floor", "gate", "gate-batch"]);
+        assert_eq!(
+            names(&scenarios),
+            ["floor", "gate", "gate-batch", "gate-batch-ordered"]
+        );
         assert!(scenarios.iter().all(|s| s.group == Group::Batch));
         assert_eq!(Group::Batch.label(&flags), "batch of 100, no-op body");
         let batch = scenarios[2].spec;
@@ -824,13 +839,15 @@ mod tests {
                 ("batch", "floor", 1, 1),
                 ("batch", "gate", 1, 1),
                 ("batch", "gate-batch", 1, 1),
+                ("batch", "gate-batch-ordered", 1, 1),
+                ("batch", "gate-batch-ordered", 64, 32),
                 ("batch", "gate-batch", 64, 32),
                 ("batch", "gate", 64, 32),
                 ("batch", "floor", 64, 32),
             ]
         );
         // The report lists them by group, concurrency and place in the list.
-        assert_eq!(runs[5].place, (1, 1, 2));
+        assert_eq!(runs[7].place, (1, 1, 2));
     }
 
     #[test]

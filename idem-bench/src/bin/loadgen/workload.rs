@@ -27,6 +27,8 @@ pub enum Work {
     GateMode(GateMode),
     /// `gate.guard_batch` of `--batch-size` new identities.
     GateBatch,
+    /// The same, each message an ordered event (`Batch::push_ordered`).
+    GateBatchOrdered,
     /// The Stripe-style `idempotency_keys` table.
     Brandur,
     /// A guard whose body runs three no-op steps, its outcome (the settle
@@ -74,7 +76,8 @@ pub struct Workload {
     pub accounts: Arc<Accounts>,
     /// The gate over `pool`, scoped to each of `accounts`.
     pub gates: Gates,
-    /// Messages per batch, for [`Work::GateBatch`].
+    /// Messages per batch, for [`Work::GateBatch`] and
+    /// [`Work::GateBatchOrdered`].
     pub batch_size: u64,
     /// The rows the duplicates group refuses.
     pub settled: Option<Arc<Settled>>,
@@ -100,6 +103,10 @@ impl Workload {
             Work::GateBatch => {
                 let identities = keys::next_many(self.batch_size);
                 gated::batch(self.gates.of(n), identities, self.body).await
+            }
+            Work::GateBatchOrdered => {
+                let identities = keys::next_many(self.batch_size);
+                gated::batch_ordered(self.gates.of(n), identities, self.body).await
             }
             Work::Brandur => brandur::run(&self.pool, n, self.body).await,
             Work::ThreeSteps(steps, commit) => {
