@@ -66,15 +66,21 @@
 //! released failure not applied. Events of different entities share
 //! passes. Answers come back in the items' places, as always.
 //!
-//! The batch's insert takes no entities: each ordered event of a pass is
-//! claimed by the one statement [`Guard::ordered`](crate::Guard::ordered)
-//! uses (up to [`concurrency`](crate::guard::BatchGuard::concurrency) at a
-//! time), then the bodies run and the outcomes are recorded by the
-//! batch's statements as for every item (a release frees the event's
-//! entity in the same statement). So a batch of ordered events costs a
-//! statement per event to claim and one per kind of outcome to record:
-//! about half of what as many calls of the guard cost, not the two
-//! statements of a batch without them.
+//! A pass's ordered events are claimed together by one statement of
+//! their own, which takes their entities as
+//! [`Guard::ordered`](crate::Guard::ordered)'s claim takes one (in
+//! entity order, so that overlapping batches lock entities in one order);
+//! an event it does not win (its entity held or newer, its own slot taken)
+//! is asked again alone, by the single call's statement, which says why.
+//! The bodies run and the outcomes are recorded by the batch's statements
+//! as for every item (a release frees the event's entity in the same
+//! statement). So a batch of new events for distinct entities costs what a
+//! batch without them does, two statements, plus one per pass for an
+//! entity's further events. Should the statement fail, each of its events
+//! is refused as the batch's insert refuses its items ([`Rejected::Unavailable`]
+//! for an outage). On Citus, which routes no statement that takes an
+//! entity and inserts a claim, each event is claimed alone (up to
+//! [`concurrency`](crate::guard::BatchGuard::concurrency) at a time).
 //!
 //! ```no_run
 //! # async fn demo(gate: idem_runtime::Gate) {
@@ -195,7 +201,7 @@ use crate::retry::{self, SERIALIZATION_BACKOFF};
 use crate::run::OutcomeOf;
 use crate::scoped_pool::ScopedPool;
 use crate::step::Ambient;
-use crate::store::{self, NewBatchItem, NewClaim};
+use crate::store::{self, Engine, NewBatchItem, NewClaim};
 use crate::via::Via;
 
 /// The items of a batch, each a message and the identity it is processed
@@ -615,8 +621,7 @@ async fn claim<R>(
         fingerprint: items[index].digest.as_ref().map(|f| f.as_slice()),
         lease_micros,
         windows,
-        // Ordered events are not claimed by the batch's statement, which
-        // takes no entities: each is claimed alone (below).
+        // Ordered events are claimed by a statement of their own (below).
         ordered: None,
     };
     let conclude = |index: usize, attempt: Attempt, read: ReadFrom| -> Concluded {
@@ -626,8 +631,13 @@ async fn claim<R>(
     let mut fates: Vec<Option<Fate<R>>> = (0..items.len()).map(|_| None).collect();
     // No two items of a pass share a slot, nor an entity (see `passes`).
     let mut to_claim = Vec::new();
-    // Claimed alone, as one call is: an ordered event (the batch's
-    // statement takes no entity), a slot freed under the batch's claim.
+    // Ordered events to claim together, with their entities (on
+    // PostgreSQL: Citus routes no statement that takes an entity and
+    // inserts a claim, so there each is claimed alone).
+    let mut ordered = Vec::new();
+    // Claimed alone, as one call is: an ordered event that the statement
+    // of them did not win (it says why) or that its options refuse, a slot
+    // freed under the batch's claim.
     let mut alone = Vec::new();
     for (index, contender) in contenders.iter().enumerate() {
         // An ordered event never runs ungated: its claim refuses an absent
@@ -647,10 +657,43 @@ async fn claim<R>(
             fates[index] = Some(answer(acquired, &items[index].identity, outcome));
             continue;
         }
-        if items[index].ordered.is_some() {
-            alone.push(index);
-        } else {
+        if items[index].ordered.is_none() {
             to_claim.push(index);
+        } else if slots.engine() == Engine::PostgreSQL
+            && matches!(items[index].alone(mode).ordered_by(), Ok(Some(_)))
+        {
+            ordered.push(index);
+        } else {
+            alone.push(index);
+        }
+    }
+    if !ordered.is_empty() {
+        match claim_ordered_in_store(slots, &contenders, items, &ordered, &new).await {
+            Ok(won) => {
+                for index in ordered {
+                    let Some(&fence) = won.get(contenders[index].address()) else {
+                        alone.push(index);
+                        continue;
+                    };
+                    // Concluded under the item's own mode: its claim knows
+                    // its entity (a late success is folded into it).
+                    let concluded = contenders[index].conclude(
+                        Attempt::Won(Fenced::new(fence)),
+                        &items[index].alone(mode),
+                        items[index].digest,
+                        ReadFrom::Pool,
+                    );
+                    if let Concluded::Acquired(acquired) = concluded {
+                        fates[index] = Some(answer(acquired, &items[index].identity, outcome));
+                    }
+                }
+            }
+            Err(rejected) => {
+                for index in ordered {
+                    contenders[index].refused(&rejected);
+                    fates[index] = Some(Fate::Answered(outcome.refused(rejected.clone())));
+                }
+            }
         }
     }
 
@@ -717,6 +760,53 @@ fn answer<R>(
         Ok(Acquired::Settled(stored)) => Fate::Answered(outcome.settled(identity, stored)),
         Err(rejected) => Fate::Answered(outcome.refused(rejected)),
     }
+}
+
+/// The statement that claims the ordered events `ordered` of a pass (each
+/// with its options checked: `Claimed::alone(..).ordered_by()` is
+/// `Ok(Some(..))`) and takes their entities: the won addresses and their
+/// fences. Repeated after a serialization failure or a deadlock, as the
+/// batch's insert is. `Err`: it failed, and no item of it is decided.
+async fn claim_ordered_in_store<'i>(
+    slots: &ScopedPool,
+    contenders: &[Contender<'_>],
+    items: &'i [Claimed],
+    ordered: &[usize],
+    new: &impl Fn(usize) -> NewClaim<'i>,
+) -> Result<HashMap<String, i64>, Rejected> {
+    let failed = |error: sqlx::Error| batch_failed(slots, ordered.len(), error);
+    // Each event with its entity's address (which the items borrow).
+    let events: Vec<(usize, String, &[u8], i64)> = ordered
+        .iter()
+        .filter_map(|&index| {
+            let of = items[index].ordered.as_ref()?;
+            let order = of.order.as_ref().ok()?.get();
+            Some((index, of.entity.address(), of.entity.canonical(), order))
+        })
+        .collect();
+    let batch: Vec<store::NewOrderedItem<'_>> = events
+        .iter()
+        .map(|&(index, ref entity, entity_identity, order)| store::NewOrderedItem {
+            address: contenders[index].address(),
+            identity: new(index).identity,
+            fingerprint: new(index).fingerprint,
+            ordered: store::OrderedBy {
+                entity,
+                entity_identity,
+                order,
+            },
+        })
+        .collect();
+    let (lease_micros, windows) = (new(ordered[0]).lease_micros, new(ordered[0]).windows);
+    let mut conn = slots.pool().acquire().await.map_err(failed)?;
+    let won = retry::repeat!(
+        &SERIALIZATION_BACKOFF,
+        retry::is_serialization_failure,
+        |_, _| observe::record(GateEvent::Retried),
+        store::claim_ordered_batch(&mut conn, slots.scope(), &batch, lease_micros, windows).await,
+    )
+    .map_err(failed)?;
+    Ok(won.into_iter().collect())
 }
 
 /// The statements of the claim: one insert for every item of `to_claim`,

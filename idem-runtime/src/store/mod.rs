@@ -100,7 +100,7 @@ pub(crate) use claims::{
     settle_over, settle_own_hold, settle_vacant, take_over,
 };
 pub(crate) use operations::{ClaimState, StepState};
-pub(crate) use ordered::OrderedBy;
+pub(crate) use ordered::{NewOrderedItem, OrderedBy, claim_ordered_batch};
 pub(crate) use steps::{
     CarriedRecord, NewStep, StepRow, abandon_step, begin_step, lookup_step, pending_steps,
     record_and_begin_step, record_step, record_unmarked_step, resolve_step, steps_for_replay,

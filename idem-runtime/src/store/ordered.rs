@@ -248,6 +248,133 @@ pub const CLAIM_ORDERED: SplitOnNamespace = SplitOnNamespace {
     ),
 };
 
+/// The text of [`CLAIM_ORDERED_BATCH`] with its namespace tests: of an
+/// event's own row (`$namespace_test`), of a holder's
+/// (`$holder_namespace_test`), of the entities' conflict target
+/// (`$conflict_target`).
+///
+/// `fresh` keeps the events whose own row is not there (a duplicate is
+/// answered by its own slot, and its entity is not touched); `taken`
+/// upserts their entities, in address order (so that overlapping batches
+/// lock them in one order), each taken or left held as
+/// [`CLAIM_ORDERED`]'s `DO UPDATE` decides ([`taking_the_entity!`]); then
+/// the claim of each event that took its entity is inserted, arbitrated by
+/// the partial unique indexes. The events it returns are won; any other
+/// (held, superseded, a collision, a stale view, its own row) is asked
+/// again alone, by [`CLAIM_ORDERED`], which says why.
+macro_rules! claim_ordered_batch_statement {
+    ($namespace_test:literal, $holder_namespace_test:literal, $conflict_target:literal) => {
+        concat!(
+            "WITH fresh AS ( \
+                 SELECT item.* \
+                 FROM unnest($2::text[], $4::bytea[], $5::bytea[], $9::text[], $10::bytea[], \
+                             $11::bigint[]) \
+                      AS item(address, identity, fingerprint, entity, entity_identity, \
+                              event_order) \
+                 WHERE NOT EXISTS (SELECT FROM idem_records r \
+                                   WHERE r.account = $1 AND r.kind = 'claim' \
+                                     AND r.address = item.address AND ",
+            $namespace_test,
+            ") \
+             ), taken AS ( \
+                 INSERT INTO idem_records AS e \
+                   (account, kind, address, namespace, state, identity, held_by, event_order) \
+                 SELECT $1, 'entity', fresh.entity, $3, 'entity', fresh.entity_identity, \
+                        fresh.address, fresh.event_order \
+                 FROM fresh ORDER BY fresh.entity \
+                 ON CONFLICT ",
+            $conflict_target,
+            " DO UPDATE SET ",
+            taking_the_entity!(
+                "EXCLUDED.held_by",
+                "EXCLUDED.event_order",
+                "EXCLUDED.identity",
+                $holder_namespace_test,
+                ""
+            ),
+            " RETURNING e.address, e.held_by, e.event_order \
+             ) \
+             INSERT INTO idem_records \
+               (account, kind, address, namespace, state, identity, fingerprint, \
+                lease_expires_at, value_kept_for, slot_kept_for, entity, event_order) \
+             SELECT $1, 'claim', fresh.address, $3, 'pending', fresh.identity, fresh.fingerprint, \
+                    now() + $6 * interval '1 microsecond', $7 * interval '1 microsecond', \
+                    $8 * interval '1 microsecond', fresh.entity, fresh.event_order \
+             FROM fresh \
+             JOIN taken ON taken.address = fresh.entity AND taken.held_by = fresh.address \
+                       AND taken.event_order = fresh.event_order \
+             ORDER BY fresh.address \
+             ON CONFLICT DO NOTHING \
+             RETURNING address, fence"
+        )
+    };
+}
+
+/// Claims a pass of a batch's ordered events (no two of one slot or of
+/// one entity) in one statement, on PostgreSQL (see
+/// `claim_ordered_batch_statement!`): the won addresses and their fences.
+/// `$1`–`$8` as [`CLAIM_BATCH`](super::batch::CLAIM_BATCH)'s; `$9` the
+/// entities' addresses, `$10` their identities, `$11` the events' orders
+/// (pairwise with the addresses). Index: per event, the partial unique
+/// index of its form for its own row, its entity's and its holder's.
+pub const CLAIM_ORDERED_BATCH: SplitOnNamespace = SplitOnNamespace {
+    without_namespace: claim_ordered_batch_statement!(
+        "r.namespace IS NULL AND $3::text IS NULL",
+        "h.namespace IS NULL AND $3::text IS NULL",
+        "(account, kind, address) WHERE namespace IS NULL"
+    ),
+    within_namespace: claim_ordered_batch_statement!(
+        "r.namespace = $3",
+        "h.namespace = $3",
+        "(account, kind, address, namespace) WHERE namespace IS NOT NULL"
+    ),
+};
+
+/// An ordered event of a batch, as [`claim_ordered_batch`] claims it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewOrderedItem<'a> {
+    pub address: &'a str,
+    pub identity: &'a [u8],
+    pub fingerprint: Option<&'a [u8]>,
+    pub ordered: OrderedBy<'a>,
+}
+
+/// Claims the ordered events `items` of a pass in one statement
+/// ([`CLAIM_ORDERED_BATCH`]): the won addresses with their fences. An
+/// event missing from the answer was not won: the caller claims it alone.
+pub(crate) async fn claim_ordered_batch(
+    conn: &mut PgConnection,
+    scope: Scope<'_>,
+    items: &[NewOrderedItem<'_>],
+    lease_micros: Option<i64>,
+    windows: super::Windows,
+) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let addresses: Vec<&str> = items.iter().map(|item| item.address).collect();
+    let identities: Vec<&[u8]> = items.iter().map(|item| item.identity).collect();
+    let fingerprints: Vec<Option<&[u8]>> = items.iter().map(|item| item.fingerprint).collect();
+    let entities: Vec<&str> = items.iter().map(|item| item.ordered.entity).collect();
+    let entity_identities: Vec<&[u8]> =
+        items.iter().map(|item| item.ordered.entity_identity).collect();
+    let orders: Vec<i64> = items.iter().map(|item| item.ordered.order).collect();
+    sqlx::query(CLAIM_ORDERED_BATCH.for_namespace(scope.namespace))
+        .bind(scope.account)
+        .bind(&addresses)
+        .bind(scope.namespace)
+        .bind(&identities)
+        .bind(&fingerprints)
+        .bind(lease_micros)
+        .bind(windows.value_micros)
+        .bind(windows.slot_micros)
+        .bind(&entities)
+        .bind(&entity_identities)
+        .bind(&orders)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get("address")?, row.try_get("fence")?)))
+        .collect()
+}
+
 /// The text of [`TAKE_ENTITY_ROUTED`] with its namespace tests: of the
 /// event's row (`$namespace_test`), of the holder's
 /// (`$holder_namespace_test`), of the entity's (`$entity_namespace_test`).

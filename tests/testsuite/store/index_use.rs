@@ -147,6 +147,29 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             ],
             lookup,
         ),
+        // A pass of a batch's ordered events, in one statement: per event,
+        // its own row, its entity's (upserted) and the holder's.
+        Case {
+            name: "claim_ordered_batch",
+            namespace,
+            text: ordered::CLAIM_ORDERED_BATCH
+                .for_namespace(namespace)
+                .to_owned(),
+            params: vec![
+                Text(Some(ACCOUNT)),
+                TextArray,
+                Text(namespace),
+                BytesArray,
+                BytesArray,
+                Int(1_000),
+                Int(1_000),
+                Int(1_000),
+                TextArray,
+                BytesArray,
+                IntArray,
+            ],
+            expect: lookup,
+        },
         // On Citus, an ordered event's claim in routed statements: the
         // take reads the event's row, the entity's and its holder's; the
         // two inserts look nothing up.

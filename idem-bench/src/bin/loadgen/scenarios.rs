@@ -269,16 +269,17 @@ const GATE_BATCH: Spec = Spec {
     cost: cost(2, 2, 2),
 };
 
-/// A batch of ordered events: the batch's insert takes no entity, so each
-/// event is claimed by the single call's statement (`--batch-size` of
-/// them), and the batch's one settle records them all.
+/// A batch of ordered events, each of an entity of its own: one statement
+/// claims them and takes their entities, the batch's one settle records
+/// them all.
 const GATE_BATCH_ORDERED: Spec = Spec {
     name: "gate-batch-ordered",
     work: Work::GateBatchOrdered,
     summary: "`gate.guard_batch` of new identities, each pushed as an ordered event of its own entity (of 65,536): \
-              each event claimed by the single call's statement (entity upsert and claim, one statement each), \
-              the bodies run, one UPDATE ... FROM unnest(...) settles the batch",
-    cost: cost(101, 101, 101),
+              one statement upserts the entities (INSERT ... SELECT FROM unnest(...) ON CONFLICT DO UPDATE) and \
+              inserts the claims of the events that took theirs, the bodies run, one UPDATE ... FROM unnest(...) \
+              settles the batch",
+    cost: cost(2, 2, 2),
 };
 
 const BRANDUR: Spec = Spec {
