@@ -786,16 +786,18 @@ async fn claim_ordered_in_store<'i>(
         .collect();
     let batch: Vec<store::NewOrderedItem<'_>> = events
         .iter()
-        .map(|&(index, ref entity, entity_identity, order)| store::NewOrderedItem {
-            address: contenders[index].address(),
-            identity: new(index).identity,
-            fingerprint: new(index).fingerprint,
-            ordered: store::OrderedBy {
-                entity,
-                entity_identity,
-                order,
+        .map(
+            |&(index, ref entity, entity_identity, order)| store::NewOrderedItem {
+                address: contenders[index].address(),
+                identity: new(index).identity,
+                fingerprint: new(index).fingerprint,
+                ordered: store::OrderedBy {
+                    entity,
+                    entity_identity,
+                    order,
+                },
             },
-        })
+        )
         .collect();
     let (lease_micros, windows) = (new(ordered[0]).lease_micros, new(ordered[0]).windows);
     let mut conn = slots.pool().acquire().await.map_err(failed)?;

@@ -353,8 +353,10 @@ pub(crate) async fn claim_ordered_batch(
     let identities: Vec<&[u8]> = items.iter().map(|item| item.identity).collect();
     let fingerprints: Vec<Option<&[u8]>> = items.iter().map(|item| item.fingerprint).collect();
     let entities: Vec<&str> = items.iter().map(|item| item.ordered.entity).collect();
-    let entity_identities: Vec<&[u8]> =
-        items.iter().map(|item| item.ordered.entity_identity).collect();
+    let entity_identities: Vec<&[u8]> = items
+        .iter()
+        .map(|item| item.ordered.entity_identity)
+        .collect();
     let orders: Vec<i64> = items.iter().map(|item| item.ordered.order).collect();
     sqlx::query(CLAIM_ORDERED_BATCH.for_namespace(scope.namespace))
         .bind(scope.account)
