@@ -6,8 +6,10 @@
 //! duplicate told to wait polls until the slot is decided or its wait is over.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::attach::Landing;
 use crate::claim::{Claim, Lease, WonSlot};
 use crate::decision::Decision;
 use crate::error::Rejected;
@@ -158,12 +160,13 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
     let mut recalled = if windows.any() {
         None
     } else {
-        contender.recalled(new, kept_value)
+        contender
+            .recalled(new, kept_value)
+            .map(|attempt| (attempt, ReadFrom::Cache))
     };
-    let cached = recalled.is_some();
     loop {
-        let attempt = match recalled.take() {
-            Some(attempt) => attempt,
+        let (attempt, read) = match recalled.take() {
+            Some(answered) => answered,
             None => {
                 let attempt = retry::repeat!(
                     via.backoff(&SERIALIZATION_BACKOFF),
@@ -174,7 +177,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                         .await,
                 );
                 match attempt {
-                    Ok(attempt) => attempt,
+                    Ok(attempt) => (attempt, ReadFrom::of(via)),
                     // Only an outage may fail open: an error of the request
                     // would meet every call, and run every body unguarded.
                     Err(error)
@@ -191,16 +194,35 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                 }
             }
         };
-        let read = if cached {
-            ReadFrom::Cache
-        } else {
-            ReadFrom::of(via)
-        };
         match contender.conclude(attempt, mode, fingerprint, read) {
             Concluded::Acquired(acquired) => return acquired,
             // Freed: try again at once, a few times.
             Concluded::Undecided(Undecided::Freed) if freed + 1 < CLAIM_ATTEMPTS => {
                 freed += 1;
+            }
+            // Held by a claim of this process while a wait is not over:
+            // await its outcome as it lands (no statement, no polling).
+            Concluded::Undecided(Undecided::HeldByAnother)
+                if wait.goes_on()
+                    && let Some(mut attached) = contender.attach(via) =>
+            {
+                freed = 0;
+                tokio::select! {
+                    landed = attached.landed() => {
+                        // Answered by what landed, or (the holder went
+                        // without recording, a window) look at once.
+                        recalled = landed
+                            .and_then(|landed| contender.attached(&landed, new, kept_value, windows))
+                            .map(|attempt| (attempt, ReadFrom::Attached));
+                        poll = WAIT_FIRST_POLL;
+                    }
+                    // Over: one last look decides.
+                    () = wait.over() => {}
+                    _ = &mut stop => {
+                        contender.refused(&Rejected::InFlight);
+                        return Err(Rejected::InFlight);
+                    }
+                }
             }
             // Held by another (or freed on every attempt) while a wait is
             // not over: pause, then look again.
@@ -254,6 +276,17 @@ impl Wait {
         }
     }
 
+    /// Resolves once the wait is over (never, for an unbounded one).
+    async fn over(self) {
+        match self {
+            Wait::Until(until) => {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(until)).await
+            }
+            Wait::No => {}
+            Wait::Unbounded => std::future::pending().await,
+        }
+    }
+
     /// The pause before the next look: `poll`, or what is left if less.
     fn pause(self, poll: Duration) -> Duration {
         match self {
@@ -270,7 +303,13 @@ pub(crate) struct Contender<'a> {
     address: String,
     /// Since this caller began to try: how long its claim took.
     claiming: Stopwatch,
+    /// The fence of the pending row its last look found holding the slot
+    /// ([`NO_FENCE`]: none), to attach to when this process holds it.
+    held_by: AtomicI64,
 }
+
+/// No pending row seen.
+const NO_FENCE: i64 = i64::MIN;
 
 /// What one attempt comes to for its caller.
 #[allow(
@@ -308,6 +347,9 @@ pub(crate) enum ReadFrom {
     /// The caller's transaction: a row may be its own uncommitted write,
     /// never remembered.
     Transaction,
+    /// Handed over by the holder in this process as its outcome landed
+    /// (a duplicate attached to it while waiting): no round trip.
+    Attached,
 }
 
 impl ReadFrom {
@@ -357,6 +399,7 @@ impl<'a> Contender<'a> {
             identity,
             address: identity.address(),
             claiming: Stopwatch::start(),
+            held_by: AtomicI64::new(NO_FENCE),
         }
     }
 
@@ -467,6 +510,9 @@ impl<'a> Contender<'a> {
             // on the coordinator, the worker that writes the row commits
             // durably all the same, and the extra step only costs round
             // trips (BENCHMARKS.md).
+            // Not inside the caller's transaction: undecided until it
+            // commits, so nobody may be answered from it before.
+            attached: (!in_transaction).then(|| self.slots.in_flight().hold(fence)),
             commit: match mode.outcome_commit_policy() {
                 OutcomeCommit::Async
                     if mode.lease_duration().is_none()
@@ -489,10 +535,11 @@ impl<'a> Contender<'a> {
         on_expiry: OnExpiry,
     ) -> Result<Attempt, sqlx::Error> {
         let (scope, address) = (self.slots.scope(), &*self.address);
+        self.held_by.store(NO_FENCE, Ordering::Relaxed);
         let read = ReadFrom::of(via);
         let within = match read {
             ReadFrom::Transaction => store::Within::CallersTransaction,
-            ReadFrom::Pool | ReadFrom::Cache => store::Within::Autocommit,
+            ReadFrom::Pool | ReadFrom::Cache | ReadFrom::Attached => store::Within::Autocommit,
         };
         // One connection for the whole attempt: every acquire may cost a
         // round trip of its own (the pool's liveness check).
@@ -663,7 +710,48 @@ impl<'a> Contender<'a> {
                 None => Attempt::Undecided(Undecided::Freed),
             });
         }
+        self.held_by.store(existing.fence, Ordering::Relaxed);
         Ok(Attempt::Undecided(Undecided::HeldByAnother))
+    }
+
+    /// Attaches to the claim whose pending row the last look found holding
+    /// the slot, if this process holds it (and `via` is no transaction of
+    /// the caller's, whose reads may not see what lands).
+    fn attach(&self, via: &Via<'_>) -> Option<crate::attach::Attached> {
+        let fence = self.held_by.swap(NO_FENCE, Ordering::Relaxed);
+        if fence == NO_FENCE || via.in_transaction() {
+            return None;
+        }
+        self.slots.in_flight().attach(fence)
+    }
+
+    /// What `landed` (the outcome of the claim this caller attached to)
+    /// says to it, by the same rules as a row read from the store; `None`:
+    /// it cannot say (a release, an outcome to read, or a caller with a
+    /// window of its own), so the caller looks again at once.
+    fn attached(
+        &self,
+        landed: &Landing,
+        new: NewClaim<'_>,
+        kept_value: KeptValue,
+        windows: store::Windows,
+    ) -> Option<Attempt> {
+        if windows.any() {
+            return None;
+        }
+        match landed {
+            Landing::Final(known) => Some(self.judged_final(known, new, kept_value)),
+            Landing::InDoubt {
+                identity,
+                fingerprint,
+            } => Some(
+                match self.replayable(new, identity, fingerprint.as_deref()) {
+                    Ok(_) => Attempt::Refused(Rejected::InDoubt),
+                    Err(refused) => Attempt::Refused(refused),
+                },
+            ),
+            Landing::Freed | Landing::Look => None,
+        }
     }
 
     /// Whether the row found in the slot (its `identity` and `fingerprint`)
@@ -697,19 +785,33 @@ impl<'a> Contender<'a> {
     /// remembered without its value): the store is asked.
     pub(crate) fn recalled(&self, new: NewClaim<'_>, kept_value: KeptValue) -> Option<Attempt> {
         let known = self.slots.recall(&self.address)?;
+        let judged = self.judged_final(&known, new, kept_value);
+        // A replaying caller that meets a success remembered without its
+        // value asks the store.
+        match judged {
+            Attempt::Undecided(_) => None,
+            judged => Some(judged),
+        }
+    }
+
+    /// What the final fact `known` says to this caller, by the same rules
+    /// as a row read from the store: a replaying caller that meets a
+    /// success known without its value is undecided (it must ask the
+    /// store).
+    fn judged_final(&self, known: &Final, new: NewClaim<'_>, kept_value: KeptValue) -> Attempt {
         let replayable = match self.replayable(new, &known.identity, known.fingerprint.as_deref()) {
             Ok(replayable) => replayable,
-            Err(refused) => return Some(Attempt::Refused(refused)),
+            Err(refused) => return Attempt::Refused(refused),
         };
-        Some(match &known.fact {
+        match &known.fact {
             Fact::Failed => kept_failure(),
             // The value matters only to a replaying caller it may go to.
             Fact::Success(_) if !(kept_value.is_read() && replayable) => settled(None, replayable),
             Fact::Success(StoredOutput::Known(output)) => {
                 settled(output.as_deref().map(str::to_owned), replayable)
             }
-            Fact::Success(StoredOutput::Unknown) => return None,
-        })
+            Fact::Success(StoredOutput::Unknown) => Attempt::Undecided(Undecided::Freed),
+        }
     }
 
     /// Says why the claim was refused: to tracing, to a race harness and

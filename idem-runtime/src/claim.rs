@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use crate::attach::{Held, Landing};
 use crate::decision::Decision;
 use crate::error::Rejected;
 use crate::fault::{self, Fault};
@@ -70,6 +71,10 @@ pub(crate) struct WonSlot {
     /// An ordered event's entity address and order: a late success written
     /// into its vacant slot counts as applied for the entity.
     pub(crate) ordered: Option<(String, i64)>,
+    /// Registered in the gate's claims in flight, for a duplicate of this
+    /// process to await the outcome instead of polling; never a claim made
+    /// inside the caller's transaction, undecided until it commits.
+    pub(crate) attached: Option<Held>,
 }
 
 /// The claim's lease, if it has one, by this process's clock: only to
@@ -437,6 +442,7 @@ impl Claim {
     ) {
         if let Some(held) = self.held.take() {
             held.remember(outcome, via);
+            held.land(outcome, via);
             held.report(outcome, &Ok(()), recording);
         }
     }
@@ -478,6 +484,9 @@ impl Claim {
             Ok(false) => held.no_longer_ours(outcome, via).await,
             Err(error) => Err(Rejected::from_store(error)),
         };
+        if recorded.is_ok() {
+            held.land(outcome, via);
+        }
         held.report(outcome, &recorded, &recording);
         recorded
     }
@@ -592,6 +601,7 @@ impl WonSlot {
         match attempt {
             Ok(true) => {
                 self.remember(written, via);
+                self.land(written, via);
                 Ok(())
             }
             // A claim made inside the caller's transaction is that
@@ -634,6 +644,7 @@ impl WonSlot {
                 // as after a first attempt that matched.
                 if found.is_ok() {
                     self.remember(written, via);
+                    self.land(written, via);
                 }
                 found
             }
@@ -657,6 +668,40 @@ impl WonSlot {
             Outcome::Succeeded(output) => Some(Final::settled(identity, fingerprint, output)),
             Outcome::Failed(Disposition::Keep) => Some(Final::failed(identity, fingerprint)),
             Outcome::Failed(_) => None,
+        });
+    }
+
+    /// Tells this process's duplicates waiting on the claim (attached to
+    /// it) what was just written over this holder's own row, as a lookup
+    /// would read it: a final fact, a hold in doubt, a release; an outcome
+    /// with a window is only said to have landed (they read it, as the
+    /// cache never answers one). Never from inside the caller's
+    /// transaction, whose claims are not attached to.
+    fn land(&self, written: Outcome<Option<&str>>, via: &Via<'_>) {
+        let Some(attached) = &self.attached else {
+            return;
+        };
+        if via.in_transaction() {
+            return;
+        }
+        let (identity, fingerprint) = (
+            self.identity.canonical(),
+            self.fingerprint.as_ref().map(|f| f.as_slice()),
+        );
+        let windowed = self.windows.any();
+        attached.landed(|| match written {
+            Outcome::Failed(Disposition::Release) => Landing::Freed,
+            _ if windowed => Landing::Look,
+            Outcome::Succeeded(output) => {
+                Landing::Final(Final::settled(identity, fingerprint, output))
+            }
+            Outcome::Failed(Disposition::Keep) => {
+                Landing::Final(Final::failed(identity, fingerprint))
+            }
+            Outcome::Failed(Disposition::InDoubt) => Landing::InDoubt {
+                identity: identity.into(),
+                fingerprint: fingerprint.map(Box::from),
+            },
         });
     }
 
@@ -887,6 +932,7 @@ impl WonSlot {
                 None,
             );
             self.remember(Outcome::Succeeded(output), via);
+            self.land(Outcome::Succeeded(output), via);
         }
         Ok(written)
     }

@@ -453,11 +453,19 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
         self
     }
 
-    /// Waits up to `wait` for an in-flight duplicate to finish (polling
-    /// with backoff), then takes its outcome (the stored value with
-    /// replay, [`Rejected::AlreadyDone`], or its slot, if it released),
-    /// instead of refusing at once with [`Rejected::InFlight`]. The attribute's `wait = "..."`.
-    /// Not with [`tx`](Guard::tx) (why: there).
+    /// Waits up to `wait` for an in-flight duplicate to finish, then takes
+    /// its outcome (the stored value with replay, [`Rejected::AlreadyDone`],
+    /// [`Rejected::AlreadyFailed`], [`Rejected::InDoubt`], or its slot, if
+    /// it released), instead of refusing at once with
+    /// [`Rejected::InFlight`]; past `wait`, it is refused `InFlight`. The
+    /// attribute's `wait = "..."`. Not with [`tx`](Guard::tx) (why: there).
+    ///
+    /// A holder in this process (this gate or a copy of it) hands its
+    /// outcome to its waiters as it records it: no statement, no polling.
+    /// A holder elsewhere is polled, every 10 ms backing off to 250 ms. A
+    /// holder that goes without recording (dropped, taken over, the store
+    /// failing) sends its waiters back to the store at once, then to
+    /// polling: no waiter is left hanging.
     pub fn wait(mut self, wait: Duration) -> Guard<'a, R, D, P::Pooled>
     where
         P: PoolOption,

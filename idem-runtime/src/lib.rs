@@ -16,6 +16,7 @@
 #[path = "internal.rs"]
 pub mod __internal;
 mod acquire;
+mod attach;
 pub mod batch;
 #[cfg(feature = "cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::attach::InFlight;
 #[cfg(feature = "cache")]
 use crate::cache::{Key, KeyRef, OutcomeCache};
 use crate::error::Rejected;
@@ -56,6 +57,10 @@ pub(crate) struct ScopedPool {
     /// How long a finished step's record may wait to ride with the run's
     /// next statement (`Gate::with_step_record_wait`).
     step_record_wait: Duration,
+    /// The claims this process holds in flight, which a waiting duplicate
+    /// attaches to instead of polling; shared by every scoped copy (keyed
+    /// by fence, unique across the table).
+    in_flight: Arc<InFlight>,
 }
 
 impl ScopedPool {
@@ -72,7 +77,13 @@ impl ScopedPool {
             #[cfg(feature = "metrics")]
             metrics: MetricsOptions::new(),
             step_record_wait: STEP_RECORD_WAIT,
+            in_flight: Arc::default(),
         }
+    }
+
+    /// The claims this process holds in flight on this gate.
+    pub(crate) fn in_flight(&self) -> &Arc<InFlight> {
+        &self.in_flight
     }
 
     pub(crate) fn with_step_record_wait(&self, wait: Duration) -> ScopedPool {

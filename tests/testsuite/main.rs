@@ -11,6 +11,9 @@ mod gate;
 // The attribute's opt-in modes: replay, fingerprint, lease, wait,
 // on_unavailable, in a transaction, outcome_commit and dispositions.
 mod modes;
+// A waiting duplicate attached to its holder in this process: the outcome
+// as it lands, with no statement and no polling.
+mod attach;
 // Guarding by hand with the builder: every end, raced, in and out of a
 // transaction; each promise of its docs attacked, and the attribute
 // against the same guard by hand.

@@ -1,105 +1,133 @@
-//! How should a waiting duplicate (`wait = "5s"`) learn that the holder
-//! finished: by polling, as idem does, or by `LISTEN`/`NOTIFY`? This measures
-//! both in one process against the same PostgreSQL, and prints ratios.
+//! How soon does a waiting duplicate (`wait = "5s"`) learn that the holder
+//! finished? Today's polling (10 ms, backing off to 250 ms), against
+//! attaching to the holder in the same process (issue 42, item 2), and
+//! against `LISTEN`/`NOTIFY` as a reference for a waiter in another
+//! process. One run, one PostgreSQL, ratios printed.
 //!
 //! ```text
 //! cargo run -p idem-bench --release --bin wait_latency
 //! ```
 //!
 //! - wake-up latency: from the holder's settle returning to the waiting
-//!   duplicate's answer;
-//! - settle cost: a settle alone, against a settle followed by the
-//!   `pg_notify` that `LISTEN`-based waiting would need on every settle.
+//!   duplicate's answer. "Polling" is a waiter on a second gate on its own
+//!   pool (another process, as far as idem can tell: its gate holds no
+//!   claim of the other's), which polls exactly as every waiter did before
+//!   attaching; "attached" is a waiter on the holder's own gate.
+//! - the plain settle with no waiter: claims and settles, paired in the
+//!   same run, on a gate that attaches (registering each claim) and,
+//!   alternating with it, the same named statements sent through the store
+//!   below the gate (no registration), so that both meet the same server at
+//!   the same moments.
 
 use std::error::Error;
 use std::time::{Duration, Instant};
 
+use idem::__internal::store::{Commit, Engine, Scope, claims};
 use idem::sqlx::postgres::PgListener;
 use idem::{Gate, Identity, Rejected};
 use idem_test_support::database;
 
 const TRIALS: usize = 40;
-const SETTLES: usize = 300;
+const SETTLES: usize = 400;
 const CHANNEL: &str = "idem_wait_latency";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     let database = database::find().await?;
-    let pool = database.pool(4).await?;
-    let gate = Gate::connect(pool.clone())
+    let account = idem::testing::unique_name("wait");
+    let gate = Gate::connect(database.pool(4).await?)
         .await?
-        .account(idem::testing::unique_name("wait"));
+        .account(account.clone());
+    // Another process, as far as the holder's gate can tell.
+    let elsewhere = Gate::connect(database.pool(4).await?)
+        .await?
+        .account(account);
     let mut listener = PgListener::connect(&database.url).await?;
     listener.listen(CHANNEL).await?;
 
-    let mut polled = Vec::with_capacity(TRIALS);
-    let mut notified = Vec::with_capacity(TRIALS);
+    let (mut polled, mut attached, mut notified) = (Vec::new(), Vec::new(), Vec::new());
     for trial in 0..TRIALS {
-        // Bodies of 20 to 115 ms, the same sequence for both strategies.
+        // Bodies of 20 to 115 ms, the same sequence for every strategy.
         let body = Duration::from_millis(20 + (trial as u64 * 37) % 96);
-        polled.push(wake_by_polling(&gate, trial, body).await?);
+        polled.push(wake(&gate, &elsewhere, "poll", trial, body).await?);
+        attached.push(wake(&gate, &gate, "attach", trial, body).await?);
         notified.push(wake_by_notify(&gate, &mut listener, trial, body).await?);
     }
 
-    let plain = settle_cost(&gate, "settle_alone", false).await?;
-    let with_notify = settle_cost(&gate, "settle_and_notify", true).await?;
+    let (registered, by_hand) = settle_throughput(&gate).await?;
 
-    polled.sort();
-    notified.sort();
+    for run in [&mut polled, &mut attached, &mut notified] {
+        run.sort();
+    }
     let pct = |v: &[Duration], p: usize| v[(v.len() * p / 100).min(v.len() - 1)];
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    let sooner = |a: Duration| ratio(pct(&polled, 50), a);
     println!("\nwake-up latency after the holder settles ({TRIALS} trials each)");
-    println!("| strategy | p50 | p99 |");
-    println!("|---|---|---|");
+    println!("| strategy | p50 | p99 | p50 vs polling (how many times sooner) |");
+    println!("|---|---|---|---|");
     println!(
-        "| polling (10 ms, backing off to 250 ms) | {:?} | {:?} |",
+        "| polling, a waiter in another gate (10 ms backing off to 250 ms: every waiter before) | {:?} | {:?} | 1× |",
         pct(&polled, 50),
         pct(&polled, 99)
     );
     println!(
-        "| LISTEN/NOTIFY | {:?} | {:?} |",
-        pct(&notified, 50),
-        pct(&notified, 99)
+        "| attached, a waiter in the holder's process | {:?} | {:?} | {:.0}× |",
+        pct(&attached, 50),
+        pct(&attached, 99),
+        sooner(pct(&attached, 50))
     );
-    println!("\nsettle cost ({SETTLES} settles each, one connection at a time)");
-    println!("| settle | mean | ratio |");
-    println!("|---|---|---|");
-    println!("| alone | {plain:?} | 1.00 |");
     println!(
-        "| + pg_notify | {with_notify:?} | {:.2} |",
-        with_notify.as_secs_f64() / plain.as_secs_f64()
+        "| LISTEN/NOTIFY then one look (reference, another process) | {:?} | {:?} | {:.0}× |",
+        pct(&notified, 50),
+        pct(&notified, 99),
+        sooner(pct(&notified, 50))
+    );
+    println!(
+        "\nthe plain settle with no waiter ({SETTLES} claims and settles each, paired, one at a time)"
+    );
+    println!("| claim + settle | mean | ratio |");
+    println!("|---|---|---|");
+    println!("| the same statements by hand (no registration) | {by_hand:?} | 1.00 |");
+    println!(
+        "| through the gate (registered for attaching) | {registered:?} | {:.3} |",
+        ratio(registered, by_hand)
     );
     gate.pool().close().await;
+    elsewhere.pool().close().await;
     Ok(())
 }
 
-/// The holder claims, works for `body`, settles; a duplicate that arrived
-/// meanwhile waits with idem's polling. Returns settle-to-answer latency.
-async fn wake_by_polling(
-    gate: &Gate,
+/// The holder claims on `holder`, works for `body`, settles; a duplicate
+/// on `waiter` that arrived meanwhile waits. Returns settle-to-answer
+/// latency.
+async fn wake(
+    holder: &Gate,
+    waiter: &Gate,
+    label: &str,
     trial: usize,
     body: Duration,
 ) -> Result<Duration, Box<dyn Error>> {
-    let id = Identity::new("poll").part(trial);
-    let claim = gate.claim(&id).await?;
-    let holder = async {
+    let id = Identity::new(label).part(trial);
+    let claim = holder.claim(&id).await?;
+    let holding = async {
         tokio::time::sleep(body).await;
         claim.settle().await?;
         Ok::<_, Rejected>(Instant::now())
     };
-    let waiter = async {
+    let waiting = async {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let answer = gate.guard(&id).wait(Duration::from_secs(5)).claim().await;
+        let answer = waiter.guard(&id).wait(Duration::from_secs(5)).claim().await;
         (answer.map(|_| ()), Instant::now())
     };
-    let (settled, (answer, answered)) = tokio::join!(holder, waiter);
+    let (settled, (answer, answered)) = tokio::join!(holding, waiting);
     if !matches!(answer, Err(Rejected::AlreadyDone)) {
         return Err(format!("the waiter should learn the action is done: {answer:?}").into());
     }
     Ok(answered.saturating_duration_since(settled?))
 }
 
-/// The same, but the holder notifies after settling and the duplicate
-/// listens, then looks once more.
+/// The holder notifies after settling and the duplicate listens, then
+/// looks once more: what a cross-process wake-up costs at best.
 async fn wake_by_notify(
     gate: &Gate,
     listener: &mut PgListener,
@@ -140,22 +168,58 @@ async fn wake_by_notify(
     Ok(answered?.saturating_duration_since(settled?))
 }
 
-/// Mean time of claim-then-settle, the settle followed by a notify or not.
-async fn settle_cost(gate: &Gate, label: &str, notify: bool) -> Result<Duration, Box<dyn Error>> {
-    let mut spent = Duration::ZERO;
+/// Mean time of one claim and its settle with nobody waiting: through the
+/// gate (which registers the claim for attaching and removes it as it
+/// settles), and the very same named statements sent through the store
+/// below the gate (no registration), alternating one by one.
+async fn settle_throughput(gate: &Gate) -> Result<(Duration, Duration), Box<dyn Error>> {
+    let (mut registered, mut by_hand) = (Duration::ZERO, Duration::ZERO);
+    let scope = Scope {
+        account: gate.account_name(),
+        namespace: None,
+    };
     for n in 0..SETTLES {
-        let id = Identity::new(label).part(n);
-        let claim = gate.claim(&id).await?;
+        let id = Identity::new("settle_registered").part(n);
         let started = Instant::now();
-        claim.settle().await?;
-        if notify {
-            idem::sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(CHANNEL)
-                .bind(id.address())
-                .execute(gate.pool())
-                .await?;
+        gate.claim(&id).await?.settle().await?;
+        registered += started.elapsed();
+
+        let id = Identity::new("settle_by_hand").part(n);
+        let address = id.address();
+        let started = Instant::now();
+        let new = claims::NewClaim {
+            identity: id.canonical(),
+            fingerprint: None,
+            lease_micros: None,
+            windows: Default::default(),
+            ordered: None,
+        };
+        let answer = claims::claim(
+            &mut *gate.pool().acquire().await?,
+            Engine::PostgreSQL,
+            claims::Within::Autocommit,
+            scope,
+            &address,
+            new,
+            claims::KeptValue::Skip,
+        )
+        .await?;
+        let claims::ClaimAnswer::Won(fence) = answer else {
+            return Err(format!("a fresh slot is won: {answer:?}").into());
+        };
+        let settled = claims::settle(
+            &mut *gate.pool().acquire().await?,
+            scope,
+            &address,
+            fence,
+            None,
+            Commit::Durable,
+        )
+        .await?;
+        if !settled {
+            return Err("the settle matched its own claim".into());
         }
-        spent += started.elapsed();
+        by_hand += started.elapsed();
     }
-    Ok(spent / SETTLES as u32)
+    Ok((registered / SETTLES as u32, by_hand / SETTLES as u32))
 }
