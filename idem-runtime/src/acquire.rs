@@ -35,6 +35,14 @@ const CLAIM_ATTEMPTS: usize = 3;
 const WAIT_FIRST_POLL: Duration = Duration::from_millis(10);
 const WAIT_LONGEST_POLL: Duration = Duration::from_millis(250);
 
+/// How often a duplicate attached to a claim of this process still looks
+/// at the slot: the holder hears only its own outcome, and the slot may
+/// change under it without one (its lease runs out and a retry takes it
+/// over or holds it in doubt; an earlier holder's late success is written
+/// over it), while the holder itself is stuck. Found by
+/// `attach::at_the_edges`: attached waiters waited their whole wait there.
+const ATTACHED_LOOK: Duration = Duration::from_secs(1);
+
 /// A tracing event about the contended slot, with the fields every gate
 /// event carries (account, namespace, action, address), then any others and
 /// the message.
@@ -216,6 +224,8 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                             .map(|attempt| (attempt, ReadFrom::Attached));
                         poll = WAIT_FIRST_POLL;
                     }
+                    // The slot may have changed without its holder: look.
+                    () = tokio::time::sleep(ATTACHED_LOOK) => {}
                     // Over: one last look decides.
                     () = wait.over() => {}
                     _ = &mut stop => {

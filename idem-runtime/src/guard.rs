@@ -461,8 +461,10 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// attribute's `wait = "..."`. Not with [`tx`](Guard::tx) (why: there).
     ///
     /// A holder in this process (this gate or a copy of it) hands its
-    /// outcome to its waiters as it records it: no statement, no polling.
-    /// A holder elsewhere is polled, every 10 ms backing off to 250 ms. A
+    /// outcome to its waiters as it records it: no statement, no polling
+    /// but a look once a second (the slot can change without its holder: a
+    /// stuck holder's lease runs out and a retry takes it over, or an
+    /// earlier holder's late success lands on it). A holder elsewhere is polled, every 10 ms backing off to 250 ms. A
     /// holder that goes without recording (dropped, taken over, the store
     /// failing) sends its waiters back to the store at once, then to
     /// polling: no waiter is left hanging.

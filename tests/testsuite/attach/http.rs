@@ -12,7 +12,7 @@ use idem::http::IdempotencyLayer;
 use idem::testing;
 use idem_test_support::fault_proxy::Proxy;
 
-use super::{WAITERS, executed};
+use super::{WAITERS, looked};
 use crate::support::http::{Effects, charges, send, serve};
 
 fn charge(key: &str, body: &'static str) -> Request<Full<Bytes>> {
@@ -40,7 +40,7 @@ async fn waiting_duplicates_get_the_stored_response_with_no_statement() {
     let duplicates: Vec<_> = (0..WAITERS)
         .map(|_| tokio::spawn(send(address, charge("attach-1", "amount=100"))))
         .collect();
-    executed(&proxy, before, WAITERS as u64).await;
+    looked(&proxy, before, WAITERS as u64).await;
     let looked = proxy.executions();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
