@@ -727,7 +727,7 @@ async fn a_waiter_is_never_answered_from_the_caller_s_transaction_before_its_com
         let claim = gate
             .guard(&id)
             .replay()
-            .tx(&mut *tx)
+            .tx(&mut tx)
             .claim_or_replay::<String>()
             .await
             .expect("claimed in the transaction");
@@ -735,7 +735,7 @@ async fn a_waiter_is_never_answered_from_the_caller_s_transaction_before_its_com
             panic!("nothing to replay yet")
         };
         claim
-            .settle_value(&mut *tx, &"in the transaction".to_owned())
+            .settle_value(&mut tx, &"in the transaction".to_owned())
             .await
             .expect("settled in the transaction");
         let waiter = tokio::spawn({
