@@ -252,7 +252,11 @@ pub const CLAIM_ORDERED: SplitOnNamespace = SplitOnNamespace {
 /// (`$conflict_target`).
 ///
 /// `fresh` keeps the events whose own row is not there (a duplicate is
-/// answered by its own slot, and its entity is not touched); `taken`
+/// answered by its own slot, and its entity is not touched), each looked
+/// up through a `LATERAL ... LIMIT 1`, which the planner cannot turn into
+/// a join: as `NOT EXISTS`, on statistics never taken it read the whole
+/// account's index into an anti-join for every batch (4.3 s for 100
+/// events on 300,000 rows, measured), as `per_batch!`'s module docs warn; `taken`
 /// upserts their entities, in address order (so that overlapping batches
 /// lock them in one order), each taken or left held as
 /// [`CLAIM_ORDERED`]'s `DO UPDATE` decides ([`taking_the_entity!`]); then
@@ -269,11 +273,12 @@ macro_rules! claim_ordered_batch_statement {
                              $11::bigint[]) \
                       AS item(address, identity, fingerprint, entity, entity_identity, \
                               event_order) \
-                 WHERE NOT EXISTS (SELECT FROM idem_records r \
-                                   WHERE r.account = $1 AND r.kind = 'claim' \
-                                     AND r.address = item.address AND ",
+                 LEFT JOIN LATERAL (SELECT true AS found FROM idem_records r \
+                                    WHERE r.account = $1 AND r.kind = 'claim' \
+                                      AND r.address = item.address AND ",
             $namespace_test,
-            ") \
+            "                       LIMIT 1) AS own ON true \
+                 WHERE own.found IS NULL \
              ), taken AS ( \
                  INSERT INTO idem_records AS e \
                    (account, kind, address, namespace, state, identity, held_by, event_order) \
