@@ -25,6 +25,7 @@ use crate::store::{self, Commit, Engine, NewClaim};
 // Said by every caller of `acquire`: whether a replay is wanted.
 pub(crate) use crate::store::KeptValue;
 use crate::via::Via;
+use crate::wakeup::Listening;
 
 /// How often a claim re-tries, without `wait`, when the slot it lost is free
 /// again by the time it looks (the holder failed and released in between).
@@ -149,6 +150,9 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
     let wait = Wait::of(mode);
     let mut poll = WAIT_FIRST_POLL;
     let mut freed = 0;
+    // Subscribed to wake-ups for the slot, once a claim of another process
+    // is waited on.
+    let mut listening: Option<Listening> = None;
     // A claim rolled back by a serialization failure or deadlock is sent
     // again; one whose connection died is not (its insert may have
     // committed, and a retry would find its own row and report it as
@@ -215,6 +219,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                     && let Some(mut attached) = contender.attach(via) =>
             {
                 freed = 0;
+                listening = None;
                 tokio::select! {
                     landed = attached.landed() => {
                         // Answered by what landed, or (the holder went
@@ -234,8 +239,42 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                     }
                 }
             }
-            // Held by another (or freed on every attempt) while a wait is
-            // not over: pause, then look again.
+            // Held by a claim of another process while a wait is not over:
+            // be woken when its outcome lands, looking now and then.
+            Concluded::Undecided(Undecided::HeldByAnother)
+                if wait.goes_on()
+                    && let Some(fence) = contender.holder_seen(via) =>
+            {
+                freed = 0;
+                match contender.listen(fence, &mut listening, via).await {
+                    Listen::Listening(listening) => {
+                        tokio::select! {
+                            // Landed, or the wake-up may have been lost:
+                            // look at once.
+                            () = listening.woken() => poll = WAIT_FIRST_POLL,
+                            () = tokio::time::sleep(wait.pause(ATTACHED_LOOK)) => {}
+                            _ = &mut stop => {
+                                contender.refused(&Rejected::InFlight);
+                                return Err(Rejected::InFlight);
+                            }
+                        }
+                    }
+                    // The row changed before the mark: look at once.
+                    Listen::Look => {}
+                    Listen::Poll => {
+                        tokio::select! {
+                            () = tokio::time::sleep(wait.pause(poll)) => {}
+                            _ = &mut stop => {
+                                contender.refused(&Rejected::InFlight);
+                                return Err(Rejected::InFlight);
+                            }
+                        }
+                        poll = (poll * 2).min(WAIT_LONGEST_POLL);
+                    }
+                }
+            }
+            // Freed on every attempt while a wait is not over: pause, then
+            // look again.
             Concluded::Undecided(_) if wait.goes_on() => {
                 freed = 0;
                 tokio::select! {
@@ -254,6 +293,16 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
             }
         }
     }
+}
+
+/// What a duplicate waiting on a claim of another process does next.
+enum Listen<'l> {
+    /// Await a wake-up (and look now and then).
+    Listening(&'l mut Listening),
+    /// The claim changed before it was marked: look at once.
+    Look,
+    /// No wake-up to be had (no listener yet, the mark failed): poll.
+    Poll,
 }
 
 /// How long a duplicate that finds its slot held waits for it.
@@ -728,11 +777,63 @@ impl<'a> Contender<'a> {
     /// the slot, if this process holds it (and `via` is no transaction of
     /// the caller's, whose reads may not see what lands).
     fn attach(&self, via: &Via<'_>) -> Option<crate::attach::Attached> {
-        let fence = self.held_by.swap(NO_FENCE, Ordering::Relaxed);
+        let fence = self.held_by.load(Ordering::Relaxed);
         if fence == NO_FENCE || via.in_transaction() {
             return None;
         }
-        self.slots.in_flight().attach(fence)
+        let attached = self.slots.in_flight().attach(fence)?;
+        self.held_by.store(NO_FENCE, Ordering::Relaxed);
+        Some(attached)
+    }
+
+    /// The fence of the pending row the last look found holding the slot,
+    /// taken (each look's once), unless `via` is the caller's transaction.
+    fn holder_seen(&self, via: &Via<'_>) -> Option<i64> {
+        let fence = self.held_by.swap(NO_FENCE, Ordering::Relaxed);
+        (fence != NO_FENCE && !via.in_transaction()).then_some(fence)
+    }
+
+    /// Subscribes to the wake-up of the slot (`wakeup`), kept in
+    /// `listening` across looks, and marks the claim of `fence` as waited
+    /// on unless a waiter of this process has: what to do next.
+    async fn listen<'l>(
+        &self,
+        fence: i64,
+        listening: &'l mut Option<Listening>,
+        via: &mut Via<'_>,
+    ) -> Listen<'l> {
+        if listening.is_none() {
+            *listening = self
+                .slots
+                .wakeups()
+                .listen(self.slots.pool(), &self.address)
+                .await;
+        }
+        let Some(subscribed) = listening.as_mut() else {
+            return Listen::Poll;
+        };
+        if subscribed.marked(fence) {
+            return Listen::Listening(subscribed);
+        }
+        let scope = self.slots.scope();
+        let marked = async {
+            let mut conn = via.connection().await?;
+            store::mark_awaited(&mut *conn, scope, &self.address, fence).await
+        }
+        .await;
+        match marked {
+            Ok(true) => {
+                subscribed.mark(fence);
+                Listen::Listening(subscribed)
+            }
+            Ok(false) => Listen::Look,
+            Err(error) => {
+                slot_event!(debug, self, error = %error,
+                    "could not mark the claim waited on; polling it instead"
+                );
+                Listen::Poll
+            }
+        }
     }
 
     /// What `landed` (the outcome of the claim this caller attached to)

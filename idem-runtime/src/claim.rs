@@ -480,8 +480,11 @@ impl Claim {
         let recorded = match retry::repeat_recording!(via, |conn| {
             store::hold_in_doubt(&mut *conn, scope, address, fence, reason).await
         }) {
-            Ok(true) => Ok(()),
-            Ok(false) => held.no_longer_ours(outcome, via).await,
+            Ok(wrote @ store::Wrote::Row { .. }) => {
+                held.wake(wrote, via).await;
+                Ok(())
+            }
+            Ok(store::Wrote::Nothing) => held.no_longer_ours(outcome, via).await,
             Err(error) => Err(Rejected::from_store(error)),
         };
         if recorded.is_ok() {
@@ -599,9 +602,10 @@ impl WonSlot {
             };
         }
         match attempt {
-            Ok(true) => {
+            Ok(wrote @ store::Wrote::Row { .. }) => {
                 self.remember(written, via);
                 self.land(written, via);
+                self.wake(wrote, via).await;
                 Ok(())
             }
             // A claim made inside the caller's transaction is that
@@ -610,7 +614,7 @@ impl WonSlot {
             // another connection. Looking further would write a late
             // success into what looks like a vacant slot, and wait forever
             // on the row the claim's own open transaction holds.
-            Ok(false) if self.in_transaction => {
+            Ok(store::Wrote::Nothing) if self.in_transaction => {
                 let misused = Rejected::WrongConnection {
                     called: match outcome {
                         Outcome::Succeeded(_) => {
@@ -636,7 +640,7 @@ impl WonSlot {
                 Decision::Unrecorded(&misused).observed_only();
                 Err(misused)
             }
-            Ok(false) => {
+            Ok(store::Wrote::Nothing) => {
                 let found = self.no_longer_ours(outcome, via).await;
                 // `Ok` here is this holder's own outcome after all (an
                 // earlier attempt whose reply was lost, a late success over
@@ -705,15 +709,40 @@ impl WonSlot {
         });
     }
 
+    /// Wakes the duplicates waiting on this claim in other processes, when
+    /// the outcome statement that `wrote` found one marked it
+    /// (`store::MARK_AWAITED`): one more statement, sent only then. Not
+    /// from inside the caller's transaction, which a failed notification
+    /// would abort (its waiters look once a second). A wake-up that fails
+    /// is only lost time: the waiters look for themselves.
+    async fn wake(&self, wrote: store::Wrote, via: &mut Via<'_>) {
+        if !wrote.awaited() || via.in_transaction() {
+            return;
+        }
+        let woken = async {
+            let mut conn = via.connection().await?;
+            store::wake(&mut *conn, &self.address).await
+        }
+        .await;
+        if let Err(error) = woken {
+            self.event(
+                tracing::Level::DEBUG,
+                "the wake-up of duplicates waiting in other processes was not sent; they look \
+                 for themselves",
+                Some(&Rejected::from_store(error)),
+            );
+        }
+    }
+
     /// One settle or release statement, retried after a transient failure
-    /// (it is matched on the fence, so a repeat changes nothing). `false`:
-    /// no pending row under this fence.
+    /// (it is matched on the fence, so a repeat changes nothing).
+    /// [`store::Wrote::Nothing`]: no pending row under this fence.
     async fn record_once(
         &self,
         outcome: Outcome<Option<&str>>,
         carried: Option<&mut (store::CarriedRecord<'_>, &mut bool)>,
         via: &mut Via<'_>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<store::Wrote, sqlx::Error> {
         let (scope, address, fence) = (self.slots.scope(), &*self.address, self.fence);
         // Inside the caller's transaction `synchronous_commit = off` would
         // hold for the caller's whole commit (the guard refuses the two

@@ -54,6 +54,7 @@ mod step;
 mod store;
 mod stored_value;
 mod via;
+mod wakeup;
 
 pub use claim::Claim;
 pub use detach::{Detached, Shutdown};

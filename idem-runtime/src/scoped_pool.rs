@@ -19,6 +19,7 @@ use crate::error::Rejected;
 use crate::metrics::MetricsOptions;
 use crate::settled::Final;
 use crate::store::{Engine, Scope};
+use crate::wakeup::Wakeups;
 
 /// The longest account or namespace name, in bytes. Both lead the unique
 /// indexes, whose entries PostgreSQL caps at about 2.7 kB; a longer name
@@ -61,6 +62,9 @@ pub(crate) struct ScopedPool {
     /// attaches to instead of polling; shared by every scoped copy (keyed
     /// by fence, unique across the table).
     in_flight: Arc<InFlight>,
+    /// The duplicates of this process waiting on claims of other
+    /// processes, and the listener that wakes them; shared likewise.
+    wakeups: Wakeups,
 }
 
 impl ScopedPool {
@@ -78,12 +82,18 @@ impl ScopedPool {
             metrics: MetricsOptions::new(),
             step_record_wait: STEP_RECORD_WAIT,
             in_flight: Arc::default(),
+            wakeups: Wakeups::default(),
         }
     }
 
     /// The claims this process holds in flight on this gate.
     pub(crate) fn in_flight(&self) -> &Arc<InFlight> {
         &self.in_flight
+    }
+
+    /// The waiters of this process on claims of other processes.
+    pub(crate) fn wakeups(&self) -> &Wakeups {
+        &self.wakeups
     }
 
     pub(crate) fn with_step_record_wait(&self, wait: Duration) -> ScopedPool {

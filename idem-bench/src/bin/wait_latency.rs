@@ -1,28 +1,31 @@
 //! How soon does a waiting duplicate (`wait = "5s"`) learn that the holder
-//! finished? Today's polling (10 ms, backing off to 250 ms), against
-//! attaching to the holder in the same process (issue 42, item 2), and
-//! against `LISTEN`/`NOTIFY` as a reference for a waiter in another
-//! process. One run, one PostgreSQL, ratios printed.
+//! finished? Polling as every waiter did before issue 42 (10 ms, backing
+//! off to 250 ms), against the two ways a waiter learns it now: attached to
+//! the holder in the same process, and woken by the holder's notification
+//! in another (schema version 13), with a bare `LISTEN`/`NOTIFY` as the
+//! floor of the latter. One run, one PostgreSQL, ratios printed.
 //!
 //! ```text
 //! cargo run -p idem-bench --release --bin wait_latency
 //! ```
 //!
 //! - wake-up latency: from the holder's settle returning to the waiting
-//!   duplicate's answer. "Polling" is a waiter on a second gate on its own
-//!   pool (another process, as far as idem can tell: its gate holds no
-//!   claim of the other's), which polls exactly as every waiter did before
-//!   attaching; "attached" is a waiter on the holder's own gate.
+//!   duplicate's answer. "Polling" is a duplicate on a second gate on its
+//!   own pool (another process, as far as idem can tell: its gate holds no
+//!   claim of the other's) that claims again on the schedule every waiter
+//!   kept before; "woken" is `wait` on that second gate; "attached" is
+//!   `wait` on the holder's own gate.
 //! - the plain settle with no waiter: claims and settles, paired in the
-//!   same run, on a gate that attaches (registering each claim) and,
-//!   alternating with it, the same named statements sent through the store
-//!   below the gate (no registration), so that both meet the same server at
-//!   the same moments.
+//!   same run, through a gate (which registers each claim for attaching,
+//!   and whose settle returns whether anybody waits) and, alternating with
+//!   it, the claim statement and the settle as it was before schema
+//!   version 13 (no `RETURNING`) sent by hand, so that both meet the same
+//!   server at the same moments.
 
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use idem::__internal::store::{Commit, Engine, Scope, claims};
+use idem::__internal::store::{Engine, Scope, claims};
 use idem::sqlx::postgres::PgListener;
 use idem::{Gate, Identity, Rejected};
 use idem_test_support::database;
@@ -30,6 +33,13 @@ use idem_test_support::database;
 const TRIALS: usize = 40;
 const SETTLES: usize = 400;
 const CHANNEL: &str = "idem_wait_latency";
+
+/// The settle of a claim without a namespace as schema version 12 sent it:
+/// no `RETURNING` (version 13 returns whether anybody waits).
+const SETTLE_BEFORE_V13: &str = "UPDATE idem_records \
+     SET state = 'success', settled_at = statement_timestamp(), lease_expires_at = NULL, output_json = $5 \
+     WHERE account = $1 AND kind = 'claim' AND address = $2 AND namespace IS NULL AND $3::text IS NULL \
+       AND state = 'pending' AND fence = $4";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -45,18 +55,20 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut listener = PgListener::connect(&database.url).await?;
     listener.listen(CHANNEL).await?;
 
-    let (mut polled, mut attached, mut notified) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut polled, mut woken, mut attached, mut notified) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for trial in 0..TRIALS {
         // Bodies of 20 to 115 ms, the same sequence for every strategy.
         let body = Duration::from_millis(20 + (trial as u64 * 37) % 96);
-        polled.push(wake(&gate, &elsewhere, "poll", trial, body).await?);
-        attached.push(wake(&gate, &gate, "attach", trial, body).await?);
+        polled.push(wake(&gate, &elsewhere, Waiter::Polls, trial, body).await?);
+        woken.push(wake(&gate, &elsewhere, Waiter::Waits("woken"), trial, body).await?);
+        attached.push(wake(&gate, &gate, Waiter::Waits("attach"), trial, body).await?);
         notified.push(wake_by_notify(&gate, &mut listener, trial, body).await?);
     }
 
     let (registered, by_hand) = settle_throughput(&gate).await?;
 
-    for run in [&mut polled, &mut attached, &mut notified] {
+    for run in [&mut polled, &mut woken, &mut attached, &mut notified] {
         run.sort();
     }
     let pct = |v: &[Duration], p: usize| v[(v.len() * p / 100).min(v.len() - 1)];
@@ -69,6 +81,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
         "| polling, a waiter in another gate (10 ms backing off to 250 ms: every waiter before) | {:?} | {:?} | 1× |",
         pct(&polled, 50),
         pct(&polled, 99)
+    );
+    println!(
+        "| woken, a waiter in another gate (its holder notifies: schema version 13) | {:?} | {:?} | {:.0}× |",
+        pct(&woken, 50),
+        pct(&woken, 99),
+        sooner(pct(&woken, 50))
     );
     println!(
         "| attached, a waiter in the holder's process | {:?} | {:?} | {:.0}× |",
@@ -87,14 +105,25 @@ async fn main() -> Result<(), Box<dyn Error>> {
     );
     println!("| claim + settle | mean | ratio |");
     println!("|---|---|---|");
-    println!("| the same statements by hand (no registration) | {by_hand:?} | 1.00 |");
     println!(
-        "| through the gate (registered for attaching) | {registered:?} | {:.3} |",
+        "| the claim, and the settle as before schema version 13, by hand | {by_hand:?} | 1.00 |"
+    );
+    println!(
+        "| through the gate (registered for attaching, returning whether anybody waits) | {registered:?} | {:.3} |",
         ratio(registered, by_hand)
     );
     gate.pool().close().await;
     elsewhere.pool().close().await;
     Ok(())
+}
+
+/// How the duplicate waits.
+#[derive(Clone, Copy)]
+enum Waiter {
+    /// Claims again on the schedule every waiter kept before issue 42.
+    Polls,
+    /// `wait`, as idem does it now; the action's label.
+    Waits(&'static str),
 }
 
 /// The holder claims on `holder`, works for `body`, settles; a duplicate
@@ -103,10 +132,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
 async fn wake(
     holder: &Gate,
     waiter: &Gate,
-    label: &str,
+    how: Waiter,
     trial: usize,
     body: Duration,
 ) -> Result<Duration, Box<dyn Error>> {
+    let label = match how {
+        Waiter::Polls => "poll",
+        Waiter::Waits(label) => label,
+    };
     let id = Identity::new(label).part(trial);
     let claim = holder.claim(&id).await?;
     let holding = async {
@@ -116,7 +149,19 @@ async fn wake(
     };
     let waiting = async {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let answer = waiter.guard(&id).wait(Duration::from_secs(5)).claim().await;
+        let answer = match how {
+            Waiter::Waits(_) => waiter.guard(&id).wait(Duration::from_secs(5)).claim().await,
+            Waiter::Polls => {
+                let mut poll = Duration::from_millis(10);
+                loop {
+                    match waiter.claim(&id).await {
+                        Err(Rejected::InFlight) => tokio::time::sleep(poll).await,
+                        answer => break answer,
+                    }
+                    poll = (poll * 2).min(Duration::from_millis(250));
+                }
+            }
+        };
         (answer.map(|_| ()), Instant::now())
     };
     let (settled, (answer, answered)) = tokio::join!(holding, waiting);
@@ -207,16 +252,15 @@ async fn settle_throughput(gate: &Gate) -> Result<(Duration, Duration), Box<dyn 
         let claims::ClaimAnswer::Won(fence) = answer else {
             return Err(format!("a fresh slot is won: {answer:?}").into());
         };
-        let settled = claims::settle(
-            &mut *gate.pool().acquire().await?,
-            scope,
-            &address,
-            fence,
-            None,
-            Commit::Durable,
-        )
-        .await?;
-        if !settled {
+        let settled = idem::sqlx::query(SETTLE_BEFORE_V13)
+            .bind(scope.account)
+            .bind(&address)
+            .bind(scope.namespace)
+            .bind(fence)
+            .bind(None::<&str>)
+            .execute(&mut *gate.pool().acquire().await?)
+            .await?;
+        if settled.rows_affected() != 1 {
             return Err("the settle matched its own claim".into());
         }
         by_hand += started.elapsed();

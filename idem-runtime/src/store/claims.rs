@@ -310,6 +310,29 @@ pub const LOOKUP: SplitOnNamespace = per_row!(concat!(
          FROM idem_records"
 ));
 
+/// The end of an outcome statement over a holder's own row: whether a
+/// duplicate in another process waits on it ([`MARK_AWAITED`]), so that
+/// the holder wakes it (`wakeup`); `false` for the rows nobody marked.
+macro_rules! awaited {
+    () => {
+        "RETURNING coalesce(awaited, false)"
+    };
+}
+
+/// Marks a pending claim as waited on by a duplicate in another process
+/// (schema version 13), if it is still the one that was seen (`$4`, its
+/// fence): the outcome statements then return the mark ([`awaited!`]), and
+/// its holder wakes the waiters. Sent only by a waiter, once per claim it
+/// waits on, after it listens: either the holder's outcome statement sees
+/// the mark, or the mark finds the row no longer pending under that fence
+/// (and the waiter looks). No index reads the column, so the update is
+/// heap-only where the page has room. Index: the partial unique index of
+/// its form.
+pub const MARK_AWAITED: SplitOnNamespace = per_row!(
+    "UPDATE idem_records SET awaited = true",
+    "state = 'pending' AND fence = $4"
+);
+
 /// Marks the holder's pending claim settled. `$4`: the holder's fence; `$5`:
 /// the output to keep, or NULL. The output
 /// is kept as the text serde_json wrote, not as `jsonb`, which refuses some
@@ -324,7 +347,8 @@ pub const SETTLE: PerCommit<SplitOnNamespace> = per_commit!(
     per_row!(
         "UPDATE idem_records \
          SET state = 'success', settled_at = statement_timestamp(), lease_expires_at = NULL, output_json = $5",
-        "state = 'pending' AND fence = $4"
+        "state = 'pending' AND fence = $4";
+        awaited!()
     )
 );
 
@@ -347,7 +371,7 @@ macro_rules! settle_carrying_step {
                WHERE account = $1 AND kind = 'claim' AND address = $2 AND ",
             $namespace_test,
             " AND state = 'pending' AND fence = $4 \
-               RETURNING 1) ",
+               RETURNING awaited) ",
             $select
         )
     };
@@ -367,7 +391,8 @@ pub const SETTLE_CARRYING_STEP: PerCommit<SplitOnNamespace> = per_commit!(
     opening "FROM",
     settle_carrying_step!(
         "SELECT EXISTS (SELECT FROM settled) AS settled, \
-                EXISTS (SELECT FROM recorded) AS recorded"
+                EXISTS (SELECT FROM recorded) AS recorded, \
+                coalesce((SELECT awaited FROM settled), false) AS awaited"
     )
 );
 
@@ -380,7 +405,7 @@ pub const RELEASE: PerCommit<SplitOnNamespace> = per_commit!(
     per_row!(
         "WITH released AS (DELETE FROM idem_records",
         "state = 'pending' AND fence = $4";
-        released("1", "")
+        released("awaited", "coalesce(r.awaited, false)")
     )
 );
 
@@ -392,7 +417,8 @@ pub const KEEP: PerCommit<SplitOnNamespace> = per_commit!(
     per_row!(
         "UPDATE idem_records \
          SET state = 'failed', settled_at = statement_timestamp(), lease_expires_at = NULL, state_reason = $5",
-        "state = 'pending' AND fence = $4"
+        "state = 'pending' AND fence = $4";
+        awaited!()
     )
 );
 
@@ -405,7 +431,8 @@ pub const HOLD_IN_DOUBT: SplitOnNamespace = per_row!(
     "UPDATE idem_records \
      SET state = 'in_doubt', lease_expires_at = NULL, state_reason = $5, \
          in_doubt_since = now()",
-    "state = 'pending' AND fence = $4"
+    "state = 'pending' AND fence = $4";
+    awaited!()
 );
 
 /// Turns a pending claim whose lease ran out in doubt, if it is still the
@@ -540,6 +567,46 @@ pub const SETTLE_VACANT: SplitOnNamespace = SplitOnNamespace {
     within_namespace: settle_vacant_statement!("e.namespace = $3"),
 };
 
+/// What an outcome statement over a holder's own row did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Wrote {
+    /// No pending row under the holder's fence: it changed nothing.
+    Nothing,
+    /// It wrote the holder's row. `awaited`: a duplicate in another
+    /// process waits on it ([`MARK_AWAITED`]), to be woken.
+    Row {
+        /// Somebody waits on the row.
+        awaited: bool,
+    },
+}
+
+impl Wrote {
+    /// Whether it changed the holder's row.
+    pub fn changed(self) -> bool {
+        matches!(self, Wrote::Row { .. })
+    }
+
+    /// Whether a duplicate in another process waits on what was written.
+    pub fn awaited(self) -> bool {
+        matches!(self, Wrote::Row { awaited: true })
+    }
+}
+
+/// Runs `query`, an outcome statement matched on one holder's row that
+/// ends in [`awaited!`]: what it wrote.
+async fn wrote_one<'e>(
+    query: Query<'_, Postgres, PgArguments>,
+    executor: impl PgExecutor<'e>,
+) -> Result<Wrote, sqlx::Error> {
+    Ok(match query.fetch_optional(executor).await? {
+        None => Wrote::Nothing,
+        Some(row) => Wrote::Row {
+            awaited: row.try_get(0)?,
+        },
+    })
+}
+
 /// Runs `query` (a statement matched on one row's address and fence, or an
 /// insert into one slot); `true` when it changed exactly that row.
 pub(super) async fn changed_one<'e>(
@@ -666,8 +733,8 @@ pub async fn lookup<'e>(
         .transpose()
 }
 
-/// Marks a pending claim settled, keeping `output`. `false`: the row is no
-/// longer pending under this fence.
+/// Marks a pending claim settled, keeping `output`. [`Wrote::Nothing`]:
+/// the row is no longer pending under this fence.
 pub async fn settle<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
@@ -675,9 +742,9 @@ pub async fn settle<'e>(
     fence: i64,
     output: Option<&str>,
     commit: Commit,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Wrote, sqlx::Error> {
     let statement = SETTLE.committing(commit);
-    changed_one(
+    wrote_one(
         statement.for_row(scope, address).bind(fence).bind(output),
         executor,
     )
@@ -705,7 +772,13 @@ pub(crate) async fn settle_carrying_step<'e>(
         .fetch_one(executor)
         .await?;
     Ok(SettledCarrying {
-        settled: row.try_get("settled")?,
+        settled: if row.try_get("settled")? {
+            Wrote::Row {
+                awaited: row.try_get("awaited")?,
+            }
+        } else {
+            Wrote::Nothing
+        },
         recorded: row.try_get("recorded")?,
     })
 }
@@ -713,27 +786,28 @@ pub(crate) async fn settle_carrying_step<'e>(
 /// What [`SETTLE_CARRYING_STEP`] wrote.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SettledCarrying {
-    /// The claim was settled.
-    pub settled: bool,
+    /// What the settle wrote.
+    pub settled: Wrote,
     /// The step's record went over the holder's marker.
     pub recorded: bool,
 }
 
-/// Deletes a pending claim. `false`: the row is no longer pending under
-/// this fence.
+/// Deletes a pending claim. [`Wrote::Nothing`]: the row is no longer
+/// pending under this fence.
 pub async fn release<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
     fence: i64,
     commit: Commit,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Wrote, sqlx::Error> {
     let statement = RELEASE.committing(commit);
-    changed_one(statement.for_row(scope, address).bind(fence), executor).await
+    wrote_one(statement.for_row(scope, address).bind(fence), executor).await
 }
 
 /// Keeps a pending claim as a definite failure ([`KEEP`]), saying why in
-/// `reason`. `false`: the row is no longer pending under this fence.
+/// `reason`. [`Wrote::Nothing`]: the row is no longer pending under this
+/// fence.
 pub async fn keep<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
@@ -741,25 +815,64 @@ pub async fn keep<'e>(
     fence: i64,
     commit: Commit,
     reason: &str,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Wrote, sqlx::Error> {
     let statement = KEEP.committing(commit);
-    changed_one(
+    wrote_one(
         statement.for_row(scope, address).bind(fence).bind(reason),
         executor,
     )
     .await
 }
 
+/// Marks the pending claim of `fence` as waited on ([`MARK_AWAITED`]).
+/// `false`: the row is no longer pending under this fence (look at it).
+pub(crate) async fn mark_awaited<'e>(
+    executor: impl PgExecutor<'e>,
+    scope: Scope<'_>,
+    address: &str,
+    fence: i64,
+) -> Result<bool, sqlx::Error> {
+    changed_one(MARK_AWAITED.for_row(scope, address).bind(fence), executor).await
+}
+
+/// The text of [`LANDED_CHANNEL`], a macro so that [`WAKE`] joins it.
+macro_rules! landed_channel {
+    () => {
+        "idem_landed"
+    };
+}
+
+/// The channel a holder wakes the duplicates waiting in other processes on
+/// ([`WAKE`]); its payload is the claim's address.
+pub(crate) const LANDED_CHANNEL: &str = landed_channel!();
+
+/// Wakes the duplicates waiting on a claim in other processes: sent by its
+/// holder after an outcome statement found the claim marked
+/// ([`MARK_AWAITED`]), never otherwise. `$1`: the claim's address. A
+/// notification sent from an autocommitted statement is delivered at
+/// once; the channel is [`LANDED_CHANNEL`].
+pub const WAKE: &str = concat!("SELECT pg_notify('", landed_channel!(), "', $1)");
+
+/// Sends [`WAKE`] for the claim at `address`.
+pub(crate) async fn wake<'e>(
+    executor: impl PgExecutor<'e>,
+    address: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(WAKE).bind(address).execute(executor).await?;
+    Ok(())
+}
+
 /// Holds a pending claim in doubt ([`HOLD_IN_DOUBT`]), saying why in
-/// `reason`. `false`: the row is no longer pending under this fence.
+/// `reason`. [`Wrote::Nothing`]: the row is no longer pending under this
+/// fence.
 pub async fn hold_in_doubt<'e>(
     executor: impl PgExecutor<'e>,
     scope: Scope<'_>,
     address: &str,
     fence: i64,
     reason: &str,
-) -> Result<bool, sqlx::Error> {
-    changed_one(
+) -> Result<Wrote, sqlx::Error> {
+    wrote_one(
         HOLD_IN_DOUBT
             .for_row(scope, address)
             .bind(fence)

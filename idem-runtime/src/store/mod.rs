@@ -94,10 +94,10 @@ pub(crate) use batch::{NewBatchItem, claim_batch, lookup_batch, record_batch};
 // The batch claim's text, for benchmarks (`idem::__internal`).
 pub(crate) use batch::CLAIM_BATCH;
 pub(crate) use claims::{
-    BODY_IN_DOUBT, ClaimAnswer, Existing, KEPT_FAILURE, KeptValue, LATE_SUCCESS, LEASE_EXPIRED,
-    LateSuccess, NewClaim, SettledCarrying, Windows, Within, claim, expire_in_doubt, extend,
-    hold_in_doubt, keep, lookup, release, reopen_expired, settle, settle_carrying_step,
-    settle_over, settle_own_hold, settle_vacant, take_over,
+    BODY_IN_DOUBT, ClaimAnswer, Existing, KEPT_FAILURE, KeptValue, LANDED_CHANNEL, LATE_SUCCESS,
+    LEASE_EXPIRED, LateSuccess, NewClaim, SettledCarrying, Windows, Within, Wrote, claim,
+    expire_in_doubt, extend, hold_in_doubt, keep, lookup, mark_awaited, release, reopen_expired,
+    settle, settle_carrying_step, settle_over, settle_own_hold, settle_vacant, take_over, wake,
 };
 pub(crate) use operations::{ClaimState, StepState};
 pub(crate) use ordered::{NewOrderedItem, OrderedBy, claim_ordered_batch};

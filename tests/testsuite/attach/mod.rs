@@ -21,6 +21,9 @@ use tokio::sync::{Barrier, Notify};
 #[cfg(all(feature = "tower", feature = "axum"))]
 mod http;
 
+// A holder in another process wakes its waiters when they marked its claim.
+mod across_processes;
+
 // Every promise of the docs attacked at its edges (leases run out under an
 // attached waiter, takeovers, late successes, modes that differ, claims by
 // hand, batches, detached runs, transactions, faults, the cache).

@@ -252,6 +252,7 @@ fn cases(namespace: Option<&'static str>) -> Vec<Case> {
             &[Int(1), reason],
             lookup,
         ),
+        per_row("mark_awaited", &claims::MARK_AWAITED, &[Int(1)], lookup),
         per_row(
             "expire_in_doubt",
             &claims::EXPIRE_IN_DOUBT,

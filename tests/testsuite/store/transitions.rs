@@ -87,11 +87,13 @@ async fn claim_path_changes_nothing(conn: &mut PgConnection, address: &str, fenc
         !claims::settle(&mut *conn, SCOPE, address, fence, None, Commit::Durable)
             .await
             .expect("settle")
+            .changed()
     );
     assert!(
         !claims::release(&mut *conn, SCOPE, address, fence, Commit::Durable)
             .await
             .expect("release")
+            .changed()
     );
     assert!(
         !claims::extend(&mut *conn, SCOPE, address, fence, 1_000_000)
@@ -115,11 +117,13 @@ async fn claim_path_changes_nothing(conn: &mut PgConnection, address: &str, fenc
         )
         .await
         .expect("keep")
+        .changed()
     );
     assert!(
         !claims::hold_in_doubt(&mut *conn, SCOPE, address, fence, "body_in_doubt")
             .await
             .expect("hold in doubt")
+            .changed()
     );
     assert!(
         !claims::expire_in_doubt(&mut *conn, SCOPE, address, fence)
@@ -137,13 +141,15 @@ async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_
     assert!(
         !claims::hold_in_doubt(&mut *conn, SCOPE, address, fence + 1, "body_in_doubt")
             .await
-            .expect("hold in doubt"),
+            .expect("hold in doubt")
+            .changed(),
         "another fence holds nothing"
     );
     assert!(
         claims::hold_in_doubt(&mut *conn, SCOPE, address, fence, "body_in_doubt")
             .await
             .expect("hold in doubt")
+            .changed()
     );
     let held = look(&mut *conn, address).await;
     assert_eq!(held.state, ClaimState::InDoubt);
@@ -195,6 +201,7 @@ async fn a_kept_failure_is_settled_failed_and_never_over_a_success() {
             claims::keep(&mut *conn, SCOPE, address, fence, commit, "kept_failure")
                 .await
                 .expect("keep")
+                .changed()
         );
         let kept = look(&mut *conn, address).await;
         assert_eq!(kept.state, ClaimState::Failed);
@@ -212,6 +219,7 @@ async fn a_kept_failure_is_settled_failed_and_never_over_a_success() {
         claims::settle(&mut *conn, SCOPE, address, fence, None, Commit::Durable)
             .await
             .expect("settle")
+            .changed()
     );
     claim_path_changes_nothing(&mut *conn, address, fence).await;
     assert_eq!(look(&mut *conn, address).await.state, ClaimState::Success);
