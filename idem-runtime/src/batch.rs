@@ -1220,10 +1220,33 @@ async fn record<R>(
     (results, panicked)
 }
 
+/// Wakes the duplicates waiting in other processes on the claims at
+/// `addresses`, just recorded. A wake-up not sent is only lost time: they
+/// look for themselves.
+async fn wake(slots: &ScopedPool, addresses: &[&str]) {
+    let woken = async {
+        let mut conn = slots.pool().acquire().await?;
+        store::wake_all(&mut *conn, addresses).await
+    }
+    .await;
+    if let Err(error) = woken {
+        tracing::debug!(
+            target: "idem",
+            account = slots.account(),
+            namespace = slots.namespace(),
+            items = addresses.len(),
+            error = %error,
+            "the wake-up of duplicates waiting in other processes was not sent; they look for \
+             themselves"
+        );
+    }
+}
+
 /// The one statement of `group`, repeated after a transient failure (it is
 /// matched on each claim's fence, so a repeat changes nothing): the
 /// addresses it changed, or `None` when it failed (every member is then
-/// recorded alone).
+/// recorded alone). Duplicates in other processes waiting on any of them
+/// are woken, by one statement more, sent only then.
 async fn record_group<R>(slots: &ScopedPool, group: &Group<R>) -> Option<HashSet<String>> {
     let mut addresses = Vec::with_capacity(group.members.len());
     let mut fences = Vec::with_capacity(group.members.len());
@@ -1251,7 +1274,17 @@ async fn record_group<R>(slots: &ScopedPool, group: &Group<R>) -> Option<HashSet
         .await,
     );
     match recorded {
-        Ok(changed) => Some(changed.into_iter().collect()),
+        Ok(changed) => {
+            let awaited: Vec<&str> = changed
+                .iter()
+                .filter(|(_, awaited)| *awaited)
+                .map(|(address, _)| address.as_str())
+                .collect();
+            if !awaited.is_empty() {
+                wake(slots, &awaited).await;
+            }
+            Some(changed.into_iter().map(|(address, _)| address).collect())
+        }
         Err(error) => {
             tracing::warn!(
                 target: "idem",

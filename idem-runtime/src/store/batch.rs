@@ -245,7 +245,7 @@ macro_rules! on_held {
             $head,
             $items,
             "r.state = 'pending' AND r.fence = item.fence",
-            "RETURNING r.address"
+            "RETURNING r.address, coalesce(r.awaited, false) AS awaited"
         )
     };
 }
@@ -291,7 +291,7 @@ pub const SETTLE_BATCH: PerCommit<PerEngine> =
 macro_rules! releasing_batch {
     ($entity_namespace_test:literal) => {
         concat!(
-            "RETURNING r.address, r.entity), \
+            "RETURNING r.address, r.entity, r.awaited), \
              stamped AS (UPDATE idem_records s SET released_at = now() FROM released \
                          WHERE s.account = $1 AND s.kind = 'step' \
                            AND s.claim_address = released.address \
@@ -302,7 +302,7 @@ macro_rules! releasing_batch {
                          AND e.address = released.entity AND ",
             $entity_namespace_test,
             "            AND e.held_by = released.address) \
-             SELECT address FROM released"
+             SELECT address, coalesce(awaited, false) AS awaited FROM released"
         )
     };
 }
@@ -398,8 +398,10 @@ pub(crate) async fn lookup_batch<'e>(
 }
 
 /// Records `outcome` for the pending claims at `addresses` held under
-/// `fences` (pairwise), in one statement; the addresses it changed. An
-/// address missing from the answer is no longer pending under its fence.
+/// `fences` (pairwise), in one statement; the addresses it changed, each
+/// with whether a duplicate in another process waits on it
+/// (`claims::MARK_AWAITED`). An address missing from the answer is no
+/// longer pending under its fence.
 /// A settle keeps, per claim, its value of `outputs` (pairwise too; unread
 /// for a failure); a kept failure and a hold in doubt say why in
 /// `state_reason`, as the same outcome of one claim does.
@@ -416,7 +418,7 @@ pub(crate) async fn record_batch<'e>(
     outcome: Outcome,
     outputs: &[Option<&str>],
     commit: Commit,
-) -> Result<Vec<String>, sqlx::Error> {
+) -> Result<Vec<(String, bool)>, sqlx::Error> {
     let query = match outcome {
         Outcome::Succeeded(_) => SETTLE_BATCH
             .committing(commit)
@@ -441,6 +443,6 @@ pub(crate) async fn record_batch<'e>(
         .fetch_all(executor)
         .await?
         .iter()
-        .map(|row| row.try_get("address"))
+        .map(|row| Ok((row.try_get("address")?, row.try_get("awaited")?)))
         .collect()
 }

@@ -853,6 +853,23 @@ pub(crate) const LANDED_CHANNEL: &str = landed_channel!();
 /// once; the channel is [`LANDED_CHANNEL`].
 pub const WAKE: &str = concat!("SELECT pg_notify('", landed_channel!(), "', $1)");
 
+/// [`WAKE`] for the claims at `$1` (`text[]`), in one statement: a
+/// batch's outcomes.
+pub const WAKE_ALL: &str = concat!(
+    "SELECT pg_notify('",
+    landed_channel!(),
+    "', address) FROM unnest($1::text[]) AS address"
+);
+
+/// Sends [`WAKE_ALL`] for the claims at `addresses`.
+pub(crate) async fn wake_all<'e>(
+    executor: impl PgExecutor<'e>,
+    addresses: &[&str],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(WAKE_ALL).bind(addresses).execute(executor).await?;
+    Ok(())
+}
+
 /// Sends [`WAKE`] for the claim at `address`.
 pub(crate) async fn wake<'e>(
     executor: impl PgExecutor<'e>,

@@ -98,6 +98,7 @@ pub(crate) use claims::{
     LEASE_EXPIRED, LateSuccess, NewClaim, SettledCarrying, Windows, Within, Wrote, claim,
     expire_in_doubt, extend, hold_in_doubt, keep, lookup, mark_awaited, release, reopen_expired,
     settle, settle_carrying_step, settle_over, settle_own_hold, settle_vacant, take_over, wake,
+    wake_all,
 };
 pub(crate) use operations::{ClaimState, StepState};
 pub(crate) use ordered::{NewOrderedItem, OrderedBy, claim_ordered_batch};

@@ -321,3 +321,62 @@ async fn a_holder_in_doubt_or_failed_wakes_its_waiter_with_that_refusal() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_wakes_the_waiters_of_its_items_with_one_statement() {
+    let account = testing::unique_name("wake_batch");
+    let (holder_proxy, holder_gate) = gate_in(&account, "wake_batch_holder", 2).await;
+    let (_waiter_proxy, waiter_gate) = gate_in(&account, "wake_batch_waiter", 4).await;
+    let direct = direct().await;
+    let ids: Vec<Identity> = (0..3)
+        .map(|n| Identity::new("wake_batch").part(n))
+        .collect();
+    let mut batch = idem::batch::Batch::new();
+    for id in &ids {
+        batch.push("item", id.clone());
+    }
+    // Every item is claimed before any body runs; the bodies (run one at
+    // a time or together) all wait for `go`.
+    let entered = Notify::new();
+    let (go, gone) = tokio::sync::watch::channel(false);
+    let holder = holder_gate.guard_batch(batch).run(|_| {
+        let mut gone = gone.clone();
+        let entered = &entered;
+        async move {
+            entered.notify_one();
+            let _ = gone.wait_for(|go| *go).await;
+            Ok::<_, JobError>(())
+        }
+    });
+    let waiting = async {
+        entered.notified().await;
+        let waited = futures_util::future::join_all(ids[..2].iter().map(|id| {
+            waiter_gate
+                .guard(id)
+                .wait(Duration::from_secs(60))
+                .run(async { Ok::<_, JobError>(()) })
+        }));
+        let release = async {
+            for id in &ids[..2] {
+                marked(&direct, &account, &id.address()).await;
+            }
+            let from = holder_proxy.executions();
+            go.send_replace(true);
+            from
+        };
+        tokio::join!(within("waiters of a batch's items", waited), release)
+    };
+    let (held, (waited, from)) = tokio::join!(holder, waiting);
+    assert!(held.iter().all(Result::is_ok), "{held:?}");
+    for answer in &waited {
+        assert!(
+            matches!(answer, Err(JobError::Rejected(Rejected::AlreadyDone))),
+            "{waited:?}"
+        );
+    }
+    assert_eq!(
+        holder_proxy.executions() - from,
+        2,
+        "the batch's settle, then one wake-up for both waited items"
+    );
+}
