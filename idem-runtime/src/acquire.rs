@@ -3,7 +3,9 @@
 //! A slot is won by the insert. On conflict, one lookup tells the caller why
 //! (in flight, done, someone else's payload), and may find a lease that ran
 //! out, which is then taken over with a compare-and-swap on its fence. A
-//! duplicate told to wait polls until the slot is decided or its wait is over.
+//! duplicate told to wait until the slot is decided (or its wait is over)
+//! attaches to a holder in this process (`attach`), is woken by one in
+//! another (`wakeup`), and polls only when it can do neither.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

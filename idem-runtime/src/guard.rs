@@ -464,10 +464,15 @@ impl<'a, R, D, P> Guard<'a, R, D, P> {
     /// outcome to its waiters as it records it: no statement, no polling
     /// but a look once a second (the slot can change without its holder: a
     /// stuck holder's lease runs out and a retry takes it over, or an
-    /// earlier holder's late success lands on it). A holder elsewhere is polled, every 10 ms backing off to 250 ms. A
-    /// holder that goes without recording (dropped, taken over, the store
-    /// failing) sends its waiters back to the store at once, then to
-    /// polling: no waiter is left hanging.
+    /// earlier holder's late success lands on it). A holder in another
+    /// process wakes its waiters with a notification it sends only
+    /// because they marked its claim as waited on: the waiter listens (one
+    /// connection per gate, outside its pool, while any of its calls
+    /// waits), marks the claim once, and looks once a second too, so a
+    /// lost wake-up costs at most that; where it cannot listen, it polls,
+    /// every 10 ms backing off to 250 ms. A holder that goes without
+    /// recording (dropped, taken over, the store failing) sends its
+    /// waiters back to the store at once: no waiter is left hanging.
     pub fn wait(mut self, wait: Duration) -> Guard<'a, R, D, P::Pooled>
     where
         P: PoolOption,

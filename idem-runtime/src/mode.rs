@@ -158,7 +158,7 @@ impl Mode {
     }
 
     /// A duplicate that finds the slot in flight waits up to `wait` for it to
-    /// resolve (polling with backoff), then returns the outcome: the stored
+    /// resolve (attached, woken or polling: `acquire`), then returns the outcome: the stored
     /// value (with replay), [`AlreadyDone`](crate::Rejected::AlreadyDone),
     /// or it runs if the holder failed.
     #[must_use]

@@ -866,7 +866,10 @@ pub(crate) async fn wake_all<'e>(
     executor: impl PgExecutor<'e>,
     addresses: &[&str],
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(WAKE_ALL).bind(addresses).execute(executor).await?;
+    sqlx::query(WAKE_ALL)
+        .bind(addresses)
+        .execute(executor)
+        .await?;
     Ok(())
 }
 

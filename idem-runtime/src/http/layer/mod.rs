@@ -490,7 +490,7 @@ impl<Scope, P> IdempotencyLayer<Scope, P> {
     /// answer (and gets it) instead of a 409, as
     /// [`Guard::wait`](crate::Guard::wait) says: handed the stored
     /// response as it is recorded when the first call runs in this process,
-    /// by polling otherwise. Past `wait` it is still answered 409
+    /// woken by its notification when it runs in another. Past `wait` it is still answered 409
     /// `in-flight` with `Retry-After`.
     #[must_use = "`wait` returns the changed layer"]
     pub fn wait(self, wait: Duration) -> IdempotencyLayer<Scope, P::Pooled>
