@@ -21,7 +21,7 @@ use sqlx::{AssertSqlSafe, Executor, PgConnection, Postgres, Row};
 
 use super::batch::{self, PerEngine};
 use super::scratch::Scratch;
-use super::{Engine, catalog};
+use super::{Engine, catalog, ordered};
 
 const ACCOUNT: &str = "hot";
 const NAMESPACE: &str = "live";
@@ -308,4 +308,125 @@ async fn the_batch_claim_is_an_insert_arbitrated_by_the_partial_unique_indexes()
         shown.contains("Sort Key: item.address"),
         "the batch is inserted in address order:\n{shown}"
     );
+}
+
+/// Why the plan of a claim over new rows reads more than each event's own
+/// row (and entity, and holder) by its address, if it does: every scan of
+/// the table is an index probe on an address (what the CTEs' results are
+/// joined by is theirs to choose: they hold the batch, not the table).
+fn reads_the_account(lines: &[String]) -> Option<&'static str> {
+    for (n, line) in lines.iter().enumerate() {
+        if !line.contains(" on idem_records") {
+            continue;
+        }
+        if line.contains("Seq Scan") {
+            return Some("it scans the table");
+        }
+        if line.contains("Bitmap") {
+            return Some("it scans a whole partial index");
+        }
+        let probe = lines.get(n + 1).is_some_and(|cond| {
+            cond.contains("Index Cond:")
+                && cond.contains("(account = ")
+                && cond.contains("(address = ")
+        });
+        if line.contains("Index") && !probe {
+            return Some("it reads an index without an address: the whole account");
+        }
+    }
+    let own_rows = lines
+        .iter()
+        .any(|line| line.contains("Index Cond:") && line.contains("(address = item.address)"));
+    if !own_rows {
+        return Some("it does not look each event's own row up on the index's full key");
+    }
+    None
+}
+
+/// The plan of `text`, the batch claim of ordered events, for `BATCH` new
+/// events of as many new entities, and as many events already claimed.
+async fn ordered_plan(conn: &mut PgConnection, text: &str, namespace: Option<&str>) -> Vec<String> {
+    let (mut addresses, _) = batch_of(&mut *conn, namespace).await;
+    addresses.extend((0..BATCH).map(|n| format!("claim_new_{n}")));
+    let items = addresses.len();
+    let entities: Vec<String> = (0..items).map(|n| format!("entity_{n}")).collect();
+    let orders: Vec<i64> = (0..items).map(|n| n as i64).collect();
+    let bytes = vec![vec![0_u8]; items];
+    let explain = format!("EXPLAIN {text}");
+    sqlx::query(AssertSqlSafe(explain))
+        .bind(ACCOUNT)
+        .bind(&addresses)
+        .bind(namespace)
+        .bind(&bytes)
+        .bind(vec![None::<Vec<u8>>; items])
+        .bind(None::<i64>)
+        .bind(None::<i64>)
+        .bind(None::<i64>)
+        .bind(&entities)
+        .bind(&bytes)
+        .bind(&orders)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_else(|error| panic!("EXPLAIN the ordered batch claim: {error}"))
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// The ordered batch claim with each event's own row looked for the
+/// obvious way, `NOT EXISTS`: the control.
+fn obvious_ordered_claim(text: &str) -> String {
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let obvious = text
+        .replace(
+            "LEFT JOIN LATERAL (SELECT true AS found FROM",
+            "WHERE NOT EXISTS (SELECT FROM",
+        )
+        .replace("LIMIT 1) AS own ON true WHERE own.found IS NULL", ")");
+    assert_ne!(obvious, text, "the control no longer matches the statement");
+    obvious
+}
+
+/// The ordered batch claim's plans under `statistics`: what falls short.
+async fn ordered_shortfalls(statistics: Statistics) -> Vec<String> {
+    let mut scratch = lying(statistics).await;
+    let conn = &mut scratch.conn;
+    let mut failures = Vec::new();
+    let control = obvious_ordered_claim(ordered::CLAIM_ORDERED_BATCH.for_namespace(None));
+    let obvious = ordered_plan(&mut *conn, &control, None).await;
+    if let Statistics::Never = statistics
+        && reads_the_account(&obvious).is_none()
+    {
+        failures.push(format!(
+            "control ({statistics:?}): NOT EXISTS probes per event under these statistics, so \
+             this test proves nothing; make them lie harder:\n{}",
+            obvious.join("\n")
+        ));
+    }
+    for plan_cache_mode in ["force_custom_plan", "force_generic_plan"] {
+        conn.execute(AssertSqlSafe(format!(
+            "SET plan_cache_mode = {plan_cache_mode}"
+        )))
+        .await
+        .expect("set plan_cache_mode");
+        for namespace in [None, Some(NAMESPACE)] {
+            let text = ordered::CLAIM_ORDERED_BATCH.for_namespace(namespace);
+            let lines = ordered_plan(&mut *conn, text, namespace).await;
+            if let Some(why) = reads_the_account(&lines) {
+                failures.push(format!(
+                    "ordered claim ({namespace:?}, {statistics:?}, {plan_cache_mode}): {why}:\n{}",
+                    lines.join("\n")
+                ));
+            }
+        }
+    }
+    scratch.drop().await;
+    failures
+}
+
+#[tokio::test]
+async fn the_ordered_batch_claim_reads_only_its_events_rows_when_the_statistics_lie() {
+    let mut failures = ordered_shortfalls(Statistics::Stale).await;
+    failures.extend(ordered_shortfalls(Statistics::Never).await);
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
