@@ -241,52 +241,42 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
                     }
                 }
             }
-            // Held by a claim of another process while a wait is not over:
-            // be woken when its outcome lands, looking now and then.
-            Concluded::Undecided(Undecided::HeldByAnother)
-                if wait.goes_on()
-                    && let Some(fence) = contender.holder_seen(via) =>
-            {
+            // Held by a claim of another process (or freed on every
+            // attempt) while a wait is not over: be woken when its outcome
+            // lands, looking once a second, or else poll.
+            Concluded::Undecided(undecided) if wait.goes_on() => {
                 freed = 0;
-                match contender.listen(fence, &mut listening, via).await {
-                    Listen::Listening(listening) => {
-                        tokio::select! {
-                            // Landed, or the wake-up may have been lost:
-                            // look at once.
-                            () = listening.woken() => poll = WAIT_FIRST_POLL,
-                            () = tokio::time::sleep(wait.pause(ATTACHED_LOOK)) => {}
-                            _ = &mut stop => {
-                                contender.refused(&Rejected::InFlight);
-                                return Err(Rejected::InFlight);
-                            }
-                        }
+                let listen = match (undecided, contender.holder_seen(via)) {
+                    (Undecided::HeldByAnother, Some(fence)) => {
+                        contender.listen(fence, &mut listening, via).await
                     }
+                    _ => Listen::Poll,
+                };
+                let (woken, pause) = match listen {
                     // The row changed before the mark: look at once.
-                    Listen::Look => {}
-                    Listen::Poll => {
-                        tokio::select! {
-                            () = tokio::time::sleep(wait.pause(poll)) => {}
-                            _ = &mut stop => {
-                                contender.refused(&Rejected::InFlight);
-                                return Err(Rejected::InFlight);
-                            }
-                        }
-                        poll = (poll * 2).min(WAIT_LONGEST_POLL);
-                    }
-                }
-            }
-            // Freed on every attempt while a wait is not over: pause, then
-            // look again.
-            Concluded::Undecided(_) if wait.goes_on() => {
-                freed = 0;
+                    Listen::Look => continue,
+                    Listen::Listening(listening) => (Some(listening), ATTACHED_LOOK),
+                    Listen::Poll => (None, poll),
+                };
+                let polls = woken.is_none();
                 tokio::select! {
-                    () = tokio::time::sleep(wait.pause(poll)) => {}
+                    // Landed, or the wake-up may have been lost: look now.
+                    () = async {
+                        match woken {
+                            Some(listening) => listening.woken().await,
+                            None => std::future::pending().await,
+                        }
+                    } => poll = WAIT_FIRST_POLL,
+                    () = tokio::time::sleep(wait.pause(pause)) => {
+                        if polls {
+                            poll = (poll * 2).min(WAIT_LONGEST_POLL);
+                        }
+                    }
                     _ = &mut stop => {
                         contender.refused(&Rejected::InFlight);
                         return Err(Rejected::InFlight);
                     }
                 }
-                poll = (poll * 2).min(WAIT_LONGEST_POLL);
             }
             // Still held, or the slot changed hands on every attempt.
             Concluded::Undecided(_) => {

@@ -788,9 +788,11 @@ async fn claim_ordered_in_store<'i>(
         .iter()
         .map(
             |&(index, ref entity, entity_identity, order)| store::NewOrderedItem {
-                address: contenders[index].address(),
-                identity: new(index).identity,
-                fingerprint: new(index).fingerprint,
+                item: NewBatchItem {
+                    address: contenders[index].address(),
+                    identity: new(index).identity,
+                    fingerprint: new(index).fingerprint,
+                },
                 ordered: store::OrderedBy {
                     entity,
                     entity_identity,

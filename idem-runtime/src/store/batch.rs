@@ -42,7 +42,7 @@
 //! list. Two batches that overlap take their row locks (and wait on each
 //! other's uncommitted inserts) in the same order, so they cannot deadlock.
 
-use sqlx::postgres::PgArguments;
+use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{FromRow, PgExecutor, Postgres, Row};
 
@@ -359,21 +359,39 @@ pub(crate) async fn claim_batch<'e>(
     lease_micros: Option<i64>,
     windows: super::Windows,
 ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    let addresses: Vec<&str> = items.iter().map(|item| item.address).collect();
-    let identities: Vec<&[u8]> = items.iter().map(|item| item.identity).collect();
-    let fingerprints: Vec<Option<&[u8]>> = items.iter().map(|item| item.fingerprint).collect();
-    sqlx::query(CLAIM_BATCH)
+    let query = claims_bound(CLAIM_BATCH, scope, items.iter(), lease_micros, windows);
+    won(query.fetch_all(executor).await?)
+}
+
+/// `text`, a claim of many new rows, with what [`CLAIM_BATCH`] binds:
+/// `$1` the account, `$2` the addresses, `$3` the namespace, `$4` the
+/// identities, `$5` the fingerprints (pairwise with the addresses), `$6`
+/// the lease, `$7` and `$8` the windows, in microseconds. The batch claim
+/// of ordered events binds the same, then its own.
+pub(super) fn claims_bound<'q, 'a: 'q>(
+    text: &'static str,
+    scope: super::Scope<'q>,
+    items: impl Iterator<Item = &'q NewBatchItem<'a>> + Clone,
+    lease_micros: Option<i64>,
+    windows: super::Windows,
+) -> Query<'q, Postgres, PgArguments> {
+    let addresses: Vec<&str> = items.clone().map(|item| item.address).collect();
+    let identities: Vec<&[u8]> = items.clone().map(|item| item.identity).collect();
+    let fingerprints: Vec<Option<&[u8]>> = items.map(|item| item.fingerprint).collect();
+    sqlx::query(text)
         .bind(scope.account)
-        .bind(&addresses)
+        .bind(addresses)
         .bind(scope.namespace)
-        .bind(&identities)
-        .bind(&fingerprints)
+        .bind(identities)
+        .bind(fingerprints)
         .bind(lease_micros)
         .bind(windows.value_micros)
         .bind(windows.slot_micros)
-        .fetch_all(executor)
-        .await?
-        .iter()
+}
+
+/// The won addresses and their fences, as a batch claim returns them.
+pub(super) fn won(rows: Vec<PgRow>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    rows.iter()
         .map(|row| Ok((row.try_get("address")?, row.try_get("fence")?)))
         .collect()
 }

@@ -332,12 +332,11 @@ pub const CLAIM_ORDERED_BATCH: SplitOnNamespace = SplitOnNamespace {
     ),
 };
 
-/// An ordered event of a batch, as [`claim_ordered_batch`] claims it.
+/// An ordered event of a batch, as [`claim_ordered_batch`] claims it: a
+/// batch's item, and its entity and order.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NewOrderedItem<'a> {
-    pub address: &'a str,
-    pub identity: &'a [u8],
-    pub fingerprint: Option<&'a [u8]>,
+    pub item: super::NewBatchItem<'a>,
     pub ordered: OrderedBy<'a>,
 }
 
@@ -351,32 +350,23 @@ pub(crate) async fn claim_ordered_batch(
     lease_micros: Option<i64>,
     windows: super::Windows,
 ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    let addresses: Vec<&str> = items.iter().map(|item| item.address).collect();
-    let identities: Vec<&[u8]> = items.iter().map(|item| item.identity).collect();
-    let fingerprints: Vec<Option<&[u8]>> = items.iter().map(|item| item.fingerprint).collect();
     let entities: Vec<&str> = items.iter().map(|item| item.ordered.entity).collect();
     let entity_identities: Vec<&[u8]> = items
         .iter()
         .map(|item| item.ordered.entity_identity)
         .collect();
     let orders: Vec<i64> = items.iter().map(|item| item.ordered.order).collect();
-    sqlx::query(CLAIM_ORDERED_BATCH.for_namespace(scope.namespace))
-        .bind(scope.account)
-        .bind(&addresses)
-        .bind(scope.namespace)
-        .bind(&identities)
-        .bind(&fingerprints)
-        .bind(lease_micros)
-        .bind(windows.value_micros)
-        .bind(windows.slot_micros)
-        .bind(&entities)
-        .bind(&entity_identities)
-        .bind(&orders)
-        .fetch_all(conn)
-        .await?
-        .iter()
-        .map(|row| Ok((row.try_get("address")?, row.try_get("fence")?)))
-        .collect()
+    let query = super::batch::claims_bound(
+        CLAIM_ORDERED_BATCH.for_namespace(scope.namespace),
+        scope,
+        items.iter().map(|item| &item.item),
+        lease_micros,
+        windows,
+    )
+    .bind(entities)
+    .bind(entity_identities)
+    .bind(orders);
+    super::batch::won(query.fetch_all(conn).await?)
 }
 
 /// The text of [`TAKE_ENTITY_ROUTED`] with its namespace tests: of the

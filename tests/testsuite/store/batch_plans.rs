@@ -212,6 +212,20 @@ fn not_probing(lines: &[String], modifies: bool) -> Option<&'static str> {
     None
 }
 
+/// How a statement prepared by sqlx may be planned: as a custom plan (the
+/// parameters known), and as a generic one (what it becomes after a few
+/// runs).
+const PLAN_CACHE_MODES: [&str; 2] = ["force_custom_plan", "force_generic_plan"];
+
+/// Plans the statements that follow as `plan_cache_mode` says.
+async fn planned_as(conn: &mut PgConnection, plan_cache_mode: &str) {
+    conn.execute(AssertSqlSafe(format!(
+        "SET plan_cache_mode = {plan_cache_mode}"
+    )))
+    .await
+    .expect("set plan_cache_mode");
+}
+
 /// The plans of every batch statement (and of the control) under
 /// `statistics`: what falls short.
 async fn shortfalls(statistics: Statistics) -> Vec<String> {
@@ -238,12 +252,8 @@ async fn shortfalls(statistics: Statistics) -> Vec<String> {
         ));
     }
 
-    for plan_cache_mode in ["force_custom_plan", "force_generic_plan"] {
-        conn.execute(AssertSqlSafe(format!(
-            "SET plan_cache_mode = {plan_cache_mode}"
-        )))
-        .await
-        .expect("set plan_cache_mode");
+    for plan_cache_mode in PLAN_CACHE_MODES {
+        planned_as(&mut *conn, plan_cache_mode).await;
         for namespace in [None, Some(NAMESPACE)] {
             let (addresses, fences) = batch_of(&mut *conn, namespace).await;
             for (name, statement, extra) in statements() {
@@ -403,12 +413,8 @@ async fn ordered_shortfalls(statistics: Statistics) -> Vec<String> {
             obvious.join("\n")
         ));
     }
-    for plan_cache_mode in ["force_custom_plan", "force_generic_plan"] {
-        conn.execute(AssertSqlSafe(format!(
-            "SET plan_cache_mode = {plan_cache_mode}"
-        )))
-        .await
-        .expect("set plan_cache_mode");
+    for plan_cache_mode in PLAN_CACHE_MODES {
+        planned_as(&mut *conn, plan_cache_mode).await;
         for namespace in [None, Some(NAMESPACE)] {
             let text = ordered::CLAIM_ORDERED_BATCH.for_namespace(namespace);
             let lines = ordered_plan(&mut *conn, text, namespace).await;
