@@ -116,6 +116,13 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     ("released_at", false),
     ("value_kept_for", false),
     ("slot_kept_for", false),
+    // Version 12: every release frees the entity of an ordered event.
+    ("entity", false),
+    ("event_order", false),
+    ("applied_order", false),
+    ("held_by", false),
+    // Version 13: every outcome statement returns whether anybody waits.
+    ("awaited", false),
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.

@@ -232,6 +232,28 @@ async fn a_missing_or_nullable_column_is_named() {
     );
 }
 
+/// A build whose statements read a newer version's columns refuses to
+/// start on a table without them (a run-time role's
+/// `connect_without_setup` on a schema nobody migrated), rather than
+/// failing at each settle after its body ran: a release reads version
+/// 12's `entity`, every outcome version 13's `awaited`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_without_set_up_refuses_a_schema_older_than_its_statements() {
+    for column in ["awaited", "entity"] {
+        let pool = set_up().await;
+        exec(
+            &pool,
+            &format!("ALTER TABLE idem_records DROP COLUMN {column};"),
+        )
+        .await;
+        let message = schema_error(Gate::connect_without_setup(pool).await);
+        assert!(
+            message.contains(&format!("idem_records.{column} is missing")),
+            "{message}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_address_check_and_the_claim_states_are_enforced_by_postgres() {
     let pool = set_up().await;
