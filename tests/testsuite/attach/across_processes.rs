@@ -22,7 +22,7 @@ use super::held_until;
 /// A gate behind a proxy of its own in `account`, its pool named
 /// `application` (its wake-up listener is then `application (idem
 /// wake-up)`).
-async fn gate_in(account: &str, application: &str, connections: u32) -> (Proxy, Gate) {
+pub(super) async fn gate_in(account: &str, application: &str, connections: u32) -> (Proxy, Gate) {
     let proxy = Proxy::start().await;
     let pool = PgPoolOptions::new()
         .max_connections(connections)
@@ -38,13 +38,13 @@ async fn gate_in(account: &str, application: &str, connections: u32) -> (Proxy, 
 }
 
 /// A pool straight to the database, for the test's own reads.
-async fn direct() -> PgPool {
+pub(super) async fn direct() -> PgPool {
     testing::pool_with(2).await
 }
 
 /// Waits until the pending claim at `address` is marked as waited on,
 /// failing the test past 10 s.
-async fn marked(pool: &PgPool, account: &str, address: &str) {
+pub(super) async fn marked(pool: &PgPool, account: &str, address: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let awaited: Option<Option<bool>> = sqlx::query_scalar(
@@ -67,7 +67,7 @@ async fn marked(pool: &PgPool, account: &str, address: &str) {
 }
 
 /// The waiter's answer, or the test fails instead of hanging.
-async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+pub(super) async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), future)
         .await
         .unwrap_or_else(|_| panic!("{what}: still waiting after 30 s (left hanging)"))

@@ -24,6 +24,10 @@ mod http;
 // A holder in another process wakes its waiters when they marked its claim.
 mod across_processes;
 
+// Waking across processes attacked at its edges (listeners cut, runtimes
+// shut down, takeovers, batches of every outcome, accounts and namespaces).
+mod across_processes_at_the_edges;
+
 // Every promise of the docs attacked at its edges (leases run out under an
 // attached waiter, takeovers, late successes, modes that differ, claims by
 // hand, batches, detached runs, transactions, faults, the cache).
