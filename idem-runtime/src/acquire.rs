@@ -794,7 +794,9 @@ impl<'a> Contender<'a> {
         listening: &'l mut Option<Listening>,
         via: &mut Via<'_>,
     ) -> Listen<'l> {
-        if listening.is_none() {
+        if listening.as_ref().is_none_or(Listening::orphaned) {
+            // Subscribed anew before the old subscription goes, so that the
+            // slot's entry (and what it says was marked) stays.
             *listening = self
                 .slots
                 .wakeups()

@@ -178,7 +178,7 @@
 //! [`lease`](crate::guard::BatchGuard::lease) the whole batch's time, not one body's.
 
 use std::any::Any;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -1194,13 +1194,24 @@ async fn record<R>(
     }
     let mut results = Vec::new();
     let via = Via::Pool(slots.pool());
+    // The addresses whose outcome a duplicate in another process waits on,
+    // over every group: woken together, by one statement.
+    let mut awaited = Vec::new();
     for group in groups.into_iter().filter(|group| !group.members.is_empty()) {
         let recording = Stopwatch::start();
         let changed = record_group(slots, &group).await;
+        if let Some(changed) = &changed {
+            awaited.extend(
+                changed
+                    .iter()
+                    .filter(|(_, awaited)| **awaited)
+                    .map(|(address, _)| address.clone()),
+            );
+        }
         for (index, claim, output, json) in group.members {
             let matched = changed
                 .as_ref()
-                .is_some_and(|changed| claim.address().is_some_and(|a| changed.contains(a)));
+                .is_some_and(|changed| claim.address().is_some_and(|a| changed.contains_key(a)));
             if matched {
                 claim.recorded_in_batch(group.kind.with_value(json.as_deref()), &via, &recording);
                 results.push((index, output));
@@ -1208,6 +1219,9 @@ async fn record<R>(
                 alone.push((index, claim, output, None));
             }
         }
+    }
+    if !awaited.is_empty() {
+        wake(slots, &awaited).await;
     }
     let recorded_alone: Vec<(usize, R)> = stream::iter(alone)
         .map(|(index, claim, output, steps)| async move {
@@ -1225,7 +1239,7 @@ async fn record<R>(
 /// Wakes the duplicates waiting in other processes on the claims at
 /// `addresses`, just recorded. A wake-up not sent is only lost time: they
 /// look for themselves.
-async fn wake(slots: &ScopedPool, addresses: &[&str]) {
+async fn wake(slots: &ScopedPool, addresses: &[String]) {
     let woken = async {
         let mut conn = slots.pool().acquire().await?;
         store::wake_all(&mut *conn, addresses).await
@@ -1246,10 +1260,10 @@ async fn wake(slots: &ScopedPool, addresses: &[&str]) {
 
 /// The one statement of `group`, repeated after a transient failure (it is
 /// matched on each claim's fence, so a repeat changes nothing): the
-/// addresses it changed, or `None` when it failed (every member is then
-/// recorded alone). Duplicates in other processes waiting on any of them
-/// are woken, by one statement more, sent only then.
-async fn record_group<R>(slots: &ScopedPool, group: &Group<R>) -> Option<HashSet<String>> {
+/// addresses it changed, each with whether a duplicate in another process
+/// waits on it, or `None` when it failed (every member is then recorded
+/// alone).
+async fn record_group<R>(slots: &ScopedPool, group: &Group<R>) -> Option<HashMap<String, bool>> {
     let mut addresses = Vec::with_capacity(group.members.len());
     let mut fences = Vec::with_capacity(group.members.len());
     let mut outputs = Vec::with_capacity(group.members.len());
@@ -1276,17 +1290,7 @@ async fn record_group<R>(slots: &ScopedPool, group: &Group<R>) -> Option<HashSet
         .await,
     );
     match recorded {
-        Ok(changed) => {
-            let awaited: Vec<&str> = changed
-                .iter()
-                .filter(|(_, awaited)| *awaited)
-                .map(|(address, _)| address.as_str())
-                .collect();
-            if !awaited.is_empty() {
-                wake(slots, &awaited).await;
-            }
-            Some(changed.into_iter().map(|(address, _)| address).collect())
-        }
+        Ok(changed) => Some(changed.into_iter().collect()),
         Err(error) => {
             tracing::warn!(
                 target: "idem",

@@ -649,6 +649,11 @@ impl WonSlot {
                 if found.is_ok() {
                     self.remember(written, via);
                     self.land(written, via);
+                    // The statement that wrote it did not say whether
+                    // anybody marked the claim (its answer was lost, or it
+                    // was written over another's row): wake, as if so. A
+                    // rare path, and a notification nobody hears is cheap.
+                    self.wake(store::Wrote::Row { awaited: true }, via).await;
                 }
                 found
             }

@@ -23,16 +23,18 @@
 //! once nobody has waited for [`IDLE`]. A notification is dispatched by
 //! address: two slots of one address in other accounts only cost a waiter
 //! a look. Whenever the listener's connection drops, every waiter is woken
-//! to look for itself (a notification may have been lost meanwhile), and
-//! again once it listens anew; and a waiter looks once a second anyway,
-//! so a lost notification costs at most that.
+//! to look for itself once it listens anew (a notification may have been
+//! lost meanwhile), and at once as well when it cannot listen again
+//! straight away; a waiter whose listener stopped under it (its runtime
+//! shut down) starts another; and a waiter looks once a second anyway, so
+//! a lost notification costs at most that.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::watch;
 
 use crate::store::LANDED_CHANNEL;
@@ -40,6 +42,9 @@ use crate::store::LANDED_CHANNEL;
 /// How long the listener stays with nobody waiting before it stops (and
 /// gives its connection back).
 const IDLE: Duration = Duration::from_secs(10);
+
+/// How often a quiet listener sees whether anybody still waits.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// How long a waiter waits for the listener to be listening before it
 /// polls instead, this time (the listener goes on starting).
@@ -169,6 +174,12 @@ impl Listening {
             .is_some_and(|slot| slot.marked == Some(fence))
     }
 
+    /// Whether no listener runs for it any more (the runtime that started
+    /// it shut down): subscribe anew, which starts one.
+    pub(crate) fn orphaned(&self) -> bool {
+        self.shared.state().listener.is_none()
+    }
+
     /// Says the claim of `fence` is marked.
     pub(crate) fn mark(&self, fence: i64) {
         if let Some(slot) = self.shared.state().waiting.get_mut(&*self.address) {
@@ -234,46 +245,47 @@ impl Drop for Stopped {
 
 /// The listener: connects (on a connection of its own, with the gate's
 /// pool's options), listens, and dispatches what it hears, until nobody
-/// has waited for [`IDLE`].
+/// has waited for [`IDLE`] (however many notifications for other slots it
+/// hears meanwhile: they do not keep it open).
 async fn listen(stopped: Stopped, pool: PgPool) {
     let shared = Arc::clone(&stopped.shared);
-    // One connection, made when first needed and again whenever it drops.
-    let options = (*pool.connect_options()).clone();
-    let name = match options.get_application_name() {
-        Some(application) => format!("{application} ({APPLICATION_NAME})"),
-        None => APPLICATION_NAME.to_owned(),
-    };
     let own = PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
-        .connect_lazy_with(options.application_name(&name));
+        .connect_lazy_with(named((*pool.connect_options()).clone()));
     let mut listener = None;
+    // Since when nobody has waited, if nobody does.
+    let mut idle_since: Option<Instant> = None;
     loop {
-        let heard = match listener.as_mut() {
-            None => match connect(&own).await {
+        {
+            let mut state = shared.state();
+            if !state.waiting.is_empty() {
+                idle_since = None;
+            } else if idle_since.get_or_insert_with(Instant::now).elapsed() >= IDLE {
+                stopped.leave(&mut state);
+                // `stopped` takes the lock again as it drops.
+                drop(state);
+                return;
+            }
+        }
+        let Some(connected) = listener.as_mut() else {
+            match connect(&own).await {
                 Ok(connected) => {
                     listener = Some(connected);
                     stopped.ready.send_replace(true);
                     // It may have missed a notification while it was not
                     // listening: everyone looks.
                     shared.state().wake_all();
-                    continue;
                 }
                 Err(error) => {
                     tracing::debug!(target: "idem", error = %error,
                         "the listener for waiting duplicates could not listen; they look for themselves");
                     tokio::time::sleep(RECONNECT_PAUSE).await;
-                    let mut state = shared.state();
-                    if state.waiting.is_empty() {
-                        stopped.leave(&mut state);
-                        return;
-                    }
-                    continue;
                 }
-            },
-            Some(listener) => tokio::time::timeout(IDLE, listener.try_recv()).await,
+            }
+            continue;
         };
-        match heard {
+        match tokio::time::timeout(IDLE_CHECK, connected.try_recv()).await {
             Ok(Ok(Some(notification))) => {
                 let state = shared.state();
                 if let Some(slot) = state.waiting.get(notification.payload()) {
@@ -281,9 +293,11 @@ async fn listen(stopped: Stopped, pool: PgPool) {
                         .send_modify(|count| *count = count.wrapping_add(1));
                 }
             }
-            // The connection dropped, and was made again and listens: what
-            // was sent meanwhile is lost, so everyone looks.
+            // The connection dropped; sqlx made it again and listens before
+            // it says so. What was sent meanwhile is lost: everyone looks.
             Ok(Ok(None)) => shared.state().wake_all(),
+            // It dropped and could not be made again: everyone looks now,
+            // and again once it listens.
             Ok(Err(error)) => {
                 tracing::debug!(target: "idem", error = %error,
                     "the listener for waiting duplicates lost its connection; they look for themselves");
@@ -292,19 +306,29 @@ async fn listen(stopped: Stopped, pool: PgPool) {
                 listener = None;
                 tokio::time::sleep(RECONNECT_PAUSE).await;
             }
-            // Quiet for a while: stop if nobody waits (decided under the
-            // lock a new waiter takes to find the listener).
-            Err(_quiet) => {
-                let mut state = shared.state();
-                if state.waiting.is_empty() {
-                    stopped.leave(&mut state);
-                    // `stopped` takes the lock again as it drops.
-                    drop(state);
-                    return;
-                }
-            }
+            // Quiet: see whether anybody still waits.
+            Err(_quiet) => {}
         }
     }
+}
+
+/// `options` with the listener's application name: the pool's own, if it
+/// has one, then [`APPLICATION_NAME`] in brackets, shortened so that the
+/// whole fits in PostgreSQL's 63 bytes with the brackets kept.
+fn named(options: PgConnectOptions) -> PgConnectOptions {
+    const LIMIT: usize = 63;
+    let name = match options.get_application_name() {
+        Some(application) => {
+            let room = LIMIT - APPLICATION_NAME.len() - " ()".len();
+            let mut end = application.len().min(room);
+            while !application.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{} ({APPLICATION_NAME})", &application[..end])
+        }
+        None => APPLICATION_NAME.to_owned(),
+    };
+    options.application_name(&name)
 }
 
 async fn connect(own: &PgPool) -> Result<PgListener, sqlx::Error> {

@@ -464,7 +464,9 @@ pub const EXTEND: SplitOnNamespace = per_row!(
 /// Takes over a pending claim whose lease ran out, if it is still the one
 /// that was seen (`$4`, its fence): exactly one of several takers wins, and
 /// the fence it gets back (from the sequence) outranks every earlier one.
-/// The row keeps its lineage (the fence it began with). `$5`: the new lease
+/// The row keeps its lineage (the fence it began with), not the mark of
+/// those who waited on the claim it replaces ([`MARK_AWAITED`] is per
+/// claim: they mark the new one when they look again). `$5`: the new lease
 /// in microseconds, or NULL; `$6`: the new fingerprint. Index: the partial
 /// unique index of its form.
 ///
@@ -480,7 +482,7 @@ pub const TAKE_OVER: SplitOnNamespace = per_row!(
     "WITH drawn AS MATERIALIZED (SELECT nextval('idem_records_fence_seq') AS next_fence) \
      UPDATE idem_records \
      SET fence = drawn.next_fence, created_at = now(), fingerprint = $6, \
-         first_fence = coalesce(first_fence, fence), \
+         first_fence = coalesce(first_fence, fence), awaited = NULL, \
          lease_expires_at = now() + $5 * interval '1 microsecond' \
      FROM drawn",
     "state = 'pending' AND fence = $4 AND lease_expires_at < now()";
@@ -864,7 +866,7 @@ pub const WAKE_ALL: &str = concat!(
 /// Sends [`WAKE_ALL`] for the claims at `addresses`.
 pub(crate) async fn wake_all<'e>(
     executor: impl PgExecutor<'e>,
-    addresses: &[&str],
+    addresses: &[String],
 ) -> Result<(), sqlx::Error> {
     sqlx::query(WAKE_ALL)
         .bind(addresses)
