@@ -27,9 +27,10 @@ pub struct Target {
     pub proxy: Option<Arc<Proxy>>,
     /// The run's own cluster, when it may be restarted and crashed.
     pub cluster: Option<Arc<Cluster>>,
-    /// A copy of `gate` with an outcome cache (`Gate::with_cache`, feature
-    /// `cache`), beside it on the same pool and account: the workload's
-    /// `cached` share of calls go through it.
+    /// A gate beside `gate`, in its account: a copy with an outcome cache
+    /// (`Gate::with_cache`, feature `cache`), or another process's gate
+    /// ([`Target::elsewhere`]). The workload's `cached` share of calls go
+    /// through it.
     pub cached: Option<Gate>,
 }
 
@@ -128,6 +129,25 @@ impl Target {
     pub fn beside(mut self, cached: Gate) -> Target {
         self.cached = Some(cached);
         self
+    }
+
+    /// A gate as another process has one, in `gate`'s account: a pool of
+    /// its own with the same options (the same proxy and application
+    /// name, so that the faults reach it too), and so its own registry of
+    /// claims in flight and its own wake-up listener. Its waiters on
+    /// `gate`'s claims, and `gate`'s on its, are woken across processes.
+    pub async fn elsewhere(&self) -> Gate {
+        let pool = self.gate.pool();
+        let pool = PgPoolOptions::new()
+            .max_connections(pool.options().get_max_connections())
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with((*pool.connect_options()).clone())
+            .await
+            .expect("connect another process's pool");
+        Gate::connect(pool)
+            .await
+            .expect("another process's gate starts")
+            .account(self.gate.account_name())
     }
 }
 

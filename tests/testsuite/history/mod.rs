@@ -36,6 +36,9 @@ mod batches;
 mod cached;
 #[cfg(feature = "tower")]
 mod layer;
+// Half the calls through another process's gate: waits woken across
+// processes.
+mod processes;
 mod reconciled;
 // The new rules and events, each shown catching a planted violation.
 mod rules;
