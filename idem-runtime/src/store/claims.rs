@@ -321,7 +321,7 @@ macro_rules! awaited {
 
 /// Marks a pending claim as waited on by a duplicate in another process
 /// (schema version 13), if it is still the one that was seen (`$4`, its
-/// fence): the outcome statements then return the mark ([`awaited!`]), and
+/// fence): the outcome statements then return the mark (`awaited!`), and
 /// its holder wakes the waiters. Sent only by a waiter, once per claim it
 /// waits on, after it listens: either the holder's outcome statement sees
 /// the mark, or the mark finds the row no longer pending under that fence
@@ -852,7 +852,7 @@ pub(crate) const LANDED_CHANNEL: &str = landed_channel!();
 /// holder after an outcome statement found the claim marked
 /// ([`MARK_AWAITED`]), never otherwise. `$1`: the claim's address. A
 /// notification sent from an autocommitted statement is delivered at
-/// once; the channel is [`LANDED_CHANNEL`].
+/// once; the channel is `idem_landed`.
 pub const WAKE: &str = concat!("SELECT pg_notify('", landed_channel!(), "', $1)");
 
 /// [`WAKE`] for the claims at `$1` (`text[]`), in one statement: a
