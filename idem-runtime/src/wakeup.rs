@@ -337,3 +337,26 @@ async fn connect(own: &PgPool) -> Result<PgListener, sqlx::Error> {
     listener.listen(LANDED_CHANNEL).await?;
     Ok(listener)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name_of(application: &str) -> String {
+        named(PgConnectOptions::new().application_name(application))
+            .get_application_name()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    #[test]
+    fn the_listener_is_named_after_its_pool_within_postgresql_s_63_bytes() {
+        assert_eq!(name_of("billing"), "billing (idem wake-up)");
+        // Cut on a character boundary, the suffix kept whole.
+        let long = "é".repeat(40);
+        let name = name_of(&long);
+        assert!(name.len() <= 63, "{} bytes: {name}", name.len());
+        assert!(name.ends_with(" (idem wake-up)"), "{name}");
+        assert!(name.starts_with("éé"), "{name}");
+    }
+}
