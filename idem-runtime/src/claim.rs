@@ -441,8 +441,7 @@ impl Claim {
         recording: &Stopwatch,
     ) {
         if let Some(held) = self.held.take() {
-            held.remember(outcome, via);
-            held.land(outcome, via);
+            held.tell_this_process(outcome, via);
             held.report(outcome, &Ok(()), recording);
         }
     }
@@ -481,15 +480,18 @@ impl Claim {
             store::hold_in_doubt(&mut *conn, scope, address, fence, reason).await
         }) {
             Ok(wrote @ store::Wrote::Row { .. }) => {
-                held.wake(wrote, via).await;
+                held.recorded(outcome, wrote, via).await;
                 Ok(())
             }
-            Ok(store::Wrote::Nothing) => held.no_longer_ours(outcome, via).await,
+            Ok(store::Wrote::Nothing) => {
+                let found = held.no_longer_ours(outcome, via).await;
+                if found.is_ok() {
+                    held.recorded(outcome, store::Wrote::UNSAID, via).await;
+                }
+                found
+            }
             Err(error) => Err(Rejected::from_store(error)),
         };
-        if recorded.is_ok() {
-            held.land(outcome, via);
-        }
         held.report(outcome, &recorded, &recording);
         recorded
     }
@@ -603,9 +605,7 @@ impl WonSlot {
         }
         match attempt {
             Ok(wrote @ store::Wrote::Row { .. }) => {
-                self.remember(written, via);
-                self.land(written, via);
-                self.wake(wrote, via).await;
+                self.recorded(written, wrote, via).await;
                 Ok(())
             }
             // A claim made inside the caller's transaction is that
@@ -647,18 +647,33 @@ impl WonSlot {
                 // a claim turned in doubt): a final fact the cache may hold,
                 // as after a first attempt that matched.
                 if found.is_ok() {
-                    self.remember(written, via);
-                    self.land(written, via);
-                    // The statement that wrote it did not say whether
-                    // anybody marked the claim (its answer was lost, or it
-                    // was written over another's row): wake, as if so. A
-                    // rare path, and a notification nobody hears is cheap.
-                    self.wake(store::Wrote::Row { awaited: true }, via).await;
+                    self.recorded(written, store::Wrote::UNSAID, via).await;
                 }
                 found
             }
             Err(error) => Err(Rejected::from_store(error)),
         }
+    }
+
+    /// `written` was just recorded over this holder's own row by a
+    /// statement of its own that `wrote`: tells this process (the cache,
+    /// and the duplicates attached here) and wakes those waiting in others.
+    async fn recorded(
+        &self,
+        written: Outcome<Option<&str>>,
+        wrote: store::Wrote,
+        via: &mut Via<'_>,
+    ) {
+        self.tell_this_process(written, via);
+        self.wake(wrote, via).await;
+    }
+
+    /// Tells this process what was just written over this holder's own
+    /// row: its outcome cache ([`remember`](Self::remember)) and the
+    /// duplicates attached to the claim ([`land`](Self::land)).
+    fn tell_this_process(&self, written: Outcome<Option<&str>>, via: &Via<'_>) {
+        self.remember(written, via);
+        self.land(written, via);
     }
 
     /// Tells the outcome cache, if the gate has one, what was just written
@@ -965,8 +980,8 @@ impl WonSlot {
                  nobody took it over: the success is recorded over the hold",
                 None,
             );
-            self.remember(Outcome::Succeeded(output), via);
-            self.land(Outcome::Succeeded(output), via);
+            self.recorded(Outcome::Succeeded(output), store::Wrote::UNSAID, via)
+                .await;
         }
         Ok(written)
     }

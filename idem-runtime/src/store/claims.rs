@@ -584,6 +584,13 @@ pub enum Wrote {
 }
 
 impl Wrote {
+    /// The holder's row was written by a statement that did not say
+    /// whether anybody waits on it (its answer was lost, or it wrote over
+    /// a row the holder found in another state): taken as awaited, since
+    /// a wake-up nobody hears is cheap and one not sent costs a waiter up
+    /// to a second. A rare path.
+    pub const UNSAID: Wrote = Wrote::Row { awaited: true };
+
     /// Whether it changed the holder's row.
     pub fn changed(self) -> bool {
         matches!(self, Wrote::Row { .. })
