@@ -587,8 +587,8 @@ async fn a_waiter_after_the_listener_idled_out_listens_again_and_is_woken() {
 /// runtimes: a waiter on runtime A starts the listener (spawned on A);
 /// a waiter of another slot on the test's runtime marks its claim and
 /// waits; runtime A shuts down (its waiter and the listener with it). The
-/// remaining waiter still learns its holder's outcome, within a few
-/// seconds; a later waiter is woken by a listener started anew.
+/// remaining waiter starts a listener of its own and learns its holder's
+/// outcome; a later waiter is woken by that listener.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_shared_by_two_runtimes_survives_the_one_that_started_its_listener() {
     let account = testing::unique_name("edge_rt");
@@ -672,6 +672,20 @@ async fn a_gate_shared_by_two_runtimes_survives_the_one_that_started_its_listene
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            // The waiter on B, its listener gone under it, starts another
+            // (rather than only looking once a second from now on).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !listener_pids(&direct, &application)
+                .await
+                .iter()
+                .any(|pid| !on_runtime_a.contains(pid))
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "the waiter on B, its listener gone, started no other"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             let at = Instant::now();
             gos[1].notify_one();
             at
@@ -683,7 +697,7 @@ async fn a_gate_shared_by_two_runtimes_survives_the_one_that_started_its_listene
             answered_after < Duration::from_secs(3),
             "answered {answered_after:?} after its holder's outcome"
         );
-        // A later waiter starts a listener on this runtime and is woken.
+        // A later waiter is woken through the listener B started.
         let waited = waiter_gate
             .guard(&ids[2])
             .replay()
@@ -698,7 +712,7 @@ async fn a_gate_shared_by_two_runtimes_survives_the_one_that_started_its_listene
         };
         let (waited, (listening, from)) = tokio::join!(within("the later waiter", waited), conduct);
         assert_eq!(waited.expect("replayed"), 2);
-        assert_eq!(listening, 1, "a listener started anew");
+        assert_eq!(listening, 1, "one listener, started anew");
         gos[0].notify_one();
         from
     };

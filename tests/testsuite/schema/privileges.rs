@@ -227,6 +227,79 @@ async fn a_role_with_only_the_run_time_grants_claims_settles_and_releases() {
     pool.close().await;
 }
 
+/// Promise (operations.md, "The wake-up listener"): the wake-up across
+/// processes needs no grant beyond the run-time ones: a role with only
+/// those marks the claim it waits on, listens on `idem_landed` and
+/// notifies it, and its waiter is answered when its holder in another
+/// pool (another process) settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_with_only_the_run_time_grants_is_woken_across_processes() {
+    let mut sandbox = Sandbox::new().await;
+    let role = sandbox.runtime_role().await;
+    let holder = Gate::connect(sandbox.pool_as(&role).await)
+        .await
+        .expect("the holder's gate as the run-time role");
+    let waiter = Gate::connect(sandbox.pool_as(&role).await)
+        .await
+        .expect("the waiter's gate as the run-time role");
+    let id = Identity::new("charge").part("woken");
+    let claim = holder.claim(&id).await.expect("the holder claims");
+    let waited = tokio::spawn({
+        let (waiter, id) = (waiter.clone(), id.clone());
+        async move {
+            waiter
+                .guard(&id)
+                .wait(Duration::from_secs(30))
+                .run(async { Ok::<_, Rejected>(()) })
+                .await
+        }
+    });
+    // The waiter marked the claim, and listens as the role.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (marked, listening): (bool, i64) = sqlx::query_as(
+            "SELECT coalesce((SELECT awaited FROM idem_records WHERE address = $1), false), \
+                    (SELECT count(*) FROM pg_stat_activity \
+                      WHERE usename = $2 AND application_name LIKE '%idem wake-up%')",
+        )
+        .bind(id.address())
+        .bind(&role)
+        .fetch_one(&sandbox.owner)
+        .await
+        .expect("look at the claim and the listener");
+        if marked && listening == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run-time role's waiter did not mark its claim ({marked}) and listen \
+             ({listening} listeners)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    claim.settle().await.expect("the holder settles");
+    let answered = waited.await.expect("the waiter's task");
+    assert!(
+        matches!(answered, Err(Rejected::AlreadyDone)),
+        "{answered:?}"
+    );
+    // What the holder's wake-up and the listener send, as the role.
+    let pool = sandbox.pool_as(&role).await;
+    // (The notification first: a connection that listens is handed every
+    // notification after, which a plain query does not expect.)
+    for statement in [
+        "SELECT pg_notify('idem_landed', 'claim_x')",
+        "LISTEN idem_landed",
+    ] {
+        assert_eq!(
+            sqlstate(&pool, statement).await,
+            None,
+            "the run-time role may: {statement}"
+        );
+    }
+    pool.close().await;
+}
+
 /// The first of connect, claim and settle (or release) that fails on
 /// `pool`, and why; `"nothing"` when all succeed.
 async fn first_failure(pool: &PgPool, n: usize, release: bool) -> (&'static str, String) {
