@@ -66,6 +66,43 @@ pub(super) async fn marked(pool: &PgPool, account: &str, address: &str) {
     }
 }
 
+/// One claim held in one process and waited on in another: `holder`
+/// claims `id` (replaying) and holds it; `waiter` waits on it (replaying,
+/// for up to `wait`) and marks it; then `meanwhile` runs, and when it ends
+/// the holder returns `value`. What the holder and the waiter were
+/// answered (a waiter that ran its own body would answer
+/// `JobError::Failed`), and what `meanwhile` returned.
+pub(super) async fn held_and_awaited_elsewhere<M: Future>(
+    (holder, waiter): (&Gate, &Gate),
+    direct: &PgPool,
+    id: &Identity,
+    (value, wait): (i64, Duration),
+    meanwhile: M,
+) -> (Result<i64, JobError>, Result<i64, JobError>, M::Output) {
+    let (entered, go) = (Notify::new(), Notify::new());
+    let held = holder
+        .guard(id)
+        .replay()
+        .run(held_until(&entered, &go, Ok::<_, JobError>(value)));
+    let waiting = async {
+        entered.notified().await;
+        let waited = waiter
+            .guard(id)
+            .replay()
+            .wait(wait)
+            .run(async { Err::<i64, _>(JobError::Failed) });
+        let conduct = async {
+            marked(direct, holder.account_name(), &id.address()).await;
+            let said = meanwhile.await;
+            go.notify_one();
+            said
+        };
+        tokio::join!(within("the waiter", waited), conduct)
+    };
+    let (held, (waited, said)) = tokio::join!(held, waiting);
+    (held, waited, said)
+}
+
 /// The waiter's answer, or the test fails instead of hanging.
 pub(super) async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), future)
@@ -80,33 +117,23 @@ async fn a_waiter_in_another_process_is_woken_by_its_holder_not_by_polling() {
     let (waiter_proxy, waiter_gate) = gate_in(&account, "wake_waiter", 2).await;
     let direct = direct().await;
     let id = Identity::new("wake").part("ord_1");
-    let (entered, go) = (Notify::new(), Notify::new());
-    let holder = holder_gate.guard(&id).replay().run(held_until(
-        &entered,
-        &go,
-        Ok::<_, JobError>("the holder's".to_owned()),
-    ));
-    let waiting = async {
-        entered.notified().await;
-        let waited = waiter_gate
-            .guard(&id)
-            .replay()
-            .wait(Duration::from_secs(60))
-            .run(async { Ok::<_, JobError>("the waiter's".to_owned()) });
-        let release = async {
-            marked(&direct, &account, &id.address()).await;
-            let (holder_from, waiter_from) = (holder_proxy.executions(), waiter_proxy.executions());
-            // Long enough for polling (every 250 ms at most) to look ten
-            // times; a listening waiter looks once a second.
-            tokio::time::sleep(Duration::from_millis(2500)).await;
-            go.notify_one();
-            (holder_from, waiter_from)
-        };
-        tokio::join!(within("the woken waiter", waited), release)
+    let held_a_while = async {
+        let from = (holder_proxy.executions(), waiter_proxy.executions());
+        // Long enough for polling (every 250 ms at most) to look ten
+        // times; a listening waiter looks once a second.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        from
     };
-    let (held, (waited, (holder_from, waiter_from))) = tokio::join!(holder, waiting);
-    assert_eq!(held.expect("the holder succeeds"), "the holder's");
-    assert_eq!(waited.expect("replayed"), "the holder's");
+    let (held, waited, (holder_from, waiter_from)) = held_and_awaited_elsewhere(
+        (&holder_gate, &waiter_gate),
+        &direct,
+        &id,
+        (42, Duration::from_secs(60)),
+        held_a_while,
+    )
+    .await;
+    assert_eq!(held.expect("the holder succeeds"), 42);
+    assert_eq!(waited.expect("replayed"), 42);
     assert_eq!(
         holder_proxy.executions() - holder_from,
         2,
@@ -178,37 +205,27 @@ async fn a_terminated_listener_leaves_no_waiter_hanging() {
     let listener = format!("{application} (idem wake-up)");
     for round in 0..3 {
         let id = Identity::new("wake_cut").part(round);
-        let (entered, go) = (Notify::new(), Notify::new());
-        let holder = holder_gate.guard(&id).replay().run(held_until(
-            &entered,
-            &go,
-            Ok::<_, JobError>(round),
-        ));
-        let waiting = async {
-            entered.notified().await;
-            let waited = waiter_gate
-                .guard(&id)
-                .replay()
-                .wait(Duration::from_secs(60))
-                .run(async { Ok::<_, JobError>(-1) });
-            let cut = async {
-                marked(&direct, &account, &id.address()).await;
-                // The listener's backend terminated, then at once the
-                // outcome lands: its wake-up is sent while nobody listens.
-                let terminated: i64 = sqlx::query_scalar(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                     WHERE application_name = $1",
-                )
-                .bind(&listener)
-                .fetch_one(&direct)
-                .await
-                .expect("terminate the listener");
-                assert_eq!(terminated, 1, "round {round}: one listener, terminated");
-                go.notify_one();
-            };
-            tokio::join!(within("the waiter whose listener died", waited), cut).0
+        // The listener's backend terminated, then at once the outcome
+        // lands: its wake-up is sent while nobody listens.
+        let cut = async {
+            let terminated: i64 = sqlx::query_scalar(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = $1",
+            )
+            .bind(&listener)
+            .fetch_one(&direct)
+            .await
+            .expect("terminate the listener");
+            assert_eq!(terminated, 1, "round {round}: one listener, terminated");
         };
-        let (held, waited) = tokio::join!(holder, waiting);
+        let (held, waited, ()) = held_and_awaited_elsewhere(
+            (&holder_gate, &waiter_gate),
+            &direct,
+            &id,
+            (round, Duration::from_secs(60)),
+            cut,
+        )
+        .await;
         assert_eq!(held.expect("the holder succeeds"), round);
         assert_eq!(
             waited.expect("replayed"),

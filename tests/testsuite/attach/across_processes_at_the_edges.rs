@@ -21,7 +21,7 @@ use idem_test_support::fault_proxy::Statement;
 use idem_test_support::{ChargeError, JobError};
 use tokio::sync::{Barrier, Notify, watch};
 
-use super::across_processes::{direct, gate_in, marked, within};
+use super::across_processes::{direct, gate_in, held_and_awaited_elsewhere, marked, within};
 use super::held_until;
 
 /// What a gate's wake-up listener adds to its pool's application name.
@@ -469,26 +469,14 @@ async fn the_listener_closes_when_nobody_waits_even_while_other_slots_are_woken(
     let (_waiter_proxy, waiter_gate) = gate_in(&account, &application, 2).await;
     let direct = direct().await;
     let id = Identity::new("edge_idle").part("ord_1");
-    let (entered, go) = (Notify::new(), Notify::new());
-    let holder =
-        holder_gate
-            .guard(&id)
-            .replay()
-            .run(held_until(&entered, &go, Ok::<_, JobError>(7_i64)));
-    let waiting = async {
-        entered.notified().await;
-        let waited = waiter_gate
-            .guard(&id)
-            .replay()
-            .wait(Duration::from_secs(20))
-            .run(async { Ok::<_, JobError>(-1_i64) });
-        let release = async {
-            marked(&direct, &account, &id.address()).await;
-            go.notify_one();
-        };
-        tokio::join!(within("the waiter", waited), release).0
-    };
-    let (held, waited) = tokio::join!(holder, waiting);
+    let (held, waited, ()) = held_and_awaited_elsewhere(
+        (&holder_gate, &waiter_gate),
+        &direct,
+        &id,
+        (7, Duration::from_secs(20)),
+        async {},
+    )
+    .await;
     assert_eq!(held.expect("the holder succeeds"), 7);
     assert_eq!(waited.expect("replayed"), 7);
     let left = Instant::now();
@@ -548,29 +536,18 @@ async fn a_waiter_after_the_listener_idled_out_listens_again_and_is_woken() {
             tokio::time::sleep(Duration::from_millis(11_500)).await;
         }
         let id = Identity::new("edge_again").part(round);
-        let (entered, go) = (Notify::new(), Notify::new());
-        let holder = holder_gate.guard(&id).replay().run(held_until(
-            &entered,
-            &go,
-            Ok::<_, JobError>(round),
-        ));
-        let waiting = async {
-            entered.notified().await;
-            let waited = waiter_gate
-                .guard(&id)
-                .replay()
-                .wait(Duration::from_secs(20))
-                .run(async { Ok::<_, JobError>(-1) });
-            let release = async {
-                marked(&direct, &account, &id.address()).await;
-                let listening = listeners(&direct, &application).await;
-                let from = holder_proxy.executions();
-                go.notify_one();
-                (listening, from)
-            };
-            tokio::join!(within("the waiter", waited), release)
+        let conduct = async {
+            let listening = listeners(&direct, &application).await;
+            (listening, holder_proxy.executions())
         };
-        let (held, (waited, (listening, from))) = tokio::join!(holder, waiting);
+        let (held, waited, (listening, from)) = held_and_awaited_elsewhere(
+            (&holder_gate, &waiter_gate),
+            &direct,
+            &id,
+            (round, Duration::from_secs(20)),
+            conduct,
+        )
+        .await;
         assert_eq!(held.expect("the holder succeeds"), round);
         assert_eq!(waited.expect("replayed"), round, "round {round}");
         assert_eq!(listening, 1, "round {round}: one listener while it waits");
@@ -1167,27 +1144,17 @@ async fn a_holder_whose_settle_reply_is_lost_still_wakes_its_waiter() {
     let direct = direct().await;
     let mut listener = landed_listener().await;
     let id = Identity::new("edge_lost").part("ord_1");
-    let (entered, go) = (Notify::new(), Notify::new());
-    let holder =
-        holder_gate
-            .guard(&id)
-            .replay()
-            .run(held_until(&entered, &go, Ok::<_, JobError>(9_i64)));
-    let waiting = async {
-        entered.notified().await;
-        let waited = waiter_gate
-            .guard(&id)
-            .replay()
-            .wait(Duration::from_secs(20))
-            .run(async { Ok::<_, JobError>(-1_i64) });
-        let release = async {
-            marked(&direct, &account, &id.address()).await;
-            assert!(holder_proxy.lose_next_reply(Statement::Settle));
-            go.notify_one();
-        };
-        tokio::join!(within("the waiter", waited), release).0
+    let lose_the_settle_reply = async {
+        assert!(holder_proxy.lose_next_reply(Statement::Settle));
     };
-    let (held, waited) = tokio::join!(holder, waiting);
+    let (held, waited, ()) = held_and_awaited_elsewhere(
+        (&holder_gate, &waiter_gate),
+        &direct,
+        &id,
+        (9, Duration::from_secs(20)),
+        lose_the_settle_reply,
+    )
+    .await;
     assert_eq!(
         holder_proxy.take_lost_replies().len(),
         1,
