@@ -140,6 +140,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
         identity: identity.canonical(),
         fingerprint: fingerprint.as_ref().map(|f| f.as_slice()),
         lease_micros,
+        in_doubt_on_expiry: mode.expires_in_doubt(),
         windows,
         ordered: ordered
             .zip(entity_address.as_deref())
@@ -723,7 +724,11 @@ impl<'a> Contender<'a> {
             store::ClaimState::Failed => return Ok(kept_failure()),
             store::ClaimState::Pending | store::ClaimState::Success => {}
         }
-        if existing.lease_expired && on_expiry == OnExpiry::InDoubt {
+        // Either the claim or this caller saying `in_doubt` is enough: a
+        // holder that asked for it may have done what no retry may repeat,
+        // whatever a later deploy or another call site says.
+        if existing.lease_expired && (existing.in_doubt_on_expiry || on_expiry == OnExpiry::InDoubt)
+        {
             // The holder is gone and may have done the action: nobody runs
             // it until its outcome is established.
             let turned = store::expire_in_doubt(&mut *conn, scope, address, existing.fence).await?;

@@ -620,6 +620,7 @@ async fn claim<R>(
         identity: items[index].identity.canonical(),
         fingerprint: items[index].digest.as_ref().map(|f| f.as_slice()),
         lease_micros,
+        in_doubt_on_expiry: mode.expires_in_doubt(),
         windows,
         // Ordered events are claimed by a statement of their own (below).
         ordered: None,
@@ -801,13 +802,13 @@ async fn claim_ordered_in_store<'i>(
             },
         )
         .collect();
-    let (lease_micros, windows) = (new(ordered[0]).lease_micros, new(ordered[0]).windows);
+    let (lease, windows) = (new(ordered[0]).lease(), new(ordered[0]).windows);
     let mut conn = slots.pool().acquire().await.map_err(failed)?;
     let won = retry::repeat!(
         &SERIALIZATION_BACKOFF,
         retry::is_serialization_failure,
         |_, _| observe::record(GateEvent::Retried),
-        store::claim_ordered_batch(&mut conn, slots.scope(), &batch, lease_micros, windows).await,
+        store::claim_ordered_batch(&mut conn, slots.scope(), &batch, lease, windows).await,
     )
     .map_err(failed)?;
     Ok(won.into_iter().collect())
@@ -829,7 +830,7 @@ async fn claim_in_store<'i>(
     let failed = |error: sqlx::Error| batch_failed(slots, to_claim.len(), error);
     let scope = slots.scope();
     let mut conn = slots.pool().acquire().await.map_err(failed)?;
-    let (lease_micros, windows) = (new(to_claim[0]).lease_micros, new(to_claim[0]).windows);
+    let (lease, windows) = (new(to_claim[0]).lease(), new(to_claim[0]).windows);
     let batch: Vec<NewBatchItem<'_>> = to_claim
         .iter()
         .map(|&index| NewBatchItem {
@@ -845,7 +846,7 @@ async fn claim_in_store<'i>(
         &SERIALIZATION_BACKOFF,
         retry::is_serialization_failure,
         |_, _| observe::record(GateEvent::Retried),
-        store::claim_batch(&mut *conn, scope, &batch, lease_micros, windows).await,
+        store::claim_batch(&mut *conn, scope, &batch, lease, windows).await,
     )
     .map_err(failed)?;
     let won: HashMap<String, i64> = won.into_iter().collect();

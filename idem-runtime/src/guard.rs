@@ -538,6 +538,8 @@ impl<'a, R, D> Guard<'a, R, D, Leased> {
     /// What a claim whose lease ran out becomes: taken over by the next
     /// duplicate ([`OnExpiry::TakeOver`], the default) or held in doubt
     /// ([`OnExpiry::InDoubt`]) until a reconciler or an operator finds out.
+    /// Recorded with the claim: a claim made with `InDoubt` is held in
+    /// doubt whatever the duplicate that finds it says (see [`OnExpiry`]).
     /// The attribute's `on_expiry = "..."`; only after a
     /// [`lease`](Guard::lease).
     pub fn on_expiry(mut self, on_expiry: OnExpiry) -> Guard<'a, R, D, Leased> {

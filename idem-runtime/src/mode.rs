@@ -40,6 +40,13 @@ pub use crate::outcome::Disposition;
 
 /// What a pending claim whose lease ran out becomes, when the next claim of
 /// its slot finds it (only with a lease).
+///
+/// The policy is recorded with the claim, and the stricter one wins: the
+/// claim is held in doubt when either it or the duplicate that finds it was
+/// made with [`InDoubt`](OnExpiry::InDoubt), and taken over only when both
+/// say [`TakeOver`](OnExpiry::TakeOver). A deploy that changes the option,
+/// or a call site that never set it, cannot run again what a holder made
+/// with `InDoubt` may have done.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OnExpiry {
@@ -296,6 +303,12 @@ impl Mode {
     /// What a claim whose lease ran out becomes.
     pub(crate) fn on_expiry_policy(&self) -> OnExpiry {
         self.on_expiry
+    }
+
+    /// Whether a claim made in this mode records that its lease, run out,
+    /// holds the slot in doubt: asked for, and a lease to run out.
+    pub(crate) fn expires_in_doubt(&self) -> bool {
+        self.lease.is_some() && self.on_expiry == OnExpiry::InDoubt
     }
 
     /// How settle and release commit, as asked ([`OutcomeCommit`] says when

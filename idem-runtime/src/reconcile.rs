@@ -8,9 +8,9 @@
 //! runs out under [`OnExpiry::InDoubt`] does the same for a holder that
 //! vanished. Either way the slot is held and duplicates are refused, never
 //! run. (The row of a holder that vanished stays `pending`, its lease run
-//! out, until a retry looks and turns it `in_doubt`: the row does not
-//! record `on_expiry`. The reconciler lists such pending claims as they
-//! are, so it need not wait for a retry.) A [`Reconciler`] finds those
+//! out, until a retry looks and turns it `in_doubt`, whatever that retry's
+//! own `on_expiry`: the claim's is recorded with it. The reconciler lists
+//! such pending claims as they are, so it need not wait for a retry.) A [`Reconciler`] finds those
 //! claims, asks the probe registered for
 //! their action what really happened (the payment provider, by a reference
 //! derived from the key), and resolves each as the probe says: settled (with
@@ -77,9 +77,8 @@ pub struct Doubt {
     pub state: ClaimState,
     /// How it got there: `body_in_doubt` (its body said so),
     /// `lease_expired` (its lease ran out: its holder vanished; in doubt
-    /// under `on_expiry = "in_doubt"`, or still pending, whatever its
-    /// `on_expiry`, until a retry looks); `None` for a pending claim
-    /// without a lease.
+    /// under `on_expiry = "in_doubt"` once a retry looks, and still pending
+    /// until then); `None` for a pending claim without a lease.
     pub reason: Option<String>,
     /// When it was claimed, by the database's clock.
     pub claimed_at: SystemTime,
@@ -268,10 +267,10 @@ type Probe = Arc<dyn Fn(Doubt) -> Pin<Box<dyn Future<Output = Verdict> + Send>> 
 ///
 /// A pending claim whose lease ran out is listed as soon as it ran out,
 /// whatever [`pending_older_than`](Reconciler::pending_older_than) says:
-/// its holder is presumed gone by the lease's own definition, and the row
-/// does not say whether it was claimed with `on_expiry = "in_doubt"` (held
-/// until resolved) or `"take_over"` (the next invocation runs it again).
-/// For a `take_over` claim the probe's answer stands in for the settle the
+/// its holder is presumed gone by the lease's own definition, whether it
+/// was claimed with `on_expiry = "in_doubt"` (held until resolved, a retry
+/// only turning it `in_doubt`) or `"take_over"` (the next invocation runs
+/// it again). For a `take_over` claim the probe's answer stands in for the settle the
 /// vanished holder never made: `NotHappened` releases it, as the takeover
 /// would have run it again anyway; `Succeeded` keeps the effect a
 /// takeover would have repeated; `Failed` keeps the failure, as the

@@ -454,6 +454,37 @@ async fn a_lease_that_ran_out_is_taken_over_or_turned_in_doubt_as_asked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_would_take_over_holds_a_claim_made_in_doubt_on_expiry() {
+    let gate = testing::gate().await;
+    let claim = gate
+        .guard(&id("made_in_doubt"))
+        .lease(Duration::from_millis(1))
+        .on_expiry(OnExpiry::InDoubt)
+        .claim()
+        .await
+        .expect("claimed");
+    std::mem::forget(claim);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let ran = AtomicUsize::new(0);
+    let batch = Batch::from_iter([("made_in_doubt", id("made_in_doubt"))]);
+    let held = gate
+        .guard_batch(batch)
+        .lease(Duration::from_secs(30))
+        .run(|_| async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, JobError>("ran")
+        })
+        .await;
+    assert_refused!(held[0], Rejected::InDoubt, "{held:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "run again: {held:?}");
+    assert_eq!(
+        state(&gate, "made_in_doubt").await.as_deref(),
+        Some("in_doubt")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_released_under_its_body_keeps_the_success_and_says_so() {
     let gate = testing::gate().await;
     let keys = keys("released", 0..3);

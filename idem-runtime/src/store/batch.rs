@@ -166,15 +166,16 @@ macro_rules! per_batch {
 /// `$1` account, `$2` addresses (no repeats), `$3` namespace, `$4`
 /// identities, `$5` fingerprints (NULL elements: none), `$6` lease in
 /// microseconds (NULL: none), `$7` and `$8` the value's and the slot's
-/// windows in microseconds (NULL: for ever). The same text serves every form: the insert
+/// windows in microseconds (NULL: for ever), `$9` `in_doubt_on_expiry`
+/// (`true`, or NULL: take over). The same text serves every form: the insert
 /// is arbitrated by the index the new row's namespace falls under, and
 /// Citus routes it by the one account.
 pub const CLAIM_BATCH: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at, \
-        value_kept_for, slot_kept_for) \
+        value_kept_for, slot_kept_for, in_doubt_on_expiry) \
      SELECT $1, 'claim', item.address, $3, 'pending', item.identity, item.fingerprint, \
             now() + $6 * interval '1 microsecond', $7 * interval '1 microsecond', \
-            $8 * interval '1 microsecond' \
+            $8 * interval '1 microsecond', $9 \
      FROM unnest($2::text[], $4::bytea[], $5::bytea[]) AS item(address, identity, fingerprint) \
      ORDER BY item.address \
      ON CONFLICT DO NOTHING \
@@ -349,6 +350,15 @@ pub(crate) struct NewBatchItem<'a> {
     pub fingerprint: Option<&'a [u8]>,
 }
 
+/// The lease every claim of a batch is made with: its length in
+/// microseconds (`None`: none), and whether, run out, it holds the slot in
+/// doubt (as [`NewClaim`](super::NewClaim)'s).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchLease {
+    pub micros: Option<i64>,
+    pub in_doubt_on_expiry: bool,
+}
+
 /// Claims every free slot among `items` (addresses without repeats) in one
 /// statement ([`CLAIM_BATCH`]): the won addresses with their fences, in
 /// address order.
@@ -356,23 +366,24 @@ pub(crate) async fn claim_batch<'e>(
     executor: impl PgExecutor<'e>,
     scope: super::Scope<'_>,
     items: &[NewBatchItem<'_>],
-    lease_micros: Option<i64>,
+    lease: BatchLease,
     windows: super::Windows,
 ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    let query = claims_bound(CLAIM_BATCH, scope, items.iter(), lease_micros, windows);
+    let query = claims_bound(CLAIM_BATCH, scope, items.iter(), lease, windows);
     won(query.fetch_all(executor).await?)
 }
 
 /// `text`, a claim of many new rows, with what [`CLAIM_BATCH`] binds:
 /// `$1` the account, `$2` the addresses, `$3` the namespace, `$4` the
 /// identities, `$5` the fingerprints (pairwise with the addresses), `$6`
-/// the lease, `$7` and `$8` the windows, in microseconds. The batch claim
-/// of ordered events binds the same, then its own.
+/// the lease, `$7` and `$8` the windows, in microseconds, `$9`
+/// `in_doubt_on_expiry`. The batch claim of ordered events binds the same,
+/// then its own.
 pub(super) fn claims_bound<'q, 'a: 'q>(
     text: &'static str,
     scope: super::Scope<'q>,
     items: impl Iterator<Item = &'q NewBatchItem<'a>> + Clone,
-    lease_micros: Option<i64>,
+    lease: BatchLease,
     windows: super::Windows,
 ) -> Query<'q, Postgres, PgArguments> {
     let addresses: Vec<&str> = items.clone().map(|item| item.address).collect();
@@ -384,9 +395,10 @@ pub(super) fn claims_bound<'q, 'a: 'q>(
         .bind(scope.namespace)
         .bind(identities)
         .bind(fingerprints)
-        .bind(lease_micros)
+        .bind(lease.micros)
         .bind(windows.value_micros)
         .bind(windows.slot_micros)
+        .bind(super::claims::in_doubt_on_expiry(lease.in_doubt_on_expiry))
 }
 
 /// The won addresses and their fences, as a batch claim returns them.

@@ -39,11 +39,13 @@ pub const SCHEMA_SQL: &str = concat!(
     "\n",
     include_str!("../../sql/v12.sql"),
     "\n",
-    include_str!("../../sql/v13.sql")
+    include_str!("../../sql/v13.sql"),
+    "\n",
+    include_str!("../../sql/v14.sql")
 );
 
 /// The schema version this build writes and expects.
-pub const SCHEMA_VERSION: i32 = 13;
+pub const SCHEMA_VERSION: i32 = 14;
 
 /// One step of the schema's history.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +77,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration::new(11, include_str!("../../sql/v11.sql")),
     Migration::new(12, include_str!("../../sql/v12.sql")),
     Migration::new(13, include_str!("../../sql/v13.sql")),
+    Migration::new(14, include_str!("../../sql/v14.sql")),
 ];
 
 /// The index of open claims (schema version 9, `sql/v9.sql`).

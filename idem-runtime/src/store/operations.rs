@@ -521,10 +521,10 @@ pub(crate) fn action_pattern(action_alone: &[u8]) -> Vec<u8> {
 /// A pending claim whose lease is live has a living holder and is not
 /// listed (and the resolution refuses it anyway: `NO_LIVE_LEASE`). One
 /// whose lease ran out is listed whatever `$4` says: by the lease's own
-/// definition its holder is presumed gone, and the row does not record
-/// `on_expiry`, so under `on_expiry = "in_doubt"` it is in doubt until a
-/// retry turns it, which may never come; waiting for `$4` would leave it
-/// unprobed. (Under `take_over` a probe's answer stands in for the settle
+/// definition its holder is presumed gone, and under `on_expiry =
+/// "in_doubt"` (`in_doubt_on_expiry`) it is in doubt but stays `pending`
+/// until a retry turns it, which may never come; waiting for `$4` would
+/// leave it unprobed. (Under `take_over` a probe's answer stands in for the settle
 /// the vanished holder never made, as `Reconciler`'s docs explain.) A
 /// renewal between the listing and the resolution is safe: the
 /// resolution's compare-and-swap refuses a live lease. A pending claim

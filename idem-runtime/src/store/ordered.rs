@@ -197,17 +197,20 @@ macro_rules! claim_ordered_statement {
              ), claimed AS ( \
                  INSERT INTO idem_records \
                    (account, kind, address, namespace, state, identity, fingerprint, \
-                    lease_expires_at, value_kept_for, slot_kept_for, entity, event_order) \
+                    lease_expires_at, value_kept_for, slot_kept_for, entity, event_order, \
+                    in_doubt_on_expiry) \
                  SELECT $1, 'claim', $2, $3, 'pending', $4, $5, \
                         now() + $6 * interval '1 microsecond', \
-                        $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10, $12 \
+                        $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10, $12, \
+                        $13 \
                  WHERE EXISTS (SELECT FROM taken WHERE took) \
                  ON CONFLICT DO NOTHING \
                  RETURNING fence \
              ) \
              SELECT true AS won, fence, NULL::bigint AS lineage, NULL::boolean AS settled, \
                     NULL::text AS state, NULL::bytea AS identity, NULL::bytea AS fingerprint, \
-                    NULL::boolean AS lease_expired, NULL::boolean AS resolved, \
+                    NULL::boolean AS lease_expired, NULL::boolean AS in_doubt_on_expiry, \
+                    NULL::boolean AS resolved, \
                     NULL::text AS reason, NULL::text AS output, NULL::boolean AS slot_expired, \
                     NULL::boolean AS value_expired, NULL::boolean AS windowed, \
                     NULL::boolean AS entity_refused, NULL::bigint AS applied_order, \
@@ -215,12 +218,12 @@ macro_rules! claim_ordered_statement {
              FROM claimed \
              UNION ALL \
              SELECT false, fence, lineage, settled, state, identity, fingerprint, lease_expired, \
-                    resolved, reason, output, slot_expired, value_expired, windowed, \
-                    false, NULL, NULL, NULL \
+                    in_doubt_on_expiry, resolved, reason, output, slot_expired, value_expired, \
+                    windowed, false, NULL, NULL, NULL \
              FROM existing \
              UNION ALL \
              SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-                    NULL, NULL, true, applied_order, same_entity, stale \
+                    NULL, NULL, NULL, true, applied_order, same_entity, stale \
              FROM taken WHERE NOT took"
         )
     };
@@ -229,7 +232,7 @@ macro_rules! claim_ordered_statement {
 /// Claims an event's slot and takes its entity, or says why not, in one
 /// statement (see `claim_ordered_statement!`). `$1`–`$9` as
 /// [`CLAIM`](super::claims::CLAIM)'s; `$10` the entity's address, `$11`
-/// its identity, `$12` the event's order. Index: the partial unique index
+/// its identity, `$12` the event's order, `$13` as `CLAIM`'s `$10`. Index: the partial unique index
 /// of its form, for the event's row, the entity's and its holder's.
 pub const CLAIM_ORDERED: SplitOnNamespace = SplitOnNamespace {
     without_namespace: claim_ordered_statement!(
@@ -269,8 +272,8 @@ macro_rules! claim_ordered_batch_statement {
         concat!(
             "WITH fresh AS ( \
                  SELECT item.* \
-                 FROM unnest($2::text[], $4::bytea[], $5::bytea[], $9::text[], $10::bytea[], \
-                             $11::bigint[]) \
+                 FROM unnest($2::text[], $4::bytea[], $5::bytea[], $10::text[], $11::bytea[], \
+                             $12::bigint[]) \
                       AS item(address, identity, fingerprint, entity, entity_identity, \
                               event_order) \
                  LEFT JOIN LATERAL (SELECT true AS found FROM idem_records r \
@@ -298,10 +301,11 @@ macro_rules! claim_ordered_batch_statement {
              ) \
              INSERT INTO idem_records \
                (account, kind, address, namespace, state, identity, fingerprint, \
-                lease_expires_at, value_kept_for, slot_kept_for, entity, event_order) \
+                lease_expires_at, value_kept_for, slot_kept_for, in_doubt_on_expiry, entity, \
+                event_order) \
              SELECT $1, 'claim', fresh.address, $3, 'pending', fresh.identity, fresh.fingerprint, \
                     now() + $6 * interval '1 microsecond', $7 * interval '1 microsecond', \
-                    $8 * interval '1 microsecond', fresh.entity, fresh.event_order \
+                    $8 * interval '1 microsecond', $9, fresh.entity, fresh.event_order \
              FROM fresh \
              JOIN taken ON taken.address = fresh.entity AND taken.held_by = fresh.address \
                        AND taken.event_order = fresh.event_order \
@@ -315,8 +319,8 @@ macro_rules! claim_ordered_batch_statement {
 /// Claims a pass of a batch's ordered events (no two of one slot or of
 /// one entity) in one statement, on PostgreSQL (see
 /// `claim_ordered_batch_statement!`): the won addresses and their fences.
-/// `$1`–`$8` as [`CLAIM_BATCH`](super::batch::CLAIM_BATCH)'s; `$9` the
-/// entities' addresses, `$10` their identities, `$11` the events' orders
+/// `$1`–`$9` as [`CLAIM_BATCH`](super::batch::CLAIM_BATCH)'s; `$10` the
+/// entities' addresses, `$11` their identities, `$12` the events' orders
 /// (pairwise with the addresses). Index: per event, the partial unique
 /// index of its form for its own row, its entity's and its holder's.
 pub const CLAIM_ORDERED_BATCH: SplitOnNamespace = SplitOnNamespace {
@@ -347,7 +351,7 @@ pub(crate) async fn claim_ordered_batch(
     conn: &mut PgConnection,
     scope: Scope<'_>,
     items: &[NewOrderedItem<'_>],
-    lease_micros: Option<i64>,
+    lease: super::batch::BatchLease,
     windows: super::Windows,
 ) -> Result<Vec<(String, i64)>, sqlx::Error> {
     let entities: Vec<&str> = items.iter().map(|item| item.ordered.entity).collect();
@@ -360,7 +364,7 @@ pub(crate) async fn claim_ordered_batch(
         CLAIM_ORDERED_BATCH.for_namespace(scope.namespace),
         scope,
         items.iter().map(|item| &item.item),
-        lease_micros,
+        lease,
         windows,
     )
     .bind(entities)
@@ -413,14 +417,14 @@ macro_rules! take_entity_statement {
             " AND x.held_by IS NOT DISTINCT FROM e.held_by) AS stale \
              ) \
              SELECT fence, lineage, settled, state, identity, fingerprint, lease_expired, \
-                    resolved, reason, output, slot_expired, value_expired, windowed, \
-                    false AS entity_refused, NULL::boolean AS took, \
+                    in_doubt_on_expiry, resolved, reason, output, slot_expired, value_expired, \
+                    windowed, false AS entity_refused, NULL::boolean AS took, \
                     NULL::bigint AS applied_order, NULL::boolean AS same_entity, \
                     NULL::boolean AS stale \
              FROM existing \
              UNION ALL \
              SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-                    NULL, NOT took, took, applied_order, same_entity, stale \
+                    NULL, NULL, NOT took, took, applied_order, same_entity, stale \
              FROM taken"
         )
     };
@@ -474,8 +478,8 @@ const CREATE_ENTITY_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
 /// naming its entity and order, as [`CLAIM_ORDERED`]'s `claimed` does
 /// (`RETURNING fence`; nothing when a row holds the slot, which the caller
 /// then looks up). An `INSERT ... VALUES`, routed to the account's worker.
-/// `$1`–`$8` as [`CLAIM_ROUTED`](super::claims::CLAIM_ROUTED)'s; `$9` the
-/// entity's address, `$10` the event's order. One text serves both forms,
+/// `$1`–`$9` as [`CLAIM_ROUTED`](super::claims::CLAIM_ROUTED)'s; `$10` the
+/// entity's address, `$11` the event's order. One text serves both forms,
 /// as for [`CREATE_ENTITY_ROUTED`].
 pub const CLAIM_EVENT_ROUTED: SplitOnNamespace = SplitOnNamespace {
     without_namespace: CLAIM_EVENT_ROUTED_STATEMENT,
@@ -485,9 +489,9 @@ pub const CLAIM_EVENT_ROUTED: SplitOnNamespace = SplitOnNamespace {
 /// The text of [`CLAIM_EVENT_ROUTED`].
 const CLAIM_EVENT_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at, \
-        value_kept_for, slot_kept_for, entity, event_order) \
+        value_kept_for, slot_kept_for, in_doubt_on_expiry, entity, event_order) \
      VALUES ($1, 'claim', $2, $3, 'pending', $4, $5, now() + $6 * interval '1 microsecond', \
-             $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9, $10) \
+             $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9, $10, $11) \
      ON CONFLICT DO NOTHING \
      RETURNING fence";
 
@@ -512,6 +516,7 @@ pub(super) async fn claim_ordered(
         .bind(ordered.entity)
         .bind(ordered.entity_identity)
         .bind(ordered.order)
+        .bind(claim.in_doubt_on_expiry())
         .fetch_optional(conn)
         .await?;
     let Some(row) = row else {
@@ -612,6 +617,7 @@ async fn claim_ordered_in(
         .bind(claim.lease_micros)
         .bind(claim.windows.value_micros)
         .bind(claim.windows.slot_micros)
+        .bind(claim.in_doubt_on_expiry())
         .bind(ordered.entity)
         .bind(ordered.order)
         .fetch_optional(&mut *conn)

@@ -203,6 +203,102 @@ async fn an_expired_lease_is_still_taken_over_by_default() {
     assert_eq!(ran.expect("taken over"), "taken over");
 }
 
+/// What a claim's lease turns into is the claim's own policy, recorded with
+/// it: a deploy whose new code says `take_over` where the old said
+/// `in_doubt` (or a caller that forgot the option) must not run again an
+/// action whose holder may have done it. Either side saying `in_doubt`
+/// holds the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_made_in_doubt_on_expiry_is_held_when_a_take_over_retry_finds_it_run_out() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge_leased").part("ord_mixed_policies");
+    let abandoned = gate
+        .guard(&id)
+        .lease(Duration::from_millis(200))
+        .on_expiry(idem::OnExpiry::InDoubt)
+        .claim()
+        .await
+        .expect("won");
+    std::mem::forget(abandoned);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let runs = AtomicUsize::new(0);
+    // The retries say take_over (the default), explicitly or not.
+    let report = race(16, || {
+        gate.guard(&id)
+            .lease(Duration::from_millis(200))
+            .on_expiry(idem::OnExpiry::TakeOver)
+            .run(async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Rejected>(())
+            })
+    })
+    .await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "a take_over retry ran again a claim made with on_expiry = in_doubt: {report}"
+    );
+    for invocation in &report.invocations {
+        assert!(
+            matches!(invocation.refusal(), Some(Rejected::InDoubt)),
+            "{report}"
+        );
+    }
+    assert_eq!(
+        rows::row_state(&gate, &id.address()).await.as_deref(),
+        Some("in_doubt")
+    );
+    // A retry with no lease at all is refused the same way.
+    let unleased = gate.guard(&id).run(async { Ok::<_, Rejected>(()) }).await;
+    assert!(matches!(unleased, Err(Rejected::InDoubt)), "{unleased:?}");
+}
+
+/// The converse: a claim made with `take_over` is held in doubt by a retry
+/// that says `in_doubt` (the retry's caution is enough), and one taken over
+/// by a `take_over` retry records the taker's policy, not the first's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn either_the_claim_or_the_retry_saying_in_doubt_holds_the_slot() {
+    let gate = testing::gate().await;
+    let lease = Duration::from_millis(150);
+    let cautious = Identity::new("charge_leased").part("ord_cautious_retry");
+    std::mem::forget(
+        gate.guard(&cautious)
+            .lease(lease)
+            .claim()
+            .await
+            .expect("won"),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = gate
+        .guard(&cautious)
+        .lease(lease)
+        .on_expiry(idem::OnExpiry::InDoubt)
+        .claim()
+        .await;
+    assert!(matches!(held, Err(Rejected::InDoubt)), "{held:?}");
+
+    // Taken over by a take_over retry, then abandoned again: the next
+    // take_over retry takes it over once more (nothing says in_doubt).
+    let relay = Identity::new("charge_leased").part("ord_relay");
+    std::mem::forget(gate.guard(&relay).lease(lease).claim().await.expect("won"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let taken = gate
+        .guard(&relay)
+        .lease(lease)
+        .claim()
+        .await
+        .expect("taken over");
+    std::mem::forget(taken);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = gate
+        .guard(&relay)
+        .lease(lease)
+        .run(async { Ok::<_, Rejected>("ran") })
+        .await;
+    assert_eq!(again.expect("taken over again"), "ran");
+}
+
 #[idempotent(key = "order", tx = tx, disposition = ChargeError::disposition)]
 async fn charge_in(
     gate: &Gate,

@@ -523,6 +523,35 @@ async fn in_doubt_resolved_each_way_moves_the_entity_as_the_table_says() {
     }
 }
 
+/// The claim's own `on_expiry` holds: an ordered event claimed with
+/// `InDoubt` whose retry says nothing (take over, the default) is held in
+/// doubt all the same, and so is its entity.
+#[tokio::test]
+async fn a_retry_that_would_take_over_holds_an_event_claimed_in_doubt_on_expiry() {
+    let gate = testing::gate().await;
+    let sub = entity("lease_doubt_mixed");
+    let id = event("ldm7");
+    let claim = gate
+        .guard(&id)
+        .ordered(&sub, 7)
+        .lease(Duration::from_millis(300))
+        .on_expiry(OnExpiry::InDoubt)
+        .claim()
+        .await
+        .expect("claimed");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let log = Mutex::new(Vec::new());
+    let own: Result<(), Rejected> = gate
+        .guard(&id)
+        .ordered(&sub, 7)
+        .lease(Duration::from_millis(300))
+        .run(async { panic!("ldm7 ran again, claimed in doubt on expiry") })
+        .await;
+    assert!(matches!(own, Err(Rejected::InDoubt)), "{own:?}");
+    assert_eq!(go(&gate, "ldm9", &sub, 9, End::Ok, &log).await, "in_flight");
+    drop(claim);
+}
+
 /// "A lease that runs out leaves the entity with the event whose lease it
 /// was, for its own retry to take over": other events (older and newer)
 /// are refused meanwhile; the event's own retry takes over and, once it

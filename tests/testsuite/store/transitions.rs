@@ -33,13 +33,24 @@ async fn scratch() -> Scratch {
 
 /// Claims `address`, with a lease of `lease_micros` if given; its fence.
 async fn won(conn: &mut PgConnection, address: &str, lease_micros: Option<i64>) -> i64 {
-    let new = NewClaim {
+    won_with(conn, address, leased(lease_micros, false)).await
+}
+
+/// A new claim with a lease of `lease_micros` if given, held in doubt when
+/// it runs out if `in_doubt_on_expiry`.
+fn leased(lease_micros: Option<i64>, in_doubt_on_expiry: bool) -> NewClaim<'static> {
+    NewClaim {
         identity: b"\x00",
         fingerprint: None,
         lease_micros,
+        in_doubt_on_expiry,
         windows: Default::default(),
         ordered: None,
-    };
+    }
+}
+
+/// Claims `address` as `new` says; its fence.
+async fn won_with(conn: &mut PgConnection, address: &str, new: NewClaim<'_>) -> i64 {
     match claims::claim(
         &mut *conn,
         Engine::PostgreSQL,
@@ -76,13 +87,7 @@ async fn reason(conn: &mut PgConnection, address: &str) -> (Option<String>, bool
 /// Every statement of the claim path that changes a pending row, under
 /// `fence`: none may change a row that is no longer pending.
 async fn claim_path_changes_nothing(conn: &mut PgConnection, address: &str, fence: i64) {
-    let new = NewClaim {
-        identity: b"\x00",
-        fingerprint: None,
-        lease_micros: Some(1_000_000),
-        windows: Default::default(),
-        ordered: None,
-    };
+    let new = leased(Some(1_000_000), false);
     assert!(
         !claims::settle(&mut *conn, SCOPE, address, fence, None, Commit::Durable)
             .await
@@ -161,13 +166,7 @@ async fn a_claim_is_held_in_doubt_only_by_its_holder_and_then_refuses_the_claim_
     claim_path_changes_nothing(&mut *conn, address, fence).await;
 
     // A duplicate's claim finds it held, in doubt, not expired.
-    let new = NewClaim {
-        identity: b"\x00",
-        fingerprint: None,
-        lease_micros: None,
-        windows: Default::default(),
-        ordered: None,
-    };
+    let new = leased(None, false);
     match claims::claim(
         &mut *conn,
         Engine::PostgreSQL,
@@ -269,6 +268,69 @@ async fn an_expired_lease_turns_in_doubt_once_and_only_under_the_fence_seen() {
     scratch.drop().await;
 }
 
+/// A claim records its own `on_expiry` (`in_doubt_on_expiry`), and the
+/// takeover refuses a claim made with `in_doubt`, under the fence seen or
+/// not: no caller of the statement can take it over by mistake. A claim
+/// made with `take_over` stores nothing for it and is taken over.
+#[tokio::test]
+async fn a_claim_made_in_doubt_on_expiry_is_never_taken_over() {
+    let mut scratch = scratch().await;
+    let conn = &mut scratch.conn;
+    let held = won_with(
+        &mut *conn,
+        "claim_in_doubt_on_expiry",
+        leased(Some(1), true),
+    )
+    .await;
+    let taken = won_with(
+        &mut *conn,
+        "claim_taken_over_on_expiry",
+        leased(Some(1), false),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+
+    let expired = look(&mut *conn, "claim_in_doubt_on_expiry").await;
+    assert!(expired.lease_expired && expired.in_doubt_on_expiry);
+    assert!(
+        claims::take_over(
+            &mut *conn,
+            SCOPE,
+            "claim_in_doubt_on_expiry",
+            held,
+            leased(Some(1), false)
+        )
+        .await
+        .expect("take over")
+        .is_none(),
+        "a claim made with on_expiry = in_doubt was taken over"
+    );
+    let still = look(&mut *conn, "claim_in_doubt_on_expiry").await;
+    assert_eq!((still.state, still.fence), (ClaimState::Pending, held));
+
+    let expired = look(&mut *conn, "claim_taken_over_on_expiry").await;
+    assert!(expired.lease_expired && !expired.in_doubt_on_expiry);
+    let stored: Option<bool> =
+        sqlx::query_scalar("SELECT in_doubt_on_expiry FROM idem_records WHERE address = $1")
+            .bind("claim_taken_over_on_expiry")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("read the row");
+    assert_eq!(stored, None, "take_over, the default, stores NULL");
+    let over = claims::take_over(
+        &mut *conn,
+        SCOPE,
+        "claim_taken_over_on_expiry",
+        taken,
+        leased(Some(1), false),
+    )
+    .await
+    .expect("take over")
+    .expect("a take_over claim is taken over");
+    assert!(over.fence > taken);
+    scratch.drop().await;
+}
+
 /// A state this build does not know (a later version wrote it) fails the
 /// read of its row with an error naming it: on the claim path and for the
 /// operator alike, never taken for another state, never a panic.
@@ -301,13 +363,7 @@ async fn a_state_this_build_does_not_know_fails_the_read_saying_so() {
     };
     let looked = claims::lookup(&mut *conn, SCOPE, address, claims::KeptValue::Skip).await;
     unknown(&looked.expect_err("the lookup fails"));
-    let new = NewClaim {
-        identity: b"\x00",
-        fingerprint: None,
-        lease_micros: None,
-        windows: Default::default(),
-        ordered: None,
-    };
+    let new = leased(None, false);
     let claimed = claims::claim(
         &mut *conn,
         Engine::PostgreSQL,
