@@ -771,6 +771,41 @@ async fn claims_in_doubt_are_listed_shown_and_resolved_by_hand() {
     assert_contains(&run.stderr, &format!("idem claims resolve {held}"));
     assert_eq!(count(&mut conn, &held).await, 1);
 
+    // A claim made with on_expiry = "in_doubt" whose lease ran out is in
+    // doubt in all but its state (no retry looked yet): release refuses it
+    // too. One whose lease is still live is released as any pending claim.
+    // The lease's end is computed here, as `hold` computes its time (Citus).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64());
+    for (order, lease_seconds, released) in
+        [("ord_vanished", -60.0, false), ("ord_live", 3_600.0, true)]
+    {
+        let address = claim(&mut conn, order, "pending").await;
+        sqlx::query(
+            "UPDATE idem_records SET expires_in_doubt = true, lease_expires_at = to_timestamp($2) \
+             WHERE account = 'acme' AND kind = 'claim' AND address = $1 AND namespace IS NULL",
+        )
+        .bind(&address)
+        .bind(now + lease_seconds)
+        .execute(&mut conn)
+        .await
+        .expect("mark the claim made with on_expiry = in_doubt");
+        let command = format!("claims release {address} --yes");
+        if released {
+            idem_in(&schema, &command).expect_code(0);
+            assert_eq!(count(&mut conn, &address).await, 0, "{order}");
+        } else {
+            let run = idem_in(&schema, &command).expect_code(1);
+            assert_contains(
+                &run.stderr,
+                "its lease ran out under on_expiry = \"in_doubt\"",
+            );
+            assert_contains(&run.stderr, &format!("idem claims resolve {address}"));
+            assert_eq!(count(&mut conn, &address).await, 1, "{order}");
+        }
+    }
+
     let run = idem_in(
         &schema,
         "claims resolve claim_000000000000000000000000 --failed --yes",

@@ -140,7 +140,7 @@ pub(crate) async fn acquire_unless<S: std::future::Future>(
         identity: identity.canonical(),
         fingerprint: fingerprint.as_ref().map(|f| f.as_slice()),
         lease_micros,
-        in_doubt_on_expiry: mode.expires_in_doubt(),
+        expires_in_doubt: mode.expires_in_doubt(),
         windows,
         ordered: ordered
             .zip(entity_address.as_deref())
@@ -727,8 +727,7 @@ impl<'a> Contender<'a> {
         // Either the claim or this caller saying `in_doubt` is enough: a
         // holder that asked for it may have done what no retry may repeat,
         // whatever a later deploy or another call site says.
-        if existing.lease_expired && (existing.in_doubt_on_expiry || on_expiry == OnExpiry::InDoubt)
-        {
+        if existing.lease_expired && (existing.expires_in_doubt || on_expiry == OnExpiry::InDoubt) {
             // The holder is gone and may have done the action: nobody runs
             // it until its outcome is established.
             let turned = store::expire_in_doubt(&mut *conn, scope, address, existing.fence).await?;

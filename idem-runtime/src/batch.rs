@@ -620,7 +620,7 @@ async fn claim<R>(
         identity: items[index].identity.canonical(),
         fingerprint: items[index].digest.as_ref().map(|f| f.as_slice()),
         lease_micros,
-        in_doubt_on_expiry: mode.expires_in_doubt(),
+        expires_in_doubt: mode.expires_in_doubt(),
         windows,
         // Ordered events are claimed by a statement of their own (below).
         ordered: None,

@@ -265,7 +265,11 @@ impl Claim {
     /// inside the caller's transaction, which never has a lease (a guard
     /// with [`tx`](crate::Guard::tx) has no `lease`). `lease` is checked as
     /// [`Guard::lease`](crate::Guard::lease) checks it ([`Rejected::InvalidOption`]).
-    /// [`Rejected::LeaseLost`] if the claim was taken over meanwhile.
+    /// [`Rejected::LeaseLost`] if the claim is no longer held under its
+    /// lease: taken over meanwhile, or, under `on_expiry = "in_doubt"`,
+    /// turned in doubt by a duplicate that found the lease run out (nobody
+    /// else ran it then, and its late [`settle`](Claim::settle) is still
+    /// recorded as the outcome nobody knew).
     pub async fn extend(&self, lease: Duration) -> Result<(), Rejected> {
         let Some(held) = &self.held else {
             return Ok(());

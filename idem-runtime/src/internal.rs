@@ -84,8 +84,10 @@ pub const INDEX_WITHIN_NAMESPACE: &str =
 /// The statement a batch guard (`Gate::guard_batch`) claims a batch with, for benchmarks that
 /// send it by hand to measure the claim alone: `$1` account, `$2` addresses
 /// (no repeats), `$3` namespace, `$4` identities, `$5` fingerprints, `$6`
-/// lease in microseconds (or NULL); it returns the won addresses and their
-/// fences.
+/// lease in microseconds (or NULL), `$7` and `$8` the value's and the
+/// slot's windows in microseconds (or NULL), `$9` whether the lease, run
+/// out, holds the claim in doubt (`true`, or NULL); it returns the won
+/// addresses and their fences.
 pub const BATCH_CLAIM_SQL: &str = crate::store::CLAIM_BATCH;
 
 /// The highest schema version applied, 0 when idem was never set up here.

@@ -129,11 +129,11 @@ pub enum Verdict {
     },
     /// Still unknown: the claim is left as it is, and probed again later,
     /// each time after a longer pause. One in doubt stays held. A pending
-    /// one whose lease ran out is still subject to its action's
-    /// [`OnExpiry`](crate::OnExpiry), as with no reconciler: under the
-    /// default take-over, the next claim of its identity takes it over and
-    /// runs; an action whose probe may not know should use
-    /// `on_expiry = "in_doubt"`.
+    /// one whose lease ran out is still subject to its claim's
+    /// [`OnExpiry`](crate::OnExpiry) (recorded with it; a retry that says
+    /// `in_doubt` holds it too), as with no reconciler: under the default
+    /// take-over, the next claim of its identity takes it over and runs; an
+    /// action whose probe may not know should use `on_expiry = "in_doubt"`.
     Unknown,
 }
 

@@ -124,7 +124,7 @@ const REQUIRED_COLUMNS: &[(&str, bool)] = &[
     // Version 13: every outcome statement returns whether anybody waits.
     ("awaited", false),
     // Version 14: every claim says what its lease turns into.
-    ("in_doubt_on_expiry", false),
+    ("expires_in_doubt", false),
 ];
 
 /// An index the gate relies on: its key columns (as a set) and predicate.

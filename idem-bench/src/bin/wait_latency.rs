@@ -236,7 +236,7 @@ async fn settle_throughput(gate: &Gate) -> Result<(Duration, Duration), Box<dyn 
             identity: id.canonical(),
             fingerprint: None,
             lease_micros: None,
-            in_doubt_on_expiry: false,
+            expires_in_doubt: false,
             windows: Default::default(),
             ordered: None,
         };

@@ -189,12 +189,33 @@ pub async fn release(
         .map_err(CliError::store("release the claim"))?;
     match released {
         Some(released) => Ok(released),
+        // Still pending, and not released: made with on_expiry = "in_doubt",
+        // its lease run out (the release refuses such a claim).
+        None if expires_in_doubt(&claim)
+            && find(pool, address, scope)
+                .await
+                .is_ok_and(|now| now.state == ClaimState::Pending && now.fence == claim.fence) =>
+        {
+            Err(CliError::Refused(format!(
+                "{what}: its lease ran out under on_expiry = \"in_doubt\", so it is in doubt: \
+                 its holder is gone and may have done the action, and a release would let a \
+                 retry run it a second time. Find out what happened, then `idem claims resolve \
+                 {} --succeeded | --failed | --release`.",
+                claim.address,
+            )))
+        }
         None => Err(CliError::Refused(format!(
             "{what}, changed while we looked (it settled, or was released): nothing released; \
              `idem claims show {}` shows it now",
             claim.address
         ))),
     }
+}
+
+/// Whether `claim` was made with `on_expiry = "in_doubt"` (its lease, run
+/// out, holds it in doubt).
+fn expires_in_doubt(claim: &ClaimRow) -> bool {
+    claim.other_columns.get("expires_in_doubt") == Some(&serde_json::Value::Bool(true))
 }
 
 /// The resolution `args` ask for; `--output` must be JSON.

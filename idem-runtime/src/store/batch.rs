@@ -166,13 +166,13 @@ macro_rules! per_batch {
 /// `$1` account, `$2` addresses (no repeats), `$3` namespace, `$4`
 /// identities, `$5` fingerprints (NULL elements: none), `$6` lease in
 /// microseconds (NULL: none), `$7` and `$8` the value's and the slot's
-/// windows in microseconds (NULL: for ever), `$9` `in_doubt_on_expiry`
+/// windows in microseconds (NULL: for ever), `$9` `expires_in_doubt`
 /// (`true`, or NULL: take over). The same text serves every form: the insert
 /// is arbitrated by the index the new row's namespace falls under, and
 /// Citus routes it by the one account.
 pub const CLAIM_BATCH: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at, \
-        value_kept_for, slot_kept_for, in_doubt_on_expiry) \
+        value_kept_for, slot_kept_for, expires_in_doubt) \
      SELECT $1, 'claim', item.address, $3, 'pending', item.identity, item.fingerprint, \
             now() + $6 * interval '1 microsecond', $7 * interval '1 microsecond', \
             $8 * interval '1 microsecond', $9 \
@@ -356,7 +356,7 @@ pub(crate) struct NewBatchItem<'a> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BatchLease {
     pub micros: Option<i64>,
-    pub in_doubt_on_expiry: bool,
+    pub expires_in_doubt: bool,
 }
 
 /// Claims every free slot among `items` (addresses without repeats) in one
@@ -377,7 +377,7 @@ pub(crate) async fn claim_batch<'e>(
 /// `$1` the account, `$2` the addresses, `$3` the namespace, `$4` the
 /// identities, `$5` the fingerprints (pairwise with the addresses), `$6`
 /// the lease, `$7` and `$8` the windows, in microseconds, `$9`
-/// `in_doubt_on_expiry`. The batch claim of ordered events binds the same,
+/// `expires_in_doubt`. The batch claim of ordered events binds the same,
 /// then its own.
 pub(super) fn claims_bound<'q, 'a: 'q>(
     text: &'static str,
@@ -398,7 +398,7 @@ pub(super) fn claims_bound<'q, 'a: 'q>(
         .bind(lease.micros)
         .bind(windows.value_micros)
         .bind(windows.slot_micros)
-        .bind(super::claims::in_doubt_on_expiry(lease.in_doubt_on_expiry))
+        .bind(super::claims::expires_in_doubt(lease.expires_in_doubt))
 }
 
 /// The won addresses and their fences, as a batch claim returns them.

@@ -39,9 +39,9 @@ pub struct NewClaim<'a> {
     pub lease_micros: Option<i64>,
     /// Its lease, run out, holds the slot in doubt (`on_expiry =
     /// "in_doubt"`) rather than letting a retry take it over: recorded with
-    /// the claim (`in_doubt_on_expiry`), so that a retry whose own policy
+    /// the claim (`expires_in_doubt`), so that a retry whose own policy
     /// says otherwise still holds it.
-    pub in_doubt_on_expiry: bool,
+    pub expires_in_doubt: bool,
     /// How long its value and its slot are kept once its outcome is in.
     pub windows: Windows,
     /// The entity and order of an ordered event (`Guard::ordered`).
@@ -59,24 +59,24 @@ pub struct Windows {
 }
 
 impl NewClaim<'_> {
-    /// The claim's `in_doubt_on_expiry`: `true`, or NULL for a takeover
-    /// (the default, which most rows then store in no byte at all).
-    pub(crate) fn in_doubt_on_expiry(&self) -> Option<bool> {
-        in_doubt_on_expiry(self.in_doubt_on_expiry)
+    /// The claim's `expires_in_doubt`: `true`, or NULL for a takeover
+    /// (the default: most rows then store nothing for it).
+    pub(crate) fn expires_in_doubt(&self) -> Option<bool> {
+        expires_in_doubt(self.expires_in_doubt)
     }
 
     /// Its lease, as a batch claims every item with it.
     pub(crate) fn lease(&self) -> super::batch::BatchLease {
         super::batch::BatchLease {
             micros: self.lease_micros,
-            in_doubt_on_expiry: self.in_doubt_on_expiry,
+            expires_in_doubt: self.expires_in_doubt,
         }
     }
 }
 
-/// What a claim stores in `in_doubt_on_expiry` for its policy: `true`, or
+/// What a claim stores in `expires_in_doubt` for its policy: `true`, or
 /// NULL for a takeover.
-pub(crate) fn in_doubt_on_expiry(in_doubt: bool) -> Option<bool> {
+pub(crate) fn expires_in_doubt(in_doubt: bool) -> Option<bool> {
     in_doubt.then_some(true)
 }
 
@@ -112,7 +112,7 @@ pub struct Existing {
     pub lease_expired: bool,
     /// The claim was made with `on_expiry = "in_doubt"`: its lease, run
     /// out, holds the slot in doubt whatever the retry that finds it says.
-    pub in_doubt_on_expiry: bool,
+    pub expires_in_doubt: bool,
     /// A reconciler or an operator resolved the claim (`resolved_at` is
     /// set): its state is theirs, not its holder's.
     pub resolved: bool,
@@ -202,7 +202,7 @@ impl Existing {
 /// `$1` account, `$2` address, `$3` namespace, `$4` identity, `$5`
 /// fingerprint, `$6` lease in microseconds (NULL: none), `$7` whether to
 /// return the stored output, `$8` and `$9` the value's and the slot's
-/// windows in microseconds (NULL: for ever), `$10` `in_doubt_on_expiry`
+/// windows in microseconds (NULL: for ever), `$10` `expires_in_doubt`
 /// (`true`, or NULL: take over).
 ///
 /// Its look is served by the partial unique index its namespace test
@@ -221,7 +221,7 @@ macro_rules! claim_statement {
             " ), claimed AS ( \
                  INSERT INTO idem_records \
                    (account, kind, address, namespace, state, identity, fingerprint, \
-                    lease_expires_at, in_doubt_on_expiry, value_kept_for, slot_kept_for) \
+                    lease_expires_at, expires_in_doubt, value_kept_for, slot_kept_for) \
                  SELECT $1, 'claim', $2, $3, 'pending', $4, $5, \
                         now() + $6 * interval '1 microsecond', $10, \
                         $8 * interval '1 microsecond', $9 * interval '1 microsecond' \
@@ -231,14 +231,14 @@ macro_rules! claim_statement {
              ) \
              SELECT true AS won, fence, NULL::bigint AS lineage, NULL::boolean AS settled, \
                     NULL::text AS state, NULL::bytea AS identity, NULL::bytea AS fingerprint, \
-                    NULL::boolean AS lease_expired, NULL::boolean AS in_doubt_on_expiry, \
+                    NULL::boolean AS lease_expired, NULL::boolean AS expires_in_doubt, \
                     NULL::boolean AS resolved, \
                     NULL::text AS reason, NULL::text AS output, NULL::boolean AS slot_expired, \
                     NULL::boolean AS value_expired, NULL::boolean AS windowed \
              FROM claimed \
              UNION ALL \
              SELECT false, fence, lineage, settled, state, identity, fingerprint, lease_expired, \
-                    in_doubt_on_expiry, resolved, reason, output, slot_expired, value_expired, \
+                    expires_in_doubt, resolved, reason, output, slot_expired, value_expired, \
                     windowed \
              FROM existing"
         )
@@ -260,7 +260,7 @@ macro_rules! existing_columns {
         "state = 'success' AS settled, state, identity, fingerprint, fence, \
          coalesce(first_fence, fence) AS lineage, \
          (state = 'pending' AND coalesce(lease_expires_at < now(), false)) AS lease_expired, \
-         coalesce(in_doubt_on_expiry, false) AS in_doubt_on_expiry, \
+         coalesce(expires_in_doubt, false) AS expires_in_doubt, \
          resolved_at IS NOT NULL AS resolved, state_reason AS reason, \
          coalesce(state IN ('success', 'failed') AND now() - settled_at > slot_kept_for, false) \
              AS slot_expired, \
@@ -292,7 +292,7 @@ pub const CLAIM: SplitOnNamespace = SplitOnNamespace {
 /// `$1` account, `$2` address, `$3` namespace, `$4` identity, `$5`
 /// fingerprint, `$6` lease in microseconds (NULL: none), `$7` and `$8` the
 /// value's and the slot's windows in microseconds (NULL: for ever), `$9`
-/// `in_doubt_on_expiry` (`true`, or NULL: take over).
+/// `expires_in_doubt` (`true`, or NULL: take over).
 pub const CLAIM_ROUTED: SplitOnNamespace = SplitOnNamespace {
     without_namespace: CLAIM_ROUTED_STATEMENT,
     within_namespace: CLAIM_ROUTED_STATEMENT,
@@ -301,7 +301,7 @@ pub const CLAIM_ROUTED: SplitOnNamespace = SplitOnNamespace {
 /// The text of [`CLAIM_ROUTED`].
 const CLAIM_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at, \
-        value_kept_for, slot_kept_for, in_doubt_on_expiry) \
+        value_kept_for, slot_kept_for, expires_in_doubt) \
      VALUES ($1, 'claim', $2, $3, 'pending', $4, $5, now() + $6 * interval '1 microsecond', \
              $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9) \
      ON CONFLICT DO NOTHING \
@@ -506,7 +506,7 @@ pub const EXTEND: SplitOnNamespace = per_row!(
 /// `on_expiry = "in_doubt"` is never taken over, whoever asks: the judge
 /// turns it in doubt instead, and the statement refuses it too, so that no
 /// caller can get that wrong. Its taker says `take_over`, as the row does,
-/// so the row keeps `in_doubt_on_expiry` NULL. Index: the partial unique
+/// so the row keeps `expires_in_doubt` NULL. Index: the partial unique
 /// index of its form.
 ///
 /// The fence is drawn in a materialized CTE, not in the `SET` list: Citus
@@ -525,7 +525,7 @@ pub const TAKE_OVER: SplitOnNamespace = per_row!(
          lease_expires_at = now() + $5 * interval '1 microsecond' \
      FROM drawn",
     "state = 'pending' AND fence = $4 AND lease_expires_at < now() \
-     AND in_doubt_on_expiry IS NOT TRUE";
+     AND expires_in_doubt IS NOT TRUE";
     "RETURNING fence, first_fence AS lineage"
 );
 
@@ -739,7 +739,7 @@ pub async fn claim(
             .bind(claim.lease_micros)
             .bind(claim.windows.value_micros)
             .bind(claim.windows.slot_micros)
-            .bind(claim.in_doubt_on_expiry())
+            .bind(claim.expires_in_doubt())
             .fetch_optional(conn)
             .await?;
         return match fence {
@@ -755,7 +755,7 @@ pub async fn claim(
         .bind(kept_value.is_read())
         .bind(claim.windows.value_micros)
         .bind(claim.windows.slot_micros)
-        .bind(claim.in_doubt_on_expiry())
+        .bind(claim.expires_in_doubt())
         .fetch_optional(conn)
         .await?;
     let Some(row) = row else {

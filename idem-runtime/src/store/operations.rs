@@ -522,7 +522,7 @@ pub(crate) fn action_pattern(action_alone: &[u8]) -> Vec<u8> {
 /// listed (and the resolution refuses it anyway: `NO_LIVE_LEASE`). One
 /// whose lease ran out is listed whatever `$4` says: by the lease's own
 /// definition its holder is presumed gone, and under `on_expiry =
-/// "in_doubt"` (`in_doubt_on_expiry`) it is in doubt but stays `pending`
+/// "in_doubt"` (`expires_in_doubt`) it is in doubt but stays `pending`
 /// until a retry turns it, which may never come; waiting for `$4` would
 /// leave it unprobed. (Under `take_over` a probe's answer stands in for the settle
 /// the vanished holder never made, as `Reconciler`'s docs explain.) A
@@ -715,7 +715,10 @@ pub async fn steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<ClaimStep>, Erro
 }
 
 /// Deletes a claim only while it is pending (it may have settled since it
-/// was read), stamps its steps released
+/// was read) and not in doubt in all but name (made with `on_expiry =
+/// "in_doubt"`, its lease run out: its holder is gone and may have done the
+/// action, and only a retry's look has not turned it `in_doubt` yet), stamps
+/// its steps released
 /// ([`stamping_released_steps!`](super::stamping_released_steps)), and
 /// returns it. `$1` account, `$2` address, `$3` namespace. Index: the
 /// partial unique index of its form; the steps', for the stamp.
@@ -725,7 +728,8 @@ pub async fn steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<ClaimStep>, Erro
 /// IMMUTABLE functions are not allowed in the RETURNING clause").
 pub(crate) const RELEASE_PENDING: SplitOnNamespace = per_row!(
     "WITH released AS (DELETE FROM idem_records",
-    "state = 'pending'";
+    "state = 'pending' \
+     AND NOT (coalesce(expires_in_doubt, false) AND coalesce(lease_expires_at <= now(), false))";
     released("*", claim_columns!())
 );
 
@@ -906,7 +910,10 @@ pub async fn find(
 
 /// Releases (deletes) the claim in `slot` if it is still pending, and
 /// returns it as it was; `None` when there is no pending claim there (it
-/// settled, or was released, meanwhile). The next invocation with its
+/// settled, or was released, meanwhile), or when the one there is in doubt
+/// in all but its state: made with `on_expiry = "in_doubt"`, its lease run
+/// out (its holder may have done the action: [`resolve`] it once you know).
+/// The next invocation with its
 /// identity runs the action again: release only a claim whose holder is
 /// gone. Its [`steps`] are kept: the retry replays the finished ones, and
 /// runs only what is left.

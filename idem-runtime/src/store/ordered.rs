@@ -198,7 +198,7 @@ macro_rules! claim_ordered_statement {
                  INSERT INTO idem_records \
                    (account, kind, address, namespace, state, identity, fingerprint, \
                     lease_expires_at, value_kept_for, slot_kept_for, entity, event_order, \
-                    in_doubt_on_expiry) \
+                    expires_in_doubt) \
                  SELECT $1, 'claim', $2, $3, 'pending', $4, $5, \
                         now() + $6 * interval '1 microsecond', \
                         $8 * interval '1 microsecond', $9 * interval '1 microsecond', $10, $12, \
@@ -209,7 +209,7 @@ macro_rules! claim_ordered_statement {
              ) \
              SELECT true AS won, fence, NULL::bigint AS lineage, NULL::boolean AS settled, \
                     NULL::text AS state, NULL::bytea AS identity, NULL::bytea AS fingerprint, \
-                    NULL::boolean AS lease_expired, NULL::boolean AS in_doubt_on_expiry, \
+                    NULL::boolean AS lease_expired, NULL::boolean AS expires_in_doubt, \
                     NULL::boolean AS resolved, \
                     NULL::text AS reason, NULL::text AS output, NULL::boolean AS slot_expired, \
                     NULL::boolean AS value_expired, NULL::boolean AS windowed, \
@@ -218,7 +218,7 @@ macro_rules! claim_ordered_statement {
              FROM claimed \
              UNION ALL \
              SELECT false, fence, lineage, settled, state, identity, fingerprint, lease_expired, \
-                    in_doubt_on_expiry, resolved, reason, output, slot_expired, value_expired, \
+                    expires_in_doubt, resolved, reason, output, slot_expired, value_expired, \
                     windowed, false, NULL, NULL, NULL \
              FROM existing \
              UNION ALL \
@@ -301,7 +301,7 @@ macro_rules! claim_ordered_batch_statement {
              ) \
              INSERT INTO idem_records \
                (account, kind, address, namespace, state, identity, fingerprint, \
-                lease_expires_at, value_kept_for, slot_kept_for, in_doubt_on_expiry, entity, \
+                lease_expires_at, value_kept_for, slot_kept_for, expires_in_doubt, entity, \
                 event_order) \
              SELECT $1, 'claim', fresh.address, $3, 'pending', fresh.identity, fresh.fingerprint, \
                     now() + $6 * interval '1 microsecond', $7 * interval '1 microsecond', \
@@ -417,7 +417,7 @@ macro_rules! take_entity_statement {
             " AND x.held_by IS NOT DISTINCT FROM e.held_by) AS stale \
              ) \
              SELECT fence, lineage, settled, state, identity, fingerprint, lease_expired, \
-                    in_doubt_on_expiry, resolved, reason, output, slot_expired, value_expired, \
+                    expires_in_doubt, resolved, reason, output, slot_expired, value_expired, \
                     windowed, false AS entity_refused, NULL::boolean AS took, \
                     NULL::bigint AS applied_order, NULL::boolean AS same_entity, \
                     NULL::boolean AS stale \
@@ -489,7 +489,7 @@ pub const CLAIM_EVENT_ROUTED: SplitOnNamespace = SplitOnNamespace {
 /// The text of [`CLAIM_EVENT_ROUTED`].
 const CLAIM_EVENT_ROUTED_STATEMENT: &str = "INSERT INTO idem_records \
        (account, kind, address, namespace, state, identity, fingerprint, lease_expires_at, \
-        value_kept_for, slot_kept_for, in_doubt_on_expiry, entity, event_order) \
+        value_kept_for, slot_kept_for, expires_in_doubt, entity, event_order) \
      VALUES ($1, 'claim', $2, $3, 'pending', $4, $5, now() + $6 * interval '1 microsecond', \
              $7 * interval '1 microsecond', $8 * interval '1 microsecond', $9, $10, $11) \
      ON CONFLICT DO NOTHING \
@@ -516,7 +516,7 @@ pub(super) async fn claim_ordered(
         .bind(ordered.entity)
         .bind(ordered.entity_identity)
         .bind(ordered.order)
-        .bind(claim.in_doubt_on_expiry())
+        .bind(claim.expires_in_doubt())
         .fetch_optional(conn)
         .await?;
     let Some(row) = row else {
@@ -617,7 +617,7 @@ async fn claim_ordered_in(
         .bind(claim.lease_micros)
         .bind(claim.windows.value_micros)
         .bind(claim.windows.slot_micros)
-        .bind(claim.in_doubt_on_expiry())
+        .bind(claim.expires_in_doubt())
         .bind(ordered.entity)
         .bind(ordered.order)
         .fetch_optional(&mut *conn)

@@ -245,6 +245,7 @@ async fn ordered_events_are_claimed_by_routed_statements_on_both_workers() {
                 .bind(None::<i64>)
                 .bind(None::<i64>)
                 .bind(None::<i64>)
+                .bind(None::<bool>)
                 .bind("claim_entity")
                 .bind(7_i64),
             ),

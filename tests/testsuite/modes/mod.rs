@@ -18,6 +18,7 @@ mod dispositions;
 mod fail_open;
 mod fingerprint;
 mod lease;
+mod on_expiry_at_the_edges;
 pub(crate) mod outcome_commit;
 mod replay;
 mod replay_values;

@@ -237,10 +237,10 @@ async fn a_missing_or_nullable_column_is_named() {
 /// `connect_without_setup` on a schema nobody migrated), rather than
 /// failing at each settle after its body ran: a release reads version
 /// 12's `entity`, every outcome version 13's `awaited`, every claim
-/// version 14's `in_doubt_on_expiry`.
+/// version 14's `expires_in_doubt`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_without_set_up_refuses_a_schema_older_than_its_statements() {
-    for column in ["in_doubt_on_expiry", "awaited", "entity"] {
+    for column in ["expires_in_doubt", "awaited", "entity"] {
         let pool = set_up().await;
         exec(
             &pool,

@@ -37,13 +37,13 @@ async fn won(conn: &mut PgConnection, address: &str, lease_micros: Option<i64>) 
 }
 
 /// A new claim with a lease of `lease_micros` if given, held in doubt when
-/// it runs out if `in_doubt_on_expiry`.
-fn leased(lease_micros: Option<i64>, in_doubt_on_expiry: bool) -> NewClaim<'static> {
+/// it runs out if `expires_in_doubt`.
+fn leased(lease_micros: Option<i64>, expires_in_doubt: bool) -> NewClaim<'static> {
     NewClaim {
         identity: b"\x00",
         fingerprint: None,
         lease_micros,
-        in_doubt_on_expiry,
+        expires_in_doubt,
         windows: Default::default(),
         ordered: None,
     }
@@ -268,7 +268,7 @@ async fn an_expired_lease_turns_in_doubt_once_and_only_under_the_fence_seen() {
     scratch.drop().await;
 }
 
-/// A claim records its own `on_expiry` (`in_doubt_on_expiry`), and the
+/// A claim records its own `on_expiry` (`expires_in_doubt`), and the
 /// takeover refuses a claim made with `in_doubt`, under the fence seen or
 /// not: no caller of the statement can take it over by mistake. A claim
 /// made with `take_over` stores nothing for it and is taken over.
@@ -291,7 +291,7 @@ async fn a_claim_made_in_doubt_on_expiry_is_never_taken_over() {
     tokio::time::sleep(Duration::from_millis(5)).await;
 
     let expired = look(&mut *conn, "claim_in_doubt_on_expiry").await;
-    assert!(expired.lease_expired && expired.in_doubt_on_expiry);
+    assert!(expired.lease_expired && expired.expires_in_doubt);
     assert!(
         claims::take_over(
             &mut *conn,
@@ -309,9 +309,9 @@ async fn a_claim_made_in_doubt_on_expiry_is_never_taken_over() {
     assert_eq!((still.state, still.fence), (ClaimState::Pending, held));
 
     let expired = look(&mut *conn, "claim_taken_over_on_expiry").await;
-    assert!(expired.lease_expired && !expired.in_doubt_on_expiry);
+    assert!(expired.lease_expired && !expired.expires_in_doubt);
     let stored: Option<bool> =
-        sqlx::query_scalar("SELECT in_doubt_on_expiry FROM idem_records WHERE address = $1")
+        sqlx::query_scalar("SELECT expires_in_doubt FROM idem_records WHERE address = $1")
             .bind("claim_taken_over_on_expiry")
             .fetch_one(&mut *conn)
             .await

@@ -275,6 +275,9 @@ impl Op {
             .bind(&canonical)
             .bind(&fingerprints)
             .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<bool>)
             .fetch_all(&self.pool)
             .await?;
         if won.len() as u64 != self.batch {
