@@ -140,15 +140,22 @@ async fn the_runtime_api_records_failures_as_the_error_type_says() {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_expired_lease_under_on_expiry_in_doubt_is_held_never_run_again() {
-    let gate = testing::gate().await;
-    let id = Identity::new("charge_leased").part("ord_6");
-    // The holder crashes: its claim is never settled nor released.
+/// Claims `id` with a 200 ms lease under `on_expiry`, lets the holder vanish
+/// and the lease run out, then fires 16 duplicates under `retries` at the
+/// same instant: none may run, each is refused `InDoubt`, and the row is
+/// left `in_doubt`. `why` names the case in the failure.
+async fn an_abandoned_claim_is_held_in_doubt(
+    gate: &Gate,
+    id: &Identity,
+    on_expiry: idem::OnExpiry,
+    retries: idem::OnExpiry,
+    why: &str,
+) {
+    let lease = Duration::from_millis(200);
     let abandoned = gate
-        .guard(&id)
-        .lease(Duration::from_millis(200))
-        .on_expiry(idem::OnExpiry::InDoubt)
+        .guard(id)
+        .lease(lease)
+        .on_expiry(on_expiry)
         .claim()
         .await
         .expect("won");
@@ -157,20 +164,13 @@ async fn an_expired_lease_under_on_expiry_in_doubt_is_held_never_run_again() {
 
     let runs = AtomicUsize::new(0);
     let report = race(16, || {
-        gate.guard(&id)
-            .lease(Duration::from_millis(200))
-            .on_expiry(idem::OnExpiry::InDoubt)
-            .run(async {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, Rejected>(())
-            })
+        gate.guard(id).lease(lease).on_expiry(retries).run(async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Rejected>(())
+        })
     })
     .await;
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        0,
-        "an expired claim was run again: {report}"
-    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "{why}: {report}");
     for invocation in &report.invocations {
         assert!(
             matches!(invocation.refusal(), Some(Rejected::InDoubt)),
@@ -178,9 +178,23 @@ async fn an_expired_lease_under_on_expiry_in_doubt_is_held_never_run_again() {
         );
     }
     assert_eq!(
-        rows::row_state(&gate, &id.address()).await.as_deref(),
+        rows::row_state(gate, &id.address()).await.as_deref(),
         Some("in_doubt")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_lease_under_on_expiry_in_doubt_is_held_never_run_again() {
+    let gate = testing::gate().await;
+    let id = Identity::new("charge_leased").part("ord_6");
+    an_abandoned_claim_is_held_in_doubt(
+        &gate,
+        &id,
+        idem::OnExpiry::InDoubt,
+        idem::OnExpiry::InDoubt,
+        "an expired claim was run again",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -212,43 +226,14 @@ async fn an_expired_lease_is_still_taken_over_by_default() {
 async fn a_claim_made_in_doubt_on_expiry_is_held_when_a_take_over_retry_finds_it_run_out() {
     let gate = testing::gate().await;
     let id = Identity::new("charge_leased").part("ord_mixed_policies");
-    let abandoned = gate
-        .guard(&id)
-        .lease(Duration::from_millis(200))
-        .on_expiry(idem::OnExpiry::InDoubt)
-        .claim()
-        .await
-        .expect("won");
-    std::mem::forget(abandoned);
-    tokio::time::sleep(Duration::from_millis(400)).await;
-
-    let runs = AtomicUsize::new(0);
-    // The retries say take_over (the default), explicitly or not.
-    let report = race(16, || {
-        gate.guard(&id)
-            .lease(Duration::from_millis(200))
-            .on_expiry(idem::OnExpiry::TakeOver)
-            .run(async {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, Rejected>(())
-            })
-    })
+    an_abandoned_claim_is_held_in_doubt(
+        &gate,
+        &id,
+        idem::OnExpiry::InDoubt,
+        idem::OnExpiry::TakeOver,
+        "a take_over retry ran again a claim made with on_expiry = in_doubt",
+    )
     .await;
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        0,
-        "a take_over retry ran again a claim made with on_expiry = in_doubt: {report}"
-    );
-    for invocation in &report.invocations {
-        assert!(
-            matches!(invocation.refusal(), Some(Rejected::InDoubt)),
-            "{report}"
-        );
-    }
-    assert_eq!(
-        rows::row_state(&gate, &id.address()).await.as_deref(),
-        Some("in_doubt")
-    );
     // A retry with no lease at all is refused the same way.
     let unleased = gate.guard(&id).run(async { Ok::<_, Rejected>(()) }).await;
     assert!(matches!(unleased, Err(Rejected::InDoubt)), "{unleased:?}");
