@@ -10,11 +10,11 @@
 //! run. (The row of a holder that vanished stays `pending`, its lease run
 //! out, until a retry looks and turns it `in_doubt`, whatever that retry's
 //! own `on_expiry`: the claim's is recorded with it. The reconciler lists
-//! such pending claims as they are, so it need not wait for a retry.) A [`Reconciler`] finds those
-//! claims, asks the probe registered for
-//! their action what really happened (the payment provider, by a reference
-//! derived from the key), and resolves each as the probe says: settled (with
-//! the value to replay), kept failed, or released for a retry.
+//! such pending claims as they are, so it need not wait for a retry.) A
+//! [`Reconciler`] finds those claims, asks the probe registered for their
+//! action what really happened (the payment provider, by a reference
+//! derived from the key), and resolves each as the probe says: settled
+//! (with the value to replay), kept failed, or released for a retry.
 //!
 //! Each resolution is one compare-and-swap on the fence the reconciler saw
 //! ([`operations::resolve_as`]): two reconcilers, or a reconciler racing the
@@ -270,9 +270,9 @@ type Probe = Arc<dyn Fn(Doubt) -> Pin<Box<dyn Future<Output = Verdict> + Send>> 
 /// its holder is presumed gone by the lease's own definition, whether it
 /// was claimed with `on_expiry = "in_doubt"` (held until resolved, a retry
 /// only turning it `in_doubt`) or `"take_over"` (the next invocation runs
-/// it again). For a `take_over` claim the probe's answer stands in for the settle the
-/// vanished holder never made: `NotHappened` releases it, as the takeover
-/// would have run it again anyway; `Succeeded` keeps the effect a
+/// it again). For a `take_over` claim the probe's answer stands in for the
+/// settle the vanished holder never made: `NotHappened` releases it, as the
+/// takeover would have run it again anyway; `Succeeded` keeps the effect a
 /// takeover would have repeated; `Failed` keeps the failure, as the
 /// holder's own settle would have; `Unknown` leaves it to the takeover.
 /// A retry that takes it over first raises its fence, and the

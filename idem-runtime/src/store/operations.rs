@@ -524,8 +524,8 @@ pub(crate) fn action_pattern(action_alone: &[u8]) -> Vec<u8> {
 /// definition its holder is presumed gone, and under `on_expiry =
 /// "in_doubt"` (`expires_in_doubt`) it is in doubt but stays `pending`
 /// until a retry turns it, which may never come; waiting for `$4` would
-/// leave it unprobed. (Under `take_over` a probe's answer stands in for the settle
-/// the vanished holder never made, as `Reconciler`'s docs explain.) A
+/// leave it unprobed. (Under `take_over` a probe's answer stands in for the
+/// settle the vanished holder never made, as `Reconciler`'s docs explain.) A
 /// renewal between the listing and the resolution is safe: the
 /// resolution's compare-and-swap refuses a live lease. A pending claim
 /// without a lease can never show its holder gone, so only `$4` lists it.

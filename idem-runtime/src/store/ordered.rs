@@ -232,8 +232,9 @@ macro_rules! claim_ordered_statement {
 /// Claims an event's slot and takes its entity, or says why not, in one
 /// statement (see `claim_ordered_statement!`). `$1`–`$9` as
 /// [`CLAIM`](super::claims::CLAIM)'s; `$10` the entity's address, `$11`
-/// its identity, `$12` the event's order, `$13` as `CLAIM`'s `$10`. Index: the partial unique index
-/// of its form, for the event's row, the entity's and its holder's.
+/// its identity, `$12` the event's order, `$13` as `CLAIM`'s `$10`.
+/// Index: the partial unique index of its form, for the event's row, the
+/// entity's and its holder's.
 pub const CLAIM_ORDERED: SplitOnNamespace = SplitOnNamespace {
     without_namespace: claim_ordered_statement!(
         "namespace IS NULL AND $3::text IS NULL",
