@@ -244,10 +244,9 @@ async fn a_step_that_ends_near_its_lease_s_end_is_recorded_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_to_a_statement_that_carries_a_record_loses_nothing() {
     let proxy = Proxy::start().await;
-    let gate = counting_gate(&proxy).await;
     // On Citus no statement carries a record: none is lost, and the rest
     // holds as well.
-    let carried = records_are_carried(&gate).await;
+    let carried = records_are_carried(&counting_gate(&proxy).await).await;
     for (case, fragment) in [
         ("the marker that carries a record", "begun AS ("),
         (
@@ -255,12 +254,17 @@ async fn a_lost_reply_to_a_statement_that_carries_a_record_loses_nothing() {
             "settled AS (UPDATE",
         ),
     ] {
-        // A run whose statement the proxy did not catch (it reached the
-        // server on a connection that had it prepared already, or the
-        // record went on its own on a loaded machine) proves nothing of a
-        // lost reply: each promise is checked, then the case runs again
-        // with a new identity, until one reply was lost.
+        // The proxy knows a statement by its text, which a connection
+        // sends only the first time it prepares it: each attempt runs on a
+        // pool of its own, whose connections have prepared nothing. (On
+        // one shared pool, once both connections had prepared the
+        // statement, no later attempt could lose its reply.) A run whose
+        // statement the proxy still did not catch (the record went on its
+        // own) proves nothing of a lost reply: each promise is checked,
+        // then the case runs again with a new identity, until one reply
+        // was lost.
         for attempt in 1_u64.. {
+            let gate = counting_gate(&proxy).await;
             let id = Identity::new("carried_lost_reply").part(case).part(attempt);
             let lost = lose_the_reply_and_check(&proxy, &gate, &id, case, fragment).await;
             if lost == usize::from(carried) {
