@@ -425,7 +425,7 @@ async fn a_lease_that_ran_out_is_taken_over_or_turned_in_doubt_as_asked() {
             .await
             .expect("claimed");
         // The holder vanishes without a word.
-        std::mem::forget(claim);
+        crate::support::holders::vanish(claim);
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
 
@@ -463,7 +463,7 @@ async fn a_batch_that_would_take_over_holds_a_claim_made_in_doubt_on_expiry() {
         .claim()
         .await
         .expect("claimed");
-    std::mem::forget(claim);
+    crate::support::holders::vanish(claim);
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let ran = AtomicUsize::new(0);

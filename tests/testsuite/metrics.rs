@@ -301,7 +301,7 @@ async fn a_lease_run_out_under_in_doubt_is_held_once_and_refused_to_every_racer(
         .claim()
         .await
         .expect("won");
-    std::mem::forget(abandoned); // the holder crashed
+    crate::support::holders::vanish(abandoned); // the holder crashed
     tokio::time::sleep(Duration::from_millis(400)).await;
     let report = testing::race(N, || {
         gate.guard(&id)
@@ -509,12 +509,12 @@ async fn the_gauges_count_stale_pending_and_in_doubt_claims_and_their_ages() {
     };
     // Two claims whose holders crashed, one in doubt, then one fresh claim.
     for _ in 0..2 {
-        std::mem::forget(gate.claim(&key()).await.expect("won"));
+        crate::support::holders::vanish(gate.claim(&key()).await.expect("won"));
     }
     let doubt = gate.claim(&key()).await.expect("won");
     doubt.dispose(Disposition::InDoubt).await.expect("held");
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    std::mem::forget(gate.claim(&key()).await.expect("won"));
+    crate::support::holders::vanish(gate.claim(&key()).await.expect("won"));
 
     let sample = gauges.sample_once().await.expect("a sample");
     assert_eq!(

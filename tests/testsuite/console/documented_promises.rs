@@ -538,7 +538,7 @@ async fn a_claim_taken_over_between_confirmation_and_post_stays_its_new_holders(
         .await
         .expect("claim");
     let fence = first.fence().expect("a fence");
-    std::mem::forget(first); // its holder vanished: pending, lease running out
+    crate::support::holders::vanish(first); // its holder vanished: pending, lease running out
     tokio::time::sleep(Duration::from_millis(600)).await;
     let (cookie, form) = confirm(&console, &gate, &id, fence, "release").await;
     let second = gate

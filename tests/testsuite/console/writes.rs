@@ -342,7 +342,7 @@ async fn pending_of_a_vanished_holder(gate: &Gate, id: &Identity) -> i64 {
         .await
         .expect("claim");
     let fence = holder.fence().expect("a fence");
-    std::mem::forget(holder);
+    crate::support::holders::vanish(holder);
     fence
 }
 

@@ -159,7 +159,7 @@ async fn an_abandoned_claim_is_held_in_doubt(
         .claim()
         .await
         .expect("won");
-    std::mem::forget(abandoned);
+    crate::support::holders::vanish(abandoned);
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     let runs = AtomicUsize::new(0);
@@ -207,7 +207,7 @@ async fn an_expired_lease_is_still_taken_over_by_default() {
         .claim()
         .await
         .expect("won");
-    std::mem::forget(abandoned);
+    crate::support::holders::vanish(abandoned);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let ran = gate
         .guard(&id)
@@ -247,7 +247,7 @@ async fn either_the_claim_or_the_retry_saying_in_doubt_holds_the_slot() {
     let gate = testing::gate().await;
     let lease = Duration::from_millis(150);
     let cautious = Identity::new("charge_leased").part("ord_cautious_retry");
-    std::mem::forget(
+    crate::support::holders::vanish(
         gate.guard(&cautious)
             .lease(lease)
             .claim()
@@ -266,7 +266,7 @@ async fn either_the_claim_or_the_retry_saying_in_doubt_holds_the_slot() {
     // Taken over by a take_over retry, then abandoned again: the next
     // take_over retry takes it over once more (nothing says in_doubt).
     let relay = Identity::new("charge_leased").part("ord_relay");
-    std::mem::forget(gate.guard(&relay).lease(lease).claim().await.expect("won"));
+    crate::support::holders::vanish(gate.guard(&relay).lease(lease).claim().await.expect("won"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let taken = gate
         .guard(&relay)
@@ -274,7 +274,7 @@ async fn either_the_claim_or_the_retry_saying_in_doubt_holds_the_slot() {
         .claim()
         .await
         .expect("taken over");
-    std::mem::forget(taken);
+    crate::support::holders::vanish(taken);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let again = gate
         .guard(&relay)

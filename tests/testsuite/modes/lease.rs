@@ -166,7 +166,7 @@ async fn the_lease_option_takes_over_a_crashed_holder_s_claim() {
         .claim()
         .await
         .expect("claimed");
-    std::mem::forget(crashed);
+    crate::support::holders::vanish(crashed);
     let refused = leased_job(&gate, 7, &provider).await;
     assert!(
         matches!(rejected(&refused), Some(Rejected::InFlight)),

@@ -48,7 +48,7 @@ async fn abandon(gate: &Gate, id: &Identity, policy: Option<OnExpiry>) -> i64 {
     }
     .expect("the first claim is won");
     let fence = claim.fence().expect("gated");
-    std::mem::forget(claim);
+    crate::support::holders::vanish(claim);
     fence
 }
 
@@ -510,7 +510,7 @@ async fn a_chain_where_nobody_says_in_doubt_is_still_taken_over_each_time() {
         let fence = claim.fence().expect("gated");
         assert!(fence > last, "step {step}: higher fence");
         last = fence;
-        std::mem::forget(claim);
+        crate::support::holders::vanish(claim);
     }
     expire().await;
     let runs = AtomicUsize::new(0);
@@ -550,7 +550,7 @@ async fn an_in_doubt_claim_extended_then_expiring_is_held_in_doubt() {
         Some(true),
         "the renewal keeps the claim's policy"
     );
-    std::mem::forget(claim);
+    crate::support::holders::vanish(claim);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let after = leased_run(&gate, &id, Some(OnExpiry::TakeOver), &runs).await;
     assert!(
@@ -679,7 +679,7 @@ async fn a_slot_run_again_past_its_window_goes_by_the_new_claim_s_policy() {
             .await
             .expect("past its window the key runs again");
         let fence = again.fence().expect("gated");
-        std::mem::forget(again);
+        crate::support::holders::vanish(again);
         assert_eq!(
             policy_column(&gate, &id.address()).await.unwrap_or(false),
             held,
@@ -910,7 +910,7 @@ async fn an_expired_in_doubt_event_keeps_its_entity_held_against_take_over_retri
         .claim()
         .await
         .expect("won");
-    std::mem::forget(claim);
+    crate::support::holders::vanish(claim);
     expire().await;
     let runs = AtomicUsize::new(0);
     let e3 = ident("rt_exp_event", "evt_3");
@@ -963,7 +963,7 @@ async fn an_ordered_event_re_claimed_with_the_other_policy_goes_by_the_new_one()
         .claim()
         .await
         .expect("won again");
-    std::mem::forget(claim);
+    crate::support::holders::vanish(claim);
     expire().await;
     let runs = AtomicUsize::new(0);
     let held = event(&gate, &e1, &entity, 1, Some(OnExpiry::TakeOver), &runs).await;
@@ -992,7 +992,7 @@ async fn an_ordered_event_re_claimed_with_the_other_policy_goes_by_the_new_one()
         .claim()
         .await
         .expect("won again");
-    std::mem::forget(claim);
+    crate::support::holders::vanish(claim);
     expire().await;
     let taken = event(&gate, &e1, &entity, 1, Some(OnExpiry::TakeOver), &runs).await;
     assert_eq!(
@@ -1020,7 +1020,7 @@ async fn a_batch_of_ordered_events_holds_an_expired_in_doubt_event_and_its_entit
         .claim()
         .await
         .expect("won");
-    std::mem::forget(claim);
+    crate::support::holders::vanish(claim);
     expire().await;
     let ran = std::sync::Mutex::new(Vec::<&str>::new());
     let mut batch = Batch::new();
@@ -1276,7 +1276,7 @@ async fn every_claim_form_records_an_in_doubt_policy_and_none_for_take_over() {
             expected,
             "claim {tag}"
         );
-        std::mem::forget(c);
+        crate::support::holders::vanish(c);
 
         let replayed = ident("rt_exp_forms_replay", &tag);
         match gate
@@ -1294,7 +1294,7 @@ async fn every_claim_form_records_an_in_doubt_policy_and_none_for_take_over() {
                     expected,
                     "claim_or_replay {tag}"
                 );
-                std::mem::forget(c);
+                crate::support::holders::vanish(c);
             }
             idem::ClaimOrReplay::Replayed(v) => panic!("nothing to replay: {v}"),
         }
@@ -1314,7 +1314,7 @@ async fn every_claim_form_records_an_in_doubt_policy_and_none_for_take_over() {
             expected,
             "ordered {tag}"
         );
-        std::mem::forget(c);
+        crate::support::holders::vanish(c);
 
         let item = ident("rt_exp_forms_batch", &tag);
         let bentity = ident("rt_exp_forms_bentity", &tag);

@@ -436,7 +436,7 @@ async fn a_claim_is_in_doubt_since_its_lease_ran_out_or_its_body_said_so() {
     let gate = testing::gate().await;
     let lease = Duration::from_millis(200);
     let expired = Identity::new("charge_leased").part("ord_since");
-    std::mem::forget(
+    crate::support::holders::vanish(
         gate.guard(&expired)
             .lease(lease)
             .on_expiry(idem::OnExpiry::InDoubt)

@@ -352,8 +352,8 @@ async fn overlapping_passes_of_one_reconciler_ask_a_probe_once_per_pause() {
 async fn a_vanished_holders_expired_lease_under_on_expiry_in_doubt_is_found_by_the_reconciler() {
     let gate = testing::gate().await;
     let id = Identity::new("rt_vanished").part("ord_1");
-    // The holder vanishes mid-action: no settle, no drop handler.
-    std::mem::forget(
+    // The holder vanishes mid-action: no settle, no release.
+    crate::support::holders::vanish(
         gate.guard(&id)
             .lease(Duration::from_millis(200))
             .on_expiry(idem::OnExpiry::InDoubt)
@@ -395,7 +395,7 @@ async fn a_vanished_holders_expired_lease_under_on_expiry_in_doubt_is_found_by_t
 async fn an_expired_take_over_claim_is_probed_and_a_takeover_meanwhile_wins() {
     let gate = testing::gate().await;
     let id = Identity::new("rt_taken").part("ord_1");
-    std::mem::forget(
+    crate::support::holders::vanish(
         gate.guard(&id)
             .lease(Duration::from_millis(100))
             .on_expiry(idem::OnExpiry::TakeOver)
@@ -893,7 +893,7 @@ async fn a_doubt_says_which_claim_it_is_and_the_account_scope_holds() {
     in_doubt(&live, &id).await;
     // A pending claim whose holder is gone: its lease ran out.
     let gone = Identity::new("rt_doubt").part("ord_gone");
-    std::mem::forget(
+    crate::support::holders::vanish(
         acme.guard(&gone)
             .lease(Duration::from_millis(50))
             .claim()
@@ -1265,7 +1265,7 @@ async fn a_probe_that_blocks_its_thread_times_out_and_holds_up_nobody() {
 async fn a_takeover_while_the_probe_runs_leaves_the_new_holder_alone() {
     let gate = testing::gate().await;
     let id = Identity::new("rt_takeover").part("ord_1");
-    std::mem::forget(
+    crate::support::holders::vanish(
         gate.guard(&id)
             .lease(Duration::from_millis(100))
             .claim()

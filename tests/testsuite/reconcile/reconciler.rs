@@ -300,7 +300,7 @@ async fn a_stale_pending_claim_is_probed_only_when_asked_and_unknowns_wait() {
     let gate = testing::gate().await;
     let id = idem::Identity::new("export").part("batch_9");
     // Its holder crashed without a lease: pending, forever.
-    std::mem::forget(gate.claim(&id).await.expect("won"));
+    crate::support::holders::vanish(gate.claim(&id).await.expect("won"));
     tokio::time::sleep(Duration::from_millis(150)).await;
 
     let asked = Arc::new(AtomicUsize::new(0));

@@ -425,7 +425,7 @@ async fn an_unknown_verdict_leaves_a_stale_pending_claim_to_its_expiry_policy() 
     let id = Identity::new(action.as_str()).part(1u8);
     let lease = Duration::from_millis(50);
     let claim = gate.guard(&id).lease(lease).claim().await.expect("claim");
-    std::mem::forget(claim);
+    crate::support::holders::vanish(claim);
     tokio::time::sleep(lease + Duration::from_millis(30)).await;
     let pass = Reconciler::new(gate.pool().clone())
         .account(gate.account_name())

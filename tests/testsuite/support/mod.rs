@@ -2,6 +2,7 @@
 
 pub(crate) mod bodies;
 pub(crate) mod doubt;
+pub(crate) mod holders;
 #[cfg(all(feature = "tower", feature = "axum"))]
 pub(crate) mod http;
 pub(crate) mod proxy;
