@@ -725,11 +725,14 @@ pub async fn steps(pool: &PgPool, slot: Slot<'_>) -> Result<Vec<ClaimStep>, Erro
 ///
 /// The row is described outside the `DELETE`: its age reads `now()`, which
 /// Citus refuses in the `RETURNING` list of a distributed table ("non-
-/// IMMUTABLE functions are not allowed in the RETURNING clause").
+/// IMMUTABLE functions are not allowed in the RETURNING clause"). For the
+/// same reason the predicate spells its `NULL`s out with `IS` and `OR`:
+/// Citus refuses `now()` inside `CASE` or `coalesce` in a modification's
+/// `WHERE` too.
 pub(crate) const RELEASE_PENDING: SplitOnNamespace = per_row!(
     "WITH released AS (DELETE FROM idem_records",
     "state = 'pending' \
-     AND NOT (coalesce(expires_in_doubt, false) AND coalesce(lease_expires_at <= now(), false))";
+     AND (expires_in_doubt IS NOT TRUE OR lease_expires_at IS NULL OR lease_expires_at > now())";
     released("*", claim_columns!())
 );
 
