@@ -264,9 +264,11 @@ async fn prune_racing_the_reopening_of_a_compacted_slot_runs_it_once_and_keeps_t
     let runs = Arc::new(AtomicUsize::new(0));
     let slot = WINDOW * 2;
     // The first run keeps its value for WINDOW, so that it is compacted
-    // before its slot reopens; the new run keeps its value as long as its
-    // slot, so that the checks after the race (on a loaded machine, or
-    // through Citus, well past WINDOW after it settled) find it kept.
+    // before its slot reopens. The new run keeps its value and its slot
+    // far longer than any race lasts, so that the checks after the race
+    // find them kept whatever the machine's load: through Citus, beside
+    // another build, the race has outlasted both WINDOW and `slot`.
+    let kept = Duration::from_secs(120);
     let first = || {
         gate.guard(&id)
             .replay()
@@ -276,8 +278,8 @@ async fn prune_racing_the_reopening_of_a_compacted_slot_runs_it_once_and_keeps_t
     let guard = || {
         gate.guard(&id)
             .replay()
-            .keep_value_for(slot)
-            .keep_slot_for(slot)
+            .keep_value_for(kept)
+            .keep_slot_for(kept)
     };
     let settled = Instant::now();
     assert!(first().run(counted(&runs, "r_1")).await.is_ok());
